@@ -1,0 +1,58 @@
+"""The array-module switch: NumPy on the CPU, CuPy on the GPU.
+
+This is the only module that imports CuPy. Everything else receives ``xp``
+(the array module) from here and writes one code path against it.
+
+>>> xp = get_array_module("cpu")
+>>> xp.__name__
+'numpy'
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    import cupy as _cupy
+
+    try:
+        GPU_AVAILABLE = _cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # a CuPy without a driver or device: behave as if absent
+        GPU_AVAILABLE = False
+except ImportError:
+    _cupy = None
+    GPU_AVAILABLE = False
+
+DEVICES = ("cpu", "gpu")
+
+
+def get_array_module(device: str = "cpu"):
+    """The array module for ``device``: ``numpy`` for "cpu", ``cupy`` for "gpu"."""
+    if device == "cpu":
+        return np
+    if device == "gpu":
+        if not GPU_AVAILABLE:
+            raise RuntimeError(
+                'device="gpu" needs CuPy and a CUDA device; install unroll[gpu] on a GPU machine'
+            )
+        return _cupy
+    raise ValueError(f"unknown device {device!r}; expected one of {DEVICES}")
+
+
+def device_of(xp) -> str:
+    """"cpu" or "gpu" for an array module."""
+    return "cpu" if xp is np else "gpu"
+
+
+def to_numpy(array) -> np.ndarray:
+    """A NumPy copy (or view, on the CPU) of a NumPy or CuPy array."""
+    if isinstance(array, np.ndarray):
+        return array
+    return array.get()
+
+
+def make_rng(xp, seed):
+    """A random generator on the device of ``xp`` (dropout masks and the like)."""
+    if xp is np:
+        return np.random.default_rng(seed)
+    return xp.random.default_rng(seed)

@@ -1,0 +1,165 @@
+"""Layer base class and the registry of layer types.
+
+A layer follows Caffe's contract::
+
+    setup(bottoms, tops)                    once: read parameters, create learnable blobs
+    reshape(bottoms, tops)                  whenever bottom shapes change: shape the tops
+    forward(bottoms, tops)                  write tops
+    backward(tops, propagate_down, bottoms) write bottom diffs, ADD into param diffs
+
+Class attributes declare what the net checks once at build time: how many
+bottoms and tops the layer takes, whether it may run in place (top == bottom)
+and what its backward reads, so the net can prove that an in-place write never
+clobbers a value a backward still needs.
+
+A new layer type is one short class::
+
+    @register_layer("Square")
+    class SquareLayer(Layer):
+        '''y = x ** 2, any shape.'''
+        backward_reads = ("bottom",)
+
+        def reshape(self, bottoms, tops):
+            tops[0].reshape(bottoms[0].shape)
+
+        def forward(self, bottoms, tops):
+            self.xp.multiply(bottoms[0].data, bottoms[0].data, out=tops[0].data)
+
+        def backward(self, tops, propagate_down, bottoms):
+            if propagate_down[0]:
+                bottoms[0].diff[...] = 2 * bottoms[0].data * tops[0].diff
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+
+from unroll.blob import Blob
+from unroll.errors import NetError
+from unroll.fillers import fill
+
+LAYERS: dict[str, type] = {}
+
+
+def register_layer(type_name: str):
+    """Class decorator: make a Layer subclass the implementation of ``type_name``."""
+
+    def wrap(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Layer)):
+            raise TypeError(f"@register_layer({type_name!r}) needs a Layer subclass, got {cls!r}")
+        if type_name in LAYERS and LAYERS[type_name] is not cls:
+            raise ValueError(f"layer type {type_name!r} is already registered by {LAYERS[type_name]}")
+        cls.type = type_name
+        LAYERS[type_name] = cls
+        return cls
+
+    return wrap
+
+
+def layer_class(param) -> type:
+    """The Layer class for a LayerParameter (its ``type``, or its python_param)."""
+    if param.type == "Python":
+        spec = param.python_param
+        try:
+            cls = getattr(importlib.import_module(spec.module), spec.layer)
+        except (ImportError, AttributeError) as e:
+            raise NetError(
+                f"layer '{param.name}' (Python): cannot load {spec.module}.{spec.layer}: {e}"
+            ) from None
+        if not (isinstance(cls, type) and issubclass(cls, Layer)):
+            raise NetError(
+                f"layer '{param.name}' (Python): {spec.module}.{spec.layer} is not a unroll Layer"
+            )
+        return cls
+    try:
+        return LAYERS[param.type]
+    except KeyError:
+        known = ", ".join(sorted(LAYERS))
+        raise NetError(
+            f"layer '{param.name}': unknown layer type '{param.type}' (known: {known})"
+        ) from None
+
+
+class Layer:
+    """Base of every layer; see the module docstring for the contract.
+
+    Attributes set for subclasses: ``param`` (the LayerParameter), ``name``,
+    ``xp`` (array module), ``dtype``, ``phase`` ("train" or "test"), ``rng``
+    (a random generator on the layer's device) and ``blobs`` (learnable
+    params, created through :meth:`param_blob`).
+    """
+
+    type = "?"
+    #: (min, max) bottoms and tops; max None means unbounded
+    num_bottoms: tuple = (1, 1)
+    num_tops: tuple = (1, 1)
+    #: may the top be the bottom's own memory (top name == bottom name)?
+    in_place = False
+    #: what backward reads besides top diffs: "bottom" data, "top" data, neither
+    backward_reads: tuple = ("bottom",)
+    #: a loss layer: top 0 gets loss_weight 1 unless the prototxt says otherwise
+    is_loss = False
+
+    def __init__(self, param, xp=np, dtype=np.float32, phase="train", rng=None, make_param=None):
+        self.param = param
+        self.name = param.name or self.type
+        self.xp = xp
+        self.dtype = np.dtype(dtype)
+        self.phase = phase
+        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self._host_rng = np.random.default_rng(0)
+        self._make_param = make_param
+        self.blobs: list[Blob] = []
+
+    # -- the contract ------------------------------------------------------
+    def setup(self, bottoms, tops):
+        """Read parameters and create learnable blobs; bottoms are shaped."""
+
+    def reshape(self, bottoms, tops):
+        raise NotImplementedError(f"{type(self).__name__}.reshape")
+
+    def forward(self, bottoms, tops):
+        raise NotImplementedError(f"{type(self).__name__}.forward")
+
+    def backward(self, tops, propagate_down, bottoms):
+        raise NotImplementedError(f"{type(self).__name__}.backward")
+
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        """False for bottoms that have no gradient (labels, indices)."""
+        return True
+
+    # -- helpers for subclasses ---------------------------------------------
+    def param_blob(self, shape, filler=None) -> Blob:
+        """Create (or, when shared, receive) the layer's next learnable blob."""
+        index = len(self.blobs)
+        if self._make_param is not None:
+            blob = self._make_param(self, index, tuple(shape), filler)
+        else:
+            blob = Blob(shape, self.xp, self.dtype, f"{self.name}.{index}")
+            blob.data[...] = self.xp.asarray(fill(filler, shape, self._host_rng, self.dtype))
+        self.blobs.append(blob)
+        return blob
+
+    def error(self, message: str) -> NetError:
+        """A NetError that names this layer and its type."""
+        return NetError(f"layer '{self.name}' ({self.type}): {message}")
+
+    def check_counts(self, n_bottoms: int, n_tops: int) -> None:
+        for what, n, (lo, hi) in (
+            ("bottoms", n_bottoms, self.num_bottoms),
+            ("tops", n_tops, self.num_tops),
+        ):
+            if n < lo or (hi is not None and n > hi):
+                want = f"{lo}" if lo == hi else f"{lo}..{hi if hi is not None else 'any'}"
+                raise self.error(f"takes {want} {what}, found {n}")
+
+    def canonical_axis(self, axis: int, ndim: int) -> int:
+        """Caffe's CanonicalAxisIndex: a negative axis counts from the end."""
+        if not -ndim <= axis < ndim:
+            raise self.error(f"axis {axis} out of range for a {ndim}-D bottom")
+        return axis % ndim
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} '{self.name}'>"

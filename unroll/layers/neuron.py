@@ -1,0 +1,108 @@
+"""Element-wise activations: ReLU, Sigmoid, TanH, Dropout. All may run in place."""
+
+from __future__ import annotations
+
+from unroll.layer import Layer, register_layer
+
+
+class NeuronLayer(Layer):
+    """One bottom, one top of the same shape; may run in place."""
+
+    in_place = True
+
+    def reshape(self, bottoms, tops):
+        tops[0].reshape(bottoms[0].shape)
+
+
+@register_layer("ReLU")
+class ReLULayer(NeuronLayer):
+    """y = max(x, 0) + negative_slope * min(x, 0); any shape."""
+
+    # y > 0 exactly where x > 0, so backward can read the (possibly in-place) top
+    backward_reads = ("top",)
+
+    def setup(self, bottoms, tops):
+        self.slope = self.param.relu_param.negative_slope
+        if self.slope < 0:
+            raise self.error(f"negative_slope must be >= 0 for in-place safety, found {self.slope}")
+
+    def forward(self, bottoms, tops):
+        x = bottoms[0].data
+        if self.slope:
+            self.xp.multiply(x, self.xp.where(x > 0, 1, self.slope).astype(x.dtype), out=tops[0].data)
+        else:
+            self.xp.maximum(x, 0, out=tops[0].data)
+
+    def backward(self, tops, propagate_down, bottoms):
+        if propagate_down[0]:
+            positive = tops[0].data > 0
+            scale = self.xp.where(positive, 1, self.slope).astype(tops[0].diff.dtype)
+            self.xp.multiply(tops[0].diff, scale, out=bottoms[0].diff)
+
+
+@register_layer("Sigmoid")
+class SigmoidLayer(NeuronLayer):
+    """y = 1 / (1 + exp(-x)); any shape."""
+
+    backward_reads = ("top",)
+
+    def forward(self, bottoms, tops):
+        xp = self.xp
+        # 0.5 * tanh(0.5 x) + 0.5 is the overflow-free form of the logistic
+        y = tops[0].data
+        xp.multiply(bottoms[0].data, 0.5, out=y)
+        xp.tanh(y, out=y)
+        y *= 0.5
+        y += 0.5
+
+    def backward(self, tops, propagate_down, bottoms):
+        if propagate_down[0]:
+            y = tops[0].data
+            bottoms[0].diff[...] = tops[0].diff * y * (1 - y)
+
+
+@register_layer("TanH")
+class TanHLayer(NeuronLayer):
+    """y = tanh(x); any shape."""
+
+    backward_reads = ("top",)
+
+    def forward(self, bottoms, tops):
+        self.xp.tanh(bottoms[0].data, out=tops[0].data)
+
+    def backward(self, tops, propagate_down, bottoms):
+        if propagate_down[0]:
+            y = tops[0].data
+            bottoms[0].diff[...] = tops[0].diff * (1 - y * y)
+
+
+@register_layer("Dropout")
+class DropoutLayer(NeuronLayer):
+    """Train: y = x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio); test: y = x."""
+
+    backward_reads = ()
+
+    def setup(self, bottoms, tops):
+        self.ratio = self.param.dropout_param.dropout_ratio
+        if not 0 <= self.ratio < 1:
+            raise self.error(f"dropout_ratio must be in [0, 1), found {self.ratio}")
+        self.mask = None
+
+    def forward(self, bottoms, tops):
+        x = bottoms[0].data
+        if self.phase != "train" or self.ratio == 0:
+            if tops[0].data is not x:
+                tops[0].data[...] = x
+            self.mask = None
+            return
+        keep = self.rng.random(x.shape, dtype=x.dtype) >= self.ratio
+        self.mask = keep.astype(x.dtype) * (1.0 / (1.0 - self.ratio))
+        self.xp.multiply(x, self.mask, out=tops[0].data)
+
+    def backward(self, tops, propagate_down, bottoms):
+        if propagate_down[0]:
+            if self.mask is None:
+                if bottoms[0].diff is not tops[0].diff:
+                    bottoms[0].diff[...] = tops[0].diff
+            else:
+                self.xp.multiply(tops[0].diff, self.mask, out=bottoms[0].diff)

@@ -1,0 +1,112 @@
+"""The net and solver schema: Caffe's messages, and reading them from prototxt.
+
+This is the only module that imports the generated ``unroll_pb2``; everything
+else uses the names re-exported here. The schema in ``proto/unroll.proto`` is a
+subset of BVLC ``caffe.proto`` with the same names and field numbers, so files
+interoperate with real Caffe.
+
+Regenerate the Python module after editing the schema::
+
+    python -m unroll.proto --generate
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from google.protobuf import text_format
+
+from unroll._generated import unroll_pb2 as pb
+
+BlobProto = pb.BlobProto
+BlobShape = pb.BlobShape
+FillerParameter = pb.FillerParameter
+LayerParameter = pb.LayerParameter
+NetParameter = pb.NetParameter
+NetState = pb.NetState
+ParamSpec = pb.ParamSpec
+SolverParameter = pb.SolverParameter
+SolverState = pb.SolverState
+TRAIN = pb.TRAIN
+TEST = pb.TEST
+
+SCHEMA = Path(__file__).resolve().parent.parent / "proto" / "unroll.proto"
+GENERATED = Path(__file__).resolve().parent / "_generated" / "unroll_pb2.py"
+
+
+class PrototxtError(ValueError):
+    """A prototxt file or text that does not parse; names the source and line."""
+
+
+def parse_text(text: str, message, source: str = "<prototxt>"):
+    """Parse prototxt ``text`` into ``message`` (a fresh message instance).
+
+    >>> net = parse_text('name: "n" layer { name: "d" type: "Input" top: "x" }', NetParameter())
+    >>> net.layer[0].type
+    'Input'
+    """
+    try:
+        text_format.Parse(text, message)
+    except text_format.ParseError as e:
+        line = e.GetLine()
+        where = f"{source}:{line}" if line else source
+        bad = ""
+        if line and 0 < line <= text.count("\n") + 1:
+            bad = f"\n    {text.splitlines()[line - 1].strip()}"
+        raise PrototxtError(f"{where}: cannot parse {type(message).__name__}: {e}{bad}") from None
+    return message
+
+
+def read_message(source, message_type):
+    """A ``message_type`` from a message, a prototxt path or prototxt text."""
+    if isinstance(source, message_type):
+        return source
+    if isinstance(source, str) and ("{" in source or ":" in source or "\n" in source):
+        if "\n" in source or not Path(source).is_file():
+            return parse_text(source, message_type())
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"no prototxt file at {path} (and it is not prototxt text)")
+        return parse_text(path.read_text(), message_type(), str(path))
+    raise TypeError(
+        f"expected a {message_type.__name__}, a prototxt path or prototxt text, "
+        f"found {type(source).__name__}"
+    )
+
+
+def to_text(message) -> str:
+    """Prototxt text of ``message``."""
+    return text_format.MessageToString(message)
+
+
+def generate(out: Path = GENERATED) -> None:
+    """Regenerate ``unroll/_generated/unroll_pb2.py`` from ``proto/unroll.proto``."""
+    from grpc_tools import protoc
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    args = ["protoc", f"-I{SCHEMA.parent}", f"--python_out={out.parent}", str(SCHEMA)]
+    if protoc.main(args) != 0:
+        raise RuntimeError(f"protoc failed on {SCHEMA}")
+    produced = out.parent / "unroll_pb2.py"
+    if produced != out:
+        produced.replace(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m unroll.proto", description=__doc__)
+    parser.add_argument("--generate", action="store_true", help="regenerate the _pb2 module")
+    args = parser.parse_args(argv)
+    if not args.generate:
+        parser.print_help()
+        return 2
+    generate()
+    print(f"wrote {GENERATED}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""Gradient checking and hypothesis strategies, for our tests and for yours.
+
+Every gradient in unroll is checked against central finite differences in
+float64. The same tools check a layer or a net you write yourself::
+
+    from hypothesis import given
+    from unroll import testing
+
+    @given(x=testing.arrays(testing.shapes(min_dims=2)))
+    def test_my_layer_gradient(x):
+        testing.check_layer_gradient('type: "MyLayer"', [x])
+
+Needs the ``test`` extra (hypothesis) for the strategies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from unroll.backend import make_rng, to_numpy
+from unroll.blob import Blob
+from unroll.layer import Layer, layer_class
+from unroll.proto import LayerParameter, parse_text
+
+FLOAT = np.float64
+
+
+# -- gradient checking ------------------------------------------------------
+
+
+class GradientMismatch(AssertionError):
+    """An analytic gradient that disagrees with finite differences."""
+
+
+def _compare(what: str, analytic, numeric, rtol: float, atol: float) -> None:
+    analytic, numeric = np.asarray(analytic, FLOAT), np.asarray(numeric, FLOAT)
+    bad = ~np.isclose(analytic, numeric, rtol=rtol, atol=atol)
+    if bad.any():
+        i = np.unravel_index(np.argmax(np.abs(analytic - numeric) * bad), analytic.shape)
+        raise GradientMismatch(
+            f"{what}: {int(bad.sum())} of {bad.size} gradient entries differ from finite "
+            f"differences; worst at index {tuple(int(k) for k in i)}: "
+            f"analytic {analytic[i]:.8g}, numeric {numeric[i]:.8g}"
+        )
+
+
+def numeric_gradient(f, array, eps: float) -> np.ndarray:
+    """Central differences of scalar ``f()`` w.r.t. every entry of ``array`` (changed in place)."""
+    grad = np.zeros(array.shape, FLOAT)
+    flat = array.reshape(-1)
+    g = grad.reshape(-1)
+    for i in range(flat.size):
+        old = float(flat[i])
+        flat[i] = old + eps
+        up = f()
+        flat[i] = old - eps
+        down = f()
+        flat[i] = old
+        g[i] = (up - down) / (2 * eps)
+    return grad
+
+
+def _layer_param(spec) -> LayerParameter:
+    if isinstance(spec, LayerParameter):
+        return spec
+    return parse_text(spec, LayerParameter(), "<layer spec>")
+
+
+def check_layer_gradient(
+    spec,
+    bottoms: Sequence,
+    *,
+    check: Sequence[int] | None = None,
+    params: bool = True,
+    phase: str = "train",
+    seed: int = 0,
+    eps: float = 1e-6,
+    rtol: float = 1e-4,
+    atol: float = 1e-6,
+    xp=np,
+) -> Layer:
+    """Check a layer's backward against central finite differences, in float64.
+
+    ``spec`` is a LayerParameter or its prototxt text; ``bottoms`` the bottom
+    values. The objective is ``sum_i <top_i, w_i>`` with fixed random weights
+    ``w_i``; its gradient w.r.t. the bottoms listed in ``check`` (default:
+    every bottom the layer allows gradients for) and, with ``params``, w.r.t.
+    every learnable blob, is compared with finite differences. Random layers
+    (Dropout) are re-seeded before each forward so that one mask is used.
+    Raises :class:`GradientMismatch` naming the blob and worst entry; returns
+    the layer.
+
+    >>> check_layer_gradient('type: "TanH"', [np.linspace(-1, 1, 6).reshape(2, 3)])
+    <TanHLayer 'TanH'>
+    """
+    param = _layer_param(spec)
+    layer = layer_class(param)(param, xp=xp, dtype=FLOAT, phase=phase, rng=make_rng(xp, seed))
+    bottom_blobs = []
+    for i, value in enumerate(bottoms):
+        blob = Blob(np.shape(value), xp, FLOAT, f"bottom{i}")
+        blob.data[...] = xp.asarray(value, FLOAT)
+        bottom_blobs.append(blob)
+    n_tops = max(1, layer.num_tops[0])
+    if param.top:
+        n_tops = len(param.top)
+    tops = [Blob((), xp, FLOAT, f"top{i}") for i in range(n_tops)]
+    layer.check_counts(len(bottom_blobs), len(tops))
+    layer.setup(bottom_blobs, tops)
+    layer.reshape(bottom_blobs, tops)
+    if check is None:
+        check = [i for i in range(len(bottom_blobs)) if layer.allow_force_backward(i)]
+
+    def forward() -> float:
+        layer.rng = make_rng(xp, seed)
+        layer.forward(bottom_blobs, tops)
+        return float(sum((to_numpy(t.data) * w).sum() for t, w in zip(tops, weights)))
+
+    wrng = np.random.default_rng(seed + 1)
+    weights = [wrng.uniform(-1, 1, t.shape) for t in tops]
+    for b in layer.blobs:
+        b.diff[...] = 0
+    forward()
+    for t, w in zip(tops, weights):
+        t.diff[...] = xp.asarray(w)
+    propagate = [i in check for i in range(len(bottom_blobs))]
+    layer.backward(tops, propagate, bottom_blobs)
+    analytic_bottoms = {i: to_numpy(bottom_blobs[i].diff).copy() for i in check}
+    analytic_params = [to_numpy(b.diff).copy() for b in layer.blobs]
+
+    for i in check:
+        host = to_numpy(bottom_blobs[i].data).astype(FLOAT)
+
+        def f(i=i, host=host):
+            bottom_blobs[i].data[...] = xp.asarray(host)
+            return forward()
+
+        numeric = numeric_gradient(f, host, eps)
+        bottom_blobs[i].data[...] = xp.asarray(host)
+        _compare(f"layer '{layer.name}' ({layer.type}) bottom {i}", analytic_bottoms[i],
+                 numeric, rtol, atol)
+    if params:
+        for k, blob in enumerate(layer.blobs):
+            host = to_numpy(blob.data).astype(FLOAT)
+
+            def g(blob=blob, host=host):
+                blob.data[...] = xp.asarray(host)
+                return forward()
+
+            numeric = numeric_gradient(g, host, eps)
+            blob.data[...] = xp.asarray(host)
+            _compare(f"layer '{layer.name}' ({layer.type}) param {k}", analytic_params[k],
+                     numeric, rtol, atol)
+    return layer
+
+
+def check_net_gradient(
+    net,
+    wrt: Sequence[str] = (),
+    *,
+    params: bool = True,
+    eps: float = 1e-6,
+    rtol: float = 1e-4,
+    atol: float = 1e-6,
+) -> None:
+    """Check a whole net's backward against finite differences of its loss.
+
+    ``net`` must be built with ``dtype="float64"`` and have its inputs filled.
+    Checks the gradient of ``net.loss`` w.r.t. the input blobs named in
+    ``wrt`` and, with ``params``, w.r.t. every learnable (owner) param, so a
+    shared weight is checked once, with every timestep's contribution summed.
+    """
+    if np.dtype(net.dtype) != FLOAT:
+        raise ValueError(f"check_net_gradient needs a float64 net, found {net.dtype}")
+    xp = net.xp
+
+    def loss() -> float:
+        net.forward()
+        return float(net.loss)
+
+    loss()
+    net.clear_param_diffs()
+    net.backward()
+    analytic = {name: to_numpy(net.blobs[name].diff).copy() for name in wrt}
+    learnable = net.learnable_params if params else []
+    analytic_params = [to_numpy(p.blob.diff).copy() for p in learnable]
+
+    for name in wrt:
+        blob = net.blobs[name]
+        host = to_numpy(blob.data).astype(FLOAT)
+
+        def f(blob=blob, host=host):
+            blob.data[...] = xp.asarray(host)
+            return loss()
+
+        numeric = numeric_gradient(f, host, eps)
+        blob.data[...] = xp.asarray(host)
+        _compare(f"net input '{name}'", analytic[name], numeric, rtol, atol)
+    for p, a in zip(learnable, analytic_params):
+        host = to_numpy(p.blob.data).astype(FLOAT)
+
+        def g(p=p, host=host):
+            p.blob.data[...] = xp.asarray(host)
+            return loss()
+
+        numeric = numeric_gradient(g, host, eps)
+        p.blob.data[...] = xp.asarray(host)
+        _compare(f"param '{p.name}'", a, numeric, rtol, atol)
+    loss()
+
+
+# -- hypothesis strategies --------------------------------------------------
+
+
+def shapes(min_dims: int = 1, max_dims: int = 4, min_side: int = 1, max_side: int = 4):
+    """Array shapes, small enough for finite differences."""
+    return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side,
+                            max_side=max_side)
+
+
+def arrays(shape, low: float = -2.0, high: float = 2.0, away_from=None, margin: float = 1e-2):
+    """float64 arrays of ``shape`` (a tuple or a strategy of shapes) in [low, high].
+
+    ``away_from`` lists kinks (e.g. ``[0.0]`` for ReLU): values closer than
+    ``margin`` are pushed away, so finite differences never straddle a kink.
+    """
+    elements = st.floats(low, high, allow_nan=False, allow_infinity=False, width=64)
+    strategy = hnp.arrays(FLOAT, shape, elements=elements)
+    if away_from:
+        kinks = np.asarray(away_from, FLOAT)
+
+        def push(a):
+            for k in kinks:
+                near = np.abs(a - k) < margin
+                a = np.where(near, k + np.where(a >= k, margin, -margin) * 2, a)
+            return a
+
+        strategy = strategy.map(push)
+    return strategy
+
+
+def distinct_arrays(shape, low: float = -2.0, high: float = 2.0, gap: float = 1e-2):
+    """float64 arrays whose entries differ pairwise by at least ``gap`` (for MAX-style ops)."""
+
+    def build(args):
+        shape, seed = args
+        n = int(np.prod(shape))
+        values = np.linspace(low, high, max(n, 2))[:n]
+        values = np.random.default_rng(seed).permutation(values)
+        if n > 1 and (high - low) / (n - 1) < gap:
+            values = values * (gap * (n - 1) / (high - low))
+        return values.reshape(shape)
+
+    shape_st = shape if isinstance(shape, st.SearchStrategy) else st.just(tuple(shape))
+    return st.tuples(shape_st, st.integers(0, 2**31 - 1)).map(build)
+
+
+def fillers():
+    """FillerParameter prototxt snippets with Caffe's filler types."""
+    return st.sampled_from([
+        'type: "constant" value: 0.1',
+        'type: "uniform" min: -0.5 max: 0.5',
+        'type: "gaussian" std: 0.3',
+        'type: "xavier"',
+        'type: "msra"',
+    ])
+
+
+def axes(ndim: int):
+    """A valid axis for an ``ndim``-D blob, negative or not."""
+    return st.integers(-ndim, ndim - 1)
