@@ -50,7 +50,9 @@ def register_layer(type_name: str):
         if not (isinstance(cls, type) and issubclass(cls, Layer)):
             raise TypeError(f"@register_layer({type_name!r}) needs a Layer subclass, got {cls!r}")
         if type_name in LAYERS and LAYERS[type_name] is not cls:
-            raise ValueError(f"layer type {type_name!r} is already registered by {LAYERS[type_name]}")
+            raise ValueError(
+                f"layer type {type_name!r} is already registered by {LAYERS[type_name]}"
+            )
         cls.type = type_name
         LAYERS[type_name] = cls
         return cls

@@ -17,6 +17,7 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
 from google.protobuf import text_format
 
 from unroll._generated import unroll_pb2 as pb
@@ -110,3 +111,30 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def array_from_blob_proto(blob: BlobProto):
+    """A NumPy array from a BlobProto (shape or legacy 4-D dims; float or double data)."""
+    if blob.HasField("shape"):
+        shape = tuple(blob.shape.dim)
+    else:
+        shape = tuple(d for d in (blob.num, blob.channels, blob.height, blob.width))
+    if blob.double_data:
+        values = np.asarray(blob.double_data, np.float64)
+    else:
+        values = np.asarray(blob.data, np.float32)
+    if values.size != int(np.prod(shape)):
+        raise ValueError(f"BlobProto holds {values.size} values for shape {shape}")
+    return values.reshape(shape)
+
+
+def blob_proto_from_array(array) -> BlobProto:
+    """A BlobProto holding ``array`` (float64 goes to double_data, all else to data)."""
+    array = np.asarray(array)
+    blob = BlobProto()
+    blob.shape.dim.extend(array.shape)
+    if array.dtype == np.float64:
+        blob.double_data.extend(array.ravel().tolist())
+    else:
+        blob.data.extend(array.astype(np.float32).ravel().tolist())
+    return blob
