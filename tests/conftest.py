@@ -6,12 +6,9 @@ from hypothesis import HealthCheck, settings
 
 from unroll.backend import GPU_AVAILABLE, get_array_module
 
-settings.register_profile(
-    "ci", max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile(
-    "dev", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+_quiet = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+settings.register_profile("ci", max_examples=12, deadline=None, suppress_health_check=_quiet)
+settings.register_profile("dev", max_examples=40, deadline=None, suppress_health_check=_quiet)
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 

@@ -103,6 +103,8 @@ class Layer:
     backward_reads: tuple = ("bottom",)
     #: a loss layer: top 0 gets loss_weight 1 unless the prototxt says otherwise
     is_loss = False
+    #: what of bottom 0 the tops alias ("data", "diff"): their memory is the bottom's
+    shares_bottom: tuple = ()
 
     def __init__(self, param, xp=np, dtype=np.float32, phase="train", rng=None, make_param=None):
         self.param = param
