@@ -1,1 +1,89 @@
-"""(being written)"""
+"""Eltwise: element-wise SUM (with coefficients), PROD or MAX of several bottoms."""
+
+from __future__ import annotations
+
+from unroll.layer import Layer, register_layer
+from unroll.proto import LayerParameter
+
+_Op = type(LayerParameter().eltwise_param)  # EltwiseParameter (not re-exported by unroll.proto)
+PROD, SUM, MAX = _Op.PROD, _Op.SUM, _Op.MAX
+
+
+@register_layer("Eltwise")
+class EltwiseLayer(Layer):
+    """y = sum_i c_i x_i | prod_i x_i | max_i x_i over >= 2 bottoms of one shape."""
+
+    num_bottoms = (2, None)
+    # SUM reads nothing, MAX its saved argmax mask; PROD is set per instance below
+    backward_reads = ()
+
+    def __init__(self, param, *args, **kwargs):
+        super().__init__(param, *args, **kwargs)
+        p = param.eltwise_param
+        self.op, self.stable = p.operation, p.stable_prod_grad
+        if self.op == PROD:
+            self.backward_reads = ("bottom",) if self.stable else ("bottom", "top")
+
+    def setup(self, bottoms, tops):
+        coeff = list(self.param.eltwise_param.coeff)
+        if coeff and self.op != SUM:
+            raise self.error("coeff is only allowed with operation SUM")
+        if coeff and len(coeff) != len(bottoms):
+            raise self.error(f"{len(coeff)} coeff given for {len(bottoms)} bottoms; give one each")
+        self.coeff = coeff or [1.0] * len(bottoms)
+        self.mask = None
+
+    def reshape(self, bottoms, tops):
+        shape = bottoms[0].shape
+        for b in bottoms[1:]:
+            if b.shape != shape:
+                raise self.error(
+                    f"bottoms must have one shape: '{bottoms[0].name}' is {shape}, "
+                    f"'{b.name}' is {b.shape}"
+                )
+        tops[0].reshape(shape)
+        if self.op == MAX and (self.mask is None or self.mask.shape != shape):
+            self.mask = self.xp.zeros(shape, self.xp.int32)
+
+    def forward(self, bottoms, tops):
+        xp, y = self.xp, tops[0].data
+        if self.op == SUM:
+            for i, (b, c) in enumerate(zip(bottoms, self.coeff)):
+                if i == 0:
+                    xp.multiply(b.data, c, out=y)
+                elif c == 1:
+                    xp.add(y, b.data, out=y)
+                elif c == -1:
+                    xp.subtract(y, b.data, out=y)
+                else:
+                    y += c * b.data
+        elif self.op == PROD:
+            xp.multiply(bottoms[0].data, bottoms[1].data, out=y)
+            for b in bottoms[2:]:
+                y *= b.data
+        else:
+            # the first maximum wins; its bottom alone gets the gradient
+            xp.copyto(y, bottoms[0].data)
+            self.mask.fill(0)
+            for i, b in enumerate(bottoms[1:], 1):
+                self.mask[b.data > y] = i
+                xp.maximum(y, b.data, out=y)
+
+    def backward(self, tops, propagate_down, bottoms):
+        xp, gy = self.xp, tops[0].diff
+        for i, b in enumerate(bottoms):
+            if not propagate_down[i]:
+                continue
+            gx = b.diff
+            if self.op == SUM:
+                xp.multiply(gy, self.coeff[i], out=gx)
+            elif self.op == MAX:
+                xp.multiply(gy, self.mask == i, out=gx)
+            elif self.stable:
+                others = [o.data for j, o in enumerate(bottoms) if j != i]
+                xp.multiply(gy, others[0], out=gx)
+                for o in others[1:]:
+                    gx *= o
+            else:
+                xp.divide(tops[0].data, b.data, out=gx)
+                gx *= gy

@@ -1,1 +1,56 @@
-"""(being written)"""
+"""InnerProduct: a fully connected layer, Caffe's semantics and blob layout."""
+
+from __future__ import annotations
+
+import math
+
+from unroll.layer import Layer, register_layer
+
+
+@register_layer("InnerProduct")
+class InnerProductLayer(Layer):
+    """y = x W^T + b, x viewed as (M, K) at ``axis``; W (num_output, K) or (K, num_output)."""
+
+    def setup(self, bottoms, tops):
+        p = self.param.inner_product_param
+        self.num_output = p.num_output
+        if self.num_output < 1:
+            raise self.error(f"inner_product_param.num_output must be >= 1, found {p.num_output}")
+        self.bias_term, self.transpose, self.axis = p.bias_term, p.transpose, p.axis
+        shape = bottoms[0].shape
+        self.K = math.prod(shape[self.canonical_axis(self.axis, len(shape)) :])
+        wshape = (self.K, self.num_output) if self.transpose else (self.num_output, self.K)
+        self.param_blob(wshape, p.weight_filler)
+        if self.bias_term:
+            self.param_blob((self.num_output,), p.bias_filler)
+
+    def reshape(self, bottoms, tops):
+        shape = bottoms[0].shape
+        axis = self.canonical_axis(self.axis, len(shape))
+        K = math.prod(shape[axis:])
+        if K != self.K:
+            raise self.error(
+                f"bottom '{bottoms[0].name}' of shape {shape} gives {K} inputs per row from "
+                f"axis {axis}; the weights expect K = {self.K}"
+            )
+        self.M = math.prod(shape[:axis])
+        tops[0].reshape(shape[:axis] + (self.num_output,))
+
+    def forward(self, bottoms, tops):
+        x = bottoms[0].data.reshape(self.M, self.K)
+        y = tops[0].data.reshape(self.M, self.num_output)
+        W = self.blobs[0].data
+        self.xp.matmul(x, W if self.transpose else W.T, out=y)
+        if self.bias_term:
+            y += self.blobs[1].data
+
+    def backward(self, tops, propagate_down, bottoms):
+        gy = tops[0].diff.reshape(self.M, self.num_output)
+        x = bottoms[0].data.reshape(self.M, self.K)
+        W = self.blobs[0]
+        W.diff += x.T @ gy if self.transpose else gy.T @ x
+        if self.bias_term:
+            self.blobs[1].diff += gy.sum(axis=0)
+        if propagate_down[0]:
+            gx = bottoms[0].diff.reshape(self.M, self.K)
+            self.xp.matmul(gy, W.data.T if self.transpose else W.data, out=gx)

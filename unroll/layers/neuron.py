@@ -29,7 +29,8 @@ class ReLULayer(NeuronLayer):
     def forward(self, bottoms, tops):
         x = bottoms[0].data
         if self.slope:
-            self.xp.multiply(x, self.xp.where(x > 0, 1, self.slope).astype(x.dtype), out=tops[0].data)
+            scale = self.xp.where(x > 0, 1, self.slope).astype(x.dtype)
+            self.xp.multiply(x, scale, out=tops[0].data)
         else:
             self.xp.maximum(x, 0, out=tops[0].data)
 

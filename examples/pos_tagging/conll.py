@@ -1,0 +1,227 @@
+"""Read and write CoNLL-U for POS tagging: word forms and UPOS tags only.
+
+>>> import io
+>>> rows = [["1", "I", "PRON"], ["2", "am", "AUX"], ["3", ".", "PUNCT"]]
+>>> text = "".join(f"{i}\\t{w}\\t_\\t{t}" + "\\t_" * 6 + "\\n" for i, w, t in rows) + "\\n"
+>>> list(read_conllu(io.StringIO(text)))
+[(['I', 'am', '.'], ['PRON', 'AUX', 'PUNCT'])]
+
+The reader makes one pass over the lines and checks every line it uses, so that
+a corrupt file stops with a :class:`CoNLLUError` naming the file, the 1-based
+line number and the line itself. ID syntax is parsed by the ``conllu`` library
+(``conllu.parser.parse_id_value``); columns are split on tabs only (``conllu``'s
+own line parser also splits on runs of two spaces, which would cut a FORM that
+contains them, and its exceptions carry no line numbers).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable, Iterator, Sequence
+
+from conllu.parser import ParseException, parse_id_value
+
+__all__ = ["UPOS_TAGS", "CoNLLUError", "read_conllu", "write_conllu"]
+
+#: The 17 universal POS tags, in the order of the UD guidelines; a tag's index
+#: here is its label id.
+UPOS_TAGS = (
+    "ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM",
+    "PART", "PRON", "PROPN", "PUNCT", "SCONJ", "SYM", "VERB", "X",
+)  # fmt: skip
+_UPOS = frozenset(UPOS_TAGS)
+_NCOLS = 10
+
+
+class CoNLLUError(ValueError):
+    """A CoNLL-U file that cannot be read: names the file, 1-based line number and line.
+
+    ``filename``, ``lineno`` and ``line`` are kept as attributes.
+    """
+
+    def __init__(self, filename: str, lineno: int, line: str, problem: str):
+        self.filename, self.lineno, self.line, self.problem = filename, lineno, line, problem
+        super().__init__(f"{filename}:{lineno}: {problem}\n    line {lineno}: {line!r}")
+
+
+def _open(source, mode: str):
+    """(file object, display name, whether we opened it) for a path or an open file.
+
+    Paths are read as bytes and decoded line by line, so that bad UTF-8 is
+    reported on its own line; they are written as UTF-8 text with LF endings.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        name = os.fspath(source)
+        if mode == "r":
+            return open(name, "rb"), name, True
+        return open(name, mode, encoding="utf-8", newline="\n"), name, True
+    return source, str(getattr(source, "name", "<stream>")), False
+
+
+def read_conllu(source) -> Iterator[tuple[list[str], list[str]]]:
+    """Yield each sentence of a CoNLL-U file as ``(forms, upos)``, two lists of strings.
+
+    ``source`` is a path or an open file (text, or binary holding UTF-8).
+    Comment lines, multiword-token ranges (ID ``3-4``) and empty nodes (ID
+    ``5.1``) are skipped: the sentence is its syntactic words. Raises
+    :class:`CoNLLUError` for a line that is not valid for tagging: not 10
+    tab-separated columns, a bad or out-of-order ID,
+    an empty FORM, a missing UPOS (``_``) or one outside the 17 UD tags, a
+    comment inside a sentence, a range reaching past the sentence, a sentence
+    with no words, or text that is not UTF-8.
+
+    >>> sents = read_conllu("en_ewt-ud-dev.conllu")  # doctest: +SKIP
+    """
+    f, name, owned = _open(source, "r")
+    try:
+        yield from _read(f, name)
+    finally:
+        if owned:
+            f.close()
+
+
+def _read(f, name: str) -> Iterator[tuple[list[str], list[str]]]:
+    forms: list[str] = []
+    upos: list[str] = []
+    started = False  # a token line (word, range or empty node) has been seen in this block
+    block_start = 0  # line number of the block's first line
+    range_end = (0, 0, "")  # (largest range end, its line number, its line)
+    lineno = 0
+    lines = iter(f)
+    while True:
+        try:
+            raw = next(lines)
+        except StopIteration:
+            break
+        except UnicodeDecodeError as e:  # from a text stream the caller opened: near here
+            problem = f"not valid UTF-8 (here or soon after): {e}"
+            raise CoNLLUError(name, lineno + 1, "?", problem) from None
+        lineno += 1
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                shown = raw.decode("utf-8", "backslashreplace").rstrip("\r\n")
+                raise CoNLLUError(
+                    name, lineno, shown, f"not valid UTF-8 ({e.reason} at byte {e.start})"
+                ) from None
+            if lineno == 1:
+                raw = raw.removeprefix("\ufeff")  # a byte-order mark
+        line = raw.rstrip("\r\n")
+
+        if not line.strip():  # a blank line ends the sentence
+            if block_start:
+                yield _finish(name, forms, upos, started, range_end, block_start, lineno, line)
+            forms, upos, started, block_start, range_end = [], [], False, 0, (0, 0, "")
+            continue
+        if not block_start:
+            block_start = lineno
+        if line.startswith("#"):
+            if started:
+                raise CoNLLUError(name, lineno, line, "comment line inside a sentence")
+            continue
+
+        started = True
+        cols = line.split("\t")
+        if len(cols) != _NCOLS:
+            raise CoNLLUError(
+                name, lineno, line, f"expected {_NCOLS} tab-separated columns, found {len(cols)}"
+            )
+        try:
+            tid = parse_id_value(cols[0])
+        except ParseException:
+            tid = None
+        if tid is None:
+            raise CoNLLUError(name, lineno, line, f"invalid ID {cols[0]!r}")
+        expected = len(forms) + 1
+        if isinstance(tid, tuple):
+            if tid[1] == "-":  # multiword token: its words follow on their own lines
+                if tid[0] != expected:
+                    raise CoNLLUError(
+                        name, lineno, line,
+                        f"multiword range {cols[0]} out of order: expected a start at {expected}",
+                    )  # fmt: skip
+                if tid[2] > range_end[0]:
+                    range_end = (tid[2], lineno, line)
+            continue  # an empty node ("5.1") is not a word
+        if tid != expected:
+            problem = f"word ID {tid} out of order: expected {expected}"
+            raise CoNLLUError(name, lineno, line, problem)
+        if cols[1] == "":
+            raise CoNLLUError(name, lineno, line, "empty FORM")
+        tag = cols[3]
+        if tag not in _UPOS:
+            problem = (
+                "missing UPOS (column 4 is '_')"
+                if tag in ("_", "")
+                else f"unknown UPOS tag {tag!r} (not one of the 17 UD tags)"
+            )
+            raise CoNLLUError(name, lineno, line, problem)
+        forms.append(cols[1])
+        upos.append(tag)
+
+    if block_start:  # last sentence without a closing blank line
+        yield _finish(name, forms, upos, started, range_end, block_start, lineno, line)
+
+
+def _finish(name, forms, upos, started, range_end, block_start, lineno, line):
+    if not started:
+        raise CoNLLUError(name, block_start, line, "comment lines with no sentence after them")
+    if not forms:
+        problem = f"sentence starting at line {block_start} has no words"
+        raise CoNLLUError(name, lineno, line, problem)
+    if range_end[0] > len(forms):
+        raise CoNLLUError(
+            name, range_end[1], range_end[2],
+            f"multiword range ends at word {range_end[0]} but the sentence has {len(forms)} words",
+        )  # fmt: skip
+    return forms, upos
+
+
+def write_conllu(
+    sentences_tokens: Iterable[Sequence[str]], tags: Iterable[Sequence[str]], file
+) -> int:
+    """Write sentences with their UPOS tags as CoNLL-U; return the number of sentences.
+
+    ``file`` is a path or an open text file. Each sentence gets ``# sent_id``
+    and ``# text`` comments (text = forms joined by spaces, consistent with an
+    empty MISC column), then one 10-column line per word: ID, FORM, UPOS; every
+    other column ``_``. Everything is checked before anything is written, so a
+    bad tag or form raises ``ValueError`` and leaves no half-written file.
+
+    >>> import io
+    >>> out = io.StringIO()
+    >>> write_conllu([["Hi", "!"]], [["INTJ", "PUNCT"]], out)
+    1
+    >>> print(out.getvalue().replace("\\t", " "), end="")
+    # sent_id = 1
+    # text = Hi !
+    1 Hi _ INTJ _ _ _ _ _ _
+    2 ! _ PUNCT _ _ _ _ _ _
+    <BLANKLINE>
+    """
+    buf = io.StringIO()
+    sents, tagss = list(sentences_tokens), list(tags)
+    if len(sents) != len(tagss):
+        raise ValueError(f"{len(sents)} sentences but {len(tagss)} tag sequences")
+    for k, (forms, upos) in enumerate(zip(sents, tagss)):
+        if len(forms) != len(upos):
+            raise ValueError(f"sentence {k}: {len(forms)} tokens but {len(upos)} tags")
+        if not forms:
+            raise ValueError(f"sentence {k} is empty")
+        buf.write(f"# sent_id = {k + 1}\n# text = {' '.join(forms)}\n")
+        for i, (form, tag) in enumerate(zip(forms, upos), start=1):
+            if not form or any(c in form for c in "\t\n\r"):
+                raise ValueError(f"sentence {k}, token {i}: invalid FORM {form!r}")
+            if tag not in _UPOS:
+                raise ValueError(f"sentence {k}, token {i}: unknown UPOS tag {tag!r}")
+            buf.write(f"{i}\t{form}\t_\t{tag}\t_\t_\t_\t_\t_\t_\n")
+        buf.write("\n")
+    f, _, owned = _open(file, "w")
+    try:
+        f.write(buf.getvalue())
+    finally:
+        if owned:
+            f.close()
+    return len(sents)

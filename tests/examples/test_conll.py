@@ -1,0 +1,173 @@
+import io
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from examples.pos_tagging.conll import UPOS_TAGS, CoNLLUError, read_conllu, write_conllu
+
+
+def row(id_, form, upos="_", misc="_"):
+    return "\t".join([id_, form, "_", upos, "_", "_", "_", "_", "_", misc])
+
+
+GOOD = [
+    "# newdoc id = d1",  # 1
+    "# sent_id = 1",  # 2
+    "# text = I don't know.",  # 3
+    row("1", "I", "PRON"),  # 4
+    row("2-3", "don't"),  # 5
+    row("2", "do", "AUX"),  # 6
+    row("3", "n't", "PART"),  # 7
+    row("4", "know", "VERB", "SpaceAfter=No"),  # 8
+    row("4.1", "knew"),  # 9  (empty node: no UPOS needed)
+    row("5", ".", "PUNCT"),  # 10
+    "",  # 11
+    "# sent_id = 2",  # 12
+    row("1", "Hi", "INTJ"),  # 13
+]
+EXPECTED = [
+    (["I", "do", "n't", "know", "."], ["PRON", "AUX", "PART", "VERB", "PUNCT"]),
+    (["Hi"], ["INTJ"]),
+]
+
+
+def write(tmp_path, lines, name="x.conllu", end="\n"):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + end, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("end", ["\n", "\n\n", "", "\n\n\n"])
+def test_reads_words_skipping_comments_ranges_and_empty_nodes(tmp_path, end):
+    assert list(read_conllu(write(tmp_path, GOOD, end=end))) == EXPECTED
+
+
+def test_reads_str_path_open_file_and_crlf(tmp_path):
+    path = write(tmp_path, GOOD)
+    assert list(read_conllu(str(path))) == EXPECTED
+    with open(path, encoding="utf-8") as f:
+        assert list(read_conllu(f)) == EXPECTED
+    crlf = tmp_path / "crlf.conllu"
+    crlf.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    assert list(read_conllu(crlf)) == EXPECTED
+    assert list(read_conllu(io.StringIO(""))) == []
+
+
+def test_extra_blank_lines_between_sentences_are_fine(tmp_path):
+    lines = GOOD[:11] + ["", ""] + GOOD[11:]
+    assert list(read_conllu(write(tmp_path, lines))) == EXPECTED
+
+
+BAD = [
+    # (line number in GOOD, replacement, fragment of the message)
+    (6, "2\tdo\t_\tAUX\t_\t_\t_\t_\t_", "expected 10 tab-separated columns, found 9"),
+    (6, "2 do _ AUX _ _ _ _ _ _", "found 1"),
+    (6, row("2", "do", "_"), "missing UPOS"),
+    (6, row("2", "do", ""), "missing UPOS"),
+    (7, row("3", "n't", "NEG"), "unknown UPOS tag 'NEG'"),
+    (7, row("3", "n't", "part"), "unknown UPOS tag 'part'"),
+    (4, row("x", "I", "PRON"), "invalid ID 'x'"),
+    (4, row("1.5.2", "I", "PRON"), "invalid ID"),
+    (4, row("3-2", "I", "PRON"), "invalid ID '3-2'"),
+    (4, row("2", "I", "PRON"), "word ID 2 out of order: expected 1"),
+    (6, row("3", "do", "AUX"), "word ID 3 out of order: expected 2"),
+    (5, row("3-4", "don't"), "multiword range 3-4 out of order"),
+    (5, row("2-7", "don't"), "multiword range ends at word 7 but the sentence has 5 words"),
+    (6, row("2", "", "AUX"), "empty FORM"),
+    (8, "# a comment in the middle", "comment line inside a sentence"),
+]
+
+
+@pytest.mark.parametrize("lineno, line, problem", BAD)
+def test_malformed_lines_name_file_line_number_and_line(tmp_path, lineno, line, problem):
+    lines = list(GOOD)
+    lines[lineno - 1] = line
+    path = write(tmp_path, lines, name="bad_file.conllu")
+    with pytest.raises(CoNLLUError) as info:
+        list(read_conllu(path))
+    err = info.value
+    assert err.lineno == lineno and err.line == line and err.filename == str(path)
+    msg = str(err)
+    assert f"bad_file.conllu:{lineno}:" in msg and problem in msg and repr(line) in msg
+
+
+def test_error_in_a_later_sentence_comes_after_the_good_ones(tmp_path):
+    lines = list(GOOD)
+    lines[12] = row("1", "Hi", "HELLO")
+    sentences = read_conllu(write(tmp_path, lines))
+    assert next(sentences) == EXPECTED[0]
+    with pytest.raises(CoNLLUError, match=r"x\.conllu:13: unknown UPOS tag 'HELLO'"):
+        next(sentences)
+
+
+def test_sentences_without_words_are_errors(tmp_path):
+    only_comments = GOOD + ["", "# sent_id = 3", "# text = nothing"]
+    with pytest.raises(CoNLLUError, match=r":15: comment lines with no sentence"):
+        list(read_conllu(write(tmp_path, only_comments)))
+    only_range = GOOD + ["", row("1-2", "gonna")]
+    with pytest.raises(CoNLLUError, match=r":15: sentence starting at line 15 has no words"):
+        list(read_conllu(write(tmp_path, only_range)))
+
+
+def test_invalid_utf8_names_the_line(tmp_path):
+    path = tmp_path / "latin1.conllu"
+    path.write_bytes(("\n".join(GOOD[:6]) + "\n").encode() + b"3\tn\xe9\t_\tPART" + b"\t_" * 6)
+    with pytest.raises(CoNLLUError, match=r"latin1\.conllu:7: not valid UTF-8"):
+        list(read_conllu(path))
+
+
+def test_stream_name_in_errors():
+    with pytest.raises(CoNLLUError, match=r"<stream>:1: invalid ID"):
+        list(read_conllu(io.StringIO(row("one", "a", "X") + "\n")))
+
+
+def test_write_then_read_round_trip(tmp_path):
+    sents = [f for f, _ in EXPECTED] + [["a b", "_", "#hash", "ünïcödé"]]
+    tags = [t for _, t in EXPECTED] + [["X", "SYM", "SYM", "NOUN"]]
+    path = tmp_path / "out.conllu"
+    assert write_conllu(sents, tags, path) == 3
+    assert list(read_conllu(path)) == list(zip(sents, tags))
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[:2] == ["# sent_id = 1", "# text = I do n't know ."]
+    assert all(len(x.split("\t")) == 10 for x in lines if x and not x.startswith("#"))
+    buf = io.StringIO()
+    write_conllu(sents, tags, buf)
+    assert buf.getvalue() == path.read_text(encoding="utf-8")
+
+
+forms_st = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\t\n\r"), min_size=1
+)
+
+
+@given(
+    st.lists(
+        st.lists(st.tuples(forms_st, st.sampled_from(UPOS_TAGS)), min_size=1, max_size=6),
+        max_size=4,
+    )
+)
+def test_round_trip_property(sentences):
+    sents = [[f for f, _ in s] for s in sentences]
+    tags = [[t for _, t in s] for s in sentences]
+    buf = io.StringIO()
+    write_conllu(sents, tags, buf)
+    assert list(read_conllu(io.StringIO(buf.getvalue()))) == list(zip(sents, tags))
+
+
+@pytest.mark.parametrize(
+    "sents, tags, match",
+    [
+        ([["a"]], [["NOUN"], ["X"]], "1 sentences but 2 tag sequences"),
+        ([["a", "b"]], [["NOUN"]], "sentence 0: 2 tokens but 1 tags"),
+        ([["a"]], [["NOUNZ"]], "unknown UPOS tag 'NOUNZ'"),
+        ([["a\tb"]], [["NOUN"]], "invalid FORM"),
+        ([[""]], [["NOUN"]], "invalid FORM"),
+        ([[]], [[]], "sentence 0 is empty"),
+    ],
+)
+def test_writer_rejects_bad_input_without_writing(tmp_path, sents, tags, match):
+    path = tmp_path / "never.conllu"
+    with pytest.raises(ValueError, match=match):
+        write_conllu(sents, tags, path)
+    assert not path.exists()

@@ -1,0 +1,239 @@
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from unroll.bucketing import BucketSampler, choose_boundaries, time_major
+
+lengths_st = st.lists(st.integers(1, 60), min_size=1, max_size=250)
+boundaries_st = st.none() | st.lists(st.integers(1, 70), min_size=1, max_size=8, unique=True).map(
+    sorted
+)
+
+
+@st.composite
+def samplers(draw, drop_last=None):
+    """(sampler, its arguments) over random lengths, boundaries and settings."""
+    by_tokens = draw(st.booleans())
+    kwargs = dict(
+        lengths=draw(lengths_st),
+        batch_size=draw(st.integers(1, 200) if by_tokens else st.integers(1, 40)),
+        boundaries=draw(boundaries_st),
+        seed=draw(st.integers(0, 2**32)),
+        by_tokens=by_tokens,
+        shuffle=draw(st.booleans()),
+        drop_last=draw(st.booleans()) if drop_last is None else drop_last,
+    )
+    return BucketSampler(**kwargs), kwargs
+
+
+def bucket_ids(sampler):
+    """Bucket of every sequence, straight from the definition (first boundary >= length)."""
+    return np.array([np.searchsorted(sampler.boundaries, L, side="left") for L in sampler.lengths])
+
+
+@given(samplers(drop_last=False))
+def test_every_sequence_exactly_once(case):
+    sampler, kwargs = case
+    batches = list(sampler)
+    assert sorted(i for b in batches for i in b) == list(range(len(kwargs["lengths"])))
+    assert len(batches) == len(sampler)
+    assert all(len(b) >= 1 and all(isinstance(i, int) for i in b) for b in batches)
+
+
+@given(samplers(drop_last=True))
+def test_drop_last_drops_only_each_buckets_incomplete_batch(case):
+    sampler, _ = case
+    batches = list(sampler)
+    seen = [i for b in batches for i in b]
+    assert len(seen) == len(set(seen)) and len(batches) == len(sampler)
+    ids = bucket_ids(sampler)
+    for bucket in np.unique(ids):
+        members = np.flatnonzero(ids == bucket)
+        in_batches = [b for b in batches if ids[b[0]] == bucket]
+        size = len(in_batches[0]) if in_batches else None
+        assert all(len(b) == size for b in in_batches)  # only full batches are kept
+        dropped = len(members) - sum(len(b) for b in in_batches)
+        cap = sampler.batch_size
+        if sampler.by_tokens:
+            cap = max(1, sampler.batch_size // int(sampler.lengths[members].max()))
+        assert 0 <= dropped < cap
+
+
+@given(samplers())
+def test_each_batch_comes_from_one_bucket(case):
+    sampler, _ = case
+    ids = bucket_ids(sampler)
+    bounds = (0, *sampler.boundaries)
+    for batch in sampler:
+        lengths = sampler.lengths[batch]
+        bucket = ids[batch[0]]
+        assert (ids[batch] == bucket).all()
+        padded = sampler.bucket_length(batch)
+        # padded to the bucket's boundary capped at its longest member
+        assert padded == sampler.lengths[ids == bucket].max()
+        assert (lengths <= padded).all() and (lengths > bounds[bucket]).all()
+        if bucket < len(sampler.boundaries):
+            assert padded <= sampler.boundaries[bucket]
+
+
+@given(samplers())
+def test_same_seed_same_order_per_epoch(case):
+    sampler, kwargs = case
+    twin = BucketSampler(**kwargs)
+    first, second = list(sampler), list(sampler)
+    assert sampler.epoch == 2
+    assert first == twin.epoch_batches(0) and second == twin.epoch_batches(1)
+    sampler.set_epoch(1)
+    assert list(sampler) == second and sampler.epoch == 2
+    twin.set_epoch(0)
+    assert list(twin) == first
+
+
+def test_epochs_and_seeds_differ_on_large_input():
+    lengths = [1 + (7 * i) % 50 for i in range(600)]
+    a = BucketSampler(lengths, batch_size=8, seed=3)
+    e0, e1 = list(a), list(a)
+    assert e0 != e1
+    assert sorted(map(sorted, e0)) != sorted(map(sorted, e1))  # batch contents change too
+    assert BucketSampler(lengths, batch_size=8, seed=4).epoch_batches(0) != e0
+
+
+def test_no_shuffle_is_bucket_order_then_input_order():
+    s = BucketSampler([4, 1, 3, 2, 9], batch_size=2, boundaries=[2, 4], shuffle=False)
+    assert list(s) == [[1, 3], [0, 2], [4]] == list(s)
+    assert s.bucket_lengths == (2, 4, 9) and s.num_buckets == 3
+
+
+@given(samplers(drop_last=False).filter(lambda c: c[1]["by_tokens"]))
+def test_by_tokens_respects_the_budget(case):
+    """A batch's padded tokens stay within batch_size, except a single sequence that is
+    alone longer than the budget (it still gets a batch of its own)."""
+    sampler, _ = case
+    full = {}
+    for batch in sampler:
+        padded = sampler.bucket_length(batch)
+        assert padded * len(batch) <= sampler.batch_size or (
+            len(batch) == 1 and padded > sampler.batch_size
+        )
+        # as many as fit: at most one batch per bucket is smaller than the capacity
+        cap = max(1, sampler.batch_size // padded)
+        assert len(batch) <= cap
+        full.setdefault(padded, []).append(len(batch) == cap)
+    assert all(flags.count(False) <= 1 for flags in full.values())
+
+
+def test_by_tokens_oversized_sequence_gets_its_own_batch():
+    s = BucketSampler([30, 2, 2, 2], batch_size=10, boundaries=[5], by_tokens=True)
+    assert sorted(map(sorted, s)) == [[0], [1, 2, 3]]
+
+
+@given(samplers())
+def test_padding_fraction_matches_direct_computation(case):
+    sampler, _ = case
+    ids = bucket_ids(sampler)
+    epoch = sampler.epoch
+    padded = real = 0
+    for batch in sampler.epoch_batches(epoch):
+        L = sampler.lengths[ids == ids[batch[0]]].max()
+        padded += L * len(batch)
+        real += sampler.lengths[batch].sum()
+    expected = (padded - real) / padded if padded else 0.0
+    assert sampler.padding_fraction() == pytest.approx(expected)
+    assert 0.0 <= sampler.padding_fraction() < 1.0
+
+
+def test_one_bucket_pads_to_the_longest_and_default_buckets_pad_less():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 80, size=2000)
+    one = BucketSampler(lengths, batch_size=32, boundaries=[int(lengths.max())])
+    default = BucketSampler(lengths, batch_size=32)
+    direct = 1 - lengths.sum() / (lengths.max() * len(lengths))
+    assert one.padding_fraction() == pytest.approx(direct)
+    assert default.padding_fraction() < 0.06 < one.padding_fraction()
+
+
+@given(lengths_st, st.integers(1, 40), st.floats(0.0, 0.5), st.booleans())
+def test_choose_boundaries_bounds_each_buckets_padding(lengths, min_size, max_padding, by_tokens):
+    bounds = choose_boundaries(lengths, min_size, max_padding, by_tokens)
+    assert bounds == sorted(set(bounds)) and bounds[-1] == max(lengths)
+    arr = np.array(lengths)
+    ids = np.searchsorted(bounds, arr, side="left")
+    for b, upper in enumerate(bounds):
+        members = np.sort(arr[ids == b])
+        assert members.size and members[-1] == upper  # every bucket is used, up to its boundary
+        padding = 1 - members.sum() / (members.size * upper)
+        rest = members[members < upper]  # the bucket before its last length was added
+        rest_full = rest.size and (
+            rest.size * rest[-1] >= min_size if by_tokens else rest.size >= min_size
+        )
+        assert padding <= max_padding + 1e-12 or not rest_full
+        if b < len(bounds) - 1:  # closed buckets hold at least one batch
+            full = members.size * upper >= min_size if by_tokens else members.size >= min_size
+            assert full
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(lengths=[3, 0, 2]), r"lengths\[1\] = 0"),
+        (dict(lengths=[3, -4]), r"lengths\[1\] = -4"),
+        (dict(lengths=[]), "empty"),
+        (dict(lengths=[1.5, 2.0]), "float64"),
+        (dict(lengths=[[1, 2]]), "1-D"),
+        (dict(lengths=[1, 2], batch_size=0), "batch_size must be >= 1, got 0"),
+        (dict(lengths=[1, 2], batch_size=2.5), "batch_size must be an integer, got 2.5"),
+        (dict(lengths=[1, 2], boundaries=[5, 3]), r"boundaries\[1\] = 3"),
+        (dict(lengths=[1, 2], boundaries=[3, 3]), r"boundaries\[1\] = 3"),
+        (dict(lengths=[1, 2], boundaries=[0, 3]), r"boundaries\[0\] must be >= 1, got 0"),
+        (dict(lengths=[1, 2], boundaries=[]), "boundaries is empty"),
+        (dict(lengths=[1, 2], seed=-1), "seed must be >= 0, got -1"),
+    ],
+)
+def test_bad_arguments_name_the_offending_value(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        BucketSampler(**kwargs)
+
+
+def test_bucket_length_rejects_mixed_or_bad_batches():
+    s = BucketSampler([1, 2, 10], batch_size=2, boundaries=[2])
+    assert s.bucket_length([0, 1]) == 2 and s.bucket_length([2]) == 10
+    with pytest.raises(ValueError, match=r"mixes buckets of lengths \[2, 10\]"):
+        s.bucket_length([0, 2])
+    with pytest.raises(ValueError, match="outside"):
+        s.bucket_length([3])
+    with pytest.raises(ValueError, match="non-empty"):
+        s.bucket_length([])
+
+
+def test_lengths_above_last_boundary_form_a_final_bucket():
+    s = BucketSampler([1, 5, 7, 6], batch_size=4, boundaries=[2], shuffle=False)
+    assert list(s) == [[0], [1, 2, 3]] and s.bucket_lengths == (1, 7)  # capped at longest
+
+
+@given(
+    st.lists(st.lists(st.integers(-5, 5), max_size=8), min_size=1, max_size=6),
+    st.integers(0, 4),
+    st.integers(-9, 9),
+)
+def test_time_major_values_and_cont(seqs, extra, pad):
+    T = max(len(s) for s in seqs) + extra
+    values, cont = time_major(seqs, T, pad_value=pad)
+    assert values.shape == cont.shape == (T, len(seqs)) and cont.dtype == np.float32
+    for n, s in enumerate(seqs):
+        for t in range(T):
+            assert values[t, n] == (s[t] if t < len(s) else pad)
+            assert cont[t, n] == (1.0 if 0 < t < len(s) else 0.0)
+
+
+def test_time_major_items_with_trailing_shape_and_errors():
+    a, b = np.arange(6.0).reshape(3, 2), np.ones((1, 2))
+    values, cont = time_major([a, b], 4, pad_value=-1)
+    assert values.shape == (4, 2, 2) and values.dtype == np.float64
+    np.testing.assert_array_equal(values[:3, 0], a)
+    np.testing.assert_array_equal(values[1:, 1], -1)
+    assert cont[:, 0].tolist() == [0, 1, 1, 0] and cont[:, 1].tolist() == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match="sequence 1 has length 3 > padded length 2"):
+        time_major([[1], [1, 2, 3]], 2)
+    with pytest.raises(ValueError, match="shape"):
+        time_major([np.ones((2, 2)), np.ones((2, 3))], 2)

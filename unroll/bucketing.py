@@ -1,0 +1,397 @@
+"""Length buckets: a batch sampler that groups sequences by length, and time-major padding.
+
+Each batch comes from one bucket and is padded to that bucket's length, so one
+unrolled net per bucket length suffices (built on demand and cached by length).
+
+>>> sampler = BucketSampler([3, 5, 4, 9, 8, 2], batch_size=2, boundaries=[4, 9], shuffle=False)
+>>> sampler.bucket_lengths
+(4, 9)
+>>> list(sampler)
+[[0, 2], [5], [1, 3], [4]]
+>>> values, cont = time_major([[7, 8, 9], [5]], length=3)
+>>> values.T.tolist(), cont.T.tolist()
+([[7, 8, 9], [5, 0, 0]], [[0.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from unroll.net import Net, write_atomic
+from unroll.param_store import ParamStore
+
+__all__ = ["BucketSampler", "choose_boundaries", "time_major"]
+
+
+def _as_int(value, what: str, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{what} must be an integer, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} must be an integer, got {value!r}") from None
+    if value < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_lengths(lengths) -> np.ndarray:
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be a 1-D sequence of integers, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError("lengths is empty: there are no sequences to batch")
+    if not np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_:
+        raise ValueError(f"lengths must be integers, got dtype {arr.dtype} (e.g. {arr[0]!r})")
+    bad = np.flatnonzero(arr < 1)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"lengths[{i}] = {int(arr[i])}: every length must be >= 1")
+    return arr.astype(np.int64)
+
+
+def choose_boundaries(
+    lengths, min_size: int = 32, max_padding: float = 0.05, by_tokens: bool = False
+) -> list[int]:
+    """Bucket boundaries for ``lengths`` that keep each bucket's padding small (greedy).
+
+    Walks the distinct lengths in increasing order, adding all sequences of each
+    length to the open bucket. The bucket is closed (its boundary is the last
+    length added) just before a length whose addition would push the bucket's
+    padding fraction, ``1 - sum(lengths) / (count * longest)``, above
+    ``max_padding`` -- but only once the bucket can fill one batch: ``min_size``
+    sequences, or with ``by_tokens`` ``min_size`` padded tokens. So every bucket
+    pads at most ``max_padding`` of its positions, except one that had to grow to
+    fill a batch (sparse long sequences) and the last one, which may be smaller
+    than a batch. The last boundary is the longest length.
+
+    >>> choose_boundaries([1, 1, 2, 2, 5, 5, 6, 9], min_size=2, max_padding=0.3)
+    [2, 6, 9]
+    """
+    arr = _check_lengths(lengths)
+    min_size = _as_int(min_size, "min_size", 1)
+    if not 0.0 <= max_padding < 1.0:
+        raise ValueError(f"max_padding must be in [0, 1), got {max_padding}")
+    values, counts = np.unique(arr, return_counts=True)
+    bounds: list[int] = []
+    n = total = prev = 0  # open bucket: sequence count, token sum, longest length
+    for length, count in zip(values.tolist(), counts.tolist()):
+        if n:
+            full = n * prev >= min_size if by_tokens else n >= min_size
+            padding = 1.0 - (total + length * count) / ((n + count) * length)
+            if full and padding > max_padding:
+                bounds.append(prev)
+                n = total = 0
+        n += count
+        total += length * count
+        prev = length
+    bounds.append(prev)
+    return bounds
+
+
+class BucketSampler:
+    """Batches of sequence indices, each batch from one length bucket; reshuffled per epoch.
+
+    ``lengths[i]`` is the length of sequence ``i``. Iterating yields one epoch:
+    lists of int indices into ``lengths``, every sequence exactly once (with
+    ``drop_last``, each bucket's last incomplete batch is left out).
+
+    Buckets. ``boundaries`` are strictly increasing upper limits: a sequence of
+    length L goes to the first bucket whose boundary is >= L; longer ones go to
+    a final bucket that reaches the longest length. ``None`` chooses them with
+    :func:`choose_boundaries` with ``min_size=batch_size`` and ``max_padding=0.05``
+    (each bucket pads at most 5% once it can fill a batch; on UD English EWT
+    train, batch_size=32: 27 buckets, 3.9% padding against 90% for one bucket).
+    A batch is padded to its bucket's length:
+    the bucket's boundary capped at its longest member, i.e. the longest length
+    in the bucket, the same for every batch of that bucket and every epoch
+    (:meth:`bucket_length`), so one unrolled net per bucket is enough.
+
+    Batch size. ``batch_size`` sequences per batch; with ``by_tokens=True`` it is
+    a budget of padded tokens instead: a batch of a bucket of length L holds
+    ``batch_size // L`` sequences, at least one -- so a single sequence longer
+    than the budget still makes a batch of its own, the one case over budget.
+
+    Order. With ``shuffle``, each epoch shuffles the sequences within every
+    bucket and then the order of all batches across buckets, from an RNG
+    derived from ``(seed, epoch)``: epoch k gives the same batches for the same
+    seed, whatever happened before. Each ``iter()`` uses the current epoch and
+    advances the counter; :meth:`set_epoch` sets it. Without ``shuffle``,
+    batches come bucket by bucket, shortest first, indices in input order.
+
+    >>> s = BucketSampler([5, 3, 12, 4, 11], batch_size=2, boundaries=[5], seed=1)
+    >>> s.bucket_lengths, len(s)
+    ((5, 12), 3)
+    >>> [sorted(b) for b in s.epoch_batches(0)] == [sorted(b) for b in s]
+    True
+    >>> s.epoch, s.bucket_length([2, 4]), round(s.padding_fraction(), 3)
+    (1, 12, 0.103)
+    """
+
+    #: ``max_padding`` used to choose boundaries when none are given
+    DEFAULT_MAX_PADDING = 0.05
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        batch_size: int = 32,
+        boundaries: Sequence[int] | None = None,
+        seed: int = 0,
+        by_tokens: bool = False,
+        shuffle: bool = True,
+        drop_last: bool = False,
+    ):
+        self.lengths = _check_lengths(lengths)
+        self.batch_size = _as_int(batch_size, "batch_size", 1)
+        self.seed = _as_int(seed, "seed", 0)
+        self.by_tokens, self.shuffle = bool(by_tokens), bool(shuffle)
+        self.drop_last = bool(drop_last)
+        if boundaries is None:
+            boundaries = choose_boundaries(
+                self.lengths, self.batch_size, self.DEFAULT_MAX_PADDING, self.by_tokens
+            )
+        self.boundaries = self._check_boundaries(boundaries)
+        self.epoch = 0
+
+        # bucket id per sequence: first boundary >= length; len(boundaries) = overflow bucket
+        ids = np.searchsorted(np.asarray(self.boundaries, np.int64), self.lengths, side="left")
+        used = np.unique(ids)
+        #: index arrays of the non-empty buckets, in increasing length order
+        self._buckets = [np.flatnonzero(ids == b) for b in used.tolist()]
+        self._bucket_of = np.searchsorted(used, ids)  # sequence -> position in _buckets
+        #: padded length of each non-empty bucket, shortest first
+        self.bucket_lengths = tuple(int(self.lengths[idx].max()) for idx in self._buckets)
+        self._batch_sizes = [
+            max(1, self.batch_size // L) if self.by_tokens else self.batch_size
+            for L in self.bucket_lengths
+        ]
+
+    @staticmethod
+    def _check_boundaries(boundaries) -> tuple[int, ...]:
+        out = tuple(_as_int(b, f"boundaries[{i}]", 1) for i, b in enumerate(boundaries))
+        if not out:
+            raise ValueError("boundaries is empty: give at least one, or None to choose them")
+        for i in range(1, len(out)):
+            if out[i] <= out[i - 1]:
+                raise ValueError(
+                    f"boundaries must be strictly increasing: boundaries[{i}] = {out[i]} "
+                    f"after boundaries[{i - 1}] = {out[i - 1]}"
+                )
+        return out
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration epoch ``epoch`` (the counter then advances from there)."""
+        self.epoch = _as_int(epoch, "epoch", 0)
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """The batches of epoch ``epoch``, without touching the epoch counter."""
+        epoch = _as_int(epoch, "epoch", 0)
+        rng = np.random.default_rng([self.seed, epoch])
+        batches: list[list[int]] = []
+        for idx, bs in zip(self._buckets, self._batch_sizes):
+            if self.shuffle:
+                idx = rng.permutation(idx)
+            stop = len(idx) - len(idx) % bs if self.drop_last else len(idx)
+            batches.extend(idx[i : i + bs].tolist() for i in range(0, stop, bs))
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches)).tolist()]
+        return batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        return iter(self.epoch_batches(epoch))
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        rounding = operator.floordiv if self.drop_last else lambda n, bs: math.ceil(n / bs)
+        return sum(rounding(len(idx), bs) for idx, bs in zip(self._buckets, self._batch_sizes))
+
+    @property
+    def num_buckets(self) -> int:
+        """Number of non-empty buckets (= distinct padded lengths = unrolled nets needed)."""
+        return len(self._buckets)
+
+    def bucket_length(self, batch: Sequence[int]) -> int:
+        """The length ``batch`` is padded to: its bucket's longest length (<= its boundary)."""
+        idx = np.asarray(batch, dtype=np.int64)
+        if idx.ndim != 1 or idx.size == 0:
+            raise ValueError(f"batch must be a non-empty list of indices, got {batch!r}")
+        if idx.min() < 0 or idx.max() >= len(self.lengths):
+            raise ValueError(f"batch has indices outside 0..{len(self.lengths) - 1}: {batch!r}")
+        buckets = np.unique(self._bucket_of[idx])
+        if buckets.size != 1:
+            found = [self.bucket_lengths[b] for b in buckets.tolist()]
+            raise ValueError(f"batch mixes buckets of lengths {found}: {batch!r}")
+        return self.bucket_lengths[int(buckets[0])]
+
+    def padding_fraction(self, epoch: int | None = None) -> float:
+        """Padded positions / all positions over one epoch (default: the current one).
+
+        ``sum(L_b * n_b - sum of lengths in b) / sum(L_b * n_b)`` over the
+        epoch's batches b, with ``L_b = bucket_length(b)`` and ``n_b`` sequences.
+        Only ``drop_last`` makes it depend on the epoch.
+        """
+        batches = self.epoch_batches(self.epoch if epoch is None else epoch)
+        padded = real = 0
+        for batch in batches:
+            padded += self.bucket_lengths[int(self._bucket_of[batch[0]])] * len(batch)
+            real += int(self.lengths[batch].sum())
+        return (padded - real) / padded if padded else 0.0
+
+    def __repr__(self) -> str:
+        return (
+            f"BucketSampler({len(self.lengths)} sequences, batch_size={self.batch_size}, "
+            f"by_tokens={self.by_tokens}, buckets={list(self.bucket_lengths)})"
+        )
+
+
+def time_major(sequences, length: int, pad_value=0) -> tuple[np.ndarray, np.ndarray]:
+    """Pad sequences into a time-major ``(T, N, ...)`` array, with a ``cont`` mask ``(T, N)``.
+
+    ``values[t, n] = sequences[n][t]`` for ``t < len_n``, else ``pad_value``;
+    items may be scalars or arrays of one shape (giving ``(T, N, *item_shape)``).
+    ``cont[t, n] = 1`` if ``0 < t < len_n`` else 0 (float32): 0 at each
+    sequence's first step (the forward recurrence starts from its initial
+    state) and at padding (so the reverse direction finds each sequence's end).
+
+    >>> v, c = time_major([[1, 2], [3, 4, 5]], length=4, pad_value=-1)
+    >>> v.tolist()
+    [[1, 3], [2, 4], [-1, 5], [-1, -1]]
+    >>> c.tolist()
+    [[0.0, 0.0], [1.0, 1.0], [0.0, 1.0], [0.0, 0.0]]
+    """
+    T = _as_int(length, "length", 0)
+    seqs = [np.asarray(s) for s in sequences]
+    item_shape, first = None, 0
+    for n, s in enumerate(seqs):
+        if s.ndim == 0:
+            raise ValueError(f"sequence {n} is a scalar, not a sequence: {s!r}")
+        if len(s) > T:
+            raise ValueError(f"sequence {n} has length {len(s)} > padded length {T}")
+        if len(s) and item_shape is None:
+            item_shape, first = s.shape[1:], n
+        elif len(s) and s.shape[1:] != item_shape:
+            raise ValueError(
+                f"sequence {n} has items of shape {s.shape[1:]}, "
+                f"sequence {first} has items of shape {item_shape}"
+            )
+    nonempty = [s for s in seqs if len(s)]
+    dtype = np.result_type(*nonempty) if nonempty else np.asarray(pad_value).dtype
+    values = np.full((T, len(seqs)) + (item_shape or ()), pad_value, dtype=dtype)
+    for n, s in enumerate(seqs):
+        if len(s):
+            values[: len(s), n] = s
+    lens = np.array([len(s) for s in seqs], dtype=np.int64)
+    t = np.arange(T)[:, None]
+    cont = ((t > 0) & (t < lens[None, :])).astype(np.float32)
+    return values, cont
+
+
+class BucketedModel:
+    """One unrolled net per sequence length, built on demand, all over ONE parameter store.
+
+    ``make_net_param(T)`` returns the NetParameter unrolled to T steps (e.g.
+    ``lambda T: unroll.expand("tagger", steps=T, ...)``). Every net is built
+    over the same :class:`~unroll.param_store.ParamStore`, so a param named
+    "W" is one data and one diff buffer whatever T runs, and a solver step
+    updates every bucket's net at once. Inputs are time-major: axis 0 is T
+    (it picks the net), axis 1 the batch (inputs not given, such as initial
+    recurrent states, follow the batch size of those given).
+
+    The model offers the net interface the Solver drives (``forward``,
+    ``backward``, ``loss``, ``learnable_params``, ``clear_param_diffs``,
+    ``to_proto``, ``copy_from``). A test-phase model shares the training
+    model's params with ``BucketedModel(make, phase="test", store=train.store)``.
+
+    >>> import unroll, numpy as np
+    >>> make = lambda T: unroll.expand("rnn", steps=T, batch=2, input_dim=3, hidden=4)
+    >>> model = BucketedModel(make)
+    >>> model.forward(x=np.zeros((5, 2, 3)), cont=np.zeros((5, 2)))["h"].shape
+    (5, 2, 4)
+    >>> model.forward(x=np.zeros((9, 2, 3)), cont=np.zeros((9, 2)))["h"].shape
+    (9, 2, 4)
+    >>> len(model.learnable_params), sorted(model.nets)
+    (3, [5, 9])
+    """
+
+    def __init__(self, make_net_param, phase="train", device="cpu", dtype="float32", seed=0,
+                 store=None):
+        self.make_net_param = make_net_param
+        self.phase = phase
+        self.device = device
+        self.dtype = dtype
+        self.seed = seed
+        self.store = store if store is not None else ParamStore()
+        self.nets: dict[int, Net] = {}
+        self.active: Net | None = None
+
+    def net(self, steps: int) -> Net:
+        """The net unrolled to ``steps``, built on first use and cached."""
+        steps = int(steps)
+        if steps not in self.nets:
+            self.nets[steps] = Net(
+                self.make_net_param(steps), phase=self.phase, device=self.device,
+                dtype=self.dtype, seed=self.seed + steps, param_store=self.store,
+            )
+        return self.nets[steps]
+
+    @property
+    def learnable_params(self):
+        return list(self.store)
+
+    @property
+    def loss(self) -> float:
+        return self.active.loss if self.active is not None else 0.0
+
+    def forward(self, **inputs) -> dict:
+        """Run the net whose T is the inputs' axis 0; returns its outputs."""
+        if not inputs:
+            raise ValueError("BucketedModel.forward needs its inputs: forward(x=..., cont=...)")
+        shapes = {name: np.shape(v) for name, v in inputs.items()}
+        steps = {s[0] for s in shapes.values() if len(s) >= 1}
+        batch = {s[1] for s in shapes.values() if len(s) >= 2}
+        if len(steps) != 1 or len(batch) > 1:
+            raise ValueError(f"inputs must agree on T (axis 0) and N (axis 1); found {shapes}")
+        net = self.net(steps.pop())
+        if batch:
+            n = batch.pop()
+            for name in net.inputs:
+                blob = net.blobs[name]
+                if name not in inputs and blob.ndim >= 2 and blob.shape[1] != n:
+                    blob.reshape((blob.shape[0], n) + blob.shape[2:])
+        self.active = net
+        return net.forward(**inputs)
+
+    def backward(self) -> None:
+        if self.active is None:
+            raise RuntimeError("BucketedModel.backward before forward")
+        self.active.backward()
+
+    def clear_param_diffs(self) -> None:
+        for p in self.store:
+            p.blob.diff.fill(0)
+
+    def _canonical(self) -> Net:
+        # every bucket's net holds every param, but layer names carry t: files are
+        # always written and read through the T = 1 net, so any model loads them
+        return self.net(1)
+
+    def to_proto(self):
+        """The params as a Caffe NetParameter (.caffemodel) of the net unrolled to T = 1."""
+        return self._canonical().to_proto()
+
+    def copy_from(self, source, strict: bool = False) -> None:
+        """Load params saved by :meth:`to_proto` / :meth:`save`; every bucket sees them."""
+        self._canonical().copy_from(source, strict=strict)
+
+    def save(self, path) -> None:
+        write_atomic(path, self.to_proto().SerializeToString())
+
+    @property
+    def param_nbytes(self) -> int:
+        """Bytes of learnable memory: one data and one diff per param, for all buckets together."""
+        return self.store.nbytes
