@@ -14,6 +14,7 @@ from unroll.layer import Layer, register_layer
 from unroll.net import Net
 from unroll.param_store import ParamStore
 from unroll.proto import PrototxtError
+from unroll.solver import Solver, SolverError
 from unroll.unroller import carry_hidden, expand, to_prototxt
 
 __all__ = [
@@ -25,6 +26,8 @@ __all__ = [
     "NetError",
     "ParamStore",
     "PrototxtError",
+    "Solver",
+    "SolverError",
     "TemplateError",
     "carry_hidden",
     "expand",

@@ -105,6 +105,9 @@ class Layer:
     is_loss = False
     #: what of bottom 0 the tops alias ("data", "diff"): their memory is the bottom's
     shares_bottom: tuple = ()
+    #: False for layers whose blobs are state, not weights (BatchNorm's statistics):
+    #: the net gives them lr_mult and decay_mult 0, so no solver ever updates them
+    learnable = True
 
     def __init__(self, param, xp=np, dtype=np.float32, phase="train", rng=None, make_param=None):
         self.param = param

@@ -13,6 +13,7 @@ class BatchNormLayer(Layer):
     """y = (x - mean_c) / sqrt(var_c + eps), c on axis 1; blobs mean (C,), var (C,), factor (1,)."""
 
     in_place = True
+    learnable = False
     # backward reads x_norm and 1 / std saved in forward, never the (overwritten) bottom
     backward_reads = ()
 

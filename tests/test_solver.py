@@ -1,0 +1,577 @@
+"""Solver: Caffe's update math against hand computations, lr policies, snapshots, errors."""
+
+from __future__ import annotations
+
+import doctest
+import math
+import os
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import unroll.solver
+from unroll.net import Net
+from unroll.proto import NetParameter, SolverParameter, SolverState
+from unroll.solver import SOLVER_TYPES, Solver, SolverError
+
+NET = """
+layer { name: "in" type: "Input" top: "x" top: "y"
+        input_param { shape { dim: 4 dim: 3 } shape { dim: 4 dim: 2 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "p"
+        param { name: "w" %s } param { name: "b" %s }
+        inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.5 }
+                              bias_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }
+"""
+
+SHARED_NET = """
+layer { name: "in" type: "Input" top: "x" top: "y"
+        input_param { shape { dim: 4 dim: 3 } shape { dim: 4 dim: 2 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "x" top: "p1" param { name: "w" }
+        param { name: "b" }
+        inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.5 }
+                              bias_filler { type: "gaussian" std: 0.5 } } }
+layer { name: "ip2" type: "InnerProduct" bottom: "x" top: "p2" param { name: "w" }
+        param { name: "b" } inner_product_param { num_output: 2 } }
+layer { name: "sum" type: "Eltwise" bottom: "p1" bottom: "p2" top: "p" }
+layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }
+"""
+
+
+def make_net(w_spec: str = "", b_spec: str = "", dtype="float64", seed: int = 0) -> Net:
+    return Net(NET % (w_spec, b_spec), dtype=dtype, seed=seed)
+
+
+def batch(k: int) -> dict:
+    rng = np.random.default_rng(1000 + k)
+    return {"x": rng.normal(size=(4, 3)), "y": rng.normal(size=(4, 2))}
+
+
+def gradients(net, inputs) -> dict:
+    """The loss gradient of every learnable param, from a separate forward/backward."""
+    net.clear_param_diffs()
+    net.forward(**inputs)
+    net.backward()
+    return {p.name: p.blob.diff.copy() for p in net.learnable_params}
+
+
+def weights(net) -> dict:
+    return {p.name: p.blob.data.copy() for p in net.learnable_params}
+
+
+class FakeNet:
+    """The smallest object a Solver accepts: no params, a loss that counts forwards."""
+
+    def __init__(self):
+        self.learnable_params = []
+        self.loss = 0.0
+        self.seen = []
+
+    def forward(self, **inputs):
+        self.seen.append(inputs)
+        self.loss = float(len(self.seen))
+        return {}
+
+    def backward(self):
+        pass
+
+    def clear_param_diffs(self):
+        pass
+
+    def to_proto(self):
+        return NetParameter(name="fake")
+
+    def copy_from(self, source):
+        pass
+
+
+# -- update math, by hand ----------------------------------------------------------------
+
+
+def hand_step(kind, p, w, g, hist, t, lr_mult, decay_mult):
+    """One update of weight ``w`` with gradient ``g`` as the textbook formula (Caffe's form)."""
+    lr = p.base_lr * lr_mult
+    g = g + p.weight_decay * decay_mult * w
+    if kind == "SGD":
+        hist[0] = p.momentum * hist[0] + lr * g
+        step = hist[0]
+    elif kind == "Nesterov":
+        previous = hist[0]
+        hist[0] = p.momentum * hist[0] + lr * g
+        step = (1 + p.momentum) * hist[0] - p.momentum * previous
+    elif kind == "AdaGrad":
+        hist[0] = hist[0] + g**2
+        step = lr * g / (np.sqrt(hist[0]) + p.delta)
+    elif kind == "RMSProp":
+        hist[0] = p.rms_decay * hist[0] + (1 - p.rms_decay) * g**2
+        step = lr * g / (np.sqrt(hist[0]) + p.delta)
+    elif kind == "AdaDelta":
+        hist[0] = p.momentum * hist[0] + (1 - p.momentum) * g**2
+        update = g * np.sqrt((hist[1] + p.delta) / (hist[0] + p.delta))
+        hist[1] = p.momentum * hist[1] + (1 - p.momentum) * update**2
+        step = lr * update
+    else:  # Adam, t = iter + 1
+        b1, b2 = p.momentum, p.momentum2
+        hist[0] = b1 * hist[0] + (1 - b1) * g
+        hist[1] = b2 * hist[1] + (1 - b2) * g**2
+        step = lr * math.sqrt(1 - b2**t) / (1 - b1**t) * hist[0] / (np.sqrt(hist[1]) + p.delta)
+    return w - step
+
+
+SETTINGS = {
+    "SGD": dict(base_lr=0.1, momentum=0.9),
+    "Nesterov": dict(base_lr=0.1, momentum=0.9),
+    "AdaGrad": dict(base_lr=0.1, delta=1e-6),
+    "RMSProp": dict(base_lr=0.05, rms_decay=0.9, delta=1e-6),
+    "AdaDelta": dict(base_lr=1.0, momentum=0.95, delta=1e-6),
+    "Adam": dict(base_lr=0.01, momentum=0.9, momentum2=0.999),
+}
+
+
+@pytest.mark.parametrize("kind", list(SOLVER_TYPES))
+def test_update_matches_hand_computation(kind):
+    """Three steps with weight decay, lr_mult and decay_mult equal the formulas; lr_mult 0 stays."""
+    net = make_net("lr_mult: 2 decay_mult: 0.5", "lr_mult: 0")
+    solver = Solver(net, type=kind, weight_decay=0.01, **SETTINGS[kind])
+    p = solver.param
+    w = net.params["ip"][0].data.copy()
+    b = net.params["ip"][1].data.copy()
+    hist = [np.zeros_like(w), np.zeros_like(w)]
+    for k in range(3):
+        g = gradients(net, batch(k))["w"]
+        w = hand_step(kind, p, w, g, hist, k + 1, lr_mult=2.0, decay_mult=0.5)
+        solver.step(1, feed=batch)
+        np.testing.assert_allclose(net.params["ip"][0].data, w, rtol=1e-12, atol=1e-14)
+        np.testing.assert_array_equal(net.params["ip"][1].data, b)
+    assert solver.iter == 3
+    assert len(solver.history) == SOLVER_TYPES[kind] * 2
+    assert not np.any(solver.history[1]), "the lr_mult 0 param must keep a zero history"
+
+
+def test_l1_regularization_adds_sign_of_weights():
+    net = make_net()
+    solver = Solver(net, base_lr=0.1, weight_decay=0.25, regularization_type="L1")
+    w0 = weights(net)
+    g = gradients(net, batch(0))
+    solver.step(1, feed=batch)
+    for name, w in weights(net).items():
+        lr, decay = solver.param.base_lr, solver.param.weight_decay
+        np.testing.assert_allclose(w, w0[name] - lr * (g[name] + decay * np.sign(w0[name])),
+                                   rtol=1e-12)
+
+
+def test_shared_param_is_updated_once_with_the_summed_gradient():
+    net = Net(SHARED_NET, dtype="float64")
+    assert [p.name for p in net.learnable_params] == ["w", "b"]
+    solver = Solver(net, base_lr=0.1, momentum=0.9)
+    h = [0.0, 0.0]
+    for k in range(2):
+        inputs = batch(k)
+        x, y = inputs["x"], inputs["y"]
+        w, b = net.params["ip1"][0].data.copy(), net.params["ip1"][1].data.copy()
+        # p = 2 (x W^T + b); EuclideanLoss = |p - y|^2 / (2 N); both layers add their gradient
+        dp = (2 * (x @ w.T + b) - y) / len(x)
+        gw, gb = 2 * dp.T @ x, 2 * dp.sum(axis=0)
+        lr, momentum = solver.param.base_lr, solver.param.momentum
+        h = [momentum * h[0] + lr * gw, momentum * h[1] + lr * gb]
+        solver.step(1, feed=batch)
+        np.testing.assert_allclose(net.params["ip1"][0].data, w - h[0], rtol=1e-12)
+        np.testing.assert_allclose(net.params["ip1"][1].data, b - h[1], rtol=1e-12)
+        assert net.params["ip2"][0].data is net.params["ip1"][0].data
+
+
+# -- learning-rate policies --------------------------------------------------------------
+
+small = st.floats(0.0, 1.0, allow_nan=False)
+
+
+@given(
+    policy=st.sampled_from(["fixed", "step", "exp", "inv", "poly", "sigmoid"]),
+    it=st.integers(0, 100_000),
+    base_lr=st.floats(1e-6, 10.0),
+    gamma=small,
+    power=st.floats(0.0, 3.0),
+    stepsize=st.integers(1, 5000),
+    max_iter=st.integers(1, 200_000),
+)
+def test_lr_policy_follows_caffe_formula(policy, it, base_lr, gamma, power, stepsize, max_iter):
+    if policy == "sigmoid":
+        gamma /= 100
+    if policy == "poly":
+        it = min(it, max_iter)
+    solver = Solver(FakeNet(), base_lr=base_lr, lr_policy=policy, gamma=gamma, power=power,
+                    stepsize=stepsize, max_iter=max_iter)
+    p = solver.param  # float32 values, as Caffe reads them
+    expected = {
+        "fixed": lambda: p.base_lr,
+        "step": lambda: p.base_lr * p.gamma ** (it // p.stepsize),
+        "exp": lambda: p.base_lr * p.gamma**it,
+        "inv": lambda: p.base_lr * (1 + p.gamma * it) ** (-p.power),
+        "poly": lambda: p.base_lr * (1 - it / p.max_iter) ** p.power,
+        "sigmoid": lambda: p.base_lr / (1 + math.exp(-p.gamma * (it - p.stepsize))),
+    }[policy]()
+    solver.iter = it
+    assert solver.get_learning_rate() == pytest.approx(expected, rel=1e-12, abs=1e-300)
+    solver.update()
+    assert solver.rate == pytest.approx(expected, rel=1e-12, abs=1e-300)
+    assert solver.iter == it + 1
+
+
+@given(
+    stepvalues=st.lists(st.integers(0, 40), max_size=5, unique=True).map(sorted),
+    gamma=st.floats(0.1, 0.9),
+)
+def test_multistep_policy_steps_at_each_stepvalue(stepvalues, gamma):
+    solver = Solver(FakeNet(), base_lr=1.0, lr_policy="multistep", gamma=gamma,
+                    stepvalue=stepvalues)
+    rates = []
+    for _ in range(45):
+        solver.step(1)
+        rates.append(solver.rate)
+    g = solver.param.gamma
+    expected = [g ** sum(s <= it for s in stepvalues) for it in range(45)]
+    assert rates == pytest.approx(expected, rel=1e-12)
+    assert solver.current_step == len(stepvalues)
+
+
+def test_poly_is_zero_past_max_iter_and_overflow_is_an_error():
+    solver = Solver(FakeNet(), base_lr=0.1, lr_policy="poly", power=0.5, max_iter=10)
+    solver.iter = 12
+    assert solver.get_learning_rate() == 0.0
+    solver = Solver(FakeNet(), base_lr=0.1, lr_policy="exp", gamma=2.0)
+    solver.iter = 5000
+    with pytest.raises(SolverError, match="exp"):
+        solver.update()
+
+
+# -- clipping and iter_size ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 2.0])
+def test_clip_gradients_scales_the_global_norm_to_the_threshold(fraction):
+    net = make_net()
+    g = gradients(net, batch(0))
+    norm = math.sqrt(sum(float((d**2).sum()) for d in g.values()))
+    solver = Solver(net, base_lr=1.0, clip_gradients=fraction * norm)
+    clip = solver.param.clip_gradients
+    w0 = weights(net)
+    solver.step(1, feed=batch)
+    scale = clip / norm if norm > clip else 1.0
+    steps = {name: w0[name] - w for name, w in weights(net).items()}
+    for name in g:
+        np.testing.assert_allclose(steps[name], scale * g[name], rtol=1e-12)
+    step_norm = math.sqrt(sum(float((d**2).sum()) for d in steps.values()))
+    assert step_norm == pytest.approx(min(clip, norm), rel=1e-12)
+
+
+@given(k=st.integers(1, 4), momentum=st.sampled_from([0.0, 0.9]))
+def test_iter_size_with_identical_batches_equals_one_batch(k, momentum):
+    one, many = make_net(), make_net()
+    s1 = Solver(one, base_lr=0.1, momentum=momentum, weight_decay=0.01)
+    sk = Solver(many, base_lr=0.1, momentum=momentum, weight_decay=0.01, iter_size=k)
+    for it in range(2):
+        loss1 = s1.step(1, feed=lambda i, it=it: batch(it))
+        lossk = sk.step(1, feed=lambda i, it=it: batch(it))
+        assert lossk == pytest.approx(loss1, rel=1e-12)
+        for name, w in weights(one).items():
+            if k in (1, 2):  # g + g is exact: bit-identical
+                np.testing.assert_array_equal(weights(many)[name], w)
+            else:
+                np.testing.assert_allclose(weights(many)[name], w, rtol=1e-12)
+
+
+def test_iter_size_with_different_batches_uses_the_average_gradient():
+    net = make_net()
+    solver = Solver(net, base_lr=0.1, iter_size=3)
+    w0 = weights(net)
+    g = [gradients(net, batch(k)) for k in range(3)]
+    losses = []
+    for k in range(3):
+        net.forward(**batch(k))
+        losses.append(net.loss)
+    loss = solver.step(1, feed=batch)  # asks for passes k = 0, 1, 2
+    assert loss == pytest.approx(np.mean(losses), rel=1e-12)
+    for name, w in weights(net).items():
+        mean = sum(gk[name] for gk in g) / 3
+        np.testing.assert_allclose(w, w0[name] - solver.param.base_lr * mean, rtol=1e-12)
+
+
+def test_feed_is_asked_for_pass_iter_times_iter_size_plus_pass():
+    fake = FakeNet()
+    solver = Solver(fake, base_lr=0.1, iter_size=2)
+    solver.step(2, feed=lambda k: {"k": k})
+    assert [s["k"] for s in fake.seen] == [0, 1, 2, 3]
+    solver.step(1, feed=iter([{"k": "a"}, {"k": "b"}]))
+    solver.step(1, feed={"k": "same"})
+    assert [s["k"] for s in fake.seen[4:]] == ["a", "b", "same", "same"]
+    with pytest.raises(SolverError, match="ran out of batches"):
+        solver.step(1, feed=iter([{}]))
+    with pytest.raises(TypeError, match="dict"):
+        solver.step(1, feed=lambda k: [1, 2])
+    with pytest.raises(TypeError, match="feed"):
+        solver.step(1, feed=3)
+
+
+def test_loss_is_smoothed_over_average_loss():
+    fake = FakeNet()  # iteration losses 1, 2, 3, ...
+    solver = Solver(fake, base_lr=0.1, average_loss=3)
+    assert solver.step(0) is None
+    assert solver.step(2) == 2.0
+    assert solver.loss == 1.5
+    assert solver.step(3) == 5.0
+    assert solver.loss == 4.0
+
+
+# -- snapshots ----------------------------------------------------------------------------
+
+
+def run(kind, dtype, k, m, tmp_path=None, **extra):
+    settings = dict(SETTINGS[kind], weight_decay=0.001, **extra)
+    net = make_net(dtype=dtype)
+    solver = Solver(net, type=kind, **settings)
+    solver.step(k, feed=batch)
+    if tmp_path is None:
+        solver.step(m, feed=batch)
+        return net, solver
+    model, state = solver.snapshot(tmp_path / "snap")
+    fresh = make_net(dtype=dtype, seed=99)  # different initial weights: restore must load them
+    resumed = Solver(fresh, type=kind, **settings)
+    resumed.restore(state)
+    assert resumed.iter == k
+    resumed.step(m, feed=batch)
+    return fresh, resumed
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("kind", list(SOLVER_TYPES))
+def test_restore_and_continue_is_bit_identical(kind, dtype, tmp_path):
+    # stepvalues 1, 2 both passed by iteration 3: a lost current_step would not catch up at once
+    extra = dict(lr_policy="multistep", gamma=0.5, stepvalue=[1, 2, 5], iter_size=2)
+    net, solver = run(kind, dtype, 3, 3, **extra)
+    fresh, resumed = run(kind, dtype, 3, 3, tmp_path, **extra)
+    assert resumed.iter == solver.iter == 6
+    assert resumed.current_step == solver.current_step == 3
+    for a, b in zip(net.learnable_params, fresh.learnable_params):
+        assert a.blob.data.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(a.blob.data, b.blob.data)
+    for a, b in zip(solver.history, resumed.history):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_restore_of_shared_params_is_bit_identical(tmp_path):
+    """The caffemodel holds a shared param once (its owner's layer); restore fills every sharer."""
+    def solver_for(seed):
+        return Solver(Net(SHARED_NET, dtype="float64", seed=seed), type="Adam", base_lr=0.01,
+                      momentum=0.9)
+
+    straight, interrupted = solver_for(0), solver_for(0)
+    straight.step(5, feed=batch)
+    interrupted.step(2, feed=batch)
+    model, state = interrupted.snapshot(tmp_path / "shared")
+    assert [lp.name for lp in NetParameter.FromString(model.read_bytes()).layer] == ["ip1"]
+    resumed = solver_for(seed=7)
+    resumed.restore(state)
+    resumed.step(3, feed=batch)
+    for name in ("ip1", "ip2"):
+        for a, b in zip(straight.net.params[name], resumed.net.params[name]):
+            np.testing.assert_array_equal(a.data, b.data)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_snapshot_files_are_caffe_protos(dtype, tmp_path):
+    net = make_net(dtype=dtype)
+    solver = Solver(net, type="Adam", base_lr=0.01, momentum=0.9)
+    solver.step(2, feed=batch)
+    model, state_path = solver.snapshot(tmp_path / "run" / "tagger")
+    assert model == tmp_path / "run" / "tagger_iter_2.caffemodel"
+    assert state_path == tmp_path / "run" / "tagger_iter_2.solverstate"
+    assert sorted(os.listdir(tmp_path / "run")) == [model.name, state_path.name]
+    weights_proto = NetParameter.FromString(model.read_bytes())
+    assert [lp.name for lp in weights_proto.layer] == ["ip"]
+    state = SolverState.FromString(state_path.read_bytes())
+    assert state.iter == 2 and state.learned_net == model.name
+    assert len(state.history) == 4  # Adam: m for w, b, then v for w, b
+    assert [tuple(h.shape.dim) for h in state.history] == [(2, 3), (2,), (2, 3), (2,)]
+    for h, value in zip(state.history, solver.history):
+        stored = h.double_data if dtype == "float64" else h.data
+        np.testing.assert_array_equal(np.asarray(stored, dtype), value.ravel())
+
+
+def test_snapshot_every_n_iterations_and_solve(tmp_path):
+    net = make_net()
+    solver = Solver(net, base_lr=0.1, max_iter=5, snapshot=2,
+                    snapshot_prefix=str(tmp_path / "s"))
+    assert solver.solve(feed=batch) == solver.loss
+    assert solver.iter == 5
+    assert sorted(os.listdir(tmp_path)) == [
+        f"s_iter_{i}.{ext}" for i in (2, 4, 5) for ext in ("caffemodel", "solverstate")
+    ]
+    again = Solver(make_net(seed=3), base_lr=0.1, max_iter=5)
+    again.solve(feed=batch, resume=tmp_path / "s_iter_4.solverstate")
+    for a, b in zip(net.learnable_params, again.net.learnable_params):
+        np.testing.assert_array_equal(a.blob.data, b.blob.data)
+
+
+def _snapshot_files(folder):
+    return {name: (folder / name).read_bytes() for name in sorted(os.listdir(folder))}
+
+
+@pytest.mark.parametrize("fail", ["replace", "fsync"])
+def test_crash_during_snapshot_leaves_the_old_snapshot_intact(fail, tmp_path, monkeypatch):
+    net = make_net()
+    solver = Solver(net, base_lr=0.1)
+    solver.step(1, feed=batch)
+    solver.snapshot(tmp_path / "snap")
+    before = _snapshot_files(tmp_path)
+    net.params["ip"][0].data[...] += 1.0  # a different snapshot at the same iteration
+    calls = []
+    real = getattr(os, fail)
+
+    def crash(*args):
+        calls.append(args)
+        if fail == "replace" or len(calls) == 2:  # fsync: while writing the second file
+            raise OSError("simulated crash")
+        return real(*args)
+
+    monkeypatch.setattr(os, fail, crash)
+    with pytest.raises(OSError, match="simulated crash"):
+        solver.snapshot(tmp_path / "snap")
+    monkeypatch.undo()
+    assert _snapshot_files(tmp_path) == before  # no temp file, old bytes
+
+
+def test_crash_during_first_snapshot_leaves_no_file(tmp_path, monkeypatch):
+    solver = Solver(make_net(), base_lr=0.1)
+
+    def crash(*args):
+        raise OSError("simulated crash")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        solver.snapshot(tmp_path / "snap")
+    assert os.listdir(tmp_path) == []
+
+
+def test_restore_finds_a_caffe_style_learned_net_relative_to_the_working_dir(
+    tmp_path, monkeypatch
+):
+    solver = Solver(make_net(), base_lr=0.1, momentum=0.9)
+    solver.step(2, feed=batch)
+    model, state_path = solver.snapshot(tmp_path / "snaps" / "s")
+    state = SolverState.FromString(state_path.read_bytes())
+    state.learned_net = "snaps/" + model.name  # as Caffe writes it: the path it was given
+    state_path.write_bytes(state.SerializeToString())
+    monkeypatch.chdir(tmp_path)
+    fresh = make_net(seed=5)
+    Solver(fresh, base_lr=0.1, momentum=0.9).restore(state_path)
+    np.testing.assert_array_equal(fresh.params["ip"][0].data, solver.net.params["ip"][0].data)
+
+
+def test_restore_errors(tmp_path):
+    solver = Solver(make_net(), base_lr=0.1)
+    solver.step(1, feed=batch)
+    model, state_path = solver.snapshot(tmp_path / "s")
+    with pytest.raises(SolverError, match="holds 2 history blobs; a Adam solver .* needs 4"):
+        Solver(make_net(), type="Adam", base_lr=0.1).restore(state_path)
+    with pytest.raises(FileNotFoundError, match="no solver state file"):
+        solver.restore(tmp_path / "missing.solverstate")
+    garbage = tmp_path / "garbage.solverstate"
+    garbage.write_bytes(b"\xff\xff\xff")
+    with pytest.raises(SolverError, match="garbage.solverstate"):
+        solver.restore(garbage)
+    garbage.write_bytes(b"")
+    with pytest.raises(SolverError, match="not a solver state"):
+        solver.restore(garbage)
+    model.unlink()
+    with pytest.raises(FileNotFoundError, match="learned_net"):
+        solver.restore(state_path)
+    other = Net((NET % ("", "")).replace("dim: 4 dim: 3", "dim: 4 dim: 5"), dtype="float64")
+    with pytest.raises(SolverError, match="history blob 0 has shape"):
+        Solver(other, base_lr=0.1).restore(state_path)
+
+
+# -- settings and errors -------------------------------------------------------------------
+
+
+def test_solver_prototxt_text_path_and_overrides(tmp_path):
+    text = 'type: "Nesterov" base_lr: 0.5 momentum: 0.9 lr_policy: "step" stepsize: 10 gamma: 0.1'
+    path = tmp_path / "solver.prototxt"
+    path.write_text(text)
+    for source in (text, str(path), path, SolverParameter(type="Nesterov", base_lr=0.5,
+                                                          momentum=0.9, lr_policy="step",
+                                                          stepsize=10, gamma=0.1)):
+        solver = Solver(FakeNet(), source, base_lr=0.25, type="adam")
+        assert solver.type == "Adam" and solver.param.type == "Adam"
+        assert solver.param.base_lr == 0.25 and solver.param.stepsize == 10
+    legacy = Solver(FakeNet(), "base_lr: 0.1 solver_type: ADAM")
+    assert legacy.type == "Adam" and not legacy.param.HasField("solver_type")
+    assert Solver(FakeNet(), "base_lr: 0.1 solver_type: ADAM", type="SGD").type == "SGD"
+    assert Solver(FakeNet(), 'base_lr: 0.1 type: "Adam"', solver_type="NESTEROV").type == "Nesterov"
+    assert Solver(FakeNet(), base_lr=0.1, stepvalue=5, max_iter=1e4).param.max_iter == 10000
+    with pytest.raises(SolverError, match="'type' and 'solver_type' are both set"):
+        Solver(FakeNet(), 'base_lr: 0.1 type: "SGD" solver_type: ADAM')
+
+
+def test_caffe_fields_without_meaning_here_warn():
+    with pytest.warns(UserWarning, match=r"test_iter.*test_interval.*solver_mode"):
+        Solver(FakeNet(), 'base_lr: 0.1 test_iter: 10 test_interval: 100 solver_mode: GPU')
+    with pytest.warns(UserWarning, match="random_seed"):
+        Solver(FakeNet(), base_lr=0.1, random_seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Solver(FakeNet(), base_lr=0.1)
+
+
+@pytest.mark.parametrize(
+    "fields, error, message",
+    [
+        (dict(base_lrr=0.1), TypeError, "'base_lrr'; did you mean 'base_lr'"),
+        (dict(base_lr="fast"), TypeError, "field 'base_lr'"),
+        (dict(base_lr=0.1, stepvalue=["a"]), TypeError, "field 'stepvalue'"),
+        (dict(), SolverError, "'base_lr' is not set"),
+        (dict(base_lr=-1.0), SolverError, "'base_lr': expected a number >= 0, found -1"),
+        (dict(base_lr=0.1, type="AdaMax"), SolverError, "'type': expected one of"),
+        (dict(base_lr=0.1, type="SGD", solver_type=1), SolverError, "'type' or 'solver_type'"),
+        (dict(base_lr=0.1, lr_policy="cosine"), SolverError, "'lr_policy'.*found 'cosine'"),
+        (dict(base_lr=0.1, lr_policy="step"), SolverError, "'stepsize': expected an integer > 0"),
+        (dict(base_lr=0.1, lr_policy="poly"), SolverError, "'max_iter'"),
+        (dict(base_lr=0.1, lr_policy="multistep", stepvalue=[5, 3]), SolverError, "stepvalue"),
+        (dict(base_lr=0.1, regularization_type="L3"), SolverError, "'regularization_type'"),
+        (dict(base_lr=0.1, iter_size=0), SolverError, "'iter_size'.*found 0"),
+        (dict(base_lr=0.1, average_loss=0), SolverError, "'average_loss'"),
+        (dict(base_lr=0.1, type="Adam", momentum=1.0), SolverError, "'momentum'.*Adam"),
+        (dict(base_lr=0.1, type="AdaGrad", momentum=0.9), SolverError, "cannot be used with"),
+        (dict(base_lr=0.1, type="RMSProp", rms_decay=1.5), SolverError, "'rms_decay'"),
+        (dict(base_lr=0.1, snapshot=10), SolverError, "'snapshot_prefix' is not set"),
+        (dict(base_lr=0.1, snapshot_format="HDF5"), SolverError, "'snapshot_format'.*HDF5"),
+    ],
+)
+def test_bad_fields_name_the_field(fields, error, message):
+    with pytest.raises(error, match=message):
+        Solver(FakeNet(), **fields)
+
+
+def test_bad_nets_and_calls():
+    with pytest.raises(TypeError, match="lacks backward, clear_param_diffs"):
+        Solver(type("Half", (), {"forward": None, "learnable_params": []})(), base_lr=0.1)
+    solver = Solver(FakeNet(), base_lr=0.1)
+    with pytest.raises(ValueError, match="step"):
+        solver.step(-1)
+    with pytest.raises(SolverError, match="needs a prefix"):
+        solver.snapshot()
+
+
+def test_params_changing_under_the_solver_is_an_error():
+    net = make_net()
+    solver = Solver(net, base_lr=0.1)
+    net.learnable_params.reverse()
+    with pytest.raises(SolverError, match="changed under the solver"):
+        solver.step(1, feed=batch)
+
+
+def test_docstring_examples():
+    result = doctest.testmod(unroll.solver)
+    assert result.failed == 0 and result.attempted > 0

@@ -1,0 +1,711 @@
+"""Solvers: Caffe's SGD, Nesterov, AdaGrad, RMSProp, AdaDelta and Adam, with snapshots.
+
+One :class:`Solver` runs every solver type with BVLC Caffe's update math,
+step for step (``sgd_solver.cpp``, ``nesterov_solver.cpp``, ``adam_solver.cpp``,
+...). One update (Caffe's ``ApplyUpdate``) is, in this order:
+
+1. the learning rate of the current iteration (``lr_policy``: fixed, step, exp,
+   inv, multistep, poly, sigmoid);
+2. ``clip_gradients``: if the global L2 norm of every learnable diff exceeds
+   it, all diffs are scaled in place to that norm. As in Caffe this sees the
+   diffs summed over ``iter_size`` passes, before they are averaged;
+3. per param: average over ``iter_size`` (``diff *= 1 / iter_size``), weight
+   decay (L2: ``diff += weight_decay * decay_mult * data``; L1 with
+   ``sign(data)``), then the type's update value with ``local_lr = rate *
+   lr_mult``; e.g. SGD: ``h = momentum * h + local_lr * diff; diff = h``;
+4. ``data -= diff`` and ``iter += 1``.
+
+Only the net's ``learnable_params`` are updated: the owners of shared params,
+each exactly once, in place (sharers hold views of the owner's memory). A
+param with ``lr_mult: 0`` is left alone entirely (its history stays zero).
+After an update the diffs hold the applied step, not the gradient, as in Caffe.
+
+Hyper-parameters live in a ``SolverParameter`` (``solver.param``), so they have
+caffe.proto's float32 precision, as in Caffe: ``base_lr=0.01`` is
+``0.009999999776482582``. Scalars enter the update in the net's dtype.
+
+Snapshots are Caffe's binary files: ``{prefix}_iter_{N}.caffemodel`` (a
+NetParameter with the weights) and ``{prefix}_iter_{N}.solverstate`` (a
+SolverState: iter, the model's file name, the history blobs -- Adam's and
+AdaDelta's 2 x N of them in Caffe's order -- and the multistep position).
+History is stored in the net's dtype (float64 in ``double_data``), so
+restoring and continuing gives bit-identical weights to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import difflib
+import logging
+import math
+import operator
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+from google.protobuf import message as _pb_message
+
+from unroll.backend import to_numpy
+from unroll.proto import (
+    NetParameter,
+    SolverParameter,
+    SolverState,
+    array_from_blob_proto,
+    blob_proto_from_array,
+    read_message,
+)
+
+__all__ = ["LR_POLICIES", "SOLVER_TYPES", "Solver", "SolverError"]
+
+log = logging.getLogger(__name__)
+
+#: Solver types by Caffe's ``type`` string, with the number of history blobs per param.
+SOLVER_TYPES = {"SGD": 1, "Nesterov": 1, "AdaGrad": 1, "RMSProp": 1, "AdaDelta": 2, "Adam": 2}
+_TYPE_BY_LOWER = {name.lower(): name for name in SOLVER_TYPES}
+_LEGACY_TYPES = {  # SolverParameter.solver_type (enum, deprecated in Caffe) -> type
+    SolverParameter.SGD: "SGD",
+    SolverParameter.NESTEROV: "Nesterov",
+    SolverParameter.ADAGRAD: "AdaGrad",
+    SolverParameter.RMSPROP: "RMSProp",
+    SolverParameter.ADADELTA: "AdaDelta",
+    SolverParameter.ADAM: "Adam",
+}
+
+#: Caffe's learning-rate policies (``lr_policy``); an unset policy means "fixed".
+LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
+
+# Fields of a Caffe solver file that concern what the caller owns here: the net
+# (passed in), test nets, and the device (the net's). Set, they draw a warning.
+_IGNORED_FIELDS = (
+    "net", "net_param", "train_net", "train_net_param", "train_state", "test_net",
+    "test_net_param", "test_state", "test_iter", "test_interval", "test_compute_loss",
+    "test_initialization", "solver_mode", "device_id", "snapshot_diff", "layer_wise_reduce",
+    "debug_info",
+)
+
+_NET_INTERFACE = ("forward", "backward", "clear_param_diffs", "learnable_params", "to_proto",
+                  "copy_from")
+
+
+class SolverError(ValueError):
+    """A solver setting, snapshot or net that the solver cannot use; says which and why."""
+
+
+def _bad(field: str, expected: str, found) -> SolverError:
+    return SolverError(f"solver field '{field}': expected {expected}, found {found!r}")
+
+
+def _pow(base: float, exponent: float) -> float:
+    """``base ** exponent`` that gives inf on overflow, as C's pow does."""
+    try:
+        return float(base) ** exponent
+    except OverflowError:
+        return math.inf
+
+
+# -- building the SolverParameter --------------------------------------------------
+
+
+def _set_field(param: SolverParameter, name: str, value) -> None:
+    fd = param.DESCRIPTOR.fields_by_name.get(name)
+    if fd is None:
+        close = difflib.get_close_matches(name, param.DESCRIPTOR.fields_by_name, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise TypeError(f"Solver() got an unknown SolverParameter field '{name}'{hint}")
+    try:
+        if fd.is_repeated:
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                value = [value]
+            container = getattr(param, name)
+            del container[:]
+            if fd.message_type is not None:
+                for v in value:
+                    container.add().CopyFrom(v)
+            else:
+                container.extend(value)
+        elif fd.message_type is not None:
+            getattr(param, name).CopyFrom(value)
+        else:
+            if (fd.cpp_type in (fd.CPPTYPE_INT32, fd.CPPTYPE_INT64)
+                    and isinstance(value, float) and value.is_integer()):
+                value = int(value)
+            setattr(param, name, value)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"Solver() field '{name}': cannot take {value!r}: {e}") from None
+
+
+def _canonical_type(param: SolverParameter) -> str:
+    if param.HasField("solver_type"):
+        if param.HasField("type"):
+            raise SolverError(
+                "solver fields 'type' and 'solver_type' are both set; give only 'type' "
+                "(solver_type is Caffe's deprecated enum)"
+            )
+        return _LEGACY_TYPES[param.solver_type]
+    name = _TYPE_BY_LOWER.get(param.type.lower())
+    if name is None:
+        raise _bad("type", f"one of {list(SOLVER_TYPES)}", param.type)
+    return name
+
+
+def _check_param(param: SolverParameter, kind: str) -> str:
+    """Validate ``param`` for solver ``kind``; returns the lr policy ("fixed" if unset)."""
+    p = param
+    if not p.HasField("base_lr"):
+        raise SolverError("solver field 'base_lr' is not set; give the base learning rate")
+    for name in ("base_lr", "gamma", "power", "momentum", "momentum2", "weight_decay", "delta",
+                 "rms_decay", "clip_gradients"):
+        if not math.isfinite(getattr(p, name)):
+            raise _bad(name, "a finite number", getattr(p, name))
+    for name in ("base_lr", "weight_decay", "momentum", "gamma", "delta"):
+        if getattr(p, name) < 0:
+            raise _bad(name, "a number >= 0", getattr(p, name))
+    for name, minimum in (("iter_size", 1), ("average_loss", 1), ("max_iter", 0),
+                          ("display", 0), ("snapshot", 0), ("stepsize", 0)):
+        if getattr(p, name) < minimum:
+            raise _bad(name, f"an integer >= {minimum}", getattr(p, name))
+    if p.regularization_type not in ("L1", "L2"):
+        raise _bad("regularization_type", '"L2" or "L1"', p.regularization_type)
+    policy = p.lr_policy or "fixed"
+    if policy not in LR_POLICIES:
+        raise _bad("lr_policy", f"one of {list(LR_POLICIES)}", p.lr_policy)
+    if policy in ("step", "sigmoid") and p.stepsize <= 0:
+        raise _bad("stepsize", f"an integer > 0 for lr_policy \"{policy}\"", p.stepsize)
+    if policy == "poly":
+        if p.max_iter <= 0:
+            raise _bad("max_iter", 'an integer > 0 for lr_policy "poly"', p.max_iter)
+        if p.power < 0:
+            raise _bad("power", 'a number >= 0 for lr_policy "poly"', p.power)
+    if policy == "multistep":
+        values = list(p.stepvalue)
+        if any(b <= a for a, b in zip(values, values[1:])) or any(v < 0 for v in values):
+            raise _bad("stepvalue", "increasing iterations >= 0", values)
+    if kind == "Adam":
+        for name in ("momentum", "momentum2"):
+            if not 0 <= getattr(p, name) < 1:
+                raise _bad(name, "a number in [0, 1) for Adam (its beta1, beta2)",
+                           getattr(p, name))
+    if kind in ("AdaGrad", "RMSProp") and p.momentum != 0:
+        raise _bad("momentum", f"0: momentum cannot be used with {kind}", p.momentum)
+    if kind == "RMSProp" and not 0 <= p.rms_decay < 1:
+        raise _bad("rms_decay", "a number in [0, 1)", p.rms_decay)
+    if kind in ("AdaGrad", "RMSProp", "AdaDelta", "Adam") and p.delta <= 0:
+        raise _bad("delta", f"a number > 0 for {kind}", p.delta)
+    if p.snapshot_format != SolverParameter.BINARYPROTO:
+        raise _bad("snapshot_format", "BINARYPROTO (unroll writes no HDF5)",
+                   SolverParameter.SnapshotFormat.Name(p.snapshot_format))
+    if p.snapshot and not p.snapshot_prefix:
+        raise SolverError(
+            f"solver field 'snapshot' is {p.snapshot} but 'snapshot_prefix' is not set; "
+            f"give the prefix of the snapshot files"
+        )
+    return policy
+
+
+# -- atomic files --------------------------------------------------------------------
+
+
+def _write_files_atomic(files: list[tuple[Path, bytes]]) -> None:
+    """Write each ``(path, data)``: all to temp files first, then rename each into place.
+
+    A failure while writing (disk full, a crash, an exception) leaves every
+    destination as it was and no temp file behind; only the renames, which
+    are atomic each, remain between the old files and the new ones.
+    """
+    temps: list[str] = []
+    try:
+        for path, data in files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            temps.append(tmp)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        for (path, _), tmp in zip(files, temps):
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp in temps:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        raise
+    for folder in {path.parent for path, _ in files}:  # make the renames durable (POSIX)
+        with contextlib.suppress(OSError):
+            dir_fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+
+
+def _parse_binary(path: Path, message_type, what: str):
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no {what} file at {path}") from None
+    msg = message_type()
+    try:
+        msg.ParseFromString(data)
+    except _pb_message.DecodeError as e:
+        raise SolverError(f"{path}: not a binary {message_type.__name__} ({what}): {e}") from None
+    return msg
+
+
+# -- the solver ------------------------------------------------------------------------
+
+
+class Solver:
+    """Trains ``net`` with one of Caffe's solvers; snapshots and restores exactly.
+
+    ``solver_param`` is a SolverParameter, a solver prototxt path or prototxt
+    text (a Caffe ``solver.prototxt``); keywords set SolverParameter fields on
+    top of it (``type``, ``base_lr``, ``momentum``, ``momentum2``, ``delta``,
+    ``weight_decay``, ``regularization_type``, ``lr_policy``, ``gamma``,
+    ``power``, ``stepsize``, ``stepvalue``, ``max_iter``, ``clip_gradients``,
+    ``iter_size``, ``average_loss``, ``snapshot``, ``snapshot_prefix``, ...).
+    ``type`` is one of ``SOLVER_TYPES`` (any case); an unset ``lr_policy`` is
+    "fixed". Fields about test nets and devices are ignored with a warning:
+    the solver trains the net it is given, on that net's device. ``weights``
+    are loaded into the net at construction, as Caffe does.
+
+    ``net`` is anything with ``forward(**inputs)`` (which sets ``loss``),
+    ``backward()``, ``clear_param_diffs()``, ``learnable_params`` (owners, each
+    with ``name``, ``blob``, ``lr_mult``, ``decay_mult``), ``to_proto()`` and
+    ``copy_from()``: a :class:`unroll.net.Net` or a bucketed model.
+
+    Attributes: ``iter`` (updates done), ``loss`` (mean of the last
+    ``average_loss`` iteration losses), ``rate`` (learning rate of the last
+    update), ``param`` (the SolverParameter), ``type``, ``history`` (Caffe's
+    history blobs: for Adam the N first moments, then the N second moments).
+
+    >>> import numpy as np
+    >>> from unroll.net import Net
+    >>> net = Net('''
+    ...   layer { name: "in" type: "Input" top: "x" top: "y"
+    ...           input_param { shape { dim: 4 dim: 3 } shape { dim: 4 dim: 2 } } }
+    ...   layer { name: "ip" type: "InnerProduct" bottom: "x" top: "p"
+    ...           inner_product_param { num_output: 2 weight_filler { type: "gaussian" } } }
+    ...   layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }''')
+    >>> solver = Solver(net, type="Adam", base_lr=0.01, momentum=0.9, lr_policy="step",
+    ...                 gamma=0.5, stepsize=100)
+    >>> x, y = np.ones((4, 3)), np.zeros((4, 2))
+    >>> loss = solver.step(3, feed=lambda i: {"x": x, "y": y})
+    >>> solver.iter
+    3
+    """
+
+    def __init__(self, net, solver_param=None, **fields):
+        missing = [name for name in _NET_INTERFACE if not hasattr(net, name)]
+        if missing:
+            raise TypeError(
+                f"Solver needs a net with {', '.join(_NET_INTERFACE)}; "
+                f"{type(net).__name__} lacks {', '.join(missing)}"
+            )
+        param = SolverParameter()
+        if solver_param is not None:
+            param.CopyFrom(read_message(solver_param, SolverParameter))
+        if "type" in fields and "solver_type" in fields:
+            raise SolverError("give 'type' or 'solver_type', not both ('type' is Caffe's current)")
+        for name, value in fields.items():
+            _set_field(param, name, value)
+        if "type" in fields:  # a keyword overrides the file's type, whichever way it gave it
+            param.ClearField("solver_type")
+        elif "solver_type" in fields:
+            param.ClearField("type")
+        self.type = _canonical_type(param)
+        param.ClearField("solver_type")
+        param.type = self.type
+        self.lr_policy = _check_param(param, self.type)
+        self.param = param
+        self.net = net
+        self.iter = 0
+        self.current_step = 0
+        self.rate = float("nan")
+        self.loss = float("nan")
+        self._losses: collections.deque = collections.deque(maxlen=param.average_loss)
+        self._names: list[str] = []
+        self._history: list[list] = []  # per learnable param: its history slots
+        self._sync_history()
+        ignored = [
+            name for name in _IGNORED_FIELDS
+            if (len(getattr(param, name)) if param.DESCRIPTOR.fields_by_name[name].is_repeated
+                else param.HasField(name))
+        ]
+        if ignored:
+            warnings.warn(
+                f"Solver ignores the SolverParameter fields {ignored}: it trains the net it is "
+                f"given, on that net's device, and runs no test nets",
+                stacklevel=2,
+            )
+        if param.random_seed >= 0:
+            if callable(getattr(net, "seed", None)):
+                net.seed(param.random_seed)
+            else:
+                warnings.warn(
+                    f"solver field 'random_seed' ({param.random_seed}) is ignored: "
+                    f"{type(net).__name__} has no seed() method; seed the net when you build it",
+                    stacklevel=2,
+                )
+        for weights in param.weights:
+            net.copy_from(weights)
+
+    def __repr__(self) -> str:
+        return (f"Solver(type={self.type!r}, iter={self.iter}, lr_policy={self.lr_policy!r}, "
+                f"base_lr={self.param.base_lr:g})")
+
+    # -- history ----------------------------------------------------------------------
+    def _sync_history(self) -> list:
+        """The learnable params, with a zero history for any that appeared since the last call."""
+        params = list(self.net.learnable_params)
+        if len(params) < len(self._names) or any(
+            p.name != name for p, name in zip(params, self._names)
+        ):
+            raise SolverError(
+                f"the net's learnable params changed under the solver: it had "
+                f"{self._names}, now has {[p.name for p in params]}"
+            )
+        for i, p in enumerate(params):
+            if i < len(self._history):
+                if self._history[i][0].shape != p.blob.data.shape:
+                    raise SolverError(
+                        f"learnable param '{p.name}' changed shape under the solver: "
+                        f"{self._history[i][0].shape} -> {p.blob.data.shape}"
+                    )
+                continue
+            xp = getattr(p.blob, "xp", np)
+            self._history.append(
+                [xp.zeros_like(p.blob.data) for _ in range(SOLVER_TYPES[self.type])]
+            )
+            self._names.append(p.name)
+        return params
+
+    @property
+    def history(self) -> list:
+        """The history arrays in Caffe's order: slot 0 of every param, then slot 1 (Adam: m, v)."""
+        self._sync_history()
+        slots = SOLVER_TYPES[self.type]
+        return [h[s] for s in range(slots) for h in self._history]
+
+    # -- learning rate ------------------------------------------------------------------
+    def _learning_rate(self, it: int, current_step: int) -> tuple[float, int]:
+        """Caffe's GetLearningRate at iteration ``it``: (rate, new multistep position)."""
+        p = self.param
+        policy = self.lr_policy
+        if policy == "fixed":
+            rate = p.base_lr
+        elif policy == "step":
+            current_step = it // p.stepsize
+            rate = p.base_lr * _pow(p.gamma, current_step)
+        elif policy == "exp":
+            rate = p.base_lr * _pow(p.gamma, it)
+        elif policy == "inv":
+            rate = p.base_lr * _pow(1.0 + p.gamma * it, -p.power)
+        elif policy == "multistep":
+            if current_step < len(p.stepvalue) and it >= p.stepvalue[current_step]:
+                current_step += 1
+            rate = p.base_lr * _pow(p.gamma, current_step)
+        elif policy == "poly":  # clamped at 0 past max_iter, where Caffe's formula breaks down
+            rate = p.base_lr * _pow(max(0.0, 1.0 - it / p.max_iter), p.power)
+        else:  # sigmoid
+            z = -p.gamma * (it - p.stepsize)
+            rate = 0.0 if z > 700 else p.base_lr / (1.0 + math.exp(z))
+        if not math.isfinite(rate):
+            raise SolverError(
+                f"lr_policy \"{policy}\" gives learning rate {rate} at iteration {it} "
+                f"(base_lr {p.base_lr:g}, gamma {p.gamma:g}, power {p.power:g})"
+            )
+        return rate, current_step
+
+    def get_learning_rate(self) -> float:
+        """The learning rate the next update will use (at ``self.iter``); changes nothing."""
+        return self._learning_rate(self.iter, self.current_step)[0]
+
+    # -- one update ---------------------------------------------------------------------
+    def update(self) -> None:
+        """Apply one update from the gradients now in the net's diffs (Caffe's ApplyUpdate).
+
+        For loops that run forward and backward themselves; :meth:`step` calls
+        it. Increments ``iter``.
+        """
+        params = self._sync_history()
+        rate, self.current_step = self._learning_rate(self.iter, self.current_step)
+        self.rate = rate
+        if self.param.display and self.iter % self.param.display == 0:
+            log.info("Iteration %d, lr = %g", self.iter, rate)
+        self._clip_gradients(params)
+        compute = getattr(self, f"_update_{self.type.lower()}")
+        for p, hist in zip(params, self._history):
+            if p.lr_mult == 0:
+                continue
+            blob = p.blob
+            diff = blob.diff
+            dt = diff.dtype.type
+            if self.param.iter_size != 1:  # Normalize
+                diff *= dt(1) / dt(self.param.iter_size)
+            self._regularize(p, dt)
+            compute(diff, hist, dt(rate) * dt(p.lr_mult), dt)
+            blob.data -= diff
+        self.iter += 1
+
+    def _clip_gradients(self, params) -> None:
+        clip = self.param.clip_gradients
+        if clip < 0 or not params:
+            return
+        sumsq = 0.0
+        for p in params:
+            d = p.blob.diff.reshape(-1)
+            sumsq += float(d @ d)
+        norm = math.sqrt(sumsq)
+        if norm > clip:
+            log.info("Gradient clipping: scaling down gradients (L2 norm %g > %g) by %g",
+                     norm, clip, clip / norm)
+            for p in params:
+                p.blob.diff *= p.blob.diff.dtype.type(clip / norm)
+
+    def _regularize(self, p, dt) -> None:
+        local_decay = dt(self.param.weight_decay) * dt(p.decay_mult)
+        if not local_decay:
+            return
+        data, diff = p.blob.data, p.blob.diff
+        if self.param.regularization_type == "L2":
+            diff += local_decay * data
+        else:
+            xp = getattr(p.blob, "xp", np)
+            diff += local_decay * xp.sign(data)
+
+    # ComputeUpdateValue of each type: read the gradient in ``diff``, leave the step there.
+    def _update_sgd(self, diff, hist, local_rate, dt) -> None:
+        (h,) = hist
+        h *= dt(self.param.momentum)
+        h += local_rate * diff
+        diff[...] = h
+
+    def _update_nesterov(self, diff, hist, local_rate, dt) -> None:
+        (h,) = hist
+        momentum = dt(self.param.momentum)
+        previous = h.copy()
+        h *= momentum
+        h += local_rate * diff
+        diff[...] = (dt(1) + momentum) * h
+        diff -= momentum * previous
+
+    def _update_adagrad(self, diff, hist, local_rate, dt) -> None:
+        (h,) = hist
+        h += diff * diff
+        diff /= (h ** dt(0.5)) + dt(self.param.delta)
+        diff *= local_rate
+
+    def _update_rmsprop(self, diff, hist, local_rate, dt) -> None:
+        (h,) = hist
+        decay = dt(self.param.rms_decay)
+        h *= decay
+        h += (dt(1) - decay) * (diff * diff)
+        diff /= (h ** dt(0.5)) + dt(self.param.delta)
+        diff *= local_rate
+
+    def _update_adadelta(self, diff, hist, local_rate, dt) -> None:
+        h_grad, h_step = hist
+        momentum, delta = dt(self.param.momentum), dt(self.param.delta)
+        h_grad *= momentum
+        h_grad += (dt(1) - momentum) * (diff * diff)
+        diff *= ((h_step + delta) / (h_grad + delta)) ** dt(0.5)
+        h_step *= momentum
+        h_step += (dt(1) - momentum) * (diff * diff)
+        diff *= local_rate
+
+    def _update_adam(self, diff, hist, local_rate, dt) -> None:
+        m, v = hist
+        beta1, beta2 = dt(self.param.momentum), dt(self.param.momentum2)
+        t = self.iter + 1
+        correction = dt(math.sqrt(1.0 - _pow(beta2, t)) / (1.0 - _pow(beta1, t)))
+        m *= beta1
+        m += (dt(1) - beta1) * diff
+        v *= beta2
+        v += (dt(1) - beta2) * (diff * diff)
+        step = m / ((v ** dt(0.5)) + dt(self.param.delta))
+        diff[...] = (local_rate * correction) * step
+
+    # -- iterations ---------------------------------------------------------------------
+    def step(self, iters: int = 1, feed=None) -> float | None:
+        """Run ``iters`` iterations; returns the last one's loss (None if ``iters`` is 0).
+
+        Each iteration zeroes the param diffs, runs ``iter_size`` forward and
+        backward passes (accumulating gradients and loss), then updates. The
+        inputs are whatever the net's input blobs hold, unless ``feed`` gives
+        them for each pass: a callable ``feed(k) -> {input name: array}`` with
+        ``k = iter * iter_size + pass`` (so ``k == iter`` when ``iter_size`` is
+        1, and a restored solver asks for the batches it would have seen), an
+        iterator of such dicts, or one dict used for every pass.
+        ``solver.loss`` is the mean loss of the last ``average_loss`` iterations.
+
+        For example, ``solver.step(100, feed=lambda k: batches[k % len(batches)])``.
+        """
+        iters = operator.index(iters)
+        if iters < 0:
+            raise ValueError(f"step(iters): expected an integer >= 0, found {iters}")
+        inputs_for = self._feeder(feed)
+        iter_size = self.param.iter_size
+        last = None
+        for _ in range(iters):
+            self.net.clear_param_diffs()
+            loss = 0.0
+            for i in range(iter_size):
+                self.net.forward(**inputs_for(self.iter * iter_size + i, i))
+                loss += float(self.net.loss)
+                self.net.backward()
+            loss /= iter_size
+            self._losses.append(loss)
+            self.loss = sum(self._losses) / len(self._losses)
+            if self.param.display and self.iter % self.param.display == 0:
+                log.info("Iteration %d, loss = %g (last %g)", self.iter, self.loss, loss)
+            self.update()
+            if self.param.snapshot and self.iter % self.param.snapshot == 0:
+                self.snapshot()
+            last = loss
+        return last
+
+    def _feeder(self, feed) -> Callable[[int, int], Mapping]:
+        if feed is None:
+            return lambda k, i: {}
+        if isinstance(feed, Mapping):
+            return lambda k, i: feed
+        if isinstance(feed, Iterator):
+            def from_iterator(k, i):
+                try:
+                    inputs = next(feed)
+                except StopIteration:
+                    raise SolverError(
+                        f"feed ran out of batches at iteration {self.iter} (pass {i + 1} of "
+                        f"iter_size {self.param.iter_size})"
+                    ) from None
+                return _check_inputs(inputs, k)
+            return from_iterator
+        if callable(feed):
+            return lambda k, i: _check_inputs(feed(k), k)
+        raise TypeError(
+            f"feed: expected a callable k -> inputs dict, an iterator of dicts or a dict, "
+            f"found {type(feed).__name__}"
+        )
+
+    def solve(self, feed=None, resume=None) -> float:
+        """Train to ``max_iter`` (from ``resume``, a .solverstate, if given); returns ``loss``.
+
+        Snapshots every ``snapshot`` iterations and, with ``snapshot_after_train``
+        and a ``snapshot_prefix``, once at the end, as Caffe's Solve does.
+        """
+        if resume is not None:
+            self.restore(resume)
+        self.step(max(0, self.param.max_iter - self.iter), feed)
+        p = self.param
+        if p.snapshot_after_train and p.snapshot_prefix and (
+            not p.snapshot or self.iter % p.snapshot != 0
+        ):
+            self.snapshot()
+        return self.loss
+
+    # -- snapshots ----------------------------------------------------------------------
+    def snapshot_paths(self, prefix=None) -> tuple[Path, Path]:
+        """The (caffemodel, solverstate) paths a snapshot now would write."""
+        prefix = prefix if prefix is not None else self.param.snapshot_prefix
+        if not prefix:
+            raise SolverError("snapshot needs a prefix: pass one or set 'snapshot_prefix'")
+        base = f"{os.fspath(prefix)}_iter_{self.iter}"
+        return Path(base + ".caffemodel"), Path(base + ".solverstate")
+
+    def snapshot(self, prefix=None) -> tuple[Path, Path]:
+        """Write the weights and the solver state; returns their two paths.
+
+        Files, as Caffe names them: ``{prefix}_iter_{iter}.caffemodel`` (binary
+        NetParameter, via ``net.to_proto()``) and ``{prefix}_iter_{iter}.solverstate``
+        (binary SolverState whose ``learned_net`` is the caffemodel's file
+        name). ``prefix`` defaults to ``snapshot_prefix``; a prefix ending in a
+        separator puts ``_iter_N.*`` files in that folder. Both are written to
+        temp files first and renamed into place, so a crash never leaves a
+        half-written snapshot and an older snapshot of the same name survives.
+        For example, at iteration 1000::
+
+            solver.snapshot("runs/tagger")
+            # -> (Path('runs/tagger_iter_1000.caffemodel'),
+            #     Path('runs/tagger_iter_1000.solverstate'))
+            Solver(fresh_net, same_settings).restore("runs/tagger_iter_1000.solverstate")
+        """
+        model_path, state_path = self.snapshot_paths(prefix)
+        self._sync_history()
+        state = SolverState(iter=self.iter, learned_net=model_path.name,
+                            current_step=self.current_step)
+        for h in self.history:
+            state.history.add().CopyFrom(blob_proto_from_array(to_numpy(h)))
+        model = self.net.to_proto().SerializeToString()
+        _write_files_atomic([(model_path, model), (state_path, state.SerializeToString())])
+        log.info("Snapshot at iteration %d: %s, %s", self.iter, model_path, state_path)
+        return model_path, state_path
+
+    def restore(self, state_path) -> None:
+        """Load a .solverstate and the weights it names: iter, history, weights, all exactly.
+
+        ``learned_net`` is looked up in the state file's folder; a Caffe-written
+        path relative to the working directory is accepted too. The solver
+        must have the type of the one that wrote the state (same history size).
+        """
+        state_path = Path(state_path)
+        if state_path.name.endswith(".h5"):
+            raise SolverError(f"{state_path}: HDF5 solver states are not supported")
+        state = _parse_binary(state_path, SolverState, "solver state")
+        if not state.HasField("iter") or state.iter < 0:
+            raise SolverError(f"{state_path}: not a solver state (no valid 'iter' field)")
+        params = self._sync_history()
+        slots = SOLVER_TYPES[self.type]
+        if len(state.history) != slots * len(params):
+            raise SolverError(
+                f"{state_path}: holds {len(state.history)} history blobs; a {self.type} solver "
+                f"over {len(params)} learnable params needs {slots * len(params)} (was it "
+                f"written by another solver type or for another net?)"
+            )
+        values = []
+        for k, bp in enumerate(state.history):
+            p = params[k % len(params)]
+            value = array_from_blob_proto(bp)
+            if value.size != p.blob.data.size:
+                raise SolverError(
+                    f"{state_path}: history blob {k} has shape {value.shape}; learnable param "
+                    f"'{p.name}' has shape {p.blob.data.shape}"
+                )
+            values.append(value.reshape(p.blob.data.shape))
+        if state.learned_net:
+            weights = _parse_binary(self._find_model(state_path, state.learned_net),
+                                    NetParameter, "caffemodel")
+            self.net.copy_from(weights)
+        for k, (h, value) in enumerate(zip(self.history, values)):
+            xp = getattr(params[k % len(params)].blob, "xp", np)
+            h[...] = xp.asarray(value, h.dtype)
+        self.iter = state.iter
+        self.current_step = state.current_step
+        self._losses.clear()
+        self.loss = float("nan")
+
+    @staticmethod
+    def _find_model(state_path: Path, learned_net: str) -> Path:
+        named = Path(learned_net)
+        candidates = [named] if named.is_absolute() else [
+            state_path.parent / named, named, state_path.parent / named.name
+        ]
+        for path in candidates:
+            if path.is_file():
+                return path
+        raise FileNotFoundError(
+            f"{state_path}: its learned_net '{learned_net}' is not at "
+            f"{', '.join(str(c) for c in dict.fromkeys(candidates))}"
+        )
+
+
+def _check_inputs(inputs, k: int) -> Mapping:
+    if not isinstance(inputs, Mapping):
+        raise TypeError(
+            f"feed for pass {k}: expected a dict of input name -> array, "
+            f"found {type(inputs).__name__}"
+        )
+    return inputs
