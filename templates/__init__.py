@@ -1,1 +1,1 @@
-"""Built-in step and net templates (Jinja2 prototxt), shipped inside the package as unroll.templates."""
+"""Built-in step and net templates (Jinja2 prototxt), shipped as the package unroll.templates."""

@@ -315,7 +315,7 @@ class BucketedModel:
     >>> model.forward(x=np.zeros((9, 2, 3)), cont=np.zeros((9, 2)))["h"].shape
     (9, 2, 4)
     >>> len(model.learnable_params), sorted(model.nets)
-    (3, [5, 9])
+    (3, [1, 5, 9])
     """
 
     def __init__(self, make_net_param, phase="train", device="cpu", dtype="float32", seed=0,
@@ -328,6 +328,9 @@ class BucketedModel:
         self.store = store if store is not None else ParamStore()
         self.nets: dict[int, Net] = {}
         self.active: Net | None = None
+        # the T = 1 net creates every param now, so learnable_params is complete
+        # before the first batch (a solver sizes its history from it)
+        self._canonical()
 
     def net(self, steps: int) -> Net:
         """The net unrolled to ``steps``, built on first use and cached."""

@@ -24,10 +24,12 @@ def _fans(shape) -> tuple[float, float]:
 def _norm(filler: FillerParameter, shape) -> float:
     fan_in, fan_out = _fans(shape)
     if filler.variance_norm == FillerParameter.FAN_OUT:
-        return fan_out
-    if filler.variance_norm == FillerParameter.AVERAGE:
-        return (fan_in + fan_out) / 2.0
-    return fan_in
+        n = fan_out
+    elif filler.variance_norm == FillerParameter.AVERAGE:
+        n = (fan_in + fan_out) / 2.0
+    else:
+        n = fan_in
+    return n or 1.0  # 0 only for an empty blob, which any scale fills alike
 
 
 def fill(filler: FillerParameter | None, shape, rng: np.random.Generator, dtype) -> np.ndarray:

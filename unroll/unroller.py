@@ -33,6 +33,7 @@ unrolled recurrent layer; ``T`` is the number of steps.
 
 from __future__ import annotations
 
+import functools
 import os
 import traceback
 from dataclasses import dataclass
@@ -126,8 +127,14 @@ def _read_interface(tree: nodes.Template, path: Path) -> dict:
 
 
 def load_template(template, search_path=()) -> Template:
-    """Find, parse and check a template by name or path."""
-    path = find_template(template, search_path)
+    """Find, parse and check a template by name or path (cached while the file is unchanged)."""
+    path = find_template(template, search_path).resolve()
+    return _load(path, path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _load(path: Path, mtime_ns: int) -> Template:
+    # a bucketed model expands the same templates once per bucket length
     env = _environment(path)
     tree = _parse(path.read_text(), path, env)
     interface = _read_interface(tree, path)
@@ -233,7 +240,12 @@ class NetBuilder:
         """Render one macro of ``template`` and parse it into layers."""
         try:
             module = template.jinja.make_module(hyper)
-            text = str(getattr(module, macro)(s))
+            try:
+                text = str(getattr(module, macro)(s))
+            except Exception:
+                # a macro called from Python bypasses Jinja's traceback rewriting, which maps
+                # the compiled code's lines back to the template's lines: do it here
+                template.jinja.environment.handle_exception()
         except (jinja2.UndefinedError, jinja2.TemplateError, TypeError, ValueError) as e:
             raise _render_error(template, e) from None
         origin = f"{template.name} ({macro}, t={s.t})" if s.t is not None else template.name
@@ -384,6 +396,10 @@ class NetBuilder:
             out = top if i == 0 else f"{top}_{name}"
             self.concat(f"{sc}{name}_concat", steps, out, axis=0)
         unread = [prev[state] for state in states if state not in outputs]
+        if reverse and T > 1 and not any(conts[0] in lp.bottom for lp in self.net.layer):
+            # the reverse recurrence never reads cont[0]; without a reader it would dangle
+            # as a net output
+            unread.append(conts[0])
         if unread and not expose_hidden:
             lp = LayerParameter(name=f"{sc}final_state_silence", type="Silence", bottom=unread)
             self.add_layer(lp, f"layer '{lp.name}'")
@@ -419,7 +435,7 @@ def expand(template, steps: int, search_path=(), **variables) -> NetParameter:
 
     >>> net_param = expand("lstm", steps=4, batch=2, input_dim=3, hidden=5)
     >>> [l.name for l in net_param.layer][:2]
-    ['input', 'x_seq']
+    ['input', 'x_proj_seq']
     """
     template = load_template(template, search_path)
     batch = int(variables.pop("batch", 1))

@@ -1,0 +1,191 @@
+"""Tagger training throughput: unroll bucketed vs. unbucketed, and PyTorch on the same batches.
+
+Trains the word-level BiLSTM tagger (Embed 100 -> BiLSTM 128 -> InnerProduct
+17, the architecture of ../shared/bench/torch_tagger.py) for a fixed number of
+batches and prints real tokens per second (padding excluded), peak memory and
+the padding fraction. Each configuration runs in a fresh process so that its
+peak RSS is its own. Where PyTorch is installed, the same model trains on the
+same batches in PyTorch (fused nn.LSTM on packed sequences) and the ratio is
+printed. A benchmark, not a test: run it on an idle machine.
+
+    python -m bench.bench_tagger --batches 200      (from the repository root)
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ud_english_ewt"
+
+
+def batches_for(mode: str, lengths, batch_size: int, seed: int):
+    """Index batches and their padded length: bucketed by unroll's sampler, or random."""
+    from unroll.bucketing import BucketSampler
+
+    if mode == "bucketed":
+        sampler = BucketSampler(lengths, batch_size=batch_size, seed=seed)
+        return [(b, sampler.bucket_length(b)) for b in sampler.epoch_batches(0)]
+    order = np.random.default_rng(seed).permutation(len(lengths)).tolist()
+    out = []
+    for i in range(0, len(order), batch_size):
+        b = order[i : i + batch_size]
+        out.append((b, max(lengths[j] for j in b)))
+    return out
+
+
+def load(data: Path):
+    from examples.pos_tagging.conll import read_conllu
+    from examples.pos_tagging.features import Featurizer
+    from examples.pos_tagging.model import tag_ids
+
+    sents = list(read_conllu(data / "en_ewt-ud-train.conllu"))
+    featurizer = Featurizer.build([f for f, _ in sents], min_count={"word": 2})
+    return sents, featurizer, tag_ids([t for _, t in sents])
+
+
+def run_unroll(mode: str, args, queue) -> None:
+    from examples.pos_tagging.model import Tagger, TaggerConfig
+    from unroll.solver import Solver
+
+    sents, featurizer, gold = load(args.data)
+    config = TaggerConfig(embed=100, hidden=128, dropout=0.0, word_dropout=0.0,
+                          batch=args.batch_size, feature_dims={})
+    tagger = Tagger(featurizer, config, seed=args.seed)
+    encoded = tagger.encode([f for f, _ in sents])
+    lengths = [len(f) for f, _ in sents]
+    plan = batches_for(mode, lengths, args.batch_size, args.seed)[: args.batches]
+    solver = Solver(tagger.train_model, type="Adam", base_lr=1e-3)
+    feeds = [tagger.inputs([encoded[i] for i in b], T, [gold[i] for i in b]) for b, T in plan]
+    for _b, T in plan[: args.warmup]:  # builds the nets of the first batches
+        tagger.train_model.net(T)
+    timed = plan[args.warmup :]
+    start, build = time.perf_counter(), 0.0
+    for (_b, T), inputs in zip(timed, feeds[args.warmup :]):
+        if T not in tagger.train_model.nets:
+            t0 = time.perf_counter()
+            tagger.train_model.net(T)
+            build += time.perf_counter() - t0
+        solver.step(1, feed=lambda _, inputs=inputs: inputs)
+    seconds = time.perf_counter() - start - build
+    tokens = sum(lengths[i] for b, _ in timed for i in b)
+    padded = sum(T * len(b) for b, T in timed)
+    queue.put({
+        "name": f"unroll {mode}", "tokens_per_s": tokens / seconds,
+        "padding": 1 - tokens / padded, "peak_mb": resource.getrusage(
+            resource.RUSAGE_SELF).ru_maxrss / 1024, "build_s": build,
+        "nets": len(tagger.train_model.nets),
+        "param_mb": tagger.train_model.param_nbytes / 2**20,
+    })
+
+
+def run_torch(mode: str, args, queue) -> None:
+    import torch
+    from torch import nn
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    torch.manual_seed(args.seed)
+    sents, featurizer, gold = load(args.data)
+    vocab = featurizer.vocabs["word"]
+    encoded = [torch.as_tensor(featurizer.encode(f)["word"]) for f, _ in sents]
+    lengths = [len(f) for f, _ in sents]
+    plan = batches_for(mode, lengths, args.batch_size, args.seed)[: args.batches]
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(len(vocab), 100)
+            self.lstm = nn.LSTM(100, 128, bidirectional=True, batch_first=True)
+            self.out = nn.Linear(256, 17)
+
+        def forward(self, words, lens):
+            x = pack_padded_sequence(self.embed(words), lens, batch_first=True,
+                                     enforce_sorted=False)
+            h, _ = pad_packed_sequence(self.lstm(x)[0], batch_first=True,
+                                       total_length=words.shape[1])
+            return self.out(h)
+
+    model = Model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss(ignore_index=-1)
+    feeds = []
+    for b, T in plan:
+        words = torch.zeros((len(b), T), dtype=torch.long)
+        tags = torch.full((len(b), T), -1, dtype=torch.long)
+        for row, i in enumerate(b):
+            words[row, : lengths[i]] = encoded[i]
+            tags[row, : lengths[i]] = torch.as_tensor(gold[i])
+        feeds.append((words, tags, torch.as_tensor([lengths[i] for i in b])))
+    start = None
+    for k, (words, tags, lens) in enumerate(feeds):
+        if k == args.warmup:
+            start = time.perf_counter()
+        opt.zero_grad()
+        loss = loss_fn(model(words, lens).reshape(-1, 17), tags.reshape(-1))
+        loss.backward()
+        opt.step()
+    seconds = time.perf_counter() - start
+    timed = plan[args.warmup :]
+    tokens = sum(lengths[i] for b, _ in timed for i in b)
+    padded = sum(T * len(b) for b, T in timed)
+    queue.put({
+        "name": f"torch {mode}", "tokens_per_s": tokens / seconds, "padding": 1 - tokens / padded,
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "threads": torch.get_num_threads(),
+    })
+
+
+def in_process(target, mode, args) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(mode, args, queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-torch", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        import torch  # noqa: F401
+
+        have_torch = not args.no_torch
+    except ImportError:
+        have_torch = False
+    results = []
+    for mode in ("bucketed", "unbucketed"):
+        results.append(in_process(run_unroll, mode, args))
+        if have_torch:
+            results.append(in_process(run_torch, mode, args))
+    print(f"{'run':<20} {'tokens/s':>9} {'padding':>8} {'peak MB':>8}  notes")
+    for r in results:
+        notes = (f"{r['nets']} nets built in {r['build_s']:.1f} s (excluded), params "
+                 f"{r['param_mb']:.1f} MB" if "nets" in r else f"{r['threads']} threads")
+        print(f"{r['name']:<20} {r['tokens_per_s']:9.0f} {100 * r['padding']:7.1f}% "
+              f"{r['peak_mb']:8.0f}  {notes}")
+    by = {r["name"]: r for r in results}
+    for mode in ("bucketed", "unbucketed"):
+        if f"torch {mode}" in by:
+            ratio = by[f"unroll {mode}"]["tokens_per_s"] / by[f"torch {mode}"]["tokens_per_s"]
+            print(f"unroll / torch tokens/s, {mode}: {ratio:.2f}")
+    speedup = by["unroll bucketed"]["tokens_per_s"] / by["unroll unbucketed"]["tokens_per_s"]
+    print(f"unroll bucketed / unbucketed tokens/s: {speedup:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""python -m examples.pos_tagging {train,evaluate,tag}: the UD English EWT UPOS tagger.
+
+  python -m examples.pos_tagging train --model-dir runs/ewt
+  python -m examples.pos_tagging evaluate --model-dir runs/ewt FILE.conllu
+  echo "I saw her duck ." | python -m examples.pos_tagging tag --model-dir runs/ewt
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ud_english_ewt"
+
+
+def _train(args) -> int:
+    from examples.pos_tagging.train import TrainOptions, train
+
+    opts = TrainOptions(
+        data=args.data, model_dir=args.model_dir, epochs=args.epochs,
+        max_minutes=args.max_minutes, lr=args.lr, seed=args.seed, limit=args.limit,
+        resume=args.resume, device=args.device, quiet=args.quiet,
+    )
+    result = train(opts)
+    print(f"done: {result.get('epoch', 0)} epochs, last dev UPOS "
+          f"{100 * result.get('dev_accuracy', 0):.2f}%; model in {args.model_dir}")
+    return 0
+
+
+def _evaluate(args) -> int:
+    from examples.pos_tagging.conll import read_conllu
+    from examples.pos_tagging.evaluate import report, score
+    from examples.pos_tagging.model import Tagger, tag_ids
+
+    tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
+    sentences = list(read_conllu(args.file))
+    predicted = tagger.predict([forms for forms, _ in sentences])
+    print(report(score(tag_ids([tags for _, tags in sentences]), predicted)))
+    return 0
+
+
+def _tag(args) -> int:
+    from examples.pos_tagging.conll import UPOS_TAGS, read_conllu, write_conllu
+    from examples.pos_tagging.model import Tagger
+
+    tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
+    if args.conllu:
+        sentences = [forms for forms, _ in read_conllu(args.conllu)]
+    else:
+        source = open(args.input, encoding="utf-8") if args.input else sys.stdin
+        sentences = [line.split() for line in source if line.strip()]
+    predicted = tagger.predict(sentences)
+    tags = [[UPOS_TAGS[i] for i in ids] for ids in predicted]
+    if args.conllu:
+        write_conllu(sentences, tags, sys.stdout)
+    else:
+        for forms, upos in zip(sentences, tags):
+            print(" ".join(f"{w}/{t}" for w, t in zip(forms, upos)))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.pos_tagging", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model-dir", type=Path, default=Path("runs/ewt"),
+                        help="model folder (default: runs/ewt)")
+    common.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+
+    t = sub.add_parser("train", parents=[common], help="train on EWT train, tune on dev")
+    t.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                   help=f"folder with en_ewt-ud-train/dev.conllu (default: {DEFAULT_DATA})")
+    t.add_argument("--epochs", type=int, default=12)
+    t.add_argument("--max-minutes", type=float, default=19.0,
+                   help="stop starting new epochs after this much training time")
+    t.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--limit", type=int, default=0, help="use only the first N sentences")
+    t.add_argument("--resume", action="store_true", help="continue from last.solverstate")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.set_defaults(run=_train)
+
+    e = sub.add_parser("evaluate", parents=[common], help="score a CoNLL-U file")
+    e.add_argument("file", type=Path)
+    e.add_argument("--checkpoint", default="best", help="best or last (default: best)")
+    e.set_defaults(run=_evaluate)
+
+    g = sub.add_parser("tag", parents=[common],
+                       help="tag raw text (one sentence a line) or a CoNLL-U file")
+    g.add_argument("input", nargs="?", help="text file (default: standard input)")
+    g.add_argument("--conllu", type=Path, help="tag this CoNLL-U file, print CoNLL-U")
+    g.add_argument("--checkpoint", default="best")
+    g.set_defaults(run=_tag)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The tagger: the `tagger` net template over bucketed unrolled nets, and batching.
+
+One :class:`unroll.bucketing.BucketedModel` trains (dropout on), a second one
+with phase "test" shares its parameter store and predicts, so evaluation
+always sees the current weights without a copy.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import unroll
+from examples.pos_tagging.conll import UPOS_TAGS
+from examples.pos_tagging.features import Featurizer, encode_tags, word_dropout
+from unroll.bucketing import BucketedModel, time_major
+
+IGNORE = -1
+WORD_INPUT = "words"  # the tagger template's name for the word-id input
+
+#: extra token features and their embedding sizes (the word embedding is ``embed``)
+DEFAULT_FEATURE_DIMS = {
+    "prefix1": 8, "prefix2": 16, "suffix1": 8, "suffix2": 16, "suffix3": 32, "shape": 16,
+    "caps": 4,
+}
+
+
+@dataclass
+class TaggerConfig:
+    """Sizes of the tagger; saved beside its weights as config.json."""
+
+    embed: int = 100
+    hidden: int = 128
+    layers: int = 1
+    cell: str = "lstm"
+    dropout: float = 0.25
+    word_dropout: float = 0.25
+    batch: int = 32
+    feature_dims: dict = field(default_factory=lambda: dict(DEFAULT_FEATURE_DIMS))
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> TaggerConfig:
+        return cls(**json.loads(path.read_text()))
+
+
+class Tagger:
+    """A BiLSTM (or any step template) UPOS tagger built from the `tagger` template.
+
+    >>> f = Featurizer.build([["The", "cat", "sat", "."]])
+    >>> tagger = Tagger(f, TaggerConfig(embed=8, hidden=8, batch=2))
+    >>> tagger.predict([["The", "dog", "."]])[0].shape
+    (3,)
+    """
+
+    def __init__(self, featurizer: Featurizer, config: TaggerConfig, device: str = "cpu",
+                 seed: int = 0):
+        self.featurizer = featurizer
+        self.config = config
+        unknown = [n for n in config.feature_dims if n not in featurizer.vocabs or n == "word"]
+        if unknown:
+            raise ValueError(f"feature_dims names unknown features {unknown}")
+        sizes = featurizer.sizes
+        features = {name: [sizes[name], dim] for name, dim in config.feature_dims.items()}
+
+        def make(phase_dropout):
+            def net_param(steps):
+                return unroll.expand(
+                    "tagger", steps=steps, batch=config.batch, vocab=sizes["word"],
+                    tags=len(UPOS_TAGS), embed=config.embed, hidden=config.hidden,
+                    layers=config.layers, cell=config.cell, dropout=phase_dropout,
+                    features=features, ignore_label=IGNORE,
+                )
+            return net_param
+
+        self.train_model = BucketedModel(make(config.dropout), phase="train", device=device,
+                                         seed=seed)
+        self.test_model = BucketedModel(make(config.dropout), phase="test", device=device,
+                                        seed=seed, store=self.train_model.store)
+        self.rng = np.random.default_rng(seed)
+
+    def encode(self, sentences) -> list[dict]:
+        """Feature ids per sentence (lists of forms -> dicts of id arrays)."""
+        return [self.featurizer.encode(forms) for forms in sentences]
+
+    def inputs(self, encoded: list[dict], length: int, tags=None, train: bool = False) -> dict:
+        """Time-major (T, N) input arrays for one batch, padded to ``length``."""
+        out = {}
+        for name in ("word", *self.config.feature_dims):
+            ids = [e[name] for e in encoded]
+            if train and name == "word" and self.config.word_dropout > 0:
+                vocab = self.featurizer.vocabs["word"]
+                ids = [word_dropout(i, vocab, self.rng, self.config.word_dropout) for i in ids]
+            values, cont = time_major(ids, length)
+            out[WORD_INPUT if name == "word" else name] = values
+        out["cont"] = cont
+        if tags is not None:
+            out["labels"], _ = time_major(tags, length, pad_value=IGNORE)
+        else:
+            out["labels"] = np.full(out["cont"].shape, IGNORE)
+        return out
+
+    def predict_encoded(self, encoded: list[dict], batch_size: int | None = None) -> list:
+        """Tag ids per sentence, run in length-sorted batches through the test-phase nets."""
+        batch_size = batch_size or self.config.batch
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]["word"]))
+        result = [None] * len(encoded)
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            length = max(1, max(len(encoded[i]["word"]) for i in idx))
+            outputs = self.test_model.forward(**self.inputs([encoded[i] for i in idx], length))
+            del outputs
+            scores = unroll.backend.to_numpy(self.test_model.active.blobs["scores"].data)
+            best = scores.argmax(axis=2)
+            for column, i in enumerate(idx):
+                result[i] = best[: len(encoded[i]["word"]), column]
+        return result
+
+    def predict(self, sentences, batch_size: int | None = None) -> list:
+        """Tag ids for sentences given as lists of word forms."""
+        return self.predict_encoded(self.encode(sentences), batch_size)
+
+    # -- files ------------------------------------------------------------------
+    def save(self, model_dir: Path, name: str = "model") -> Path:
+        """Weights (``<name>.caffemodel``), features.json and config.json in ``model_dir``."""
+        model_dir.mkdir(parents=True, exist_ok=True)
+        self.featurizer.save(model_dir / "features.json")
+        self.config.save(model_dir / "config.json")
+        path = model_dir / f"{name}.caffemodel"
+        self.train_model.save(path)
+        return path
+
+    @classmethod
+    def load(cls, model_dir: Path, name: str = "model", device: str = "cpu") -> Tagger:
+        """A tagger saved by :meth:`save` (or a checkpoint of the training command)."""
+        model_dir = Path(model_dir)
+        for needed in ("features.json", "config.json", f"{name}.caffemodel"):
+            if not (model_dir / needed).is_file():
+                raise FileNotFoundError(f"{model_dir / needed} is missing: is {model_dir} a "
+                                        f"model folder written by `train`?")
+        tagger = cls(Featurizer.load(model_dir / "features.json"),
+                     TaggerConfig.load(model_dir / "config.json"), device=device)
+        tagger.train_model.copy_from(model_dir / f"{name}.caffemodel", strict=True)
+        return tagger
+
+
+def tag_ids(upos_lists) -> list[np.ndarray]:
+    """Label ids of gold UPOS tag lists."""
+    return [encode_tags(tags) for tags in upos_lists]

@@ -1,0 +1,152 @@
+"""Train the tagger: bucketed batches, Adam, dev accuracy per epoch, best checkpoint.
+
+Everything lands in the model folder: ``best.caffemodel`` (the best dev
+epoch), ``snapshot_iter_N.caffemodel`` + ``.solverstate`` (the last epoch, to
+resume), ``features.json`` and ``config.json``, ``log.json`` and ``curve.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from examples.pos_tagging.conll import read_conllu
+from examples.pos_tagging.evaluate import score
+from examples.pos_tagging.features import Featurizer
+from examples.pos_tagging.model import Tagger, TaggerConfig, tag_ids
+from unroll.bucketing import BucketSampler
+from unroll.net import write_atomic
+from unroll.solver import Solver
+
+TRAIN_FILE = "en_ewt-ud-train.conllu"
+DEV_FILE = "en_ewt-ud-dev.conllu"
+
+
+@dataclass
+class TrainOptions:
+    data: Path
+    model_dir: Path
+    epochs: int = 12
+    max_minutes: float = 19.0
+    lr: float = 2e-3
+    lr_gamma: float = 0.8
+    clip: float = 5.0
+    seed: int = 0
+    limit: int = 0
+    resume: bool = False
+    device: str = "cpu"
+    quiet: bool = False
+
+
+def read_split(data: Path, name: str, limit: int = 0):
+    path = data / name
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found. Download UD English EWT (train and dev .conllu) from "
+            f"https://github.com/UniversalDependencies/UD_English-EWT and pass --data DIR"
+        )
+    sentences = list(read_conllu(path))
+    return sentences[:limit] if limit else sentences
+
+
+def evaluate(tagger: Tagger, sentences) -> dict:
+    predicted = tagger.predict([forms for forms, _ in sentences])
+    return score(tag_ids([tags for _, tags in sentences]), predicted)
+
+
+def plot(log: list, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [e["epoch"] for e in log]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(epochs, [e["train_loss"] for e in log], "o-", color="tab:blue")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("train loss", color="tab:blue")
+    ax2 = ax.twinx()
+    ax2.plot(epochs, [100 * e["dev_accuracy"] for e in log], "s-", color="tab:red")
+    ax2.set_ylabel("dev UPOS accuracy (%)", color="tab:red")
+    ax.set_title("unroll BiLSTM tagger, UD English EWT")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def train(opts: TrainOptions) -> dict:
+    """Train (or resume) and return the log of the last epoch."""
+    started = time.perf_counter()
+    train_sents = read_split(opts.data, TRAIN_FILE, opts.limit)
+    dev_sents = read_split(opts.data, DEV_FILE, opts.limit)
+    model_dir = opts.model_dir
+    model_dir.mkdir(parents=True, exist_ok=True)
+    log_path = model_dir / "log.json"
+    resuming = opts.resume and log_path.is_file()
+    if resuming:
+        featurizer = Featurizer.load(model_dir / "features.json")
+        config = TaggerConfig.load(model_dir / "config.json")
+        log = json.loads(log_path.read_text())
+    else:
+        featurizer = Featurizer.build([forms for forms, _ in train_sents])
+        config = TaggerConfig()
+        log = []
+    tagger = Tagger(featurizer, config, device=opts.device, seed=opts.seed)
+    encoded = tagger.encode([forms for forms, _ in train_sents])
+    gold = tag_ids([tags for _, tags in train_sents])
+    lengths = [len(forms) for forms, _ in train_sents]
+    sampler = BucketSampler(lengths, batch_size=config.batch, seed=opts.seed)
+    solver = Solver(
+        tagger.train_model, type="Adam", base_lr=opts.lr, momentum=0.9, momentum2=0.999,
+        delta=1e-8, lr_policy="step", gamma=opts.lr_gamma, stepsize=len(sampler),
+        clip_gradients=opts.clip,
+    )
+    if resuming:
+        solver.restore(model_dir / log[-1]["snapshot"])
+    best = max((e["dev_accuracy"] for e in log), default=0.0)
+    result = log[-1] if log else {}
+    for epoch in range(len(log), opts.epochs):
+        elapsed = time.perf_counter() - started + sum(e["seconds"] for e in log)
+        if elapsed > opts.max_minutes * 60:
+            break
+        epoch_start = time.perf_counter()
+        tokens, losses, compute = 0, [], 0.0
+        bar = tqdm(sampler.epoch_batches(epoch), desc=f"epoch {epoch + 1}/{opts.epochs}",
+                   unit="batch", disable=opts.quiet, dynamic_ncols=True, mininterval=1.0)
+        for batch in bar:
+            inputs = tagger.inputs([encoded[i] for i in batch], sampler.bucket_length(batch),
+                                   [gold[i] for i in batch], train=True)
+            t0 = time.perf_counter()
+            losses.append(solver.step(1, feed=lambda _, inputs=inputs: inputs))
+            compute += time.perf_counter() - t0
+            tokens += sum(lengths[i] for i in batch)
+            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", tok_s=f"{tokens / compute:.0f}")
+        dev = evaluate(tagger, dev_sents)
+        result = {
+            "epoch": epoch + 1, "iter": solver.iter, "train_loss": float(np.mean(losses)),
+            "dev_accuracy": dev["accuracy"], "tokens_per_s": tokens / compute,
+            "seconds": time.perf_counter() - epoch_start,
+            "padding_fraction": sampler.padding_fraction(epoch),
+        }
+        if dev["accuracy"] > best:
+            best = dev["accuracy"]
+            tagger.save(model_dir, "best")
+        _, state = solver.snapshot(model_dir / "snapshot")
+        result["snapshot"] = state.name
+        previous = log[-1]["snapshot"] if log else None
+        log.append(result)
+        write_atomic(log_path, json.dumps(log, indent=2).encode())
+        if previous and previous != state.name:
+            for old in (model_dir / previous, (model_dir / previous).with_suffix(".caffemodel")):
+                old.unlink(missing_ok=True)
+        plot(log, model_dir / "curve.png")
+        if not opts.quiet:
+            tqdm.write(f"epoch {epoch + 1}: loss {result['train_loss']:.4f}  dev UPOS "
+                       f"{100 * dev['accuracy']:.2f}%  (best {100 * best:.2f}%)  "
+                       f"{result['tokens_per_s']:.0f} tokens/s  {result['seconds']:.0f} s")
+    return result

@@ -1,0 +1,414 @@
+"""The unroller: sharing across steps, directions, stacking, carried state, text, errors.
+
+How each built-in template matches its NumPy recurrence is in test_templates.py;
+here the nets are compared with each other and with the contract of DESIGN.md 3.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from unroll.errors import TemplateError
+from unroll.net import Net
+from unroll.proto import LayerParameter, NetParameter, parse_text
+from unroll.testing import check_net_gradient
+from unroll.unroller import carry_hidden, expand, to_prototxt
+
+KINDS = ["rnn", "lstm", "lstm_primitive", "gru"]
+PARAMS = {"rnn": ["W_xh", "b_h", "W_hh"], "lstm": ["W_xc", "b_c", "W_hc"],
+          "lstm_primitive": ["W_xc", "b_c", "W_hc"], "gru": ["W_x", "b_x", "W_h", "b_h"]}
+BUILTINS = ["gru", "lstm", "lstm_primitive", "rnn", "tagger"]
+
+
+def cont_from_lengths(lengths, T):
+    """cont (T, N): 0 at each sequence's first token and at padding, 1 inside."""
+    cont = np.zeros((T, len(lengths)))
+    for n, length in enumerate(lengths):
+        cont[1:length, n] = 1
+    return cont
+
+
+def build(kind, T, N, D, H, **kw):
+    net_param = expand(kind, steps=T, batch=N, input_dim=D, hidden=H, **kw)
+    net_param.force_backward = True
+    return Net(net_param, dtype="float64")
+
+
+def randomize(net, rng, scale=0.8):
+    for p in net.learnable_params:
+        p.blob.data[...] = rng.uniform(-scale, scale, p.blob.shape)
+
+
+def copy_params(src, dst, rename=lambda name: name):
+    """Copy ``src``'s learnable params into ``dst``'s param ``rename(name)`` (None: skip)."""
+    by_name = {p.name: p for p in dst.learnable_params}
+    for p in src.learnable_params:
+        target = rename(p.name)
+        if target is not None:
+            by_name[target].blob.data[...] = p.blob.data
+
+
+def h_and_x_grad(net, x, cont, R):
+    """h, and the gradient of sum(h * R) w.r.t. x."""
+    h = net.forward(x=x, cont=cont)["h"].copy()
+    net.clear_param_diffs()
+    net.blobs["h"].diff[...] = R
+    net.backward()
+    return h, net.blobs["x"].diff.copy()
+
+
+def strip(prefix):
+    return lambda name: name[len(prefix):] if name.startswith(prefix) else None
+
+
+# -- a whole unrolled net passes the gradient checker ------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bidirectional_stacked_net_with_loss_passes_gradient_check(kind):
+    T, N, D, H = 3, 2, 2, 2
+    net_param = expand(kind, steps=T, batch=N, input_dim=D, hidden=H,
+                       direction="bidirectional", layers=2)
+    target = LayerParameter(name="target_input", type="Input", top=["target"])
+    target.input_param.shape.add().dim.extend([T, N, 2 * H])
+    net_param.layer.add().CopyFrom(target)
+    net_param.layer.add().CopyFrom(
+        LayerParameter(name="loss", type="EuclideanLoss", bottom=["h", "target"], top=["loss"]))
+    net_param.force_backward = True
+    net = Net(net_param, dtype="float64")
+    rng = np.random.default_rng(0)
+    randomize(net, rng)
+    net.set_input("x", rng.uniform(-1, 1, (T, N, D)))
+    net.set_input("cont", cont_from_lengths([3, 2], T))
+    net.set_input("target", rng.uniform(-1, 1, (T, N, 2 * H)))
+    assert [p.name for p in net.learnable_params] == [
+        f"l{k}_{d}_{name}" for k in (0, 1) for d in ("fw", "bw") for name in PARAMS[kind]]
+    check_net_gradient(net, wrt=["x"], rtol=1e-5, atol=1e-8)
+
+
+# -- memory and params do not grow with T ---------------------------------------------------
+
+
+def _param_buffers(net):
+    """Addresses of every layer's param data and diff (shared ones point at the owner)."""
+    data = {b.data.__array_interface__["data"][0] for bs in net.params.values() for b in bs}
+    diff = {b.diff.__array_interface__["data"][0] for bs in net.params.values() for b in bs}
+    return data, diff
+
+
+@pytest.mark.parametrize("kind, direction, layers", [
+    ("rnn", "forward", 1), ("lstm", "bidirectional", 2), ("lstm_primitive", "reverse", 1),
+    ("gru", "bidirectional", 1),
+])
+def test_params_and_their_memory_do_not_depend_on_T(kind, direction, layers):
+    nets = {T: Net(expand(kind, steps=T, batch=2, input_dim=3, hidden=4, direction=direction,
+                          layers=layers), dtype="float64")
+            for T in (1, 50)}
+    short, long = nets[1], nets[50]
+    assert ([(p.name, p.blob.shape) for p in short.learnable_params]
+            == [(p.name, p.blob.shape) for p in long.learnable_params])
+
+    def nbytes(net):
+        return sum(p.blob.data.nbytes + p.blob.diff.nbytes for p in net.learnable_params)
+
+    assert nbytes(short) == nbytes(long) == short.store.nbytes == long.store.nbytes
+    n_owners = len(long.learnable_params)
+    for net in (short, long):
+        data, diff = _param_buffers(net)
+        assert len(data) == len(diff) == n_owners
+    # 50 steps of layers, yet every step's param blob is one of the owners'
+    assert sum(len(bs) for bs in long.params.values()) > 10 * n_owners
+
+
+# -- directions -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reverse_restarts_at_each_sequences_own_last_token(kind):
+    T, D, H = 5, 3, 4
+    lengths = [5, 2, 3]
+    rng = np.random.default_rng(2)
+    batch = build(kind, T, len(lengths), D, H, direction="reverse")
+    randomize(batch, rng)
+    x = rng.uniform(-1, 1, (T, len(lengths), D))  # padding holds values too: they must not leak
+    h = batch.forward(x=x, cont=cont_from_lengths(lengths, T))["h"]
+    for n, length in enumerate(lengths):
+        alone = build(kind, length, 1, D, H, direction="reverse")
+        copy_params(batch, alone)
+        h_alone = alone.forward(x=x[:length, n:n + 1], cont=cont_from_lengths([length], length))
+        np.testing.assert_allclose(h[:length, n:n + 1], h_alone["h"], rtol=1e-12, atol=1e-14,
+                                   err_msg=f"sequence {n} (length {length})")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@given(T=st.integers(1, 5), lengths=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+       seed=st.integers(0, 2**32 - 1))
+def test_bidirectional_is_concat_of_forward_and_reverse(kind, T, lengths, seed):
+    D, H, N = 2, 3, len(lengths)
+    lengths = [min(length, T) for length in lengths]
+    rng = np.random.default_rng(seed)
+    bi = build(kind, T, N, D, H, direction="bidirectional")
+    fw = build(kind, T, N, D, H, direction="forward")
+    bw = build(kind, T, N, D, H, direction="reverse")
+    randomize(bi, rng)
+    copy_params(bi, fw, strip("fw_"))
+    copy_params(bi, bw, strip("bw_"))
+    x = rng.uniform(-1, 1, (T, N, D))
+    cont = cont_from_lengths(lengths, T)
+    R = rng.uniform(-1, 1, (T, N, 2 * H))
+
+    h, gx = h_and_x_grad(bi, x, cont, R)
+    h_fw, gx_fw = h_and_x_grad(fw, x, cont, R[..., :H])
+    h_bw, gx_bw = h_and_x_grad(bw, x, cont, R[..., H:])
+
+    assert h.shape == (T, N, 2 * H)
+    np.testing.assert_allclose(h, np.concatenate([h_fw, h_bw], axis=2), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(gx, gx_fw + gx_bw, rtol=1e-10, atol=1e-13)
+    grads = {p.name: p.blob.diff for p in bi.learnable_params}
+    for prefix, net in (("fw_", fw), ("bw_", bw)):
+        for p in net.learnable_params:
+            np.testing.assert_allclose(grads[prefix + p.name], p.blob.diff, rtol=1e-10,
+                                       atol=1e-13, err_msg=prefix + p.name)
+
+
+def test_reverse_net_has_no_dangling_outputs():
+    for kind in KINDS:
+        net = Net(expand(kind, steps=4, batch=2, input_dim=3, hidden=2, direction="reverse"))
+        assert net.outputs == ["h"]
+
+
+# -- carried hidden state (truncated BPTT) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_two_halves_with_carry_hidden_equal_the_whole(kind):
+    D, H, layers = 3, 4, 2
+    # columns: one long sequence; a restart inside each half; a restart exactly at the cut
+    cont = np.array([[0, 1, 1, 1, 1, 1], [0, 1, 0, 1, 1, 1], [0, 1, 1, 1, 0, 1],
+                     [0, 1, 1, 0, 1, 1]], float).T
+    T, N = cont.shape
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, (T, N, D))
+    whole = build(kind, T, N, D, H, layers=layers)
+    randomize(whole, rng)
+    half = build(kind, T // 2, N, D, H, layers=layers, expose_hidden=True)
+    copy_params(whole, half)
+    states = ["h", "c"] if kind.startswith("lstm") else ["h"]
+    exposed = [(f"l{k}_{s}_T", f"l{k}_{s}_0") for k in range(layers) for s in states]
+    assert set(half.outputs) == {"h"} | {final for final, _ in exposed}
+    assert set(half.inputs) >= {initial for _, initial in exposed}
+
+    h_whole = whole.forward(x=x, cont=cont)["h"].copy()
+    first = half.forward(x=x[:T // 2], cont=cont[:T // 2])["h"].copy()
+    assert sorted(carry_hidden(half)) == sorted(exposed)
+    second = half.forward(x=x[T // 2:], cont=cont[T // 2:])["h"].copy()
+
+    np.testing.assert_allclose(np.concatenate([first, second]), h_whole, rtol=1e-12, atol=1e-14)
+    # without the carry the second half restarts from zero and differs
+    for _, initial in exposed:
+        half.blobs[initial].data[...] = 0
+    restarted = half.forward(x=x[T // 2:], cont=cont[T // 2:])["h"]
+    assert not np.allclose(restarted[:, 0], h_whole[T // 2:, 0])
+
+
+def test_expose_hidden_needs_forward_direction():
+    with pytest.raises(TemplateError, match="expose_hidden.*forward"):
+        expand("lstm", steps=2, batch=1, input_dim=2, hidden=2, direction="reverse",
+               expose_hidden=True)
+
+
+# -- prototxt text -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("template, hyper", [
+    ("rnn", dict(input_dim=3, hidden=2, bias_value=0.25)),
+    ("lstm", dict(input_dim=3, hidden=2, direction="bidirectional", layers=2)),
+    ("lstm_primitive", dict(input_dim=3, hidden=2, direction="reverse")),
+    ("gru", dict(input_dim=3, hidden=2, expose_hidden=True)),
+    ("tagger", dict(vocab=7, tags=3, embed=4, hidden=2, features={"suffix": [50, 8]},
+                    dropout=0.5)),
+])
+def test_prototxt_text_round_trips(template, hyper):
+    net_param = expand(template, steps=3, batch=2, **hyper)
+    text = to_prototxt(net_param)
+    again = parse_text(text, NetParameter(), "round trip")
+    assert again == net_param
+    assert to_prototxt(again) == text
+
+    from_message = Net(net_param, dtype="float64", phase="test", seed=5)
+    from_text = Net(text, dtype="float64", phase="test", seed=5)
+    assert from_message.inputs == from_text.inputs
+    assert from_message.outputs == from_text.outputs
+    for a, b in zip(from_message.learnable_params, from_text.learnable_params):
+        assert a.name == b.name
+        np.testing.assert_array_equal(a.blob.data, b.blob.data)
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for name in from_message.inputs:
+        shape = from_message.blobs[name].shape
+        if template == "tagger" and name in ("words", "labels", "suffix"):
+            inputs[name] = rng.integers(0, 3, shape)
+        elif name == "cont":
+            inputs[name] = cont_from_lengths([3, 2], 3)
+        elif not name.endswith("_0"):
+            inputs[name] = rng.uniform(-1, 1, shape)
+    out1, out2 = from_message.forward(**inputs), from_text.forward(**inputs)
+    assert out1.keys() == out2.keys()
+    for name in out1:
+        np.testing.assert_array_equal(out1[name], out2[name])
+
+
+# -- errors and template lookup ---------------------------------------------------------------
+
+CELL = """\
+{#- a user's Elman step: h_t = tanh(W x_t + U (cont_t h_{t-1})) #}
+{% set interface = {
+    "inputs": ["x"], "states": {"h": "hidden"}, "outputs": ["h"],
+    "defaults": {"hidden": none},
+} %}
+{% macro step(s) %}
+layer { name: "{{ s.layer('hc') }}" type: "Scale"
+        bottom: "{{ s.prev.h }}" bottom: "{{ s.cont }}" top: "{{ s.blob('hc') }}"
+        scale_param { axis: 0 } }
+layer { name: "{{ s.layer('u') }}" type: "InnerProduct"
+        bottom: "{{ s.blob('hc') }}" top: "{{ s.blob('u') }}"
+        param { name: "{{ s.param('U') }}" }
+        inner_product_param { num_output: {{ hidden }} bias_term: false axis: 2 } }
+layer { name: "{{ s.layer('w') }}" type: "InnerProduct"
+        bottom: "{{ s.input.x }}" top: "OUT_W"
+        param { name: "PARAM_W" }
+        inner_product_param { num_output: {{ hidden }} bias_term: false axis: 2 } }
+layer { name: "{{ s.layer('sum') }}" type: "Eltwise"
+        bottom: "OUT_W" bottom: "{{ s.blob('u') }}" top: "{{ s.blob('pre') }}" }
+layer { name: "{{ s.layer('tanh') }}" type: "TanH"
+        bottom: "{{ s.blob('pre') }}" top: "{{ s.state.h }}" }
+{% endmacro %}
+"""
+
+
+def write_cell(folder, name="mycell", out_w="{{ s.blob('wx') }}", param_w="{{ s.param('W') }}",
+               interface_extra="", states=None):
+    text = CELL.replace("OUT_W", out_w).replace("PARAM_W", param_w)
+    if interface_extra:
+        text = text.replace('"defaults"', f"{interface_extra}, \"defaults\"")
+    if states:
+        text = text.replace('"states": {"h": "hidden"}', f'"states": {states}')
+    path = folder / f"{name}.prototxt.j2"
+    path.write_text(text)
+    return path
+
+
+def unroll_cell(template, T=3, **kw):
+    return expand(str(template), steps=T, batch=2, input_dim=3, hidden=4, **kw)
+
+
+def test_user_template_runs(tmp_path):
+    net = Net(unroll_cell(write_cell(tmp_path), T=4), dtype="float64")
+    assert net.forward()["h"].shape == (4, 2, 4)
+    assert [p.name for p in net.learnable_params] == ["U", "W"]
+
+
+def test_undefined_variable_names_template_line_and_variable(tmp_path):
+    path = write_cell(tmp_path, "typo")
+    lines = path.read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if "num_output: {{ hidden }}" in text)
+    lines[line - 1] = lines[line - 1].replace("{{ hidden }}", "{{ hiden }}")
+    path.write_text("\n".join(lines))
+    with pytest.raises(TemplateError) as e:
+        unroll_cell(path)
+    assert f"typo.prototxt.j2:{line}:" in str(e.value)
+    assert "'hiden'" in str(e.value)
+
+
+def test_undefined_variable_in_a_net_template(tmp_path):
+    path = tmp_path / "mynet.prototxt.j2"
+    path.write_text(
+        '{% set interface = {"kind": "net", "defaults": {}} %}\n'
+        'layer { name: "in" type: "Input" top: "x"\n'
+        "  input_param { shape { dim: {{ T }} dim: {{ batchsize }} } } }\n"
+    )
+    with pytest.raises(TemplateError, match=r"mynet\.prototxt\.j2:3:.*'batchsize'"):
+        expand(str(path), steps=2)
+
+
+def test_param_name_that_changes_with_t_is_an_error(tmp_path):
+    path = write_cell(tmp_path, "vary", param_w="W_{{ s.t }}")
+    with pytest.raises(TemplateError) as e:
+        unroll_cell(path)
+    message = str(e.value)
+    assert "vary.prototxt.j2" in message and "W_0" in message and "W_1" in message
+    assert "params_vary_with_t" in message
+
+
+def test_param_name_may_change_with_t_when_declared(tmp_path):
+    path = write_cell(tmp_path, "vary", param_w="W_{{ s.t }}",
+                      interface_extra='"params_vary_with_t": true')
+    net = Net(unroll_cell(path, T=3))
+    assert sorted(p.name for p in net.learnable_params) == ["U", "W_0", "W_1", "W_2"]
+
+
+def test_state_that_the_step_never_produces(tmp_path):
+    path = write_cell(tmp_path, "nocell", states='{"h": "hidden", "cell": "hidden"}')
+    with pytest.raises(TemplateError) as e:
+        unroll_cell(path)
+    assert "nocell.prototxt.j2" in str(e.value) and "'cell'" in str(e.value)
+
+
+def test_blob_written_by_every_step_is_a_collision(tmp_path):
+    path = write_cell(tmp_path, "clash", out_w="tmp")
+    with pytest.raises(TemplateError) as e:
+        unroll_cell(path)
+    assert "clash.prototxt.j2" in str(e.value) and "'tmp'" in str(e.value)
+    assert len(Net(unroll_cell(path, T=1)).layers) > 0  # one step alone is fine
+
+
+def test_missing_hyper_parameter():
+    with pytest.raises(TemplateError) as e:
+        expand("lstm", steps=2, batch=1, input_dim=2)
+    assert "lstm.prototxt.j2" in str(e.value) and "hidden" in str(e.value)
+    with pytest.raises(TemplateError, match=r"tagger\.prototxt\.j2.*tags, vocab"):
+        expand("tagger", steps=2, batch=1)
+    with pytest.raises(TemplateError, match=r"gru\.prototxt\.j2.*input_dim"):
+        expand("gru", steps=2, batch=1, hidden=2)
+
+
+def test_unknown_template_lists_the_builtin_ones():
+    with pytest.raises(TemplateError) as e:
+        expand("lstn", steps=2, batch=1, input_dim=2, hidden=2)
+    assert "'lstn'" in str(e.value)
+    for name in BUILTINS:
+        assert name in str(e.value)
+
+
+def test_user_templates_by_path_name_and_environment(tmp_path, monkeypatch):
+    folder = tmp_path / "cells"
+    folder.mkdir()
+    path = write_cell(folder)
+    monkeypatch.delenv("UNROLL_TEMPLATE_PATH", raising=False)
+    by_path = unroll_cell(path)
+    with pytest.raises(TemplateError, match="mycell"):
+        unroll_cell("mycell")
+    by_name = unroll_cell("mycell", search_path=[folder])
+    monkeypatch.setenv("UNROLL_TEMPLATE_PATH", str(folder))
+    by_env = unroll_cell("mycell")
+    assert by_path.layer == by_name.layer == by_env.layer
+    # a user folder comes before the built-ins, and its templates are listed on a miss
+    write_cell(folder, "lstm")
+    assert [p.name for p in Net(unroll_cell("lstm")).learnable_params] == ["U", "W"]
+    with pytest.raises(TemplateError, match="mycell"):
+        unroll_cell("nothing")
+
+
+def test_net_template_calls_a_user_step_template(tmp_path):
+    write_cell(tmp_path)
+    net_template = tmp_path / "seq.prototxt.j2"
+    net_template.write_text(
+        '{% set interface = {"kind": "net", "defaults": {"hidden": 3}} %}\n'
+        'layer { name: "in" type: "Input" top: "x" top: "cont"\n'
+        "  input_param { shape { dim: {{ T }} dim: {{ batch }} dim: 2 }\n"
+        "                shape { dim: {{ T }} dim: {{ batch }} } } }\n"
+        '{{ recurrent("mycell", "x", "y", direction="bidirectional", hidden=hidden) }}\n'
+    )
+    net = Net(expand("seq", steps=4, batch=2, search_path=[tmp_path]))
+    assert net.forward()["y"].shape == (4, 2, 6)

@@ -1,0 +1,331 @@
+"""The ``unroll`` command: expand templates to prototxt, draw nets as graphs.
+
+    unroll expand lstm --steps 5 --set batch=2 --set input_dim=3 --set hidden=4 -o lstm5.prototxt
+    unroll draw lstm5.prototxt -o lstm5.svg
+
+Errors in the user's input (a bad template, net or prototxt, a file that cannot
+be read or written) print one line to stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from unroll.errors import NetError, TemplateError
+from unroll.proto import NetParameter, PrototxtError, parse_text
+
+USER_ERRORS = (TemplateError, NetError, PrototxtError, OSError)
+
+EXPAND_EXAMPLES = """\
+examples:
+  unroll expand lstm --steps 5 --set batch=2 --set input_dim=3 --set hidden=4 -o lstm5.prototxt
+  unroll expand gru --steps 20 --set batch=8 --set input_dim=50 --set hidden=64 \\
+      --set direction=bidirectional --set layers=2 > gru20.prototxt
+  unroll expand tagger --steps 30 --set batch=16 --set vocab=20000 --set tags=17 \\
+      --set 'features={"suffix": [500, 16]}' -o tagger30.prototxt
+  unroll expand mycell --template-dir ./cells --steps 10 --set input_dim=8 --set hidden=8
+
+Built-in templates: rnn, lstm, lstm_primitive, gru (step templates) and tagger
+(a whole net). TEMPLATE may also be a path to a .prototxt.j2 file, or the name
+of one in a --template-dir folder or in $UNROLL_TEMPLATE_PATH (os.pathsep-separated).
+Step templates take batch (N, default 1), input_dim, their hyper-parameters
+(e.g. hidden), direction (forward, reverse, bidirectional), layers and
+expose_hidden. The net is built once to check it; a summary goes to stderr.
+"""
+
+DRAW_EXAMPLES = """\
+examples:
+  unroll draw lstm5.prototxt -o lstm5.svg     # needs Graphviz's `dot` on PATH
+  unroll draw lstm5.prototxt -o lstm5.dot     # Graphviz source, no Graphviz needed
+  unroll draw lstm5.prototxt --rankdir TB > lstm5.dot
+
+Layers are boxes, blobs are ellipses, edges run bottom -> layer -> top. A
+param that several layers share (the weights every timestep reuses) gets its
+own colour: each layer that uses it is filled with that colour and names it,
+and a note node for the param (the legend) links to those layers by dashed
+edges. For .svg or .png without `dot` on PATH, the .dot file is written next
+to the requested file instead, with a message saying how to render it; the
+exit status is then 0, since the graph itself was produced.
+"""
+
+PALETTE = [
+    "#a6cee3", "#b2df8a", "#fb9a99", "#fdbf6f", "#cab2d6", "#ffff99",
+    "#8dd3c7", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69",
+]
+
+
+class CommandError(Exception):
+    """A user error detected by the command itself (printed, exit status 2)."""
+
+
+# -- expand -------------------------------------------------------------------------
+
+
+def parse_value(text: str):
+    """A ``--set`` value: a Python literal where it is one, else the string itself.
+
+    >>> parse_value("4"), parse_value("0.5"), parse_value("True"), parse_value("[50, 8]")
+    (4, 0.5, True, [50, 8])
+    >>> parse_value("bidirectional"), parse_value("true")
+    ('bidirectional', True)
+    """
+    lowered = {"true": True, "false": False, "none": None, "null": None}
+    if text.lower() in lowered:
+        return lowered[text.lower()]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
+
+
+def parse_assignment(text: str) -> tuple[str, object]:
+    """``key=value`` into (key, parsed value); argparse's type for ``--set``."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected key=value with a name as key, found {text!r}")
+    return key, parse_value(value)
+
+
+def _size(nbytes: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if nbytes < 1024 or unit == "MiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def summarize(net_param: NetParameter, text: str) -> str:
+    """One line: layers, blobs, learnable params and their total size, text size.
+
+    Builds the net (float32) to learn the param shapes, so a net that cannot be
+    built raises its NetError here.
+    """
+    from unroll.net import Net
+
+    net = Net(net_param, phase="train", dtype="float32")
+    blobs = {top for lp in net_param.layer for top in lp.top}
+    values = sum(p.blob.count for p in net.learnable_params)
+    return (
+        f"{len(net_param.layer)} layers, {len(blobs)} blobs, "
+        f"{len(net.learnable_params)} learnable params ({values:,} values), "
+        f"{_size(len(text.encode()))} of prototxt"
+    )
+
+
+def expand_command(args) -> int:
+    """``unroll expand``: write the unrolled prototxt of a template."""
+    from unroll.unroller import expand, to_prototxt
+
+    variables = dict(args.set or [])
+    if "steps" in variables:
+        raise CommandError("give the number of steps with --steps, not --set steps=...")
+    try:
+        net_param = expand(args.template, steps=args.steps,
+                           search_path=args.template_dir or (), **variables)
+    except TemplateError:
+        raise
+    except (TypeError, ValueError) as e:  # a --set value of the wrong kind, e.g. layers=two
+        raise CommandError(f"cannot expand {args.template!r} with {variables}: {e}") from e
+    text = to_prototxt(net_param)
+    summary = summarize(net_param, text)
+    if args.output and args.output != "-":
+        Path(args.output).write_text(text)
+        where = f"written to {args.output}"
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        where = "written to stdout"
+    print(f"unroll expand {args.template}, T={args.steps}: {summary} {where}", file=sys.stderr)
+    return 0
+
+
+# -- draw ---------------------------------------------------------------------------
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def shared_params(net_param: NetParameter) -> dict[str, list[str]]:
+    """Param name -> names of the layers that use it, for params used by 2 or more layers."""
+    users = defaultdict(list)
+    for lp in net_param.layer:
+        for spec in lp.param:
+            if spec.name and lp.name not in users[spec.name]:
+                users[spec.name].append(lp.name)
+    return {name: layers for name, layers in users.items() if len(layers) > 1}
+
+
+def to_dot(net_param: NetParameter, rankdir: str = "LR") -> str:
+    """Graphviz source of ``net_param``: layers as boxes, blobs as ellipses.
+
+    Edges run bottom blob -> layer -> top blob. Each shared param has a colour;
+    the layers using it are filled with it (striped when they use several) and
+    list it in their label, and a note node for the param links to them by
+    dashed edges. A blob rewritten in place is one node, as in Caffe's draw_net.
+
+    >>> from unroll.proto import parse_text
+    >>> net = parse_text('layer { name: "a" type: "Input" top: "x" }', NetParameter())
+    >>> print(to_dot(net).splitlines()[0])
+    digraph "net" {
+    """
+    shared = shared_params(net_param)
+    colour = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(shared)}
+    lines = [
+        f"digraph {_quote(net_param.name or 'net')} {{",
+        f"  rankdir={rankdir};",
+        '  node [fontname="Helvetica", fontsize=10];',
+        '  edge [fontname="Helvetica", fontsize=9];',
+    ]
+    blobs = []
+    for lp in net_param.layer:
+        for name in (*lp.bottom, *lp.top):
+            if name not in blobs:
+                blobs.append(name)
+    for name in blobs:
+        lines.append(f"  {_quote('blob:' + name)} [label={_quote(name)}, shape=ellipse];")
+    for i, lp in enumerate(net_param.layer):
+        layer_id = _quote(f"layer:{i}:{lp.name}")
+        label = f"{lp.name}\n({lp.type})"
+        named = [spec.name for spec in lp.param if spec.name]
+        if named:
+            label += "\nparam: " + ", ".join(
+                f"{name} (shared)" if name in shared else name for name in named)
+        fills = [colour[name] for name in named if name in shared]
+        attrs = [f"label={_quote(label)}", "shape=box"]
+        if len(fills) == 1:
+            attrs += ["style=filled", f"fillcolor={_quote(fills[0])}"]
+        elif fills:
+            attrs += ["style=striped", f"fillcolor={_quote(':'.join(fills))}"]
+        lines.append(f"  {layer_id} [{', '.join(attrs)}];")
+        for bottom in lp.bottom:
+            lines.append(f"  {_quote('blob:' + bottom)} -> {layer_id};")
+        for top in lp.top:
+            lines.append(f"  {layer_id} -> {_quote('blob:' + top)};")
+    index = {lp.name: i for i, lp in enumerate(net_param.layer)}
+    for name, layers in shared.items():
+        param_id = _quote("param:" + name)
+        label = f"shared param {name}\nused by {len(layers)} layers"
+        lines.append(f"  {param_id} [label={_quote(label)}, shape=note, style=filled, "
+                     f"fillcolor={_quote(colour[name])}];")
+        for layer in layers:
+            lines.append(f"  {param_id} -> {_quote(f'layer:{index[layer]}:{layer}')} "
+                         f"[style=dashed, arrowhead=none, color={_quote(colour[name])}, "
+                         f"constraint=false];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def draw_command(args) -> int:
+    """``unroll draw``: write a net's Graphviz graph (.dot, or .svg/.png through `dot`)."""
+    net_param = parse_text(Path(args.net).read_text(), NetParameter(), args.net)
+    dot_text = to_dot(net_param, args.rankdir)
+    if not args.output or args.output == "-":
+        sys.stdout.write(dot_text)
+        return 0
+    out = Path(args.output)
+    fmt = out.suffix.lower().lstrip(".")
+    if fmt not in ("dot", "gv", "svg", "png", "pdf"):
+        raise CommandError(f"cannot draw to '{out}': use a .dot, .svg, .png or .pdf file name")
+    if fmt in ("dot", "gv"):
+        out.write_text(dot_text)
+        print(f"unroll draw: wrote {out}", file=sys.stderr)
+        return 0
+    dot = shutil.which("dot")
+    if dot is None:
+        fallback = out.with_suffix(".dot")
+        fallback.write_text(dot_text)
+        print(f"unroll draw: Graphviz's `dot` is not on PATH, so {out} was not made; wrote "
+              f"{fallback} instead (render it with: dot -T{fmt} {fallback} -o {out})",
+              file=sys.stderr)
+        return 0
+    done = subprocess.run([dot, f"-T{fmt}", "-o", str(out)], input=dot_text.encode(),
+                          capture_output=True, check=False)
+    if done.returncode != 0:
+        message = done.stderr.decode(errors="replace").strip().splitlines()
+        raise CommandError(f"`dot -T{fmt}` failed (status {done.returncode})"
+                           + (f": {message[0]}" if message else ""))
+    print(f"unroll draw: wrote {out}", file=sys.stderr)
+    return 0
+
+
+# -- the command ---------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of the ``unroll`` command and its subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="unroll",
+        description="Unroll recurrent step templates (Jinja2 + Caffe prototxt) into "
+                    "weight-shared feed-forward nets, and draw nets.",
+        epilog="examples:\n"
+               "  unroll expand lstm --steps 5 --set batch=2 --set input_dim=3 --set hidden=4 "
+               "-o lstm5.prototxt\n"
+               "  unroll draw lstm5.prototxt -o lstm5.svg\n\n"
+               "Run 'unroll expand --help' or 'unroll draw --help' for more.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    ex = sub.add_parser(
+        "expand", help="unroll a template to T steps and write the net's prototxt",
+        description="Unroll TEMPLATE to --steps timesteps and write the unrolled net as "
+                    "prototxt (to stdout without -o).",
+        epilog=EXPAND_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ex.add_argument("template", metavar="TEMPLATE",
+                    help="a built-in template name (lstm, gru, ...), a name on the template "
+                         "path, or a path to a .prototxt.j2 file")
+    ex.add_argument("--steps", "-T", type=int, required=True, metavar="T",
+                    help="number of timesteps to unroll")
+    ex.add_argument("--set", action="append", type=parse_assignment, metavar="KEY=VALUE",
+                    help="a template variable (repeatable); VALUE is read as a Python literal "
+                         "(4, 0.5, True, [50, 8], {'suffix': [50, 8]}) where it is one, "
+                         "else as a string")
+    ex.add_argument("--template-dir", action="append", metavar="DIR",
+                    help="a folder searched for templates by name before $UNROLL_TEMPLATE_PATH "
+                         "and the built-ins (repeatable)")
+    ex.add_argument("-o", "--output", metavar="FILE",
+                    help="write the prototxt to FILE (default: stdout)")
+    ex.set_defaults(run=expand_command)
+
+    dr = sub.add_parser(
+        "draw", help="draw a net's prototxt as a Graphviz graph (.dot, .svg, .png)",
+        description="Draw NET (a prototxt file) as a Graphviz graph, marking shared params.",
+        epilog=DRAW_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    dr.add_argument("net", metavar="NET", help="a net prototxt file")
+    dr.add_argument("-o", "--output", metavar="FILE",
+                    help="FILE.dot (Graphviz source), or FILE.svg / .png / .pdf rendered with "
+                         "`dot`; default: the .dot source on stdout")
+    dr.add_argument("--rankdir", choices=["LR", "TB", "RL", "BT"], default="LR",
+                    help="graph direction (default LR: left to right)")
+    dr.set_defaults(run=draw_command)
+    return parser
+
+
+def main(argv=None) -> int:
+    """Run the ``unroll`` command with ``argv`` (default: sys.argv[1:]); returns the exit status.
+
+    User errors print ``unroll <command>: error: <message>`` on one line to
+    stderr and return 2; argparse usage errors also exit with 2.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (CommandError, *USER_ERRORS) as e:
+        message = " ".join(str(e).split()) or type(e).__name__
+        print(f"unroll {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
