@@ -175,6 +175,7 @@ class Net:
         self._shared_store = param_store is not None
         self.store = param_store if param_store is not None else ParamStore()
         self.learnable_params: list[LearnableParam] = []
+        self._first_holders: set[tuple[str, int]] = set()  # (layer, index) first to hold a param
         self.loss = 0.0
         self.in_place_fallbacks: list[str] = []
         self._build(_legacy_inputs(self.net_param) + filter_layers(self.net_param, PHASES[phase]))
@@ -248,11 +249,10 @@ class Net:
         """A Blob per value; in-place values share their bottom's Blob when that is safe."""
         self.blobs = BlobTable()
         for v in values:
-            layer = self.layers[v.producer]
             lp = layer_params[v.producer]
             if v.version > 0:
                 prev = bottoms_of[v.producer][v.top_index]
-                reason = self._in_place_hazard(layer, prev, layer_params)
+                reason = self._in_place_hazard(v.producer, prev, bottoms_of, layer_params)
                 if reason is None:
                     v.blob = prev.blob
                 else:
@@ -263,8 +263,13 @@ class Net:
                 v.blob = Blob((), self.xp, self.dtype, v.name)
             self.blobs._add(v.name, v.blob)
 
-    def _in_place_hazard(self, layer, prev: _Value, layer_params) -> str | None:
-        """Why ``layer`` may not overwrite ``prev`` in place (None if it may)."""
+    def _in_place_hazard(self, li: int, prev: _Value, bottoms_of, layer_params) -> str | None:
+        """Why layer ``li`` may not overwrite ``prev`` in place (None if it may).
+
+        The write also lands in every value ``prev`` is a view of (a Reshape,
+        Flatten or Split top shares its bottom's data), so those are checked too.
+        """
+        layer = self.layers[li]
         if not layer.in_place:
             raise NetError(
                 f"layer '{layer.name}' ({layer.type}): cannot run in place (top '{prev.name}' "
@@ -275,18 +280,28 @@ class Net:
                 f"layer '{layer.name}' ({layer.type}): cannot run in place on '{prev.name}': "
                 f"its backward reads its bottom, which the in-place write destroys"
             )
-        if prev.name in self.keep:
-            return f"keep=[{prev.name!r}] asks to preserve it"
-        if len(prev.consumers) > 1:
-            others = [layer_params[c].name for c, _ in prev.consumers if c != prev.consumers[-1][0]]
-            return f"layer(s) {others} also read the value it would overwrite"
-        if prev.producer >= 0 and "top" in self.layers[prev.producer].backward_reads:
-            producer = self.layers[prev.producer]
-            return (
-                f"the backward of its producer '{producer.name}' ({producer.type}) reads "
-                f"that top"
-            )
-        return None
+        value, reader, via = prev, li, ""
+        while True:
+            if value.name in self.keep:
+                return f"keep=[{value.name!r}] asks to preserve it{via}"
+            readers = [c for c, _ in value.consumers]
+            readers.remove(reader)
+            if readers:
+                others = [layer_params[c].name for c in readers]
+                return f"layer(s) {others} also read the value it would overwrite{via}"
+            if value.producer < 0:
+                return None
+            producer = self.layers[value.producer]
+            if "top" in producer.backward_reads:
+                return (
+                    f"the backward of its producer '{producer.name}' ({producer.type}) reads "
+                    f"that top{via}"
+                )
+            if "data" not in producer.shares_bottom:
+                return None
+            # the value is a view of the producer's bottom: the write lands there as well
+            reader, value = value.producer, bottoms_of[value.producer][0]
+            via = f" (through '{producer.name}', a view of '{value.name}')"
 
     def _insert_splits(self, values, bottoms_of, tops_of, layer_params) -> None:
         """Give each reader of a multiply-read value its own diff (Caffe's InsertSplits).
@@ -326,7 +341,7 @@ class Net:
         """Create, or share by name, param ``index`` of ``layer`` (Caffe's AppendParam)."""
         lp = layer.param
         spec = lp.param[index] if index < len(lp.param) else ParamSpec()
-        learnable = getattr(layer, "learnable", True)
+        learnable = layer.learnable
         lr_mult = spec.lr_mult if learnable else 0.0
         decay_mult = spec.decay_mult if learnable else 0.0
         if spec.name and spec.name in self.store:
@@ -353,6 +368,7 @@ class Net:
         )
         self.store.add(param, named=bool(spec.name))
         self.learnable_params.append(param)
+        self._first_holders.add((layer.name, index))
         return blob
 
     def _share(self, layer, index, shape, spec, lr_mult, decay_mult) -> Blob:
@@ -387,6 +403,7 @@ class Net:
             setattr(owner, f"has_{what}", True)
         if owner not in self.learnable_params:
             self.learnable_params.append(owner)
+            self._first_holders.add((layer.name, index))
         if owner.blob.shape == tuple(shape):
             return owner.blob
         view = Blob((), self.xp, self.dtype, owner.blob.name)
@@ -465,22 +482,26 @@ class Net:
                             f"{w} and is also read by another layer; give the reader its own copy"
                         )
                     loss_tops.append((t, float(w)))
-        # Caffe: a layer whose tops reach no loss needs no backward
+        # Caffe: a layer whose tops reach no loss, or whose every top is refused by its
+        # readers (propagate_down: false; Caffe's blobs_skip_backp), needs no backward
         under_loss = {id(t) for t, _ in loss_tops}
+        refused = set()
         for i in reversed(range(len(self.layers_run))):
             tops, bottoms = self._tops[i], self._bottoms[i]
-            if any(id(t) in under_loss for t in tops):
+            skip = bool(tops) and all(id(t) in refused for t in tops)
+            if any(id(t) in under_loss for t in tops) and not skip:
                 under_loss.update(id(b) for b in bottoms)
             elif not force:
                 layer_need[i] = False
                 bottom_need[i] = [False] * len(bottoms)
+            refused.update(id(b) for b, n in zip(bottoms, bottom_need[i]) if not n)
         self.layer_need_backward = layer_need
         self._bottom_need = bottom_need
         self._loss_tops = loss_tops
 
     def _lr_of(self, layer, k: int) -> float:
         spec = layer.param.param[k] if k < len(layer.param.param) else ParamSpec()
-        return spec.lr_mult if getattr(layer, "learnable", True) else 0.0
+        return spec.lr_mult if layer.learnable else 0.0
 
     def _schedule(self) -> None:
         self._fwd = list(zip(self.layers_run, self._bottoms, self._tops))
@@ -492,7 +513,8 @@ class Net:
             )
             if need
         ][::-1]
-        self.layer_names = [layer.name for layer in self.layers]
+        # run order, splits included (as pycaffe's): aligned with layer_need_backward
+        self.layer_names = [layer.name for layer in self.layers_run]
         self.inputs = [b.name for b in self._input_blobs]
 
     # -- running ----------------------------------------------------------------
@@ -514,7 +536,9 @@ class Net:
         """Copy ``value`` into input blob ``name``, reshaping it if needed."""
         if name not in self.inputs:
             raise NetError(f"'{name}' is not an input of this net; inputs: {self.inputs}")
-        blob = self.blobs[name]
+        # the Input layer's own top: net.blobs[name] is the latest version, which an
+        # in-place layer kept out of place (keep=, fan-out) writes, not the input
+        blob = self._input_blobs[self.inputs.index(name)]
         value = self.xp.asarray(value, self.dtype)
         blob.reshape(value.shape)
         blob.data[...] = value
@@ -564,13 +588,13 @@ class Net:
     def to_proto(self) -> NetParameter:
         """The net with its learned blobs, as Caffe writes a .caffemodel.
 
-        Layers whose every param is owned elsewhere are left out: real Caffe
-        skips absent layers when it loads, and their weights are the owner's.
+        Only the first layer of this net to hold each param is written; its
+        sharers are left out (real Caffe skips absent layers when it loads,
+        and their weights are that layer's), so the file does not grow with T.
         """
         out = NetParameter(name=self.name)
-        owners = {(p.owner, p.index) for p in self.store}
         for layer in self.layers:
-            if not any((layer.name, k) in owners for k in range(len(layer.blobs))):
+            if not any((layer.name, k) in self._first_holders for k in range(len(layer.blobs))):
                 continue
             lp = out.layer.add()
             lp.CopyFrom(layer.param)

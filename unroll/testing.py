@@ -184,12 +184,13 @@ def check_net_gradient(
     loss()
     net.clear_param_diffs()
     net.backward()
-    analytic = {name: to_numpy(net.blobs[name].diff).copy() for name in wrt}
+    # "x@0": the input itself, even where an in-place layer on it writes a later version
+    blobs = {name: net.blobs[f"{name}@0"] for name in wrt}
+    analytic = {name: to_numpy(blobs[name].diff).copy() for name in wrt}
     learnable = net.learnable_params if params else []
     analytic_params = [to_numpy(p.blob.diff).copy() for p in learnable]
 
-    for name in wrt:
-        blob = net.blobs[name]
+    for name, blob in blobs.items():
         host = to_numpy(blob.data).astype(FLOAT)
 
         def f(blob=blob, host=host):

@@ -15,12 +15,17 @@ DEFAULT_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / 
 
 
 def _train(args) -> int:
+    from examples.pos_tagging.model import TaggerConfig
     from examples.pos_tagging.train import TrainOptions, train
 
+    config = TaggerConfig(
+        embed=args.embed, hidden=args.hidden, layers=args.layers, cell=args.cell,
+        dropout=args.dropout, word_dropout=args.word_dropout, batch=args.batch_size,
+    )
     opts = TrainOptions(
         data=args.data, model_dir=args.model_dir, epochs=args.epochs,
         max_minutes=args.max_minutes, lr=args.lr, seed=args.seed, limit=args.limit,
-        resume=args.resume, device=args.device, quiet=args.quiet,
+        resume=args.resume, device=args.device, quiet=args.quiet, config=config,
     )
     result = train(opts)
     print(f"done: {result.get('epoch', 0)} epochs, last dev UPOS "
@@ -61,6 +66,8 @@ def _tag(args) -> int:
 
 
 def main(argv=None) -> int:
+    from examples.pos_tagging.model import TaggerConfig
+
     parser = argparse.ArgumentParser(
         prog="python -m examples.pos_tagging", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -79,9 +86,20 @@ def main(argv=None) -> int:
     t.add_argument("--max-minutes", type=float, default=19.0,
                    help="stop starting new epochs after this much training time")
     t.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
+    defaults = TaggerConfig()
+    t.add_argument("--embed", type=int, default=defaults.embed, help="word embedding size")
+    t.add_argument("--hidden", type=int, default=defaults.hidden, help="LSTM size per direction")
+    t.add_argument("--layers", type=int, default=defaults.layers, help="stacked BiLSTM layers")
+    t.add_argument("--cell", default=defaults.cell,
+                   help="step template of the recurrent layers: lstm, gru, rnn, or a path")
+    t.add_argument("--dropout", type=float, default=defaults.dropout)
+    t.add_argument("--word-dropout", type=float, default=defaults.word_dropout,
+                   help="chance that a word seen once in training becomes <unk>")
+    t.add_argument("--batch-size", type=int, default=defaults.batch, help="sentences per batch")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--limit", type=int, default=0, help="use only the first N sentences")
-    t.add_argument("--resume", action="store_true", help="continue from last.solverstate")
+    t.add_argument("--resume", action="store_true",
+                   help="continue from the last epoch's snapshot in --model-dir")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(run=_train)
 

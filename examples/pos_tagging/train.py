@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +41,7 @@ class TrainOptions:
     resume: bool = False
     device: str = "cpu"
     quiet: bool = False
+    config: TaggerConfig = field(default_factory=TaggerConfig)
 
 
 def read_split(data: Path, name: str, limit: int = 0):
@@ -94,7 +95,7 @@ def train(opts: TrainOptions) -> dict:
         log = json.loads(log_path.read_text())
     else:
         featurizer = Featurizer.build([forms for forms, _ in train_sents])
-        config = TaggerConfig()
+        config = opts.config
         log = []
     tagger = Tagger(featurizer, config, device=opts.device, seed=opts.seed)
     encoded = tagger.encode([forms for forms, _ in train_sents])
