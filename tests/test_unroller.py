@@ -412,3 +412,18 @@ def test_net_template_calls_a_user_step_template(tmp_path):
     )
     net = Net(expand("seq", steps=4, batch=2, search_path=[tmp_path]))
     assert net.forward()["y"].shape == (4, 2, 6)
+
+
+@pytest.mark.parametrize("step", ["rnn", "lstm", "gru"])
+def test_sequence_output_false_gives_the_output_after_the_last_step(step):
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(5, 3, 2))
+    cont = np.ones((5, 3))
+    cont[0] = 0
+    cont[2, 1] = 0
+    full = Net(expand(step, steps=5, batch=3, input_dim=2, hidden=4), dtype="float64")
+    last = Net(expand(step, steps=5, batch=3, input_dim=2, hidden=4, sequence_output=False),
+               dtype="float64")
+    out = last.forward(x=x, cont=cont)
+    assert list(out) == ["h"] and out["h"].shape == (1, 3, 4)
+    np.testing.assert_allclose(out["h"][0], full.forward(x=x, cont=cont)["h"][-1], rtol=1e-12)

@@ -300,7 +300,9 @@ class BucketedModel:
     "W" is one data and one diff buffer whatever T runs, and a solver step
     updates every bucket's net at once. Inputs are time-major: axis 0 is T
     (it picks the net), axis 1 the batch (inputs not given, such as initial
-    recurrent states, follow the batch size of those given).
+    recurrent states, follow the batch size of those given). ``steps_from``
+    names the input whose axis 0 is T when inputs differ there (a tagger's
+    words (T, N) beside its characters (C, T * N)).
 
     The model offers the net interface the Solver drives (``forward``,
     ``backward``, ``loss``, ``learnable_params``, ``clear_param_diffs``,
@@ -319,8 +321,10 @@ class BucketedModel:
     """
 
     def __init__(self, make_net_param, phase="train", device="cpu", dtype="float32", seed=0,
-                 store=None):
+                 store=None, steps_from=None):
         self.make_net_param = make_net_param
+        self.steps_from = steps_from
+        self._built: dict[int, dict] = {}  # id(net) -> input shapes as built
         self.phase = phase
         self.device = device
         self.dtype = dtype
@@ -336,10 +340,12 @@ class BucketedModel:
         """The net unrolled to ``steps``, built on first use and cached."""
         steps = int(steps)
         if steps not in self.nets:
-            self.nets[steps] = Net(
+            net = Net(
                 self.make_net_param(steps), phase=self.phase, device=self.device,
                 dtype=self.dtype, seed=self.seed + steps, param_store=self.store,
             )
+            self._built[id(net)] = {name: net.blobs[f"{name}@0"].shape for name in net.inputs}
+            self.nets[steps] = net
         return self.nets[steps]
 
     @property
@@ -351,21 +357,36 @@ class BucketedModel:
         return self.active.loss if self.active is not None else 0.0
 
     def forward(self, **inputs) -> dict:
-        """Run the net whose T is the inputs' axis 0; returns its outputs."""
+        """Run the net whose T is axis 0 of the inputs (of ``steps_from``); returns its outputs.
+
+        An input not given (an initial recurrent state, say) follows the batch
+        size of the given inputs that had the same batch size (axis 1) when
+        the net was built.
+        """
         if not inputs:
             raise ValueError("BucketedModel.forward needs its inputs: forward(x=..., cont=...)")
         shapes = {name: np.shape(v) for name, v in inputs.items()}
-        steps = {s[0] for s in shapes.values() if len(s) >= 1}
-        batch = {s[1] for s in shapes.values() if len(s) >= 2}
-        if len(steps) != 1 or len(batch) > 1:
-            raise ValueError(f"inputs must agree on T (axis 0) and N (axis 1); found {shapes}")
+        if self.steps_from is not None:
+            if self.steps_from not in shapes:
+                raise ValueError(f"forward needs input '{self.steps_from}' (it sets T)")
+            steps = {shapes[self.steps_from][0]}
+        else:
+            steps = {s[0] for s in shapes.values() if len(s) >= 1}
+        if len(steps) != 1:
+            raise ValueError(f"inputs must agree on T (axis 0); found {shapes}")
         net = self.net(steps.pop())
-        if batch:
-            n = batch.pop()
-            for name in net.inputs:
-                blob = net.blobs[name]
-                if name not in inputs and blob.ndim >= 2 and blob.shape[1] != n:
-                    blob.reshape((blob.shape[0], n) + blob.shape[2:])
+        built = self._built[id(net)]
+        batch = {}
+        for name, shape in shapes.items():
+            if name not in built:
+                raise ValueError(f"'{name}' is not an input of the net; inputs: {net.inputs}")
+            if len(shape) >= 2 and len(built[name]) >= 2:
+                if batch.setdefault(built[name][1], shape[1]) != shape[1]:
+                    raise ValueError(f"inputs built with one batch size now disagree: {shapes}")
+        for name in net.inputs:
+            shape = built[name]
+            if name not in inputs and len(shape) >= 2 and shape[1] in batch:
+                net.blobs[f"{name}@0"].reshape((shape[0], batch[shape[1]]) + shape[2:])
         self.active = net
         return net.forward(**inputs)
 

@@ -220,10 +220,10 @@ class NetBuilder:
             lp.input_param.shape.add().dim.extend(shape)
         self.add_layer(lp, f"layer '{name}'")
 
-    def slice_steps(self, blob: str) -> list[str]:
-        """Names of ``blob`` cut into T steps along axis 0 (one Slice per blob, reused)."""
+    def slice_steps(self, blob: str, steps: int) -> list[str]:
+        """Names of ``blob`` cut into ``steps`` steps along axis 0 (one Slice per blob, reused)."""
         if blob not in self._sliced:
-            names = [f"{blob}_t{t}" for t in range(self.T)]
+            names = [f"{blob}_t{t}" for t in range(steps)]
             lp = LayerParameter(name=f"{blob}_slice", type="Slice", bottom=[blob], top=names)
             lp.slice_param.axis = 0
             self.add_layer(lp, f"layer '{lp.name}'")
@@ -264,6 +264,9 @@ class NetBuilder:
         layers: int = 1,
         scope: str = "",
         expose_hidden: bool = False,
+        sequence_output: bool = True,
+        batch: int | None = None,
+        steps: int | None = None,
         **hyper,
     ) -> str:
         """Unroll ``step`` over ``bottom`` (T, N, D) into ``top`` (T, N, ...).
@@ -278,6 +281,10 @@ class NetBuilder:
         blob, layer and param name. With ``expose_hidden`` the initial states
         (``<scope><state>_0``) are inputs to fill and the final ones are
         outputs ``<scope><state>_T`` (truncated BPTT, see :func:`carry_hidden`).
+        With ``sequence_output=False``, ``top`` is only the output after the
+        last step, (1, N, ...): a summary of each sequence (a word from its
+        characters, say) without concatenating every step. ``batch`` and
+        ``steps`` are N and T of ``bottom`` where they differ from the net's.
         """
         template = load_template(step, self.search_path)
         if template.kind != "step":
@@ -294,6 +301,9 @@ class NetBuilder:
         if layers < 1:
             raise TemplateError(f"recurrent({step!r}): layers must be >= 1, found {layers}")
         hyper = _hyper(template, hyper)
+        run = SimpleNamespace(expose_hidden=expose_hidden, sequence_output=sequence_output,
+                              batch=self.batch if batch is None else int(batch),
+                              steps=self.T if steps is None else int(steps))
         first = len(self.net.layer)
         x = bottom
         for k in range(layers):
@@ -301,25 +311,24 @@ class NetBuilder:
             sc = f"{scope}l{k}_" if layers > 1 else scope
             if direction == "bidirectional":
                 fw, bw = f"{out}_fw", f"{out}_bw"
-                self._direction(template, hyper, x, fw, cont, False, f"{sc}fw_", expose_hidden)
-                self._direction(template, hyper, x, bw, cont, True, f"{sc}bw_", expose_hidden)
+                self._direction(template, hyper, x, fw, cont, False, f"{sc}fw_", run)
+                self._direction(template, hyper, x, bw, cont, True, f"{sc}bw_", run)
                 self.concat(f"{sc}bi_concat", [fw, bw], out, axis=2)
             else:
-                self._direction(template, hyper, x, out, cont, direction == "reverse", sc,
-                                expose_hidden)
+                self._direction(template, hyper, x, out, cont, direction == "reverse", sc, run)
             x = out
         block = NetParameter()
         block.layer.extend(self.net.layer[first:])
         return to_text(block)
 
-    def _direction(self, template, hyper, bottom, top, cont, reverse, sc, expose_hidden):
+    def _direction(self, template, hyper, bottom, top, cont, reverse, sc, run):
         if sc in self._scopes:
             raise TemplateError(
                 f"{template.name}: scope '{sc}' is used twice; give each recurrent layer its own"
             )
         self._scopes.add(sc)
         iface = template.interface
-        T, N = self.T, self.batch
+        T, N = run.steps, run.batch
         names = SimpleNamespace(
             blob=lambda local, t: f"{sc}{local}_t{t}",
             layer=lambda local, t: f"{sc}{local}_t{t}",
@@ -344,8 +353,8 @@ class NetBuilder:
             for lp in layers:
                 self.add_layer(lp, f"{template.name} (sequence)")
             inputs = seq_out
-        per_step = {name: self.slice_steps(blob) for name, blob in inputs.items()}
-        conts = self.slice_steps(cont)
+        per_step = {name: self.slice_steps(blob, T) for name, blob in inputs.items()}
+        conts = self.slice_steps(cont, T)
         states = iface["states"]
         sizes = {}
         for state, size_var in states.items():
@@ -392,18 +401,27 @@ class NetBuilder:
             for name in outputs:
                 outputs[name][t] = state[name] if name in states else extra[name]
             prev = state
+        unread = [prev[state] for state in states if state not in outputs]
         for i, (name, steps) in enumerate(outputs.items()):
             out = top if i == 0 else f"{top}_{name}"
-            self.concat(f"{sc}{name}_concat", steps, out, axis=0)
-        unread = [prev[state] for state in states if state not in outputs]
+            if run.sequence_output:
+                self.concat(f"{sc}{name}_concat", steps, out, axis=0)
+                continue
+            last = steps[order[-1]]
+            lp = LayerParameter(name=f"{sc}{name}_final", type="Reshape", bottom=[last],
+                                top=[out])
+            lp.reshape_param.shape.dim.extend([0, 0, -1])
+            self.add_layer(lp, f"layer '{lp.name}'")
+            if name not in states:
+                unread += [b for t, b in enumerate(steps) if t != order[-1]]
         if reverse and T > 1 and not any(conts[0] in lp.bottom for lp in self.net.layer):
             # the reverse recurrence never reads cont[0]; without a reader it would dangle
             # as a net output
             unread.append(conts[0])
-        if unread and not expose_hidden:
+        if unread and not run.expose_hidden:
             lp = LayerParameter(name=f"{sc}final_state_silence", type="Silence", bottom=unread)
             self.add_layer(lp, f"layer '{lp.name}'")
-        if expose_hidden:
+        if run.expose_hidden:
             for state in states:
                 lp = LayerParameter(name=f"{sc}{state}_expose", type="Reshape",
                                     bottom=[prev[state]], top=[f"{sc}{state}_T"])

@@ -26,6 +26,7 @@ DEFAULT_FEATURE_DIMS = {
     "prefix1": 8, "prefix2": 16, "suffix1": 8, "suffix2": 16, "suffix3": 32, "shape": 16,
     "caps": 4,
 }
+DEFAULT_CHARS = {"embed": 24, "hidden": 32, "length": 12}
 
 
 @dataclass
@@ -40,6 +41,8 @@ class TaggerConfig:
     word_dropout: float = 0.25
     batch: int = 32
     feature_dims: dict = field(default_factory=lambda: dict(DEFAULT_FEATURE_DIMS))
+    #: the character model: embedding and LSTM sizes, characters read per word ({}: none)
+    chars: dict = field(default_factory=lambda: dict(DEFAULT_CHARS))
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2))
@@ -67,6 +70,7 @@ class Tagger:
             raise ValueError(f"feature_dims names unknown features {unknown}")
         sizes = featurizer.sizes
         features = {name: [sizes[name], dim] for name, dim in config.feature_dims.items()}
+        chars = dict(config.chars, vocab=sizes["chars"]) if config.chars else {}
 
         def make(phase_dropout):
             def net_param(steps):
@@ -74,19 +78,41 @@ class Tagger:
                     "tagger", steps=steps, batch=config.batch, vocab=sizes["word"],
                     tags=len(UPOS_TAGS), embed=config.embed, hidden=config.hidden,
                     layers=config.layers, cell=config.cell, dropout=phase_dropout,
-                    features=features, ignore_label=IGNORE,
+                    features=features, chars=chars, ignore_label=IGNORE,
                 )
             return net_param
 
         self.train_model = BucketedModel(make(config.dropout), phase="train", device=device,
-                                         seed=seed)
+                                         seed=seed, steps_from=WORD_INPUT)
         self.test_model = BucketedModel(make(config.dropout), phase="test", device=device,
-                                        seed=seed, store=self.train_model.store)
+                                        seed=seed, store=self.train_model.store,
+                                        steps_from=WORD_INPUT)
         self.rng = np.random.default_rng(seed)
 
     def encode(self, sentences) -> list[dict]:
         """Feature ids per sentence (lists of forms -> dicts of id arrays)."""
-        return [self.featurizer.encode(forms) for forms in sentences]
+        encoded = [self.featurizer.encode(forms) for forms in sentences]
+        if self.config.chars:
+            for forms, e in zip(sentences, encoded):
+                e["chars"] = self._spell(forms)
+        return encoded
+
+    def _spell(self, forms) -> tuple:
+        """(ids, reversed ids, cont), each (len(forms), C): characters right-aligned in C."""
+        C = self.config.chars["length"]
+        head = C // 3
+        fw = np.zeros((len(forms), C), np.int64)
+        bw = np.zeros((len(forms), C), np.int64)
+        cont = np.zeros((len(forms), C), np.float32)
+        for i, word in enumerate(forms):
+            ids = self.featurizer.char_ids(word)
+            if len(ids) > C:  # keep the start and the (more telling) end of long words
+                ids = ids[:head] + ids[len(ids) - (C - head):]
+            n = len(ids)
+            fw[i, C - n:] = ids
+            bw[i, C - n:] = ids[::-1]
+            cont[i, C - n + 1:] = 1
+        return fw, bw, cont
 
     def inputs(self, encoded: list[dict], length: int, tags=None, train: bool = False) -> dict:
         """Time-major (T, N) input arrays for one batch, padded to ``length``."""
@@ -99,11 +125,23 @@ class Tagger:
             values, cont = time_major(ids, length)
             out[WORD_INPUT if name == "word" else name] = values
         out["cont"] = cont
+        if self.config.chars:
+            out.update(self._char_inputs([e["chars"] for e in encoded], length))
         if tags is not None:
             out["labels"], _ = time_major(tags, length, pad_value=IGNORE)
         else:
             out["labels"] = np.full(out["cont"].shape, IGNORE)
         return out
+
+    def _char_inputs(self, spelled, length: int) -> dict:
+        """(C, T * N) character inputs, position t * N + n for word t of sentence n."""
+        C, N = self.config.chars["length"], len(spelled)
+        grids = [np.zeros((length, N, C), dtype) for dtype in (np.int64, np.int64, np.float32)]
+        for n, parts in enumerate(spelled):
+            for grid, part in zip(grids, parts):
+                grid[: len(part), n] = part
+        fw, bw, cont = (g.reshape(length * N, C).T for g in grids)
+        return {"chars_fw": fw, "chars_fw_cont": cont, "chars_bw": bw, "chars_bw_cont": cont}
 
     def predict_encoded(self, encoded: list[dict], batch_size: int | None = None) -> list:
         """Tag ids per sentence, run in length-sorted batches through the test-phase nets."""

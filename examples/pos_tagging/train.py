@@ -146,8 +146,7 @@ def train(opts: TrainOptions) -> dict:
             for old in (model_dir / previous, (model_dir / previous).with_suffix(".caffemodel")):
                 old.unlink(missing_ok=True)
         plot(log, model_dir / "curve.png")
-        if not opts.quiet:
-            tqdm.write(f"epoch {epoch + 1}: loss {result['train_loss']:.4f}  dev UPOS "
-                       f"{100 * dev['accuracy']:.2f}%  (best {100 * best:.2f}%)  "
-                       f"{result['tokens_per_s']:.0f} tokens/s  {result['seconds']:.0f} s")
+        tqdm.write(f"epoch {epoch + 1}: loss {result['train_loss']:.4f}  dev UPOS "
+                   f"{100 * dev['accuracy']:.2f}%  (best {100 * best:.2f}%)  "
+                   f"{result['tokens_per_s']:.0f} tokens/s  {result['seconds']:.0f} s")
     return result
