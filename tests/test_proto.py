@@ -86,7 +86,22 @@ def read_caffe_fields(path):
 def caffe_fields():
     if not CAFFE_FIELDS.is_file():
         pytest.skip(f"{CAFFE_FIELDS} is absent (it lives in shared/ beside the repository)")
-    return read_caffe_fields(CAFFE_FIELDS)
+    messages, enums = read_caffe_fields(CAFFE_FIELDS)
+    for name, fields in BEYOND_CAFFE_FIELDS.items():
+        messages.setdefault(name, {}).update(fields)
+    return messages, enums
+
+
+#: What we implement beyond caffe_fields.txt, as BVLC caffe.proto (master) has it:
+#: the Power layer, which the unroller uses for a learned initial state (1 - cont).
+BEYOND_CAFFE_FIELDS = {
+    "LayerParameter": {"power_param": ("optional", "PowerParameter", 122, "")},
+    "PowerParameter": {
+        "power": ("optional", "float", 1, "default = 1.0"),
+        "scale": ("optional", "float", 2, "default = 1.0"),
+        "shift": ("optional", "float", 3, "default = 0.0"),
+    },
+}
 
 
 def type_name(field):

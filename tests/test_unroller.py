@@ -427,3 +427,77 @@ def test_sequence_output_false_gives_the_output_after_the_last_step(step):
     out = last.forward(x=x, cont=cont)
     assert list(out) == ["h"] and out["h"].shape == (1, 3, 4)
     np.testing.assert_allclose(out["h"][0], full.forward(x=x, cont=cont)["h"][-1], rtol=1e-12)
+
+
+def _set(net, name, value):
+    net.store[name].blob.data[...] = value
+
+
+@pytest.mark.parametrize("step", ["rnn", "lstm", "gru"])
+def test_learned_initial_state_starts_every_sequence(step):
+    """Each sequence, wherever it starts in the batch, starts from the learned state."""
+    rng = np.random.default_rng(7)
+    T, N, D, H = 6, 2, 3, 4
+    learned = Net(expand(step, steps=T, batch=N, input_dim=D, hidden=H,
+                         initial_state="learned"), dtype="float64")
+    states = [p.name[: -len("_init")] for p in learned.learnable_params
+              if p.name.endswith("_init")]
+    init = {s: rng.normal(size=H) for s in states}
+    for s, v in init.items():
+        _set(learned, f"{s}_init", v)
+    x = rng.normal(size=(T, N, D))
+    cont = np.ones((T, N))
+    cont[0] = 0
+    cont[3, 1] = 0  # column 1 holds two sequences: t = 0..2 and t = 3..5
+    h = learned.forward(x=x, cont=cont)["h"]
+
+    # reference: the carried-state net (same weights) run on each sequence alone,
+    # its initial state set to the learned one and passed in (cont = 1 at the start)
+    def alone(xs):
+        ref = Net(expand(step, steps=len(xs), batch=1, input_dim=D, hidden=H,
+                         expose_hidden=True), dtype="float64")
+        for p in ref.learnable_params:
+            p.blob.data[...] = learned.store[p.name].blob.data
+        for s, v in init.items():
+            ref.blobs[f"{s}_0"].data[...] = v
+        return ref.forward(x=xs[:, None], cont=np.ones((len(xs), 1)))["h"][:, 0]
+
+    np.testing.assert_allclose(h[:, 0], alone(x[:, 0]), rtol=1e-10)
+    np.testing.assert_allclose(h[:3, 1], alone(x[:3, 1]), rtol=1e-10)
+    np.testing.assert_allclose(h[3:, 1], alone(x[3:, 1]), rtol=1e-10)
+
+
+def test_learned_initial_state_is_one_shared_param_and_gets_gradients():
+    nets = [Net(expand("lstm", steps=T, batch=2, input_dim=3, hidden=2, layers=2,
+                       direction="bidirectional", initial_state="learned"), dtype="float64")
+            for T in (1, 9)]
+    names = [[p.name for p in net.learnable_params] for net in nets]
+    assert names[0] == names[1]
+    assert {"l0_fw_h_init", "l0_fw_c_init", "l1_bw_h_init"} <= set(names[0])
+    net_param = expand("lstm", steps=3, batch=2, input_dim=3, hidden=2,
+                       direction="bidirectional", initial_state="learned")
+    net_param.force_backward = True
+    target = net_param.layer.add(name="target", type="Input", top=["y"])
+    target.input_param.shape.add().dim.extend([3, 2, 4])
+    net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "y"], top=["loss"])
+    net = Net(net_param, dtype="float64")
+    rng = np.random.default_rng(1)
+    cont = np.array([[0, 0], [1, 0], [1, 1]], float)
+    for p in net.learnable_params:
+        if p.name.endswith("_init"):
+            p.blob.data[...] = rng.normal(size=p.blob.shape)
+    net.forward(x=rng.normal(size=(3, 2, 3)), cont=cont, y=rng.normal(size=(3, 2, 4)))
+    check_net_gradient(net, wrt=["x"])
+    net.clear_param_diffs()
+    net.forward()
+    net.backward()
+    assert np.abs(net.store["fw_h_init"].blob.diff).sum() > 0
+    assert np.abs(net.store["bw_c_init"].blob.diff).sum() > 0
+
+
+def test_learned_initial_state_refuses_expose_hidden():
+    with pytest.raises(TemplateError, match="learned initial state"):
+        expand("lstm", steps=3, batch=2, input_dim=3, hidden=2, initial_state="learned",
+               expose_hidden=True)
+    with pytest.raises(TemplateError, match="initial_state"):
+        expand("lstm", steps=3, batch=2, input_dim=3, hidden=2, initial_state="random")

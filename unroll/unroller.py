@@ -267,6 +267,7 @@ class NetBuilder:
         sequence_output: bool = True,
         batch: int | None = None,
         steps: int | None = None,
+        initial_state: str = "zeros",
         **hyper,
     ) -> str:
         """Unroll ``step`` over ``bottom`` (T, N, D) into ``top`` (T, N, ...).
@@ -285,6 +286,9 @@ class NetBuilder:
         last step, (1, N, ...): a summary of each sequence (a word from its
         characters, say) without concatenating every step. ``batch`` and
         ``steps`` are N and T of ``bottom`` where they differ from the net's.
+        ``initial_state="learned"`` starts every sequence (wherever cont is 0,
+        and at the first step) from a learned state, a param named
+        ``<scope><state>_init`` shared by all steps, instead of zeros.
         """
         template = load_template(step, self.search_path)
         if template.kind != "step":
@@ -300,10 +304,21 @@ class NetBuilder:
             )
         if layers < 1:
             raise TemplateError(f"recurrent({step!r}): layers must be >= 1, found {layers}")
+        if initial_state not in ("zeros", "learned"):
+            raise TemplateError(
+                f"recurrent({step!r}): initial_state must be 'zeros' or 'learned', found "
+                f"{initial_state!r}"
+            )
+        if initial_state == "learned" and expose_hidden:
+            raise TemplateError(
+                f"recurrent({step!r}): a learned initial state and expose_hidden (a carried "
+                f"one) exclude each other"
+            )
         hyper = _hyper(template, hyper)
         run = SimpleNamespace(expose_hidden=expose_hidden, sequence_output=sequence_output,
                               batch=self.batch if batch is None else int(batch),
-                              steps=self.T if steps is None else int(steps))
+                              steps=self.T if steps is None else int(steps),
+                              learned_init=initial_state == "learned")
         first = len(self.net.layer)
         x = bottom
         for k in range(layers):
@@ -367,12 +382,21 @@ class NetBuilder:
         self.input(f"{sc}initial_state", {f"{sc}{s}_0": (1, N, sizes[s]) for s in states})
         order = range(T - 1, -1, -1) if reverse else range(T)
         prev = {state: f"{sc}{state}_0" for state in states}
+        if run.learned_init:
+            prev = {state: self._learned_state(sc, state, sizes[state]) for state in states}
+            ones = self._power(conts[0], f"{cont}_ones", scale=0.0, shift=1.0)
         outputs = {name: [None] * T for name in iface["outputs"]}
         params_seen = None
         for k, t in enumerate(order, start=1):
             # reverse: the state entering step t comes from t+1, so it continues
             # exactly when t+1 does not start a sequence (cont[t+1] == 1)
             cont_t = conts[t + 1] if reverse and t + 1 < T else conts[t]
+            if run.learned_init:
+                # the step's own cont-masking becomes a no-op (cont = 1): the mix
+                # cont * prev + (1 - cont) * init already restarted where needed
+                if k > 1:
+                    prev = {name: self._mix(sc, name, prev[name], cont_t, t) for name in states}
+                cont_t = ones
             state = {name: f"{sc}{name}_{k}" for name in states}
             extra = {o: names.blob(o, t) for o in iface["outputs"] if o not in states}
             s = SimpleNamespace(
@@ -427,6 +451,42 @@ class NetBuilder:
                                     bottom=[prev[state]], top=[f"{sc}{state}_T"])
                 lp.reshape_param.shape.dim.extend([0, 0, 0])
                 self.add_layer(lp, f"layer '{lp.name}'")
+
+    def _learned_state(self, sc: str, state: str, size: int) -> str:
+        """``<sc><state>_init``: a learned (size,) param broadcast over the batch, (1, N, size).
+
+        A Scale with a bias over the zero initial state: the bias is the
+        learned state, the scale (multiplying zeros) is frozen.
+        """
+        lp = LayerParameter(name=f"{sc}{state}_init", type="Scale", bottom=[f"{sc}{state}_0"],
+                            top=[f"{sc}{state}_init"])
+        lp.param.add(name=f"{sc}{state}_init_scale", lr_mult=0, decay_mult=0)
+        lp.param.add(name=f"{sc}{state}_init")
+        lp.scale_param.axis = 2
+        lp.scale_param.bias_term = True
+        self.add_layer(lp, f"layer '{lp.name}'")
+        return lp.top[0]
+
+    def _power(self, bottom: str, top: str, scale: float, shift: float) -> str:
+        """``top`` = shift + scale * ``bottom``, made once per name."""
+        if top not in self.produced:
+            lp = LayerParameter(name=top, type="Power", bottom=[bottom], top=[top])
+            lp.power_param.scale = scale
+            lp.power_param.shift = shift
+            self.add_layer(lp, f"layer '{top}'")
+        return top
+
+    def _mix(self, sc: str, state: str, prev: str, cont: str, t: int) -> str:
+        """cont * prev + (1 - cont) * init: the state entering step t, learned where one starts."""
+        inv = self._power(cont, f"{cont}_inv", scale=-1.0, shift=1.0)
+        kept, fresh, mixed = (f"{sc}{state}_{what}_t{t}" for what in ("kept", "fresh", "in"))
+        for name, bottoms in ((kept, [prev, cont]), (fresh, [f"{sc}{state}_init", inv])):
+            lp = LayerParameter(name=name, type="Scale", bottom=bottoms, top=[name])
+            lp.scale_param.axis = 0
+            self.add_layer(lp, f"layer '{name}'")
+        lp = LayerParameter(name=mixed, type="Eltwise", bottom=[kept, fresh], top=[mixed])
+        self.add_layer(lp, f"layer '{mixed}'")
+        return mixed
 
     @staticmethod
     def _check_step(template, layers, state, extra, t) -> None:

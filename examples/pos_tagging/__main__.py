@@ -21,6 +21,8 @@ def _train(args) -> int:
     config = TaggerConfig(
         embed=args.embed, hidden=args.hidden, layers=args.layers, cell=args.cell,
         dropout=args.dropout, word_dropout=args.word_dropout, batch=args.batch_size,
+        chars={"embed": args.char_embed, "hidden": args.char_hidden, "length": args.char_length}
+        if args.char_hidden else {},
     )
     opts = TrainOptions(
         data=args.data, model_dir=args.model_dir, epochs=args.epochs,
@@ -96,6 +98,11 @@ def main(argv=None) -> int:
     t.add_argument("--word-dropout", type=float, default=defaults.word_dropout,
                    help="chance that a word seen once in training becomes <unk>")
     t.add_argument("--batch-size", type=int, default=defaults.batch, help="sentences per batch")
+    t.add_argument("--char-embed", type=int, default=defaults.chars["embed"])
+    t.add_argument("--char-hidden", type=int, default=defaults.chars["hidden"],
+                   help="character LSTM size per direction (0: no character model)")
+    t.add_argument("--char-length", type=int, default=defaults.chars["length"],
+                   help="characters read per word (long words keep their start and end)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--limit", type=int, default=0, help="use only the first N sentences")
     t.add_argument("--resume", action="store_true",

@@ -1,4 +1,4 @@
-"""Element-wise activations: ReLU, Sigmoid, TanH, Dropout. All may run in place."""
+"""Element-wise layers: ReLU, Sigmoid, TanH, Dropout (all may run in place) and Power."""
 
 from __future__ import annotations
 
@@ -107,3 +107,32 @@ class DropoutLayer(NeuronLayer):
                     bottoms[0].diff[...] = tops[0].diff
             else:
                 self.xp.multiply(tops[0].diff, self.mask, out=bottoms[0].diff)
+
+
+@register_layer("Power")
+class PowerLayer(Layer):
+    """y = (shift + scale * x) ^ power; any shape (1 - cont is Power with scale -1, shift 1)."""
+
+    def setup(self, bottoms, tops):
+        p = self.param.power_param
+        self.power, self.scale, self.shift = p.power, p.scale, p.shift
+
+    def reshape(self, bottoms, tops):
+        tops[0].reshape(bottoms[0].shape)
+
+    def forward(self, bottoms, tops):
+        y = tops[0].data
+        self.xp.multiply(bottoms[0].data, self.scale, out=y)
+        y += self.shift
+        if self.power != 1:
+            self.xp.power(y, self.power, out=y)
+
+    def backward(self, tops, propagate_down, bottoms):
+        if not propagate_down[0]:
+            return
+        gx = bottoms[0].diff
+        if self.power == 1 or self.scale == 0:
+            self.xp.multiply(tops[0].diff, self.scale if self.power else 0.0, out=gx)
+            return
+        base = self.shift + self.scale * bottoms[0].data
+        gx[...] = tops[0].diff * (self.power * self.scale) * base ** (self.power - 1)
