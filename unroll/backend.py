@@ -44,6 +44,11 @@ def device_of(xp) -> str:
     return "cpu" if xp is np else "gpu"
 
 
+def module_of(array):
+    """The array module (numpy or cupy) that ``array`` belongs to."""
+    return np if isinstance(array, np.ndarray) else _cupy
+
+
 def to_numpy(array) -> np.ndarray:
     """A NumPy copy (or view, on the CPU) of a NumPy or CuPy array."""
     if isinstance(array, np.ndarray):

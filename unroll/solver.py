@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 from google.protobuf import message as _pb_message
 
-from unroll.backend import to_numpy
+from unroll.backend import module_of, to_numpy
 from unroll.proto import (
     NetParameter,
     SolverParameter,
@@ -323,6 +323,7 @@ class Solver:
         self.param = param
         self.net = net
         self.iter = 0
+        self._scratch_arrays: dict = {}
         self.current_step = 0
         self.rate = float("nan")
         self.loss = float("nan")
@@ -519,15 +520,31 @@ class Solver:
 
     def _update_adam(self, diff, hist, local_rate, dt) -> None:
         m, v = hist
+        xp = module_of(diff)
         beta1, beta2 = dt(self.param.momentum), dt(self.param.momentum2)
         t = self.iter + 1
         correction = dt(math.sqrt(1.0 - _pow(beta2, t)) / (1.0 - _pow(beta1, t)))
-        m *= beta1
-        m += (dt(1) - beta1) * diff
+        # in place, through one scratch buffer: an embedding table's update would
+        # otherwise allocate several table-sized temporaries per iteration
+        scratch = self._scratch(diff)
+        xp.multiply(diff, diff, out=scratch)
+        scratch *= dt(1) - beta2
         v *= beta2
-        v += (dt(1) - beta2) * (diff * diff)
-        step = m / ((v ** dt(0.5)) + dt(self.param.delta))
-        diff[...] = (local_rate * correction) * step
+        v += scratch
+        m *= beta1
+        diff *= dt(1) - beta1
+        m += diff
+        xp.sqrt(v, out=scratch)
+        scratch += dt(self.param.delta)
+        xp.divide(m, scratch, out=diff)
+        diff *= local_rate * correction
+
+    def _scratch(self, like):
+        """A work array of ``like``'s shape and dtype, kept between iterations."""
+        key = (like.shape, like.dtype)
+        if key not in self._scratch_arrays:
+            self._scratch_arrays[key] = module_of(like).empty(like.shape, like.dtype)
+        return self._scratch_arrays[key]
 
     # -- iterations ---------------------------------------------------------------------
     def step(self, iters: int = 1, feed=None) -> float | None:

@@ -53,8 +53,14 @@ class EmbedLayer(Layer):
             y += self.blobs[1].data
 
     def backward(self, tops, propagate_down, bottoms):
-        gy = tops[0].diff.reshape(-1, self.num_output)
-        self.xp.add.at(self.blobs[0].diff, self.index, gy)
+        xp, gy = self.xp, tops[0].diff.reshape(-1, self.num_output)
+        # rows sorted by index, then one sum per distinct index: several times faster
+        # than add.at when many rows repeat a few indices (characters, affixes)
+        if self.index.size:
+            order = xp.argsort(self.index, kind="stable")
+            ids = self.index[order]
+            starts = xp.flatnonzero(xp.concatenate((xp.ones(1, bool), ids[1:] != ids[:-1])))
+            self.blobs[0].diff[ids[starts]] += xp.add.reduceat(gy[order], starts, axis=0)
         if self.bias_term:
             self.blobs[1].diff += gy.sum(axis=0)
         if propagate_down[0]:

@@ -38,6 +38,7 @@ class LSTMUnitLayer(Layer):
         if self.acts is None or self.acts.shape != x.shape:
             self.acts = self.xp.zeros(x.shape, self.dtype)
             self.tanh_c = self.xp.zeros(c_prev.shape, self.dtype)
+            self.dc_total = self.xp.zeros(c_prev.shape, self.dtype)
 
     def gates(self):
         H, a = self.H, self.acts
@@ -64,15 +65,34 @@ class LSTMUnitLayer(Layer):
     def backward(self, tops, propagate_down, bottoms):
         if not (propagate_down[0] or propagate_down[1]):
             return
+        # every product below writes into a saved buffer or the bottom diff: the
+        # unit runs once per step, so temporaries would cost more than the math
+        xp, H = self.xp, self.H
         c_prev, cont = bottoms[0].data, bottoms[2].data[..., None]
         dc, dh, tanh_c = tops[0].diff, tops[1].diff, self.tanh_c
         i, f, o, g = self.gates()
-        dct = dc + dh * o * (1 - tanh_c * tanh_c)  # total gradient reaching c
+        dct = self.dc_total  # dc + dh * o * (1 - tanh(c)^2): all the gradient reaching c
+        xp.multiply(tanh_c, tanh_c, out=dct)
+        xp.subtract(1, dct, out=dct)
+        dct *= o
+        dct *= dh
+        dct += dc
         if propagate_down[0]:
-            self.xp.multiply(dct * f, cont, out=bottoms[0].diff)
+            xp.multiply(dct, f, out=bottoms[0].diff)
+            bottoms[0].diff *= cont
         if propagate_down[1]:
-            H, gx = self.H, bottoms[1].diff
-            self.xp.multiply(dct * g, i * (1 - i), out=gx[..., :H])
-            self.xp.multiply(dct * cont * c_prev, f * (1 - f), out=gx[..., H:2 * H])
-            self.xp.multiply(dh * tanh_c, o * (1 - o), out=gx[..., 2 * H:3 * H])
-            self.xp.multiply(dct * i, 1 - g * g, out=gx[..., 3 * H:])
+            gx = bottoms[1].diff
+            sig, gi, gf, go, gg = gx[..., :3 * H], *(gx[..., k * H:(k + 1) * H] for k in range(4))
+            xp.subtract(1, self.acts[..., :3 * H], out=sig)  # sigmoid' = s (1 - s)
+            sig *= self.acts[..., :3 * H]
+            gi *= dct
+            gi *= g
+            gf *= dct
+            gf *= c_prev
+            gf *= cont
+            go *= dh
+            go *= tanh_c
+            xp.multiply(g, g, out=gg)  # tanh' = 1 - g^2
+            xp.subtract(1, gg, out=gg)
+            gg *= dct
+            gg *= i
