@@ -26,8 +26,8 @@ def _train(args) -> int:
     )
     opts = TrainOptions(
         data=args.data, model_dir=args.model_dir, epochs=args.epochs,
-        max_minutes=args.max_minutes, lr=args.lr, seed=args.seed, limit=args.limit,
-        resume=args.resume, device=args.device, quiet=args.quiet, config=config,
+        max_minutes=args.max_minutes, lr=args.lr, lr_gamma=args.lr_decay, seed=args.seed,
+        limit=args.limit, resume=args.resume, device=args.device, quiet=args.quiet, config=config,
     )
     result = train(opts)
     print(f"done: {result.get('epoch', 0)} epochs, last dev UPOS "
@@ -88,6 +88,8 @@ def main(argv=None) -> int:
     t.add_argument("--max-minutes", type=float, default=19.0,
                    help="stop starting new epochs after this much training time")
     t.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
+    t.add_argument("--lr-decay", type=float, default=0.8,
+                   help="learning rate factor after each epoch (Caffe lr_policy step)")
     defaults = TaggerConfig()
     t.add_argument("--embed", type=int, default=defaults.embed, help="word embedding size")
     t.add_argument("--hidden", type=int, default=defaults.hidden, help="LSTM size per direction")

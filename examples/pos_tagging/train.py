@@ -1,12 +1,15 @@
 """Train the tagger: bucketed batches, Adam, dev accuracy per epoch, best checkpoint.
 
-Everything lands in the model folder: ``best.caffemodel`` (the best dev
-epoch), ``snapshot_iter_N.caffemodel`` + ``.solverstate`` (the last epoch, to
-resume), ``features.json`` and ``config.json``, ``log.json`` and ``curve.png``.
+Everything lands in the model folder: ``best.caffemodel`` (the averaged
+params of the best dev epoch), ``average.caffemodel`` (the last epoch's
+average), ``snapshot_iter_N.caffemodel`` + ``.solverstate`` (the raw params
+and solver state of the last epoch, to resume), ``features.json`` and
+``config.json``, ``log.json`` and ``curve.png``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -42,6 +45,39 @@ class TrainOptions:
     device: str = "cpu"
     quiet: bool = False
     config: TaggerConfig = field(default_factory=TaggerConfig)
+
+
+class ParamAverage:
+    """An exponential moving average of the learned params (Polyak averaging).
+
+    The tagger is evaluated and saved with the average in place of the params:
+    it smooths the last updates' noise. The decay warms up as (1 + n) / (10 + n)
+    so that the first epoch's average is not held back by the initial weights.
+    """
+
+    def __init__(self, params, decay: float = 0.998):
+        self.params = [p for p in params if p.lr_mult]
+        self.decay = decay
+        self.updates = 0
+        self.values = [p.blob.data.copy() for p in self.params]
+
+    def update(self) -> None:
+        self.updates += 1
+        rate = 1 - min(self.decay, (1 + self.updates) / (10 + self.updates))
+        for avg, p in zip(self.values, self.params):
+            avg += rate * (p.blob.data - avg)
+
+    @contextlib.contextmanager
+    def applied(self):
+        """The averaged values in the params for the duration of the block."""
+        trained = [p.blob.data.copy() for p in self.params]
+        for avg, p in zip(self.values, self.params):
+            p.blob.data[...] = avg
+        try:
+            yield
+        finally:
+            for value, p in zip(trained, self.params):
+                p.blob.data[...] = value
 
 
 def read_split(data: Path, name: str, limit: int = 0):
@@ -107,8 +143,13 @@ def train(opts: TrainOptions) -> dict:
         delta=1e-8, lr_policy="step", gamma=opts.lr_gamma, stepsize=len(sampler),
         clip_gradients=opts.clip,
     )
+    average = ParamAverage(tagger.train_model.learnable_params)
     if resuming:
         solver.restore(model_dir / log[-1]["snapshot"])
+        with average.applied():
+            tagger.train_model.copy_from(model_dir / "average.caffemodel")
+            average.values = [p.blob.data.copy() for p in average.params]
+        average.updates = solver.iter
     best = max((e["dev_accuracy"] for e in log), default=0.0)
     result = log[-1] if log else {}
     for epoch in range(len(log), opts.epochs):
@@ -124,19 +165,22 @@ def train(opts: TrainOptions) -> dict:
                                    [gold[i] for i in batch], train=True)
             t0 = time.perf_counter()
             losses.append(solver.step(1, feed=lambda _, inputs=inputs: inputs))
+            average.update()
             compute += time.perf_counter() - t0
             tokens += sum(lengths[i] for i in batch)
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", tok_s=f"{tokens / compute:.0f}")
-        dev = evaluate(tagger, dev_sents)
+        with average.applied():
+            dev = evaluate(tagger, dev_sents)
+            tagger.save(model_dir, "average")
+            if dev["accuracy"] > best:
+                best = dev["accuracy"]
+                tagger.save(model_dir, "best")
         result = {
             "epoch": epoch + 1, "iter": solver.iter, "train_loss": float(np.mean(losses)),
             "dev_accuracy": dev["accuracy"], "tokens_per_s": tokens / compute,
             "seconds": time.perf_counter() - epoch_start,
             "padding_fraction": sampler.padding_fraction(epoch),
         }
-        if dev["accuracy"] > best:
-            best = dev["accuracy"]
-            tagger.save(model_dir, "best")
         _, state = solver.snapshot(model_dir / "snapshot")
         result["snapshot"] = state.name
         previous = log[-1]["snapshot"] if log else None
