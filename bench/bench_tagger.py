@@ -55,7 +55,7 @@ def run_unroll(mode: str, args, queue) -> None:
 
     sents, featurizer, gold = load(args.data)
     config = TaggerConfig(embed=100, hidden=128, dropout=0.0, word_dropout=0.0,
-                          batch=args.batch_size, feature_dims={})
+                          batch=args.batch_size, feature_dims={}, chars={})
     tagger = Tagger(featurizer, config, seed=args.seed)
     encoded = tagger.encode([f for f, _ in sents])
     lengths = [len(f) for f, _ in sents]
