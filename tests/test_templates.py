@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from unroll.bucketing import cont_from_lengths
 from unroll.net import Net
 from unroll.unroller import expand
 
@@ -101,13 +102,6 @@ def numeric_grad(f, a, eps=1e-6):
 
 # -- helpers ------------------------------------------------------------------------
 
-
-def cont_from_lengths(lengths, T):
-    """cont (T, N): 0 at each sequence's first token and at padding, 1 inside."""
-    cont = np.zeros((T, len(lengths)))
-    for n, length in enumerate(lengths):
-        cont[1:length, n] = 1
-    return cont
 
 
 def build(kind, T, N, D, H, **kw):

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from unroll.bucketing import cont_from_lengths
 from unroll.errors import TemplateError
 from unroll.net import Net
 from unroll.proto import LayerParameter, NetParameter, parse_text
@@ -20,13 +21,6 @@ PARAMS = {"rnn": ["W_xh", "b_h", "W_hh"], "lstm": ["W_xc", "b_c", "W_hc"],
           "lstm_primitive": ["W_xc", "b_c", "W_hc"], "gru": ["W_x", "b_x", "W_h", "b_h"]}
 BUILTINS = ["gru", "lstm", "lstm_primitive", "rnn", "tagger"]
 
-
-def cont_from_lengths(lengths, T):
-    """cont (T, N): 0 at each sequence's first token and at padding, 1 inside."""
-    cont = np.zeros((T, len(lengths)))
-    for n, length in enumerate(lengths):
-        cont[1:length, n] = 1
-    return cont
 
 
 def build(kind, T, N, D, H, **kw):

@@ -285,10 +285,20 @@ def time_major(sequences, length: int, pad_value=0) -> tuple[np.ndarray, np.ndar
     for n, s in enumerate(seqs):
         if len(s):
             values[: len(s), n] = s
-    lens = np.array([len(s) for s in seqs], dtype=np.int64)
-    t = np.arange(T)[:, None]
-    cont = ((t > 0) & (t < lens[None, :])).astype(np.float32)
-    return values, cont
+    return values, cont_from_lengths([len(s) for s in seqs], T)
+
+
+def cont_from_lengths(lengths, length: int) -> np.ndarray:
+    """The ``cont`` mask (T, N) of sequences of ``lengths`` padded to ``length`` (float32).
+
+    1 inside a sequence, 0 at its first step and at padding.
+
+    >>> cont_from_lengths([2, 3], 4).T.tolist()
+    [[0.0, 1.0, 0.0, 0.0], [0.0, 1.0, 1.0, 0.0]]
+    """
+    lens = np.asarray(lengths, dtype=np.int64)
+    t = np.arange(length)[:, None]
+    return ((t > 0) & (t < lens[None, :])).astype(np.float32)
 
 
 class BucketedModel:

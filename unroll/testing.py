@@ -70,6 +70,32 @@ def _layer_param(spec) -> LayerParameter:
     return parse_text(spec, LayerParameter(), "<layer spec>")
 
 
+def run_layer(spec, bottoms: Sequence, xp=np, phase: str = "train", *, n_tops: int = 1,
+              in_place: bool = False, dtype=FLOAT, seed: int = 0):
+    """Build, set up, reshape and forward one layer on ``bottoms``; float64 by default.
+
+    Returns ``(layer, bottom blobs, top blobs)``; with ``in_place`` the top is
+    bottom 0's own blob, as a net runs an in-place layer.
+
+    >>> layer, _, (top,) = run_layer('type: "ReLU"', [np.array([-1.0, 2.0])])
+    >>> top.data.tolist()
+    [0.0, 2.0]
+    """
+    param = _layer_param(spec)
+    layer = layer_class(param)(param, xp=xp, dtype=dtype, phase=phase, rng=make_rng(xp, seed))
+    blobs = []
+    for i, value in enumerate(bottoms):
+        blob = Blob(np.shape(value), xp, dtype, f"bottom{i}")
+        blob.data[...] = xp.asarray(value, dtype)
+        blobs.append(blob)
+    tops = [blobs[0]] if in_place else [Blob((), xp, dtype, f"top{i}") for i in range(n_tops)]
+    layer.check_counts(len(blobs), len(tops))
+    layer.setup(blobs, tops)
+    layer.reshape(blobs, tops)
+    layer.forward(blobs, tops)
+    return layer, blobs, tops
+
+
 def check_layer_gradient(
     spec,
     bottoms: Sequence,
@@ -98,19 +124,8 @@ def check_layer_gradient(
     <TanHLayer 'TanH'>
     """
     param = _layer_param(spec)
-    layer = layer_class(param)(param, xp=xp, dtype=FLOAT, phase=phase, rng=make_rng(xp, seed))
-    bottom_blobs = []
-    for i, value in enumerate(bottoms):
-        blob = Blob(np.shape(value), xp, FLOAT, f"bottom{i}")
-        blob.data[...] = xp.asarray(value, FLOAT)
-        bottom_blobs.append(blob)
-    n_tops = max(1, layer.num_tops[0])
-    if param.top:
-        n_tops = len(param.top)
-    tops = [Blob((), xp, FLOAT, f"top{i}") for i in range(n_tops)]
-    layer.check_counts(len(bottom_blobs), len(tops))
-    layer.setup(bottom_blobs, tops)
-    layer.reshape(bottom_blobs, tops)
+    n_tops = len(param.top) or max(1, layer_class(param).num_tops[0])
+    layer, bottom_blobs, tops = run_layer(param, bottoms, xp, phase, n_tops=n_tops, seed=seed)
     if check is None:
         check = [i for i in range(len(bottom_blobs)) if layer.allow_force_backward(i)]
 

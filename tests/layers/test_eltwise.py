@@ -5,23 +5,9 @@ from hypothesis import strategies as st
 
 from unroll import NetError, testing
 from unroll.backend import to_numpy
-from unroll.blob import Blob
 from unroll.layer import layer_class
 from unroll.proto import LayerParameter, parse_text
-
-
-def run(spec, bottoms, xp=np, phase="train"):
-    """Set up, reshape and forward a float64 layer; returns (layer, bottom blobs, top blobs)."""
-    param = parse_text(spec, LayerParameter())
-    layer = layer_class(param)(param, xp=xp, dtype=np.float64, phase=phase)
-    bs = [Blob(np.shape(v), xp, np.float64, f"b{i}") for i, v in enumerate(bottoms)]
-    for b, v in zip(bs, bottoms):
-        b.data[...] = xp.asarray(v)
-    tops = [Blob((), xp, np.float64, "y")]
-    layer.setup(bs, tops)
-    layer.reshape(bs, tops)
-    layer.forward(bs, tops)
-    return layer, bs, tops
+from unroll.testing import run_layer as run
 
 
 def spec(op, coeff=(), stable=True):
@@ -109,7 +95,7 @@ def test_backward_reads(op, stable, reads):
 
 def test_shape_mismatch_names_both_shapes():
     with pytest.raises(
-        NetError, match=r"layer 'elt' \(Eltwise\).*'b0' is \(2, 3\).*'b1' is \(3, 2\)"
+        NetError, match=r"layer 'elt' \(Eltwise\).*'bottom0' is \(2, 3\).*'bottom1' is \(3, 2\)"
     ):
         run(spec("SUM"), [np.zeros((2, 3)), np.zeros((3, 2))])
 

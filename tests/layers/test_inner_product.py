@@ -5,23 +5,7 @@ from hypothesis import strategies as st
 
 from unroll import NetError, testing
 from unroll.backend import to_numpy
-from unroll.blob import Blob
-from unroll.layer import layer_class
-from unroll.proto import LayerParameter, parse_text
-
-
-def run(spec, bottoms, xp=np, phase="train"):
-    """Set up, reshape and forward a float64 layer; returns (layer, bottom blobs, top blobs)."""
-    param = parse_text(spec, LayerParameter())
-    layer = layer_class(param)(param, xp=xp, dtype=np.float64, phase=phase)
-    bs = [Blob(np.shape(v), xp, np.float64, f"b{i}") for i, v in enumerate(bottoms)]
-    for b, v in zip(bs, bottoms):
-        b.data[...] = xp.asarray(v)
-    tops = [Blob((), xp, np.float64, "y")]
-    layer.setup(bs, tops)
-    layer.reshape(bs, tops)
-    layer.forward(bs, tops)
-    return layer, bs, tops
+from unroll.testing import run_layer as run
 
 
 def spec(num_output, axis=1, bias=True, transpose=False, wf='type: "gaussian" std: 0.5'):

@@ -5,23 +5,7 @@ from hypothesis import strategies as st
 
 from unroll import NetError, testing
 from unroll.backend import to_numpy
-from unroll.blob import Blob
-from unroll.layer import layer_class
-from unroll.proto import LayerParameter, parse_text
-
-
-def run(spec, bottoms, xp=np, phase="train", in_place=False):
-    """Set up, reshape and forward a float64 layer; returns (layer, bottom blobs, top blobs)."""
-    param = parse_text(spec, LayerParameter())
-    layer = layer_class(param)(param, xp=xp, dtype=np.float64, phase=phase)
-    bs = [Blob(np.shape(v), xp, np.float64, f"b{i}") for i, v in enumerate(bottoms)]
-    for b, v in zip(bs, bottoms):
-        b.data[...] = xp.asarray(v)
-    tops = [bs[0] if in_place else Blob((), xp, np.float64, "y")]
-    layer.setup(bs, tops)
-    layer.reshape(bs, tops)
-    layer.forward(bs, tops)
-    return layer, bs, tops
+from unroll.testing import run_layer as run
 
 
 def gradients(layer, bs, tops, gy, propagate):
@@ -222,7 +206,7 @@ def test_scale_in_place_equals_out_of_place(xp, two):
 
 
 def test_scale_bottom_shape_mismatch_names_both_shapes():
-    with pytest.raises(NetError, match=r"layer 'sc' \(Scale\).*'b1' of shape \(2,\).*\(3,\)"):
+    with pytest.raises(NetError, match=r"layer 'sc' \(Scale\).*'bottom1' of shape \(2,\).*\(3,\)"):
         run(scale(axis=1), [np.zeros((2, 3)), np.zeros(2)])
 
 

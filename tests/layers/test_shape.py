@@ -7,28 +7,14 @@ from hypothesis import strategies as st
 
 from unroll import NetError
 from unroll.backend import to_numpy
-from unroll.blob import Blob
-from unroll.layer import layer_class
-from unroll.proto import LayerParameter, parse_text
 from unroll.testing import arrays, check_layer_gradient, shapes
+from unroll.testing import run_layer as run
 
 with_xp = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
 
 
-def run(spec, values, xp=np):
-    """Set up, reshape and run the forward of the one-top layer ``spec`` on ``values``."""
-    param = parse_text(spec, LayerParameter())
-    layer = layer_class(param)(param, xp=xp, dtype=np.float64)
-    bottoms = [Blob(np.shape(v), xp, np.float64, f"in{i}") for i, v in enumerate(values)]
-    for b, v in zip(bottoms, values):
-        b.data[...] = xp.asarray(v)
-    tops = [Blob((), xp, np.float64, "out")]
-    layer.setup(bottoms, tops)
-    layer.reshape(bottoms, tops)
-    layer.forward(bottoms, tops)
-    return layer, bottoms, tops
 
 
 @st.composite

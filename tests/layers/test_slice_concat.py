@@ -6,28 +6,14 @@ from hypothesis import strategies as st
 from unroll import NetError
 from unroll.backend import to_numpy
 from unroll.blob import Blob
-from unroll.layer import layer_class
-from unroll.proto import LayerParameter, parse_text
 from unroll.testing import arrays, check_layer_gradient, shapes
+from unroll.testing import run_layer as run
 
 with_xp = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
 
 
-def run(spec, values, xp=np, n_tops=1):
-    """Set up, reshape and run the forward of the layer ``spec`` on ``values``."""
-    param = parse_text(spec, LayerParameter())
-    layer = layer_class(param)(param, xp=xp, dtype=np.float64)
-    bottoms = [Blob(np.shape(v), xp, np.float64, f"in{i}") for i, v in enumerate(values)]
-    for b, v in zip(bottoms, values):
-        b.data[...] = xp.asarray(v)
-    tops = [Blob((), xp, np.float64, f"out{i}") for i in range(n_tops)]
-    layer.check_counts(len(bottoms), len(tops))
-    layer.setup(bottoms, tops)
-    layer.reshape(bottoms, tops)
-    layer.forward(bottoms, tops)
-    return layer, bottoms, tops
 
 
 def tops_text(k):
@@ -111,7 +97,8 @@ def test_unrolled_round_trip_keeps_buffers(xp):
     # same shapes must not reallocate the tops
     T, N, D = 4, 2, 3
     x = np.arange(T * N * D, dtype=np.float64).reshape(T, N, D)
-    cut, _, steps = run(f'type: "Slice" {tops_text(T)} slice_param {{ axis: 0 }}', [x], xp, T)
+    spec = f'type: "Slice" {tops_text(T)} slice_param {{ axis: 0 }}'
+    cut, _, steps = run(spec, [x], xp, n_tops=T)
     _, _, out = run('type: "Concat" concat_param { axis: 0 }', [to_numpy(s.data) for s in steps],
                     xp)
     np.testing.assert_array_equal(to_numpy(out[0].data), x)
