@@ -18,14 +18,26 @@ class Blob:
     ((2, 3), 6, dtype('float32'))
     """
 
-    __slots__ = ("data", "diff", "xp", "dtype", "name")
+    __slots__ = ("data", "_diff", "xp", "dtype", "name")
 
     def __init__(self, shape=(), xp=np, dtype=np.float32, name=""):
         self.xp = xp
         self.dtype = np.dtype(dtype)
         self.name = name
         self.data = xp.zeros(tuple(shape), self.dtype)
-        self.diff = xp.zeros(tuple(shape), self.dtype)
+        self._diff = None
+
+    @property
+    def diff(self):
+        """The gradient, zeros until written; allocated on first use, so a net that
+        never runs backward (a test-phase net) holds no gradient memory."""
+        if self._diff is None:
+            self._diff = self.xp.zeros(self.data.shape, self.dtype)
+        return self._diff
+
+    @diff.setter
+    def diff(self, array) -> None:
+        self._diff = array
 
     @property
     def shape(self) -> tuple:
@@ -47,7 +59,7 @@ class Blob:
         if any(d < 0 for d in shape):
             raise ValueError(f"blob '{self.name}': negative dimension in shape {shape}")
         self.data = self.xp.zeros(shape, self.dtype)
-        self.diff = self.xp.zeros(shape, self.dtype)
+        self._diff = None
         return True
 
     def share_data(self, other: Blob) -> None:

@@ -150,7 +150,7 @@ class Tagger:
         result = [None] * len(encoded)
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            length = max(1, max(len(encoded[i]["word"]) for i in idx))
+            length = self._padded_length(max(1, max(len(encoded[i]["word"]) for i in idx)))
             outputs = self.test_model.forward(**self.inputs([encoded[i] for i in idx], length))
             del outputs
             scores = unroll.backend.to_numpy(self.test_model.active.blobs["scores"].data)
@@ -158,6 +158,11 @@ class Tagger:
             for column, i in enumerate(idx):
                 result[i] = best[: len(encoded[i]["word"]), column]
         return result
+
+    def _padded_length(self, length: int) -> int:
+        """``length``, or a slightly longer one that already has a net (fewer nets to build)."""
+        built = [T for T in self.test_model.nets if length <= T <= 1.25 * length + 2]
+        return min(built, default=length)
 
     def predict(self, sentences, batch_size: int | None = None) -> list:
         """Tag ids for sentences given as lists of word forms."""
