@@ -34,10 +34,10 @@ DEV_FILE = "en_ewt-ud-dev.conllu"
 class TrainOptions:
     data: Path
     model_dir: Path
-    epochs: int = 12
+    epochs: int = 20
     max_minutes: float = 19.0
     lr: float = 2e-3
-    lr_gamma: float = 0.8
+    lr_gamma: float = 0.85
     clip: float = 5.0
     seed: int = 0
     limit: int = 0
