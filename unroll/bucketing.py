@@ -21,7 +21,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from unroll.net import Net, write_atomic
+from unroll.atomic import write_atomic
+from unroll.net import Net
 from unroll.param_store import ParamStore
 
 __all__ = ["BucketSampler", "choose_boundaries", "time_major"]

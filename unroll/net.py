@@ -10,14 +10,13 @@ accumulates the gradient of every timestep of an unrolled net into one blob.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from unroll.atomic import write_atomic
 from unroll.backend import get_array_module, make_rng, to_numpy
 from unroll.blob import Blob
 from unroll.errors import NetError
@@ -639,19 +638,3 @@ class Net:
     def save(self, path) -> None:
         """Write the weights as a binary .caffemodel, atomically (temp file, then rename)."""
         write_atomic(path, self.to_proto().SerializeToString())
-
-
-def write_atomic(path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash never leaves a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise

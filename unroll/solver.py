@@ -35,13 +35,11 @@ restoring and continuing gives bit-identical weights to an uninterrupted run.
 from __future__ import annotations
 
 import collections
-import contextlib
 import difflib
 import logging
 import math
 import operator
 import os
-import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -49,6 +47,7 @@ from pathlib import Path
 import numpy as np
 from google.protobuf import message as _pb_message
 
+from unroll.atomic import write_files_atomic
 from unroll.backend import module_of, to_numpy
 from unroll.proto import (
     NetParameter,
@@ -207,39 +206,6 @@ def _check_param(param: SolverParameter, kind: str) -> str:
 
 
 # -- atomic files --------------------------------------------------------------------
-
-
-def _write_files_atomic(files: list[tuple[Path, bytes]]) -> None:
-    """Write each ``(path, data)``: all to temp files first, then rename each into place.
-
-    A failure while writing (disk full, a crash, an exception) leaves every
-    destination as it was and no temp file behind; only the renames, which
-    are atomic each, remain between the old files and the new ones.
-    """
-    temps: list[str] = []
-    try:
-        for path, data in files:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            temps.append(tmp)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-        for (path, _), tmp in zip(files, temps):
-            os.replace(tmp, path)
-    except BaseException:
-        for tmp in temps:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        raise
-    for folder in {path.parent for path, _ in files}:  # make the renames durable (POSIX)
-        with contextlib.suppress(OSError):
-            dir_fd = os.open(folder, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
 
 
 def _parse_binary(path: Path, message_type, what: str):
@@ -657,7 +623,7 @@ class Solver:
         for h in self.history:
             state.history.add().CopyFrom(blob_proto_from_array(to_numpy(h)))
         model = self.net.to_proto().SerializeToString()
-        _write_files_atomic([(model_path, model), (state_path, state.SerializeToString())])
+        write_files_atomic([(model_path, model), (state_path, state.SerializeToString())])
         log.info("Snapshot at iteration %d: %s, %s", self.iter, model_path, state_path)
         return model_path, state_path
 

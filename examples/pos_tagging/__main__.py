@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     t = sub.add_parser("train", parents=[common], help="train on EWT train, tune on dev")
     t.add_argument("--data", type=Path, default=DEFAULT_DATA,
                    help=f"folder with en_ewt-ud-train/dev.conllu (default: {DEFAULT_DATA})")
-    t.add_argument("--epochs", type=int, default=20)
+    t.add_argument("--epochs", type=int, default=12)
     t.add_argument("--max-minutes", type=float, default=19.0,
                    help="stop starting new epochs after this much training time")
     t.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")

@@ -22,8 +22,8 @@ from examples.pos_tagging.conll import read_conllu
 from examples.pos_tagging.evaluate import score
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.model import Tagger, TaggerConfig, tag_ids
+from unroll.atomic import write_atomic
 from unroll.bucketing import BucketSampler
-from unroll.net import write_atomic
 from unroll.solver import Solver
 
 TRAIN_FILE = "en_ewt-ud-train.conllu"
@@ -34,7 +34,7 @@ DEV_FILE = "en_ewt-ud-dev.conllu"
 class TrainOptions:
     data: Path
     model_dir: Path
-    epochs: int = 20
+    epochs: int = 12
     max_minutes: float = 19.0
     lr: float = 2e-3
     lr_gamma: float = 0.85
@@ -151,9 +151,10 @@ def train(opts: TrainOptions) -> dict:
             average.values = [p.blob.data.copy() for p in average.params]
         average.updates = solver.iter
     best = max((e["dev_accuracy"] for e in log), default=0.0)
+    earlier = sum(e["seconds"] for e in log)  # training time before a resume
     result = log[-1] if log else {}
     for epoch in range(len(log), opts.epochs):
-        elapsed = time.perf_counter() - started + sum(e["seconds"] for e in log)
+        elapsed = time.perf_counter() - started + earlier
         if elapsed > opts.max_minutes * 60:
             break
         epoch_start = time.perf_counter()

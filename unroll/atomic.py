@@ -1,0 +1,55 @@
+"""Atomic file writes: a crash never leaves a half-written weights or state file."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_files_atomic(files: list[tuple[Path, bytes]]) -> None:
+    """Write each ``(path, data)``: all to temp files first, then rename each into place.
+
+    A failure while writing (disk full, a crash, an exception) leaves every
+    destination as it was and no temp file behind; only the renames, which
+    are atomic each, remain between the old files and the new ones. Files get
+    the usual permissions (0666 less the umask), not the temp file's 0600.
+    """
+    temps: list[str] = []
+    mode = 0o666 & ~_umask()
+    try:
+        for path, data in files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            temps.append(tmp)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, mode)
+        for (path, _), tmp in zip(files, temps):
+            os.replace(tmp, path)
+    except BaseException:
+        for tmp in temps:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        raise
+    for folder in {path.parent for path, _ in files}:  # make the renames durable (POSIX)
+        with contextlib.suppress(OSError):
+            dir_fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+
+
+def write_atomic(path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash never leaves a half-written file."""
+    write_files_atomic([(Path(path), data)])
