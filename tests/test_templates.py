@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from unroll.bucketing import cont_from_lengths
 from unroll.net import Net
+from unroll.testing import numeric_gradient
 from unroll.unroller import expand
 
 KINDS = ["rnn", "lstm", "lstm_primitive", "gru"]
@@ -84,20 +85,6 @@ def reference(kind, p, x, cont, reverse=False):
         h[t] = state["h"]
     return h
 
-
-def numeric_grad(f, a, eps=1e-6):
-    """Central differences of scalar f() w.r.t. every entry of ``a`` (restored after)."""
-    g = np.zeros_like(a)
-    flat, gflat = a.reshape(-1), g.reshape(-1)
-    for i in range(flat.size):
-        old = flat[i]
-        flat[i] = old + eps
-        up = f()
-        flat[i] = old - eps
-        down = f()
-        flat[i] = old
-        gflat[i] = (up - down) / (2 * eps)
-    return g
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -174,7 +161,7 @@ def test_unrolled_net_equals_numpy_recurrence(kind, case, direction):
         return float((reference(kind, p, x, cont, reverse) * R).sum())
 
     for name, value in [("x", x), *p.items()]:
-        np.testing.assert_allclose(grads[name], numeric_grad(loss, value), rtol=1e-5, atol=1e-7,
+        np.testing.assert_allclose(grads[name], numeric_gradient(loss, value), rtol=1e-5, atol=1e-7,
                                    err_msg=f"{kind} {direction}: gradient w.r.t. {name}")
 
 

@@ -48,6 +48,12 @@ class _Value:
     blob: Blob | None = None
 
 
+def _layer_failure(layer, what: str, error: Exception, bottoms) -> NetError:
+    """A layer's unexpected exception as a NetError naming the layer and its bottoms."""
+    shapes = ", ".join(f"'{b.name}' {b.shape}" for b in bottoms) or "none"
+    return NetError(f"layer '{layer.name}' ({layer.type}) {what}: {error}; bottoms: {shapes}")
+
+
 class BlobTable(Mapping):
     """``net.blobs``: a name gives its latest version (as in pycaffe), ``"name@k"`` version k.
 
@@ -416,9 +422,6 @@ class Net:
         return {layer.name: layer.blobs for layer in self.layers if layer.blobs}
 
     # -- setup, need_backward, schedule -----------------------------------------
-    def _describe(self, bottoms) -> str:
-        return ", ".join(f"'{b.name}' {b.shape}" for b in bottoms) or "none"
-
     def _setup_layers(self) -> None:
         for layer, bottoms, tops in zip(self.layers_run, self._bottoms, self._tops):
             try:
@@ -427,10 +430,7 @@ class Net:
             except NetError:
                 raise
             except Exception as e:
-                raise NetError(
-                    f"layer '{layer.name}' ({layer.type}) cannot set up: {e}; bottoms: "
-                    f"{self._describe(bottoms)}"
-                ) from e
+                raise _layer_failure(layer, "cannot set up", e, bottoms) from e
         self._input_blobs = [t for layer, t in zip(self.layers_run, self._tops)
                              if layer.type == "Input" for t in t]
         self._input_shapes = [b.shape for b in self._input_blobs]
@@ -525,10 +525,7 @@ class Net:
             except NetError:
                 raise
             except Exception as e:
-                raise NetError(
-                    f"layer '{layer.name}' ({layer.type}) cannot reshape: {e}; bottoms: "
-                    f"{self._describe(bottoms)}"
-                ) from e
+                raise _layer_failure(layer, "cannot reshape", e, bottoms) from e
         self._input_shapes = [b.shape for b in self._input_blobs]
 
     def set_input(self, name: str, value) -> None:
@@ -554,10 +551,7 @@ class Net:
             except NetError:
                 raise
             except Exception as e:
-                raise NetError(
-                    f"layer '{layer.name}' ({layer.type}) failed in forward: {e}; bottoms: "
-                    f"{self._describe(bottoms)}"
-                ) from e
+                raise _layer_failure(layer, "failed in forward", e, bottoms) from e
         loss = 0.0
         for blob, weight in self._loss_tops:
             loss += weight * float(blob.data.sum())
@@ -574,9 +568,7 @@ class Net:
             except NetError:
                 raise
             except Exception as e:
-                raise NetError(
-                    f"layer '{layer.name}' ({layer.type}) failed in backward: {e}"
-                ) from e
+                raise _layer_failure(layer, "failed in backward", e, bottoms) from e
 
     def clear_param_diffs(self) -> None:
         """Zero every owner's diff (once per iteration; backward accumulates into them)."""

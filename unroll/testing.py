@@ -48,7 +48,7 @@ def _compare(what: str, analytic, numeric, rtol: float, atol: float) -> None:
         )
 
 
-def numeric_gradient(f, array, eps: float) -> np.ndarray:
+def numeric_gradient(f, array, eps: float = 1e-6) -> np.ndarray:
     """Central differences of scalar ``f()`` w.r.t. every entry of ``array`` (changed in place)."""
     grad = np.zeros(array.shape, FLOAT)
     flat = array.reshape(-1)
