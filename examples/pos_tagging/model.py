@@ -35,7 +35,7 @@ class TaggerConfig:
 
     embed: int = 100
     hidden: int = 128
-    layers: int = 1
+    layers: int = 2
     cell: str = "lstm"
     dropout: float = 0.25
     word_dropout: float = 0.25
