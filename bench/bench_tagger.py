@@ -42,7 +42,7 @@ def batches_for(mode: str, lengths, batch_size: int, seed: int):
 def load(data: Path):
     from examples.pos_tagging.conll import read_conllu
     from examples.pos_tagging.features import Featurizer
-    from examples.pos_tagging.model import tag_ids
+    from examples.pos_tagging.tagger import tag_ids
 
     sents = list(read_conllu(data / "en_ewt-ud-train.conllu"))
     featurizer = Featurizer.build([f for f, _ in sents], min_count={"word": 2})
@@ -50,7 +50,7 @@ def load(data: Path):
 
 
 def run_unroll(mode: str, args, queue) -> None:
-    from examples.pos_tagging.model import Tagger, TaggerConfig
+    from examples.pos_tagging.tagger import Tagger, TaggerConfig
     from unroll.solver import Solver
 
     sents, featurizer, gold = load(args.data)

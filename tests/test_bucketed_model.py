@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import unroll
-from unroll.bucketing import BucketedModel
+from unroll.bucketed_model import BucketedModel
 from unroll.solver import Solver
 
 

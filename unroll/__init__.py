@@ -8,7 +8,8 @@
 
 from unroll import layers  # noqa: F401  (registers the built-in layer types)
 from unroll.blob import Blob
-from unroll.bucketing import BucketedModel, BucketSampler
+from unroll.bucketed_model import BucketedModel
+from unroll.bucketing import BucketSampler
 from unroll.errors import NetError, TemplateError
 from unroll.layer import Layer, register_layer
 from unroll.net import Net

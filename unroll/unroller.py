@@ -1,6 +1,6 @@
 """Expand step templates to T timesteps: one recurrent step in, an unrolled net out.
 
-A **step template** (Jinja2, ``templates/lstm.prototxt.j2``) renders the Caffe
+A **step template** (Jinja2, ``unroll/templates/lstm.prototxt.j2``) renders the Caffe
 layers of ONE timestep. It declares its interface in a literal ``interface``
 dict and defines a ``step(s)`` macro, and optionally a ``sequence(s)`` macro
 that runs once over the whole (T, N, D) input (Caffe's LSTM projects all x_t

@@ -15,7 +15,7 @@ DEFAULT_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / 
 
 
 def _train(args) -> int:
-    from examples.pos_tagging.model import TaggerConfig
+    from examples.pos_tagging.tagger import TaggerConfig
     from examples.pos_tagging.train import TrainOptions, train
 
     config = TaggerConfig(
@@ -38,7 +38,7 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     from examples.pos_tagging.conll import read_conllu
     from examples.pos_tagging.evaluate import report, score
-    from examples.pos_tagging.model import Tagger, tag_ids
+    from examples.pos_tagging.tagger import Tagger, tag_ids
 
     tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
     sentences = list(read_conllu(args.file))
@@ -49,7 +49,7 @@ def _evaluate(args) -> int:
 
 def _tag(args) -> int:
     from examples.pos_tagging.conll import UPOS_TAGS, read_conllu, write_conllu
-    from examples.pos_tagging.model import Tagger
+    from examples.pos_tagging.tagger import Tagger
 
     tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
     if args.conllu:
@@ -68,7 +68,7 @@ def _tag(args) -> int:
 
 
 def main(argv=None) -> int:
-    from examples.pos_tagging.model import TaggerConfig
+    from examples.pos_tagging.tagger import TaggerConfig
 
     parser = argparse.ArgumentParser(
         prog="python -m examples.pos_tagging", description=__doc__,

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from examples.pos_tagging.conll import read_conllu
 from examples.pos_tagging.evaluate import score
 from examples.pos_tagging.features import Featurizer
-from examples.pos_tagging.model import Tagger, TaggerConfig, tag_ids
+from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
 from unroll.atomic import write_atomic
 from unroll.bucketing import BucketSampler
 from unroll.solver import Solver

@@ -1,6 +1,6 @@
 """The tagger: the `tagger` net template over bucketed unrolled nets, and batching.
 
-One :class:`unroll.bucketing.BucketedModel` trains (dropout on), a second one
+One :class:`unroll.bucketed_model.BucketedModel` trains (dropout on), a second one
 with phase "test" shares its parameter store and predicts, so evaluation
 always sees the current weights without a copy.
 """
@@ -16,7 +16,8 @@ import numpy as np
 import unroll
 from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import Featurizer, encode_tags, word_dropout
-from unroll.bucketing import BucketedModel, time_major
+from unroll.bucketed_model import BucketedModel
+from unroll.bucketing import time_major
 
 IGNORE = -1
 WORD_INPUT = "words"  # the tagger template's name for the word-id input
