@@ -49,7 +49,7 @@ from unroll.param_store import LearnableParam, ParamStore
 from unroll.proto import LayerParameter, NetParameter, read_message
 from unroll.unroller import expand
 
-__all__ = ["LSTMLayer", "RNNLayer", "RecurrentLayer", "unrolled_net"]
+__all__ = ["LSTMLayer", "RNNLayer", "RecurrentLayer", "expand_net_file", "unrolled_net"]
 
 log = logging.getLogger(__name__)
 
@@ -456,3 +456,11 @@ def _inline(layer: RecurrentLayer, lp: LayerParameter, hidden: NetParameter) -> 
         layers.append(new)
     return layers
 
+
+
+def expand_net_file(path, steps: int, variables: dict) -> NetParameter:
+    """``unroll expand NET.prototxt --steps T``: the net at ``path`` with LSTM/RNN unrolled."""
+    if variables:
+        raise NetError(f"{path}: --set {', '.join(variables)}: template variables do not apply "
+                       f"to a .prototxt net")
+    return unrolled_net(path, steps=steps)
