@@ -1,6 +1,7 @@
 """Caffe's LSTM and RNN layers against NumPy references of Caffe's equations."""
 
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import Net, NetError, PrototxtError, to_prototxt
+from unroll.backend import GPU_AVAILABLE, to_numpy
 from unroll.cli import main
 from unroll.layers.caffe_recurrent import unrolled_net
 from unroll.proto import NetParameter
@@ -344,8 +346,19 @@ def test_debug_info_logs_the_hidden_net(caplog):
     net = layer_net("recurrent_param { num_output: 2 debug_info: true }")
     with caplog.at_level(logging.INFO, logger="unroll.layers.caffe_recurrent"):
         net.forward()
-    assert "[Forward] Layer unit_t2, top blob h_3 data:" in caplog.text
-    assert "param blob 2 (W_hc) data:" in caplog.text
+        layer = net.layers[1]
+        layer.backward([net.blobs["h"]], [True, False], [net.blobs["x"], net.blobs["cont"]])
+    assert re.search(r"\[Forward\] Layer \S+, top blob h data: [0-9.e-]+\n", caplog.text)
+    assert re.search(r"\[Backward\] Layer \S+, bottom blob x diff: ", caplog.text)
+    assert "[Forward] param blob 2 (W_hc) data:" in caplog.text
+    assert "[Backward] param blob 0 (W_xc) diff:" in caplog.text
+
+
+def test_without_debug_info_nothing_is_logged(caplog):
+    net = layer_net("recurrent_param { num_output: 2 }")
+    with caplog.at_level(logging.INFO, logger="unroll.layers.caffe_recurrent"):
+        net.forward()
+    assert caplog.text == ""
 
 
 # -- the unrolled equivalent -----------------------------------------------------------------
@@ -387,6 +400,25 @@ def test_unrolled_net_keeps_exposed_states_and_named_params():
     assert sorted(flat.outputs) == ["cT", "h", "hT"]
     names = {p.name: p.lr_mult for p in flat.learnable_params}
     assert names == {"shared_W": 2.0, "lstm1_b_c": 1.0, "lstm1_W_hc": 1.0}
+
+
+def test_unrolled_net_leaves_the_other_phase_alone():
+    text = NET.replace('name: "rnn1"', 'name: "rnn1" include { phase: TEST }')
+    flat = unrolled_net(text, phase="train")
+    assert [lp.name for lp in flat.layer if lp.type in ("LSTM", "RNN")] == ["rnn1"]
+    assert any(lp.type == "LSTMUnit" for lp in flat.layer)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_AVAILABLE, reason="no GPU: CuPy tests run only where one is present")
+def test_gpu_matches_cpu():
+    rng = np.random.default_rng(7)
+    inputs = net_inputs(4, rng)
+    outputs = []
+    for device in ("cpu", "gpu"):
+        net = Net(NET, dtype="float64", device=device)
+        outputs.append(to_numpy(net.forward(**inputs)["o"]))
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=1e-10)
 
 
 def test_cli_expands_a_prototxt(tmp_path, capsys):

@@ -374,7 +374,7 @@ def unrolled_net(source, steps: int | None = None, phase: str = "train") -> NetP
     >>> sum(lp.type == "LSTMUnit" for lp in net.layer)
     6
     """
-    from unroll.net import Net
+    from unroll.net import PHASES, Net, filter_layers
 
     net_param = NetParameter()
     net_param.CopyFrom(read_message(source, NetParameter))
@@ -382,12 +382,13 @@ def unrolled_net(source, steps: int | None = None, phase: str = "train") -> NetP
         _set_steps(net_param, int(steps), Net(net_param, phase=phase))
     net = Net(net_param, phase=phase)
     recurrent = {layer.name: layer for layer in net.layers if isinstance(layer, RecurrentLayer)}
+    included = filter_layers(net_param, PHASES[phase])
     out = NetParameter()
     out.CopyFrom(net_param)
     del out.layer[:]
     for lp in net_param.layer:
         layer = recurrent.get(lp.name)
-        if layer is None or layer.param.type != lp.type:
+        if layer is None or lp not in included:  # not recurrent, or of the other phase
             out.layer.add().CopyFrom(lp)
             continue
         T = net.blobs[lp.bottom[0]].shape[0]
@@ -412,13 +413,15 @@ def _set_steps(net_param: NetParameter, steps: int, net) -> None:
                        f"instead of steps")
     (T,) = old
     fixed = {b for layer in layers for b in layer.param.bottom[2:]}
+    inputs = [(net_param.input, net_param.input_shape)]
     for lp in net_param.layer:
-        if lp.type != "Input":
-            continue
-        shapes = lp.input_param.shape
-        if len(shapes) == 1 and len(lp.top) > 1:  # one shape for all tops: give each its own
-            shapes.extend([shapes[0]] * (len(lp.top) - 1))
-        for top, shape in zip(lp.top, shapes):
+        if lp.type == "Input":
+            shapes = lp.input_param.shape
+            if len(shapes) == 1 and len(lp.top) > 1:  # one shape for all tops: one each
+                shapes.extend([shapes[0]] * (len(lp.top) - 1))
+            inputs.append((lp.top, shapes))
+    for tops, shapes in inputs:
+        for top, shape in zip(tops, shapes):
             if top not in fixed and shape.dim and shape.dim[0] == T:
                 shape.dim[0] = steps
 
