@@ -464,6 +464,6 @@ def _inline(layer: RecurrentLayer, lp: LayerParameter, hidden: NetParameter) -> 
 def expand_net_file(path, steps: int, variables: dict) -> NetParameter:
     """``unroll expand NET.prototxt --steps T``: the net at ``path`` with LSTM/RNN unrolled."""
     if variables:
-        raise NetError(f"{path}: --set {', '.join(variables)}: template variables do not apply "
-                       f"to a .prototxt net")
+        raise NetError(f"--set {', '.join(variables)}: a .prototxt net takes no template "
+                       f"variables")
     return unrolled_net(path, steps=steps)
