@@ -33,6 +33,16 @@ def sigmoid(v):
 # -- NumPy references of Caffe's equations (lstm_layer.cpp, rnn_layer.cpp, LSTMUnit) ----
 
 
+def input_grads(grads, da, x_t, xs, W_s):
+    """Add the gradients of W_x x_t + b + W_s x_static into grads[0:3]; return d x_static."""
+    grads[0] += da.T @ x_t
+    grads[1] += da.sum(0)
+    if xs is None:
+        return 0.0
+    grads[2] += da.T @ xs.reshape(len(xs), -1)
+    return da @ W_s
+
+
 def lstm_reference(x, cont, W, h0, c0, xs=None):
     """Forward and backward of Caffe's LSTM; W = [W_xc, b_c, (W_xc_static), W_hc]."""
     W_xc, b_c, *rest = W
@@ -63,12 +73,8 @@ def lstm_reference(x, cont, W, h0, c0, xs=None):
             dc = dc_next + dh * o * (1 - tc ** 2)
             da = np.concatenate([dc * g * i * (1 - i), dc * k * c_prev * f * (1 - f),
                                  dh * tc * o * (1 - o), dc * i * (1 - g ** 2)], axis=1)
-            grads[0] += da.T @ x2[t]
-            grads[1] += da.sum(0)
+            dxs = dxs + input_grads(grads, da, x2[t], xs, W_s)
             grads[-1] += da.T @ hc
-            if xs is not None:
-                grads[2] += da.T @ xs.reshape(N, -1)
-                dxs = dxs + da @ W_s
             dx[t] = da @ W_xc
             dh_next, dc_next = (da @ W_hc) * k, dc * k * f
         dxs = dxs.reshape(xs.shape) if xs is not None else None
@@ -103,12 +109,8 @@ def rnn_reference(x, cont, W, h0, xs=None):
             grads[-2] += dao.T @ h
             grads[-1] += dao.sum(0)
             da = (dao @ W_ho + dh_next) * (1 - h ** 2)
-            grads[0] += da.T @ x2[t]
-            grads[1] += da.sum(0)
+            dxs = dxs + input_grads(grads, da, x2[t], xs, W_s)
             grads[-3] += da.T @ hc
-            if xs is not None:
-                grads[2] += da.T @ xs.reshape(N, -1)
-                dxs = dxs + da @ W_s
             dx[t] = da @ W_xh
             dh_next = (da @ W_hh) * k
         dxs = dxs.reshape(xs.shape) if xs is not None else None
