@@ -192,8 +192,15 @@ class RecurrentLayer(Layer):
         from unroll.net import Net  # unroll.net imports the layer registry
 
         if T not in self.nets:
-            net = Net(self.unrolled_param(T, shapes), phase=self.phase,
-                      device=device_of(self.xp), dtype=self.dtype, param_store=self.store)
+            param = self.unrolled_param(T, shapes)
+            # force_backward would also compute the gradient of every cont slice: refuse it
+            conts = {"cont"} | {t for lp in param.layer if "cont" in lp.bottom for t in lp.top}
+            for lp in param.layer:
+                if conts & set(lp.bottom):
+                    del lp.propagate_down[:]
+                    lp.propagate_down.extend(b not in conts for b in lp.bottom)
+            net = Net(param, phase=self.phase, device=device_of(self.xp), dtype=self.dtype,
+                      param_store=self.store)
             extra = [p.name for p in self.store][len(self.blobs):]
             if extra:
                 raise self.error(f"template '{self.template}' has params {extra} beyond "
