@@ -291,6 +291,17 @@ def test_T_changes_between_batches():
     assert sorted(layer.nets) == [1, 4, 7]
 
 
+def test_batch_size_changes_between_batches():
+    rng = np.random.default_rng(8)
+    net = Net(NET, dtype="float64")
+    wide = net_inputs(4, rng)
+    wide.update(x=rng.normal(size=(4, 3, 5)), cont=restart_cont(4, 3), xs=rng.normal(size=(3, 3)))
+    narrow = {k: v[:, :2] if k != "xs" else v[:2] for k, v in wide.items()}
+    first = net.forward(**narrow)["o"].copy()
+    assert net.forward(**wide)["o"].shape == (4, 3, 4)
+    np.testing.assert_allclose(net.blobs["o"].data[:, :2], first, rtol=1e-12)
+
+
 def test_gradients_of_every_T_accumulate_into_the_layers_blobs():
     rng = np.random.default_rng(5)
     text = NET + 'layer { name: "loss" type: "EuclideanLoss" bottom: "o" bottom: "y" top: "l" }'
