@@ -116,14 +116,18 @@ def summarize(net_param: NetParameter, text: str) -> str:
 
 def expand_command(args) -> int:
     """``unroll expand``: write the unrolled prototxt of a template."""
+    from unroll.layers.caffe_recurrent import expand_net_file
     from unroll.unroller import expand, to_prototxt
 
     variables = dict(args.set or [])
     if "steps" in variables:
         raise CommandError("give the number of steps with --steps, not --set steps=...")
     try:
-        net_param = expand(args.template, steps=args.steps,
-                           search_path=args.template_dir or (), **variables)
+        if args.template.endswith(".prototxt"):  # a net using Caffe's LSTM and RNN layers
+            net_param = expand_net_file(args.template, args.steps, variables)
+        else:
+            net_param = expand(args.template, steps=args.steps,
+                               search_path=args.template_dir or (), **variables)
     except TemplateError:
         raise
     except (TypeError, ValueError) as e:  # a --set value of the wrong kind, e.g. layers=two

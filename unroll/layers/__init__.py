@@ -1,6 +1,7 @@
 """Layer implementations, one module per family; importing registers them."""
 
 from unroll.layers import (  # noqa: F401
+    caffe_recurrent,
     data,
     eltwise,
     embed,
