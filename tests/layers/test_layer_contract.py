@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from unroll import Net, NetError, expand, testing
+from unroll import Net, NetError, expand, testing, trace
 from unroll.blob import Blob
 from unroll.layer import CONTRACT, LAYERS, Layer
 from unroll.proto import LayerParameter
@@ -69,8 +69,7 @@ def test_built_in_layers_keep_their_contract_on_the_class():
 def test_a_layer_without_rng_draws_on_its_own_device():
     layer = LAYERS["Dropout"](LayerParameter(name="d", type="Dropout"))
     assert isinstance(layer.rng, np.random.Generator)
-    trace = pytest.importorskip("unroll.trace")
-    traced = LAYERS["Dropout"](LayerParameter(name="d", type="Dropout"), xp=trace.xp)
+    traced = LAYERS["Dropout"](LayerParameter(name="d", type="Dropout"), xp=trace)
     assert isinstance(traced.rng, trace.Generator)
 
 
