@@ -134,7 +134,7 @@ def test_bucketed_model_shares_one_store_on_the_device(device):
         return recurrent("lstm", T=T)
 
     models = {d: BucketedModel(make, device=d, dtype="float64", seed=7) for d in (device, "cpu")}
-    for d, model in models.items():
+    for model in models.values():
         solver = Solver(model, type="SGD", base_lr=0.3)
         for T in (3, 6, 3):
             solver.step(1, feed=recurrent_batch(T=T, seed=T))
