@@ -42,8 +42,11 @@ def count_step(net, solver: Solver, inputs: dict) -> dict[str, trace.Counts]:
     return counts
 
 
-def tagger_step(T: int = 21, N: int = 32, seed: int = 0) -> dict[str, trace.Counts]:
-    """One step of the default tagger on a synthetic batch of sentences of up to T words."""
+def tagger_setup(device: str, T: int = 21, N: int = 32, seed: int = 0):
+    """The default tagger on ``device``, its Adam solver and a synthetic batch of up to T words.
+
+    Returns ``(model, solver, inputs, tokens)``; ``tokens`` counts the real (unpadded) words.
+    """
     from examples.pos_tagging.conll import UPOS_TAGS
     from examples.pos_tagging.features import Featurizer
     from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
@@ -53,29 +56,36 @@ def tagger_step(T: int = 21, N: int = 32, seed: int = 0) -> dict[str, trace.Coun
     lengths = [T] + rng.integers(1, T + 1, N - 1).tolist()
     sentences = [[words[j] for j in rng.integers(0, len(words), n)] for n in lengths]
     tags = [[UPOS_TAGS[j] for j in rng.integers(0, len(UPOS_TAGS), n)] for n in lengths]
-    tagger = Tagger(Featurizer.build(sentences), TaggerConfig(batch=N), device="trace",
+    tagger = Tagger(Featurizer.build(sentences), TaggerConfig(batch=N), device=device,
                     seed=seed)
     inputs = tagger.inputs(tagger.encode(sentences), T, tag_ids(tags), train=True)
     solver = Solver(tagger.train_model, type="Adam", base_lr=2e-3, clip_gradients=5.0)
-    solver.step(1, feed=inputs)
-    return count_step(tagger.train_model, solver, inputs)
+    return tagger.train_model, solver, inputs, sum(lengths)
 
 
-def lstm_step(T: int = 25, N: int = 32, D: int = 100, H: int = 128,
-              seed: int = 0) -> dict[str, trace.Counts]:
-    """One step of an unrolled LSTM layer regressed onto a target by EuclideanLoss."""
+def lstm_setup(device: str, T: int = 25, N: int = 32, D: int = 100, H: int = 128,
+               seed: int = 0):
+    """An unrolled LSTM layer regressed onto a target by EuclideanLoss, on ``device``.
+
+    Returns ``(net, solver, inputs, tokens)`` with ``tokens = T * N``.
+    """
     text = to_prototxt(expand("lstm", steps=T, batch=N, input_dim=D, hidden=H)) + f"""
 layer {{ name: "target" type: "Input" top: "target"
         input_param {{ shape {{ dim: {T} dim: {N} dim: {H} }} }} }}
 layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "target" top: "loss" }}
 """
-    net = Net(text, device="trace", seed=seed)
+    net = Net(text, device=device, seed=seed)
     rng = np.random.default_rng(seed)
     inputs = {"x": rng.normal(size=(T, N, D)), "cont": (np.arange(T) > 0)[:, None].repeat(N, 1),
               "target": rng.uniform(-1, 1, (T, N, H))}
-    solver = Solver(net, type="Adam", base_lr=1e-3)
+    return net, Solver(net, type="Adam", base_lr=1e-3), inputs, T * N
+
+
+def traced_step(setup, **sizes) -> dict[str, trace.Counts]:
+    """The per-phase counts of a workload's second step (the first allocates lazily)."""
+    model, solver, inputs, _ = setup("trace", **sizes)
     solver.step(1, feed=inputs)
-    return count_step(net, solver, inputs)
+    return count_step(model, solver, inputs)
 
 
 def table(name: str, counts: dict[str, trace.Counts]) -> str:
@@ -98,8 +108,8 @@ def table(name: str, counts: dict[str, trace.Counts]) -> str:
 
 
 def main() -> None:
-    print(table("default tagger, T=21 N=32 (Adam, clip 5)", tagger_step()))
-    print(table("LSTM layer, T=25 N=32 D=100 H=128 (Adam)", lstm_step()))
+    print(table("default tagger, T=21 N=32 (Adam, clip 5)", traced_step(tagger_setup)))
+    print(table("LSTM layer, T=25 N=32 D=100 H=128 (Adam)", traced_step(lstm_setup)))
     print("issue 15 targets for the tagger step: <= 1200 launches, <= 2 syncs, 1 transfer")
 
 
