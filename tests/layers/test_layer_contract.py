@@ -122,3 +122,12 @@ def test_a_later_in_place_write_on_scales_bottom_falls_back():
     assert "'sc'" in net.in_place_fallbacks[0]
     testing.check_net_gradient(net, wrt=["x"])
 
+
+
+def test_every_module_of_the_layers_package_registers_its_layers():
+    import pkgutil
+
+    import unroll.layers
+
+    modules = {f"unroll.layers.{m.name}" for m in pkgutil.iter_modules(unroll.layers.__path__)}
+    assert {cls.__module__ for cls in LAYERS.values()} >= modules
