@@ -159,11 +159,13 @@ RULES = {
 }
 
 
-def train(device, rule, steps, clip=-1.0, decay=0.0, regularization="L2"):
+def train(device, rule, steps, clip=None, decay=0.0, regularization="L2"):
     net = Net(recurrent("lstm"), dtype="float64", device=device, seed=8)
     fields = dict(base_lr=0.05, weight_decay=decay, regularization_type=regularization)
     fields.update(RULES[rule])
-    solver = Solver(net, type=rule, clip_gradients=clip, **fields)
+    if clip is not None:
+        fields["clip_gradients"] = clip
+    solver = Solver(net, type=rule, **fields)
     solver.step(steps, feed=lambda k: recurrent_batch(seed=k))
     return net, solver
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -387,6 +388,23 @@ def custom_kernel(fn, name: str):
 
     kernel.__name__ = name
     return kernel
+
+
+def twin(module, names):
+    """The trace twin of a fused-kernel module: ``module``'s functions ``names`` (NumPy or
+    numba kernels, the CPU's), each counted as one launch, as the GPU module's would be.
+
+    >>> import types
+    >>> from unroll import trace
+    >>> cpu = types.SimpleNamespace(scale=lambda x, out: np.multiply(x, 3, out=out))
+    >>> kernels = trace.twin(cpu, ["scale"])
+    >>> x = trace.ones(2); y = trace.empty_like(x)
+    >>> with trace.measure() as c:
+    ...     _ = kernels.scale(x, y)
+    >>> c.ops["scale"], y.get().tolist()
+    (1, [3.0, 3.0])
+    """
+    return SimpleNamespace(**{name: custom_kernel(getattr(module, name), name) for name in names})
 
 
 class Generator:
