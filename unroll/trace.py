@@ -31,6 +31,7 @@ round trips on a GPU.
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -214,29 +215,9 @@ class ndarray:  # noqa: N801  (CuPy's and NumPy's name for it)
         _d2h("get")
         return self._a.copy()
 
-    def item(self):
-        _sync("item")
-        return self._a.item()
-
     def tolist(self):
         _d2h("tolist")
         return self._a.tolist()
-
-    def __float__(self):
-        _sync("float")
-        return float(self._a)
-
-    def __int__(self):
-        _sync("int")
-        return int(self._a)
-
-    def __index__(self):
-        _sync("index")
-        return self._a.__index__()
-
-    def __bool__(self):
-        _sync("bool")
-        return bool(self._a)
 
     def __array__(self, *args, **kwargs):
         raise TypeError(
@@ -308,6 +289,19 @@ def _unary(dunder: str, ufunc):
     return op
 
 
+def _host_value(site: str, convert):
+    """A conversion to a Python value: the host waits for the device (one sync)."""
+    def read(self):
+        _sync(site)
+        return convert(self._a)
+
+    return read
+
+
+for _dunder, _site, _convert in (("item", "item", np.ndarray.item), ("__float__", "float", float),
+                                 ("__int__", "int", int), ("__index__", "index", operator.index),
+                                 ("__bool__", "bool", bool)):
+    setattr(ndarray, _dunder, _host_value(_site, _convert))
 for _name in ("sum", "mean", "max", "min", "argmax", "argmin", "any", "all", "prod", "std",
               "var", "cumsum", "dot", "clip", "round", "copy", "flatten", "take", "repeat",
               "sort", "argsort"):
