@@ -35,7 +35,7 @@ cupy.cuda.runtime.runtimeGetVersion(), 'devices', cupy.cuda.runtime.getDeviceCou
     || { echo "CuPy is not usable here: stopping"; exit 1; }
 
 echo "== pytest -m gpu"
-timeout 330 "$PY" -m pytest -m gpu -q -p no:cacheprovider -x --durations=5 || status=1
+timeout 330 "$PY" -m pytest -m gpu -q -p no:cacheprovider --durations=5 || status=1
 
 echo "== GPU throughput (tokens/s, peak device memory)"
 timeout 150 "$PY" - <<'EOF' || status=1

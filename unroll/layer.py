@@ -124,7 +124,7 @@ class Layer:
         self.xp = xp
         self.dtype = np.dtype(dtype)
         self.phase = phase
-        self.rng = rng if rng is not None else make_rng(xp, 0)
+        self._rng = rng
         self._host_rng = np.random.default_rng(0)
         self._make_param = make_param
         self.blobs: list[Blob] = []
@@ -135,6 +135,19 @@ class Layer:
             raise TypeError(
                 f"{cls.__name__} overrides set_up; override layer_setup and reshape instead"
             )
+
+    @property
+    def rng(self):
+        """The layer's random generator, on its device (``make_rng(xp, 0)`` unless one was
+        given). Made on first use: a CuPy generator holds device memory, and an unrolled
+        net has hundreds of layers that never draw."""
+        if self._rng is None:
+            self._rng = make_rng(self.xp, 0)
+        return self._rng
+
+    @rng.setter
+    def rng(self, rng) -> None:
+        self._rng = rng
 
     # -- the contract ------------------------------------------------------
     def set_up(self, bottoms, tops) -> None:

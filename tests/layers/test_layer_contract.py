@@ -131,3 +131,11 @@ def test_every_module_of_the_layers_package_registers_its_layers():
 
     modules = {f"unroll.layers.{m.name}" for m in pkgutil.iter_modules(unroll.layers.__path__)}
     assert {cls.__module__ for cls in LAYERS.values()} >= modules
+
+
+def test_doctests():
+    import doctest
+
+    import unroll.layer
+
+    assert doctest.testmod(unroll.layer).failed == 0
