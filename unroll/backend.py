@@ -1,7 +1,9 @@
-"""The array-module switch: NumPy on the CPU, CuPy on the GPU.
+"""The array-module switch: NumPy on the CPU, CuPy on the GPU, the counting trace module.
 
 This is the only module that imports CuPy. Everything else receives ``xp``
 (the array module) from here and writes one code path against it.
+``device="trace"`` is :mod:`unroll.trace`: NumPy underneath, counting the
+kernel launches, host syncs and transfers a GPU would make.
 
 >>> xp = get_array_module("cpu")
 >>> xp.__name__
@@ -11,6 +13,8 @@ This is the only module that imports CuPy. Everything else receives ``xp``
 from __future__ import annotations
 
 import numpy as np
+
+from unroll import trace
 
 try:
     import cupy as _cupy
@@ -23,13 +27,16 @@ except ImportError:
     _cupy = None
     GPU_AVAILABLE = False
 
-DEVICES = ("cpu", "gpu")
+DEVICES = ("cpu", "gpu", "trace")
 
 
 def get_array_module(device: str = "cpu"):
-    """The array module for ``device``: ``numpy`` for "cpu", ``cupy`` for "gpu"."""
+    """The array module for ``device``: ``numpy`` ("cpu"), ``cupy`` ("gpu") or
+    :mod:`unroll.trace` ("trace")."""
     if device == "cpu":
         return np
+    if device == "trace":
+        return trace
     if device == "gpu":
         if not GPU_AVAILABLE:
             raise RuntimeError(
@@ -40,17 +47,21 @@ def get_array_module(device: str = "cpu"):
 
 
 def device_of(xp) -> str:
-    """"cpu" or "gpu" for an array module."""
-    return "cpu" if xp is np else "gpu"
+    """"cpu", "gpu" or "trace" for an array module."""
+    if xp is np:
+        return "cpu"
+    return "trace" if xp is trace else "gpu"
 
 
 def module_of(array):
-    """The array module (numpy or cupy) that ``array`` belongs to."""
-    return np if isinstance(array, np.ndarray) else _cupy
+    """The array module (numpy, cupy or unroll.trace) that ``array`` belongs to."""
+    if isinstance(array, np.ndarray):
+        return np
+    return trace if isinstance(array, trace.ndarray) else _cupy
 
 
 def to_numpy(array) -> np.ndarray:
-    """A NumPy copy (or view, on the CPU) of a NumPy or CuPy array."""
+    """A NumPy copy (or view, on the CPU) of a NumPy, CuPy or trace array."""
     if isinstance(array, np.ndarray):
         return array
     return array.get()

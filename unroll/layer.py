@@ -2,15 +2,18 @@
 
 A layer follows Caffe's contract::
 
-    setup(bottoms, tops)                    once: read parameters, create learnable blobs
+    set_up(bottoms, tops)                   once, not overridable (Caffe's SetUp): check the
+                                            bottom and top counts, layer_setup, reshape
+    layer_setup(bottoms, tops)              read parameters, create learnable blobs
     reshape(bottoms, tops)                  whenever bottom shapes change: shape the tops
     forward(bottoms, tops)                  write tops
     backward(tops, propagate_down, bottoms) write bottom diffs, ADD into param diffs
 
-Class attributes declare what the net checks once at build time: how many
-bottoms and tops the layer takes, whether it may run in place (top == bottom)
-and what its backward reads, so the net can prove that an in-place write never
-clobbers a value a backward still needs.
+Class attributes declare what the net checks once at build time, before any
+layer is set up: how many bottoms and tops the layer takes, whether it may run
+in place (top == bottom) and what its backward reads, so the net can prove that
+an in-place write never clobbers a value a backward still needs. They are the
+class's, never changed per instance: ``set_up`` refuses a layer that changes one.
 
 A new layer type is one short class::
 
@@ -36,11 +39,16 @@ import importlib
 
 import numpy as np
 
+from unroll.backend import make_rng
 from unroll.blob import Blob
 from unroll.errors import NetError
 from unroll.fillers import fill
 
 LAYERS: dict[str, type] = {}
+
+#: the class attributes the net reads before set-up (see the module docstring)
+CONTRACT = ("num_bottoms", "num_tops", "in_place", "backward_reads", "is_loss", "shares_bottom",
+            "learnable")
 
 
 def register_layer(type_name: str):
@@ -99,7 +107,8 @@ class Layer:
     num_tops: tuple = (1, 1)
     #: may the top be the bottom's own memory (top name == bottom name)?
     in_place = False
-    #: what backward reads besides top diffs: "bottom" data, "top" data, neither
+    #: what backward reads besides top diffs and what it saved itself: "bottom" data (so the
+    #: layer may not overwrite its bottom in place), "top" data (so no later layer may)
     backward_reads: tuple = ("bottom",)
     #: a loss layer: top 0 gets loss_weight 1 unless the prototxt says otherwise
     is_loss = False
@@ -115,14 +124,53 @@ class Layer:
         self.xp = xp
         self.dtype = np.dtype(dtype)
         self.phase = phase
-        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self._rng = rng
         self._host_rng = np.random.default_rng(0)
         self._make_param = make_param
         self.blobs: list[Blob] = []
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "set_up" in vars(cls):
+            raise TypeError(
+                f"{cls.__name__} overrides set_up; override layer_setup and reshape instead"
+            )
+
+    @property
+    def rng(self):
+        """The layer's random generator, on its device (``make_rng(xp, 0)`` unless one was
+        given). Made on first use: a CuPy generator holds device memory, and an unrolled
+        net has hundreds of layers that never draw."""
+        if self._rng is None:
+            self._rng = make_rng(self.xp, 0)
+        return self._rng
+
+    @rng.setter
+    def rng(self, rng) -> None:
+        self._rng = rng
+
     # -- the contract ------------------------------------------------------
-    def setup(self, bottoms, tops):
-        """Read parameters and create learnable blobs; bottoms are shaped."""
+    def set_up(self, bottoms, tops) -> None:
+        """Caffe's SetUp: check the counts, then :meth:`layer_setup`, then :meth:`reshape`.
+
+        >>> from unroll.proto import LayerParameter
+        >>> relu = LAYERS["ReLU"](LayerParameter(name="r", type="ReLU"))
+        >>> x, y = Blob((2, 3), np, np.float32, "x"), Blob((), np, np.float32, "y")
+        >>> relu.set_up([x], [y]); y.shape
+        (2, 3)
+        """
+        self.check_counts(len(bottoms), len(tops))
+        self.layer_setup(bottoms, tops)
+        changed = [a for a in CONTRACT if a in vars(self)]
+        if changed:
+            raise TypeError(
+                f"{type(self).__name__}.layer_setup sets {changed} on the instance; the net read "
+                f"them before set-up, so they must be class attributes"
+            )
+        self.reshape(bottoms, tops)
+
+    def layer_setup(self, bottoms, tops):
+        """Read parameters and create learnable blobs (Caffe's LayerSetUp); bottoms are shaped."""
 
     def reshape(self, bottoms, tops):
         raise NotImplementedError(f"{type(self).__name__}.reshape")
@@ -153,11 +201,15 @@ class Layer:
         """A NetError that names this layer and its type."""
         return NetError(f"layer '{self.name}' ({self.type}): {message}")
 
+    def counts(self) -> tuple:
+        """((min, max) bottoms, (min, max) tops): the class attributes, unless a layer's counts
+        depend on its parameters, as Caffe's RecurrentLayer's do on ``expose_hidden``
+        (Caffe's virtual MinBottomBlobs/MaxBottomBlobs); such a layer overrides this."""
+        return self.num_bottoms, self.num_tops
+
     def check_counts(self, n_bottoms: int, n_tops: int) -> None:
-        for what, n, (lo, hi) in (
-            ("bottoms", n_bottoms, self.num_bottoms),
-            ("tops", n_tops, self.num_tops),
-        ):
+        bottoms, tops = self.counts()
+        for what, n, (lo, hi) in (("bottoms", n_bottoms, bottoms), ("tops", n_tops, tops)):
             if n < lo or (hi is not None and n > hi):
                 want = f"{lo}" if lo == hi else f"{lo}..{hi if hi is not None else 'any'}"
                 raise self.error(f"takes {want} {what}, found {n}")

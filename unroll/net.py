@@ -425,8 +425,7 @@ class Net:
     def _setup_layers(self) -> None:
         for layer, bottoms, tops in zip(self.layers_run, self._bottoms, self._tops):
             try:
-                layer.setup(bottoms, tops)
-                layer.reshape(bottoms, tops)
+                layer.set_up(bottoms, tops)
             except NetError:
                 raise
             except Exception as e:

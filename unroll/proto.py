@@ -24,15 +24,29 @@ from unroll._generated import unroll_pb2 as pb
 
 BlobProto = pb.BlobProto
 BlobShape = pb.BlobShape
+EltwiseParameter = pb.EltwiseParameter
 FillerParameter = pb.FillerParameter
 LayerParameter = pb.LayerParameter
+LossParameter = pb.LossParameter
 NetParameter = pb.NetParameter
 NetState = pb.NetState
+NetStateRule = pb.NetStateRule
 ParamSpec = pb.ParamSpec
 SolverParameter = pb.SolverParameter
 SolverState = pb.SolverState
+
+# The enums, by Caffe's names; each value is also an attribute of its message
+# (ParamSpec.PERMISSIVE), and Name/Value convert: Phase.Name(TEST) == "TEST".
+Phase = pb.Phase
 TRAIN = pb.TRAIN
 TEST = pb.TEST
+DimCheckMode = pb.ParamSpec.DimCheckMode  # share_mode: STRICT, PERMISSIVE
+EltwiseOp = pb.EltwiseParameter.EltwiseOp  # PROD, SUM, MAX
+NormalizationMode = pb.LossParameter.NormalizationMode  # FULL, VALID, BATCH_SIZE, NONE
+VarianceNorm = pb.FillerParameter.VarianceNorm  # FAN_IN, FAN_OUT, AVERAGE
+SolverType = pb.SolverParameter.SolverType  # SGD, NESTEROV, ... (deprecated solver_type)
+SolverMode = pb.SolverParameter.SolverMode  # CPU, GPU
+SnapshotFormat = pb.SolverParameter.SnapshotFormat  # HDF5, BINARYPROTO
 
 SCHEMA = Path(__file__).resolve().parent.parent / "proto" / "unroll.proto"
 GENERATED = Path(__file__).resolve().parent / "_generated" / "unroll_pb2.py"

@@ -89,9 +89,7 @@ def run_layer(spec, bottoms: Sequence, xp=np, phase: str = "train", *, n_tops: i
         blob.data[...] = xp.asarray(value, dtype)
         blobs.append(blob)
     tops = [blobs[0]] if in_place else [Blob((), xp, dtype, f"top{i}") for i in range(n_tops)]
-    layer.check_counts(len(blobs), len(tops))
-    layer.setup(blobs, tops)
-    layer.reshape(blobs, tops)
+    layer.set_up(blobs, tops)
     layer.forward(blobs, tops)
     return layer, blobs, tops
 

@@ -15,9 +15,7 @@ def build(spec, n_bottoms, n_tops, xp=np):
     layer = layer_class(param)(param, xp=xp, dtype=np.float64)
     bottoms = [Blob((2, 3), xp, np.float64, f"in{i}") for i in range(n_bottoms)]
     tops = [Blob((), xp, np.float64, f"out{i}") for i in range(n_tops)]
-    layer.check_counts(len(bottoms), len(tops))
-    layer.setup(bottoms, tops)
-    layer.reshape(bottoms, tops)
+    layer.set_up(bottoms, tops)
     return layer, bottoms, tops
 
 

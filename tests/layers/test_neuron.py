@@ -4,6 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import NetError, testing
+from unroll.backend import to_numpy
 from unroll.blob import Blob
 from unroll.layer import layer_class
 from unroll.proto import LayerParameter, parse_text
@@ -14,10 +15,9 @@ def forward(spec, x, phase="train", xp=np):
     layer = layer_class(param)(param, xp=xp, dtype=np.float64, phase=phase)
     bottom, top = Blob(x.shape, xp, np.float64, "x"), Blob((), xp, np.float64, "y")
     bottom.data[...] = xp.asarray(x)
-    layer.setup([bottom], [top])
-    layer.reshape([bottom], [top])
+    layer.set_up([bottom], [top])
     layer.forward([bottom], [top])
-    return layer, top.data
+    return layer, to_numpy(top.data)
 
 
 @given(x=testing.arrays(testing.shapes(), away_from=[0.0]), slope=st.sampled_from([0, 0.01, 0.5]))

@@ -24,9 +24,7 @@ def run(values, xp=np, spec=SPEC):
     for b, v in zip(bottoms, values):
         b.data[...] = xp.asarray(v)
     tops = [Blob((), xp, np.float64, "c"), Blob((), xp, np.float64, "h")]
-    layer.check_counts(len(bottoms), len(tops))
-    layer.setup(bottoms, tops)
-    layer.reshape(bottoms, tops)
+    layer.set_up(bottoms, tops)
     layer.forward(bottoms, tops)
     return layer, bottoms, tops
 

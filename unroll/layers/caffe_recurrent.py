@@ -73,9 +73,10 @@ class RecurrentLayer(Layer):
     def __init__(self, param, *args, **kwargs):
         super().__init__(param, *args, **kwargs)
         self.expose = param.recurrent_param.expose_hidden
+
+    def counts(self) -> tuple:
         exposed = len(self.states) if self.expose else 0
-        self.num_bottoms = (2 + exposed, 3 + exposed)
-        self.num_tops = (1 + exposed, 1 + exposed)
+        return (2 + exposed, 3 + exposed), (1 + exposed, 1 + exposed)
 
     def allow_force_backward(self, bottom_index):
         return bottom_index != 1  # no gradient for the sequence continuation indicators
@@ -94,7 +95,7 @@ class RecurrentLayer(Layer):
         return []
 
     # -- setup ------------------------------------------------------------------------
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         p = self.param.recurrent_param
         if p.num_output < 1:
             raise self.error(f"recurrent_param.num_output must be > 0, found {p.num_output}")
@@ -107,7 +108,7 @@ class RecurrentLayer(Layer):
                 raise self.error(f"recurrent_param.{what}: the gaussian filler's 'sparse' is "
                                  f"not supported")
         self.H = p.num_output
-        self.static = len(bottoms) > self.num_bottoms[0]
+        self.static = len(bottoms) > self.counts()[0][0]
         x = bottoms[0].shape
         if len(x) < 3:
             raise self.error(f"bottom 0 (x) '{bottoms[0].name}' must be (T, N, ...) with at "

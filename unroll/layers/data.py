@@ -13,7 +13,7 @@ class InputLayer(Layer):
     num_tops = (1, None)
     backward_reads = ()
 
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         shapes = [tuple(s.dim) for s in self.param.input_param.shape]
         if len(shapes) not in (0, 1, len(tops)):
             raise self.error(f"{len(shapes)} input_param shapes for {len(tops)} tops; "

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from unroll.layer import Layer, register_layer
-from unroll.proto import LayerParameter
+from unroll.proto import EltwiseParameter
 
-_Op = type(LayerParameter().eltwise_param)  # EltwiseParameter (not re-exported by unroll.proto)
-PROD, SUM, MAX = _Op.PROD, _Op.SUM, _Op.MAX
+PROD, SUM, MAX = EltwiseParameter.PROD, EltwiseParameter.SUM, EltwiseParameter.MAX
 
 
 @register_layer("Eltwise")
@@ -14,17 +13,22 @@ class EltwiseLayer(Layer):
     """y = sum_i c_i x_i | prod_i x_i | max_i x_i over >= 2 bottoms of one shape."""
 
     num_bottoms = (2, None)
-    # SUM reads nothing, MAX its saved argmax mask; PROD is set per instance below
-    backward_reads = ()
 
     def __init__(self, param, *args, **kwargs):
         super().__init__(param, *args, **kwargs)
         p = param.eltwise_param
         self.op, self.stable = p.operation, p.stable_prod_grad
-        if self.op == PROD:
-            self.backward_reads = ("bottom",) if self.stable else ("bottom", "top")
 
-    def setup(self, bottoms, tops):
+    @property
+    def backward_reads(self) -> tuple:
+        # read-only and fixed by the LayerParameter, so known before set-up like a class
+        # attribute: SUM reads nothing, MAX its saved argmax mask, PROD the bottoms (and the
+        # top, for the quotient form)
+        if self.op != PROD:
+            return ()
+        return ("bottom",) if self.stable else ("bottom", "top")
+
+    def layer_setup(self, bottoms, tops):
         coeff = list(self.param.eltwise_param.coeff)
         if coeff and self.op != SUM:
             raise self.error("coeff is only allowed with operation SUM")

@@ -14,7 +14,7 @@ class EmbedLayer(Layer):
     # backward reads the indices saved in forward, never the bottom itself
     backward_reads = ()
 
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         p = self.param.embed_param
         self.num_output, self.input_dim, self.bias_term = p.num_output, p.input_dim, p.bias_term
         if self.num_output < 1 or self.input_dim < 1:

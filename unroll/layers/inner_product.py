@@ -11,7 +11,7 @@ from unroll.layer import Layer, register_layer
 class InnerProductLayer(Layer):
     """y = x W^T + b, x viewed as (M, K) at ``axis``; W (num_output, K) or (K, num_output)."""
 
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         p = self.param.inner_product_param
         self.num_output = p.num_output
         if self.num_output < 1:

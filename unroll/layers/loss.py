@@ -13,9 +13,7 @@ from __future__ import annotations
 import math
 
 from unroll.layer import Layer, register_layer
-from unroll.proto import LayerParameter
-
-Norm = LayerParameter().loss_param.NormalizationMode
+from unroll.proto import NormalizationMode as Norm
 
 
 class ClassScores(Layer):
@@ -90,7 +88,7 @@ class SoftmaxWithLossLayer(ClassScores):
     num_tops = (1, 2)
     is_loss = True
 
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         p = self.param.loss_param
         self.ignore = p.ignore_label if p.HasField("ignore_label") else None
         self.mode = p.normalization
@@ -145,7 +143,7 @@ class EuclideanLossLayer(Layer):
     backward_reads = ()
     is_loss = True
 
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         self.diff = None
 
     def reshape(self, bottoms, tops):
@@ -180,7 +178,7 @@ class AccuracyLayer(ClassScores):
     def allow_force_backward(self, bottom_index):
         return False
 
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         p = self.param.accuracy_param
         self.top_k = p.top_k
         self.ignore = p.ignore_label if p.HasField("ignore_label") else None

@@ -21,7 +21,7 @@ class ReLULayer(NeuronLayer):
     # y > 0 exactly where x > 0, so backward can read the (possibly in-place) top
     backward_reads = ("top",)
 
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         self.slope = self.param.relu_param.negative_slope
         if self.slope < 0:
             raise self.error(f"negative_slope must be >= 0 for in-place safety, found {self.slope}")
@@ -83,7 +83,7 @@ class DropoutLayer(NeuronLayer):
 
     backward_reads = ()
 
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         self.ratio = self.param.dropout_param.dropout_ratio
         if not 0 <= self.ratio < 1:
             raise self.error(f"dropout_ratio must be in [0, 1), found {self.ratio}")
@@ -113,7 +113,7 @@ class DropoutLayer(NeuronLayer):
 class PowerLayer(Layer):
     """y = (shift + scale * x) ^ power; any shape (1 - cont is Power with scale -1, shift 1)."""
 
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         p = self.param.power_param
         self.power, self.scale, self.shift = p.power, p.scale, p.shift
 

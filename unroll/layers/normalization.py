@@ -17,7 +17,7 @@ class BatchNormLayer(Layer):
     # backward reads x_norm and 1 / std saved in forward, never the (overwritten) bottom
     backward_reads = ()
 
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         p = self.param.batch_norm_param
         self.use_global = (
             p.use_global_stats if p.HasField("use_global_stats") else self.phase == "test"
@@ -94,11 +94,11 @@ class ScaleLayer(Layer):
 
     num_bottoms = (1, 2)
     in_place = True
-    # in place, forward keeps a copy of x, so backward reads no overwritten value (the two-bottom
-    # form still reads bottom[1], the scale); out of place, setup declares ("bottom",)
+    # backward reads x, but never an overwritten one: in place, forward keeps a copy of x; out
+    # of place, Scale is a reader of x, so the net lets no later layer overwrite x in place
     backward_reads = ()
 
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         p = self.param.scale_param
         shape = bottoms[0].shape
         if len(bottoms) == 2:
@@ -121,8 +121,6 @@ class ScaleLayer(Layer):
         self.bias_term = p.bias_term
         if self.bias_term:
             self.param_blob(self.scale_shape, p.bias_filler)
-        if tops[0] is not bottoms[0]:
-            self.backward_reads = ("bottom",)
         self.x_copy = None
 
     def reshape(self, bottoms, tops):

@@ -21,7 +21,7 @@ class LSTMUnitLayer(Layer):
     def allow_force_backward(self, bottom_index):
         return bottom_index != 2
 
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         self.acts = self.tanh_c = None
 
     def reshape(self, bottoms, tops):

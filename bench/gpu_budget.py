@@ -1,0 +1,117 @@
+"""What one training step asks of a GPU: kernel launches, host syncs, transfers, per phase.
+
+Counted on the CPU by the trace backend (``device="trace"``, :mod:`unroll.trace`),
+which runs NumPy in place of CuPy and records what CuPy would do; the counts are
+deterministic, so they need no GPU and no idle machine. Two workloads:
+
+- the default tagger (:class:`TaggerConfig`'s defaults: word features, the
+  character model, two BiLSTM layers), T = 21, N = 32, Adam with clipping at 5
+  as the training command runs it;
+- an LSTM layer (``unroll.expand("lstm")`` + EuclideanLoss), T = 25, N = 32,
+  D = 100, H = 128, Adam.
+
+A step is Solver.step's sequence: clear the param diffs, forward (inputs from
+the host), backward, update. Each workload runs one step first, so that lazy
+allocations (diffs, solver history) are not counted.
+
+    python -m bench.gpu_budget            (from the repository root)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from unroll import Net, expand, to_prototxt, trace
+from unroll.solver import Solver
+
+PHASES = ("clear", "forward", "backward", "update")
+
+
+def count_step(net, solver: Solver, inputs: dict) -> dict[str, trace.Counts]:
+    """The counts of each phase of one training step (``inputs`` are host arrays)."""
+    phases = {
+        "clear": net.clear_param_diffs,
+        "forward": lambda: net.forward(**inputs),
+        "backward": net.backward,
+        "update": solver.update,
+    }
+    counts = {}
+    for name, run in phases.items():
+        with trace.measure() as counts[name]:
+            run()
+    return counts
+
+
+def tagger_setup(device: str, T: int = 21, N: int = 32, seed: int = 0):
+    """The default tagger on ``device``, its Adam solver and a synthetic batch of up to T words.
+
+    Returns ``(model, solver, inputs, tokens)``; ``tokens`` counts the real (unpadded) words.
+    """
+    from examples.pos_tagging.conll import UPOS_TAGS
+    from examples.pos_tagging.features import Featurizer
+    from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
+
+    rng = np.random.default_rng(seed)
+    words = [f"{stem}{k}" for stem in ("Word", "run", "x-", "Ab") for k in range(50)]
+    lengths = [T] + rng.integers(1, T + 1, N - 1).tolist()
+    sentences = [[words[j] for j in rng.integers(0, len(words), n)] for n in lengths]
+    tags = [[UPOS_TAGS[j] for j in rng.integers(0, len(UPOS_TAGS), n)] for n in lengths]
+    tagger = Tagger(Featurizer.build(sentences), TaggerConfig(batch=N), device=device,
+                    seed=seed)
+    inputs = tagger.inputs(tagger.encode(sentences), T, tag_ids(tags), train=True)
+    solver = Solver(tagger.train_model, type="Adam", base_lr=2e-3, clip_gradients=5.0)
+    return tagger.train_model, solver, inputs, sum(lengths)
+
+
+def lstm_setup(device: str, T: int = 25, N: int = 32, D: int = 100, H: int = 128,
+               seed: int = 0):
+    """An unrolled LSTM layer regressed onto a target by EuclideanLoss, on ``device``.
+
+    Returns ``(net, solver, inputs, tokens)`` with ``tokens = T * N``.
+    """
+    text = to_prototxt(expand("lstm", steps=T, batch=N, input_dim=D, hidden=H)) + f"""
+layer {{ name: "target" type: "Input" top: "target"
+        input_param {{ shape {{ dim: {T} dim: {N} dim: {H} }} }} }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "target" top: "loss" }}
+"""
+    net = Net(text, device=device, seed=seed)
+    rng = np.random.default_rng(seed)
+    inputs = {"x": rng.normal(size=(T, N, D)), "cont": (np.arange(T) > 0)[:, None].repeat(N, 1),
+              "target": rng.uniform(-1, 1, (T, N, H))}
+    return net, Solver(net, type="Adam", base_lr=1e-3), inputs, T * N
+
+
+def traced_step(setup, **sizes) -> dict[str, trace.Counts]:
+    """The per-phase counts of a workload's second step (the first allocates lazily)."""
+    model, solver, inputs, _ = setup("trace", **sizes)
+    solver.step(1, feed=inputs)
+    return count_step(model, solver, inputs)
+
+
+def table(name: str, counts: dict[str, trace.Counts]) -> str:
+    rows = [f"{name}", f"  {'phase':<9} {'launches':>8} {'syncs':>6} {'h2d':>4} {'d2h':>4}"
+            f"  top operations / sync sites"]
+    total = trace.Counts()
+    for phase in PHASES:
+        c = counts[phase]
+        top = ", ".join(f"{op} {n}" for op, n in c.ops.most_common(4))
+        sites = ", ".join(f"{op} {n}" for op, n in c.sync_sites.most_common(3))
+        rows.append(f"  {phase:<9} {c.launches:>8} {c.syncs:>6} {c.h2d:>4} {c.d2h:>4}  {top}"
+                    + (f" | syncs: {sites}" if sites else ""))
+        total.launches += c.launches
+        total.syncs += c.syncs
+        total.h2d += c.h2d
+        total.d2h += c.d2h
+    rows.append(f"  {'step':<9} {total.launches:>8} {total.syncs:>6} {total.h2d:>4} "
+                f"{total.d2h:>4}")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    print(table("default tagger, T=21 N=32 (Adam, clip 5)", traced_step(tagger_setup)))
+    print(table("LSTM layer, T=25 N=32 D=100 H=128 (Adam)", traced_step(lstm_setup)))
+    print("issue 15 targets for the tagger step: <= 1200 launches, <= 2 syncs, 1 transfer")
+
+
+if __name__ == "__main__":
+    main()

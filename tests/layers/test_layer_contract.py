@@ -1,0 +1,141 @@
+"""The layer contract: Caffe's SetUp sequence and class-level contract attributes."""
+
+import numpy as np
+import pytest
+
+from unroll import Net, NetError, expand, testing, trace
+from unroll.blob import Blob
+from unroll.layer import CONTRACT, LAYERS, Layer
+from unroll.proto import LayerParameter
+
+X = np.random.default_rng(0).normal(size=(4, 3))
+
+
+def blobs(*shapes):
+    return [Blob(s, np, np.float64, f"b{i}") for i, s in enumerate(shapes)]
+
+
+def test_set_up_checks_counts_then_sets_up_then_reshapes():
+    calls = []
+
+    class Traced(Layer):
+        def layer_setup(self, bottoms, tops):
+            calls.append(("layer_setup", bottoms[0].shape, tops[0].shape))
+
+        def reshape(self, bottoms, tops):
+            calls.append(("reshape",))
+            tops[0].reshape(bottoms[0].shape)
+
+    layer = Traced(LayerParameter(name="t"), dtype=np.float64)
+    bottom, top = blobs((2, 3), ())
+    layer.set_up([bottom], [top])
+    assert calls == [("layer_setup", (2, 3), ()), ("reshape",)]
+    assert top.shape == (2, 3)
+    calls.clear()
+    with pytest.raises(NetError, match=r"layer 't' \(\?\): takes 1 tops, found 2"):
+        layer.set_up([bottom], blobs((), ()))
+    assert calls == []
+
+
+def test_set_up_cannot_be_overridden():
+    with pytest.raises(TypeError, match="Sneaky overrides set_up; override layer_setup"):
+        class Sneaky(Layer):
+            def set_up(self, bottoms, tops):
+                pass
+
+
+def test_a_contract_changed_in_layer_setup_is_refused():
+    class Mutating(Layer):
+        def layer_setup(self, bottoms, tops):
+            self.backward_reads = ("top",)
+
+        def reshape(self, bottoms, tops):
+            tops[0].reshape(bottoms[0].shape)
+
+    with pytest.raises(TypeError, match=r"Mutating.layer_setup sets \['backward_reads'\]"):
+        Mutating(LayerParameter(name="m")).set_up(*map(list, zip(blobs((2,), ()))))
+
+
+def test_built_in_layers_keep_their_contract_on_the_class():
+    tagger = expand("tagger", steps=3, batch=2, vocab=7, tags=4, embed=5, hidden=4)
+    net = Net(tagger, dtype="float64")
+    types = {layer.type for layer in net.layers}
+    assert {"Embed", "InnerProduct", "LSTMUnit", "Scale", "SoftmaxWithLoss"} <= types
+    for layer in net.layers:
+        assert [a for a in CONTRACT if a in vars(layer)] == [], layer
+        assert LAYERS[layer.type] is type(layer)
+
+
+def test_a_layer_without_rng_draws_on_its_own_device():
+    layer = LAYERS["Dropout"](LayerParameter(name="d", type="Dropout"))
+    assert isinstance(layer.rng, np.random.Generator)
+    traced = LAYERS["Dropout"](LayerParameter(name="d", type="Dropout"), xp=trace)
+    assert isinstance(traced.rng, trace.Generator)
+
+
+# -- defect 4: Scale's contract is static ------------------------------------------------
+
+
+def scale_net(top, relu_in_place=False):
+    """x -> ip -> h -> Scale (learned, top ``top``) -> ip_out -> loss; optionally ReLU on h."""
+    relu = (
+        'layer { name: "relu" type: "ReLU" bottom: "h" top: "h" }\n' if relu_in_place else ""
+    )
+    return f"""
+force_backward: true
+layer {{ name: "in" type: "Input" top: "x" top: "t"
+        input_param {{ shape {{ dim: 4 dim: 3 }} shape {{ dim: 4 dim: 2 }} }} }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "x" top: "h"
+        inner_product_param {{ num_output: 3 weight_filler {{ type: "gaussian" std: 1 }} }} }}
+layer {{ name: "sc" type: "Scale" bottom: "h" top: "{top}"
+        scale_param {{ bias_term: true filler {{ type: "gaussian" std: 1 }} }} }}
+{relu}layer {{ name: "ip_out" type: "InnerProduct" bottom: "{top}" top: "y"
+        inner_product_param {{ num_output: 2 weight_filler {{ type: "gaussian" std: 1 }} }} }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "t" top: "l" }}
+"""
+
+
+def run(net):
+    net.blobs["x"].data[...] = X
+    net.blobs["t"].data[...] = np.arange(8.0).reshape(4, 2)
+    net.forward()
+    net.clear_param_diffs()
+    net.backward()
+    return [p.diff.copy() for layer in net.layers for p in layer.blobs]
+
+
+def test_scale_in_place_shares_memory_and_keeps_its_gradient():
+    # in place, the write destroys x, which the scale gradient needs: forward saves a copy,
+    # which is why the class can declare that backward reads no bottom
+    in_place, out_of_place = (Net(scale_net(t), dtype="float64", seed=1) for t in ("h", "s"))
+    assert in_place.in_place_fallbacks == []
+    assert in_place.blobs["h"] is in_place.blobs["h@0"]
+    for got, want in zip(run(in_place), run(out_of_place)):
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    testing.check_net_gradient(in_place, wrt=["x"])
+
+
+def test_a_later_in_place_write_on_scales_bottom_falls_back():
+    # out of place, Scale's backward reads h; the ReLU that would overwrite h runs out of place
+    net = Net(scale_net("s", relu_in_place=True), dtype="float64", seed=1)
+    assert len(net.in_place_fallbacks) == 1 and "'relu'" in net.in_place_fallbacks[0]
+    assert "'sc'" in net.in_place_fallbacks[0]
+    testing.check_net_gradient(net, wrt=["x"])
+
+
+
+def test_every_module_of_the_layers_package_registers_its_layers():
+    import pkgutil
+
+    import unroll.layers
+
+    modules = {f"unroll.layers.{m.name}" for m in pkgutil.iter_modules(unroll.layers.__path__)}
+    assert {cls.__module__ for cls in LAYERS.values()} >= modules
+
+
+def test_doctests():
+    import doctest
+
+    import unroll.layer
+
+    assert doctest.testmod(unroll.layer).failed == 0
