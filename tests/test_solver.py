@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 import unroll.solver
 from unroll.net import Net
 from unroll.proto import NetParameter, SolverParameter, SolverState
-from unroll.solver import SOLVER_TYPES, Solver, SolverError
+from unroll.param_store import ParamStore
+from unroll.solver import SOLVERS, Solver, SolverError
 
 NET = """
 layer { name: "in" type: "Input" top: "x" top: "y"
@@ -67,6 +68,7 @@ class FakeNet:
 
     def __init__(self):
         self.learnable_params = []
+        self.store = ParamStore()
         self.loss = 0.0
         self.seen = []
 
@@ -76,9 +78,6 @@ class FakeNet:
         return {}
 
     def backward(self):
-        pass
-
-    def clear_param_diffs(self):
         pass
 
     def to_proto(self):
@@ -131,7 +130,7 @@ SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(SOLVER_TYPES))
+@pytest.mark.parametrize("kind", list(SOLVERS))
 def test_update_matches_hand_computation(kind):
     """Three steps with weight decay, lr_mult and decay_mult equal the formulas; lr_mult 0 stays."""
     net = make_net("lr_mult: 2 decay_mult: 0.5", "lr_mult: 0")
@@ -147,7 +146,7 @@ def test_update_matches_hand_computation(kind):
         np.testing.assert_allclose(net.params["ip"][0].data, w, rtol=1e-12, atol=1e-14)
         np.testing.assert_array_equal(net.params["ip"][1].data, b)
     assert solver.iter == 3
-    assert len(solver.history) == SOLVER_TYPES[kind] * 2
+    assert len(solver.history) == SOLVERS[kind].slots * 2
     assert not np.any(solver.history[1]), "the lr_mult 0 param must keep a zero history"
 
 
@@ -346,7 +345,7 @@ def run(kind, dtype, k, m, tmp_path=None, **extra):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("kind", list(SOLVER_TYPES))
+@pytest.mark.parametrize("kind", list(SOLVERS))
 def test_restore_and_continue_is_bit_identical(kind, dtype, tmp_path):
     # stepvalues 1, 2 both passed by iteration 3: a lost current_step would not catch up at once
     extra = dict(lr_policy="multistep", gamma=0.5, stepvalue=[1, 2, 5], iter_size=2)
@@ -555,7 +554,7 @@ def test_bad_fields_name_the_field(fields, error, message):
 
 
 def test_bad_nets_and_calls():
-    with pytest.raises(TypeError, match="lacks backward, clear_param_diffs"):
+    with pytest.raises(TypeError, match="lacks loss, store, backward, to_proto, copy_from"):
         Solver(type("Half", (), {"forward": None, "learnable_params": []})(), base_lr=0.1)
     solver = Solver(FakeNet(), base_lr=0.1)
     with pytest.raises(ValueError, match="step"):
