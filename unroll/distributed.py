@@ -71,7 +71,8 @@ class Comm:
             return
         if kind is SystemExit and value.code in (None, 0):
             return
-        traceback.print_exception(kind, value, tb)
+        if kind is not SystemExit:
+            traceback.print_exception(kind, value, tb)
         self.abort(_failure(self, kind, value))
 
     def __repr__(self) -> str:
