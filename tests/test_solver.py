@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import unroll.solver
 from unroll.net import Net
-from unroll.proto import NetParameter, SolverParameter, SolverState
 from unroll.param_store import ParamStore
+from unroll.proto import NetParameter, SolverParameter, SolverState
 from unroll.solver import SOLVERS, Solver, SolverError
 
 NET = """
