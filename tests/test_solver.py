@@ -16,7 +16,7 @@ import unroll.solver
 from unroll.net import Net
 from unroll.param_store import ParamStore
 from unroll.proto import NetParameter, SolverParameter, SolverState
-from unroll.solver import SOLVERS, Solver, SolverError
+from unroll.solver import SOLVERS, Solver, SolverError, register_solver
 
 NET = """
 layer { name: "in" type: "Input" top: "x" top: "y"
@@ -542,6 +542,13 @@ def test_caffe_fields_without_meaning_here_warn():
         (dict(base_lr=0.1, iter_size=0), SolverError, "'iter_size'.*found 0"),
         (dict(base_lr=0.1, average_loss=0), SolverError, "'average_loss'"),
         (dict(base_lr=0.1, type="Adam", momentum=1.0), SolverError, "'momentum'.*Adam"),
+        (dict(base_lr=0.1, momentum=1.5), SolverError, r"'momentum'.*\[0, 1\) for SGD.*1\.5"),
+        (dict(base_lr=0.1, type="Nesterov", momentum=1.0), SolverError, "'momentum'.*Nesterov"),
+        (dict(base_lr=0.1, type="AdaDelta", momentum=2.0), SolverError, "'momentum'.*AdaDelta"),
+        (dict(base_lr=0.1, type="Adam", momentum2=1.0), SolverError, "'momentum2'.*Adam"),
+        (dict(base_lr=0.1, clip_gradients=-1), SolverError, "'clip_gradients'.*> 0.*-1"),
+        (dict(base_lr=0.1, clip_gradients=0), SolverError, "'clip_gradients'.*> 0.*0"),
+        (dict(base_lr=0.1, type="Rprop"), SolverError, "'type'.*registered.*Rprop"),
         (dict(base_lr=0.1, type="AdaGrad", momentum=0.9), SolverError, "cannot be used with"),
         (dict(base_lr=0.1, type="RMSProp", rms_decay=1.5), SolverError, "'rms_decay'"),
         (dict(base_lr=0.1, snapshot=10), SolverError, "'snapshot_prefix' is not set"),
@@ -561,6 +568,40 @@ def test_bad_nets_and_calls():
         solver.step(-1)
     with pytest.raises(SolverError, match="needs a prefix"):
         solver.snapshot()
+
+
+def test_a_solver_registered_from_outside_trains_and_snapshots(tmp_path):
+    """A new type: one decorator, its slots and checks; then it runs, snapshots and restores."""
+
+    def check(param):
+        if param.momentum > 0.5:
+            raise SolverError("solver field 'momentum': expected <= 0.5 for HeavyBall")
+
+    @register_solver("HeavyBall", slots=1, check=check)
+    def heavy_ball(diff, history, rate, solver):
+        (h,) = history
+        h *= diff.dtype.type(solver.param.momentum)
+        h += diff
+        diff[...] = rate * h
+
+    try:
+        with pytest.raises(SolverError, match="<= 0.5 for HeavyBall"):
+            Solver(make_net(), type="heavyball", base_lr=0.1, momentum=0.9)
+        with pytest.raises(ValueError, match="already registered"):
+            register_solver("heavyBALL", slots=1)(heavy_ball)
+        net = make_net()
+        w, g = net.params["ip"][0].data.copy(), gradients(net, batch(0))["w"]
+        solver = Solver(net, type="HeavyBall", base_lr=0.125, momentum=0.5)
+        solver.step(1, feed=batch)
+        np.testing.assert_allclose(net.params["ip"][0].data, w - 0.125 * g, rtol=1e-12)
+        _, state = solver.snapshot(tmp_path / "hb")
+        solver.step(2, feed=batch)
+        again = Solver(make_net(seed=5), type="HeavyBall", base_lr=0.125, momentum=0.5)
+        again.restore(state)
+        again.step(2, feed=batch)
+        np.testing.assert_array_equal(again.net.store.data, net.store.data)
+    finally:
+        del SOLVERS["HeavyBall"]
 
 
 def test_params_changing_under_the_solver_is_an_error():
