@@ -9,6 +9,7 @@ missing; CI installs both (the ``mpi`` extra).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -27,7 +28,7 @@ if __name__ == "__main__":  # run by mpiexec from a path: import this checkout's
 import unroll  # noqa: E402
 from unroll import distributed  # noqa: E402
 from unroll.bucketed_model import BucketedModel  # noqa: E402
-from unroll.bucketing import time_major  # noqa: E402
+from unroll.bucketing import BucketSampler, time_major  # noqa: E402
 from unroll.solver import Solver  # noqa: E402
 
 N = 3  # sequences per batch
@@ -156,11 +157,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def launch(*args, ranks: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run this file under ``mpiexec -n ranks``; a hang fails the test instead of CI."""
+def launch(*args) -> subprocess.CompletedProcess:
+    """Run this file's :func:`worker` under ``mpiexec -n 2``."""
+    return mpiexec(__file__, *args)
+
+
+def mpiexec(*argv, ranks: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``python *argv`` under ``mpiexec -n ranks``; a hang fails the test instead of CI."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
                OPENBLAS_NUM_THREADS="1")
-    command = [_mpiexec(), "-n", str(ranks), sys.executable, __file__, *map(str, args)]
+    command = [_mpiexec(), "-n", str(ranks), sys.executable, *map(str, argv)]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
@@ -168,7 +174,7 @@ def launch(*args, ranks: int = 2, timeout: float = 300) -> subprocess.CompletedP
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        pytest.fail(f"mpiexec -n {ranks} {' '.join(map(str, args))} hung for {timeout} s")
+        pytest.fail(f"mpiexec -n {ranks} {' '.join(map(str, argv))} hung for {timeout} s")
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
@@ -210,3 +216,34 @@ def test_a_failing_rank_ends_the_whole_job(failure, tmp_path):
     if failure != "kill":  # a killed rank cannot speak; mpiexec reports it
         assert "rank 1 of 2 failed" in run.stderr, run.stderr
     assert not (tmp_path / "params.npy").exists()
+
+
+def test_the_tagger_trains_data_parallel_and_resumes(tmp_path):
+    from examples.pos_tagging.conll import write_conllu
+    from examples.pos_tagging.train import DEV_FILE, TRAIN_FILE
+
+    tag_of = {"the": "DET", "a": "DET", "cat": "NOUN", "dog": "NOUN", "mat": "NOUN",
+              "sat": "VERB", "ran": "VERB", "on": "ADP", ".": "PUNCT"}
+    rng = np.random.default_rng(0)
+    train_sentences, dev_sentences = (
+        [list(rng.choice(list(tag_of), size=rng.integers(2, 9))) for _ in range(count)]
+        for count in (48, 12)
+    )
+    for name, sentences in ((TRAIN_FILE, train_sentences), (DEV_FILE, dev_sentences)):
+        write_conllu(sentences, [[tag_of[w] for w in s] for s in sentences], tmp_path / name)
+    steps = len(BucketSampler([len(s) for s in train_sentences], batch_size=4, size=2))
+    model_dir = tmp_path / "model"
+    train = ["-m", "examples.pos_tagging", "train", "--data", tmp_path, "--model-dir", model_dir,
+             "--batch-size", 4, "--embed", 8, "--hidden", 8, "--layers", 1, "--char-hidden", 0,
+             "--quiet"]
+    run = mpiexec(*train, "--epochs", 2)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("epoch 1:") == 1 and run.stdout.count("done:") == 1, run.stdout
+    log = json.loads((model_dir / "log.json").read_text())
+    assert [e["epoch"] for e in log] == [1, 2]
+    assert log[-1]["iter"] == 2 * steps  # each rank takes half of each epoch's batches
+    run = mpiexec(*train, "--epochs", 3, "--resume")
+    assert run.returncode == 0, run.stderr
+    log = json.loads((model_dir / "log.json").read_text())
+    assert [e["epoch"] for e in log] == [1, 2, 3] and log[-1]["iter"] == 3 * steps
+    assert (model_dir / "best.caffemodel").is_file()
