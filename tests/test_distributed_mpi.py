@@ -27,6 +27,7 @@ if __name__ == "__main__":  # run by mpiexec from a path: import this checkout's
 
 import unroll  # noqa: E402
 from unroll import distributed  # noqa: E402
+from unroll.backend import GPU_AVAILABLE, to_numpy  # noqa: E402
 from unroll.bucketed_model import BucketedModel  # noqa: E402
 from unroll.bucketing import BucketSampler, time_major  # noqa: E402
 from unroll.solver import Solver  # noqa: E402
@@ -77,9 +78,9 @@ def tagger_batch(k: int) -> dict:
 MODELS = {"lstm": (lstm_net, lstm_batch, None), "tagger": (tagger_net, tagger_batch, "words")}
 
 
-def model(kind: str) -> BucketedModel:
+def model(kind: str, device: str = "cpu") -> BucketedModel:
     make, _, steps_from = MODELS[kind]
-    return BucketedModel(make, dtype="float64", seed=7, steps_from=steps_from)
+    return BucketedModel(make, dtype="float64", seed=7, steps_from=steps_from, device=device)
 
 
 # -- the MPI program ---------------------------------------------------------------------
@@ -94,10 +95,11 @@ def worker(argv) -> None:
     parser.add_argument("--snapshot", type=int, default=0)
     parser.add_argument("--resume", type=Path)
     parser.add_argument("--failure", choices=["raise", "exit", "kill"])
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     args = parser.parse_args(argv)
-    comm = distributed.init()
+    comm = distributed.init(args.device)
     kind = args.kind
-    net = model(kind)
+    net = model(kind, args.device)
     solver = Solver(net, comm=comm, snapshot=args.snapshot, snapshot_prefix=str(args.out / "s"),
                     **SOLVER)
     if args.resume:
@@ -109,7 +111,7 @@ def worker(argv) -> None:
             if args.failure and comm.rank == 1 and solver.iter == 1:
                 fail(args.failure)
             solver.step(1, feed=lambda _: batch(solver.iter * comm.size + comm.rank))
-            values = comm.mpi.allgather(net.store.data)
+            values = comm.mpi.allgather(to_numpy(net.store.data))
             if any(not np.array_equal(values[0], v) for v in values):
                 raise RuntimeError(f"ranks hold different params after iteration {solver.iter}")
 
@@ -119,7 +121,7 @@ def worker(argv) -> None:
         with comm:  # a SystemExit inside must end every rank too
             train()
     if comm.rank == 0:
-        np.save(args.out / "params.npy", net.store.data)
+        np.save(args.out / "params.npy", to_numpy(net.store.data))
 
 
 def fail(how: str) -> None:
@@ -192,6 +194,21 @@ def test_two_ranks_equal_one_process_with_iter_size_two(kind, tmp_path):
     alone = single_process(kind, 4, iter_size=2)
     assert np.abs(alone - single_process(kind, 0, iter_size=1)).max() > 1e-3, "params must move"
     np.testing.assert_allclose(ranks, alone, rtol=0, atol=1e-6)
+
+
+def _gpus() -> int:
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceCount()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU_AVAILABLE or _gpus() < 2, reason="NCCL needs two GPUs, one per rank")
+def test_two_gpu_ranks_over_nccl_equal_one_process_with_iter_size_two(tmp_path):
+    run = launch("lstm", tmp_path, "--steps", 4, "--device", "gpu")
+    assert run.returncode == 0, run.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "params.npy"),
+                               single_process("lstm", 4, iter_size=2), rtol=0, atol=1e-6)
 
 
 def test_snapshot_and_resume_under_two_ranks_continue_exactly(tmp_path):
