@@ -29,6 +29,8 @@ import os
 import sys
 import traceback
 
+from unroll.backend import get_array_module, nccl_module
+
 __all__ = ["Comm", "MPIComm", "NCCLComm", "init", "launched"]
 
 #: environment variables by which MPI launchers tell a process its rank
@@ -115,19 +117,18 @@ class NCCLComm(MPIComm):
 
     def __init__(self, mpi_comm):
         super().__init__(mpi_comm)
-        import cupy
-        from cupy.cuda import nccl
         from mpi4py import MPI
 
+        cupy, nccl = get_array_module("gpu"), nccl_module()
         local_rank = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED).Get_rank()
         cupy.cuda.Device(local_rank % cupy.cuda.runtime.getDeviceCount()).use()
         uid = mpi_comm.bcast(nccl.get_unique_id() if self.rank == 0 else None, root=0)
-        self._cupy, self._nccl = cupy, nccl
+        self._cupy, self._lib = cupy, nccl
         self.nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
 
     def _nccl_type(self, array) -> int:
-        types = {"float32": self._nccl.NCCL_FLOAT32, "float64": self._nccl.NCCL_FLOAT64,
-                 "float16": self._nccl.NCCL_FLOAT16}
+        types = {"float32": self._lib.NCCL_FLOAT32, "float64": self._lib.NCCL_FLOAT64,
+                 "float16": self._lib.NCCL_FLOAT16}
         if array.dtype.name not in types:
             raise TypeError(f"NCCL reduces {sorted(types)} arrays, found {array.dtype}")
         return types[array.dtype.name]
@@ -135,7 +136,7 @@ class NCCLComm(MPIComm):
     def allreduce_sum(self, array) -> None:
         stream = self._cupy.cuda.get_current_stream().ptr
         self.nccl.allReduce(array.data.ptr, array.data.ptr, array.size, self._nccl_type(array),
-                            self._nccl.NCCL_SUM, stream)
+                            self._lib.NCCL_SUM, stream)
 
     def broadcast(self, array, root: int = 0) -> None:
         stream = self._cupy.cuda.get_current_stream().ptr
