@@ -604,6 +604,46 @@ def test_a_solver_registered_from_outside_trains_and_snapshots(tmp_path):
         del SOLVERS["HeavyBall"]
 
 
+MULTS_NET = """
+layer { name: "in" type: "Input" top: "x" top: "y"
+        input_param { shape { dim: 4 dim: 3 } shape { dim: 4 dim: 6 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "x" top: "p1"
+        param { name: "w1" } param { name: "b1" lr_mult: 2 } %s }
+layer { name: "ip2" type: "InnerProduct" bottom: "x" top: "p2"
+        param { name: "w2" decay_mult: 0.5 } param { name: "b2" lr_mult: 0 } %s }
+layer { name: "ip3" type: "InnerProduct" bottom: "x" top: "p3"
+        param { name: "w3" decay_mult: 0 } param { name: "b3" } %s }
+layer { name: "cat" type: "Concat" bottom: "p1" bottom: "p2" bottom: "p3" top: "p" }
+layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }
+""" % (('''inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.5 }
+                             bias_filler { type: "gaussian" std: 0.5 } }''',) * 3)
+
+
+@pytest.mark.parametrize("kind", ["SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam"])
+@pytest.mark.parametrize("regularization", ["L2", "L1"])
+def test_updating_runs_of_params_at_once_equals_caffes_update_per_param(kind, regularization):
+    """Spans of adjacent params with mixed lr_mult/decay_mult (and a frozen one) update
+    exactly as one param at a time: the same rule registered per param gives the same bits."""
+    builtin = SOLVERS[kind]
+    register_solver(f"{kind}PerParam", builtin.slots, builtin.check, elementwise=False)(
+        builtin.update)
+    try:
+        nets = []
+        for name in (kind, f"{kind}PerParam"):
+            net = Net(MULTS_NET, dtype="float64")
+            solver = Solver(net, type=name, weight_decay=0.01,
+                            regularization_type=regularization, **SETTINGS[kind])
+            solver.step(3, feed=lambda k: {"x": batch(k)["x"], "y": np.tile(batch(k)["y"], 3)})
+            nets.append((net, solver))
+        (spans, by_span), (params, by_param) = nets
+        np.testing.assert_array_equal(spans.store.data, params.store.data)
+        for a, b in zip(by_span.history, by_param.history):
+            np.testing.assert_array_equal(a, b)
+        assert not np.any(by_span.history[3]), "the lr_mult 0 param keeps a zero history"
+    finally:
+        del SOLVERS[f"{kind}PerParam"]
+
+
 def test_params_changing_under_the_solver_is_an_error():
     net = make_net()
     solver = Solver(net, base_lr=0.1)

@@ -22,7 +22,9 @@ outside the package.
 
 Params and diffs live in the net's :class:`~unroll.param_store.ParamStore`,
 packed into one buffer each, and the history in one buffer per slot: clearing
-and clipping are whole-buffer operations, and with a communicator (``comm=``,
+and clipping are whole-buffer operations, step 3 runs once per run of adjacent
+params (``lr_mult`` and ``decay_mult`` become per-element arrays where they
+differ, with the same arithmetic, so the same bits), and with a communicator (``comm=``,
 see :mod:`unroll.distributed`) the gradients of all ranks are summed in ONE
 all-reduce before each update. The sum is divided by the number of ranks in
 step 3 together with ``iter_size`` (after clipping), so N ranks on N different
@@ -159,21 +161,28 @@ class SolverType:
     slots: int
     update: Callable
     check: Callable[[SolverParameter], None]
+    elementwise: bool = True
 
 
 #: Registered solver types by Caffe's ``type`` string (see :func:`register_solver`).
 SOLVERS: dict[str, SolverType] = {}
 
 
-def register_solver(name: str, slots: int, check: Callable[[SolverParameter], None] = None):
+def register_solver(name: str, slots: int, check: Callable[[SolverParameter], None] = None,
+                    elementwise: bool = True):
     """Register an update function as solver type ``name`` (Caffe's REGISTER_SOLVER_CLASS).
 
-    ``update(diff, history, rate, solver)`` is Caffe's ComputeUpdateValue for
-    one param: ``diff`` holds the regularized gradient and must be left holding
-    the step (``data -= diff`` follows); ``history`` is the param's ``slots``
-    arrays, zero at first and saved in snapshots; ``rate`` is the local learning
-    rate (``lr * lr_mult``) in the param's dtype; ``solver`` gives ``param``
-    (the SolverParameter), ``iter`` and ``scratch(like)``, a reusable work array.
+    ``update(diff, history, rate, solver)`` is Caffe's ComputeUpdateValue:
+    ``diff`` holds the regularized gradient and must be left holding the step
+    (``data -= diff`` follows); ``history`` is ``slots`` arrays like ``diff``,
+    zero at first and saved in snapshots; ``rate`` is the local learning rate
+    (``lr * lr_mult``) in the params' dtype; ``solver`` gives ``param`` (the
+    SolverParameter), ``iter`` and ``scratch(like)``, a reusable work array.
+    An ``elementwise`` rule (each element's step depends on that element only,
+    as in every built-in) gets whole runs of adjacent params of the flat
+    buffers at once, flat, with ``rate`` an array where their ``lr_mult``
+    differ; give ``elementwise=False`` for a rule that needs each param whole
+    (a per-param norm), which then gets one param at a time in its shape.
     ``check(param)`` raises :class:`SolverError` for settings the type cannot use.
     Names are matched in any case.
 
@@ -190,7 +199,8 @@ def register_solver(name: str, slots: int, check: Callable[[SolverParameter], No
     def register(update: Callable) -> Callable:
         if any(known.lower() == name.lower() for known in SOLVERS):
             raise ValueError(f"a solver type named '{name}' is already registered")
-        SOLVERS[name] = SolverType(name, slots, update, check or (lambda param: None))
+        SOLVERS[name] = SolverType(name, slots, update, check or (lambda param: None),
+                                   elementwise)
         return update
 
     return register
@@ -298,6 +308,55 @@ def _adam(diff, history, rate, solver) -> None:
     scratch += dt(solver.param.delta)
     xp.divide(m, scratch, out=diff)
     diff *= rate * correction
+
+
+# -- spans of the flat buffers -----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Span:
+    """Params adjacent in the flat buffers that one pass of array operations updates.
+
+    ``lr_mult`` and ``decay_mult`` are scalars of the buffers' dtype, or arrays
+    with one value per element where the params differ; ``decay_mult`` is None
+    when no param of the span decays (Caffe skips those, so they stay apart).
+    """
+
+    start: int
+    stop: int
+    shape: tuple
+    lr_mult: object
+    decay_mult: object
+
+
+def _spans(params, elementwise: bool, weight_decay: float, like) -> list[_Span]:
+    """The spans over ``params`` that an update visits; params with ``lr_mult`` 0 are left out."""
+    dt, xp = like.dtype.type, module_of(like)
+
+    def decays(p) -> bool:
+        return bool(dt(weight_decay) * dt(p.decay_mult))
+
+    def per_element(run, attr):
+        values = [dt(getattr(p, attr)) for p in run]
+        if all(v == values[0] for v in values):
+            return values[0]
+        return xp.concatenate([xp.full(p.blob.count, v, like.dtype) for p, v in zip(run, values)])
+
+    runs: list[list] = []
+    for p in sorted((p for p in params if p.lr_mult != 0), key=lambda p: p.offset):
+        last = runs[-1][-1] if runs else None
+        if (elementwise and last is not None and last.offset + last.blob.count == p.offset
+                and decays(last) == decays(p)):
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    spans = []
+    for run in runs:
+        start, stop = run[0].offset, run[-1].offset + run[-1].blob.count
+        shape = (stop - start,) if elementwise else run[0].blob.shape
+        decay = per_element(run, "decay_mult") if decays(run[0]) else None
+        spans.append(_Span(start, stop, shape, per_element(run, "lr_mult"), decay))
+    return spans
 
 
 # -- building the SolverParameter --------------------------------------------------
@@ -482,6 +541,8 @@ class Solver:
         self._store = net.store
         self.iter = 0
         self._scratch_arrays: dict = {}
+        self._span_key: tuple = ()
+        self._span_list: list[_Span] = []
         self.current_step = 0
         self.rate = float("nan")
         self.loss = float("nan")
@@ -624,18 +685,33 @@ class Solver:
             self.comm.allreduce_sum(self._store.diff)
             self._clip_gradients()
         passes = self.param.iter_size * self.comm.size  # gradients summed so far
-        for p, hist in zip(params, self._history):
-            if p.lr_mult == 0:
-                continue
-            blob = p.blob
-            diff = blob.diff
-            dt = diff.dtype.type
+        data, diff = self._store.data, self._store.diff
+        for span in self._spans(params):
+            where = slice(span.start, span.stop)
+            d, w = diff[where].reshape(span.shape), data[where].reshape(span.shape)
+            dt = d.dtype.type
             if passes != 1:  # Normalize
-                diff *= dt(1) / dt(passes)
-            self._regularize(p, dt)
-            self._kind.update(diff, hist, dt(rate) * dt(p.lr_mult), self)
-            blob.data -= diff
+                d *= dt(1) / dt(passes)
+            if span.decay_mult is not None:  # Regularize
+                local_decay = dt(self.param.weight_decay) * span.decay_mult
+                d += local_decay * (w if self.param.regularization_type == "L2"
+                                    else module_of(w).sign(w))
+            history = [h[where].reshape(span.shape) for h in self._history_buffers]
+            self._kind.update(d, history, dt(rate) * span.lr_mult, self)
+            w -= d
         self.iter += 1
+
+    def _spans(self, params) -> list[_Span]:
+        """The spans of the flat buffers one update goes over, rebuilt when a param changes."""
+        key = (self.param.weight_decay,
+               *((p.offset, p.blob.count, p.lr_mult, p.decay_mult) for p in params))
+        if self._store.data is None:  # a net without params
+            return []
+        if key != self._span_key:
+            self._span_key = key
+            self._span_list = _spans(params, self._kind.elementwise, self.param.weight_decay,
+                                     self._store.data)
+        return self._span_list
 
     def _clip_gradients(self) -> None:
         clip = self.param.clip_gradients
@@ -647,16 +723,6 @@ class Solver:
             log.info("Gradient clipping: scaling down gradients (L2 norm %g > %g) by %g",
                      norm, clip, clip / norm)
             diff *= diff.dtype.type(clip / norm)
-
-    def _regularize(self, p, dt) -> None:
-        local_decay = dt(self.param.weight_decay) * dt(p.decay_mult)
-        if not local_decay:
-            return
-        data, diff = p.blob.data, p.blob.diff
-        if self.param.regularization_type == "L2":
-            diff += local_decay * data
-        else:
-            diff += local_decay * module_of(data).sign(data)
 
     def scratch(self, like):
         """A work array of ``like``'s shape and dtype, kept between iterations (for updates)."""
