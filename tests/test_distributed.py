@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 import unroll.distributed
 from unroll.bucketing import BucketSampler
 from unroll.distributed import Comm, init, launched
+from unroll.net import Net
+from unroll.solver import Solver, SolverError
 
 
 @st.composite
@@ -75,6 +77,44 @@ def test_a_launcher_without_mpi4py_is_a_clear_error(monkeypatch):
             init()
     finally:
         init.cache_clear()
+
+
+class Recording(Comm):
+    """Rank 1 of 2 that records what it would abort with."""
+
+    rank, size = 1, 2
+    aborted = None
+
+    def abort(self, message, code=1):
+        self.aborted = message
+
+
+@pytest.mark.parametrize("error", [ValueError("bad batch"), SystemExit(2), KeyboardInterrupt()])
+def test_a_failure_inside_the_comm_block_aborts_naming_the_rank(error):
+    comm = Recording()
+    with pytest.raises(type(error)), comm:
+        raise error
+    expected = f"unroll.distributed: rank 1 of 2 failed ({type(error).__name__}"
+    assert comm.aborted.startswith(expected)
+
+
+@pytest.mark.parametrize("code", [None, 0])
+def test_a_clean_exit_inside_the_comm_block_aborts_nothing(code):
+    comm = Recording()
+    with pytest.raises(SystemExit), comm:
+        sys.exit(code)
+    assert comm.aborted is None
+
+
+def test_a_communicator_for_another_device_is_refused():
+    class GPURanks(Recording):
+        device = "gpu"
+
+    net = Net('''layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+                 layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y"
+                         inner_product_param { num_output: 2 } }''')
+    with pytest.raises(SolverError, match="params are on the cpu.*arrays on the gpu"):
+        Solver(net, comm=GPURanks(), base_lr=0.1)
 
 
 def test_unknown_device_is_an_error():

@@ -44,10 +44,12 @@ class Comm:
     The base of the MPI and NCCL communicators, and the interface the Solver
     drives: ``rank``, ``size``, in-place ``allreduce_sum`` and ``broadcast`` of
     one contiguous array, ``sum`` of a Python float, ``barrier`` and ``abort``.
+    ``device`` is where the arrays it reduces must live (None: anywhere).
     """
 
     rank = 0
     size = 1
+    device: str | None = None
 
     def allreduce_sum(self, array) -> None:
         """Replace ``array`` (contiguous) by its elementwise sum over all ranks."""
@@ -84,6 +86,8 @@ class Comm:
 class MPIComm(Comm):
     """Ranks of an MPI communicator (``mpi4py``), on NumPy arrays."""
 
+    device = "cpu"
+
     def __init__(self, mpi_comm):
         self.mpi = mpi_comm
         self.rank = mpi_comm.Get_rank()
@@ -114,6 +118,8 @@ class NCCLComm(MPIComm):
 
     Each rank uses the GPU numbered by its rank among the ranks of its host.
     """
+
+    device = "gpu"
 
     def __init__(self, mpi_comm):
         super().__init__(mpi_comm)

@@ -66,7 +66,7 @@ from typing import Protocol
 from google.protobuf import message as _pb_message
 
 from unroll.atomic import write_files_atomic
-from unroll.backend import module_of, to_numpy
+from unroll.backend import device_of, module_of, to_numpy
 from unroll.distributed import Comm
 from unroll.param_store import LearnableParam, ParamStore
 from unroll.proto import (
@@ -573,6 +573,14 @@ class Solver:
         for weights in param.weights:
             net.copy_from(weights)
         self._sync_history()
+        if self._store.data is not None and self.comm.device not in (
+            None, device_of(module_of(self._store.data))
+        ):
+            raise SolverError(
+                f"the net's params are on the {device_of(module_of(self._store.data))}, but "
+                f"{self.comm!r} reduces arrays on the {self.comm.device}: get the communicator "
+                f"with unroll.distributed.init(device) for the net's device"
+            )
         self._broadcast()
 
     def __repr__(self) -> str:
