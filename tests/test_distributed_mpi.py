@@ -21,16 +21,14 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-ROOT = Path(__file__).resolve().parents[1]
-if __name__ == "__main__":  # run by mpiexec from a path: import this checkout's unroll
-    sys.path.insert(0, str(ROOT))
+import unroll
+from unroll import distributed
+from unroll.backend import GPU_AVAILABLE, to_numpy
+from unroll.bucketed_model import BucketedModel
+from unroll.bucketing import BucketSampler, time_major
+from unroll.solver import Solver
 
-import unroll  # noqa: E402
-from unroll import distributed  # noqa: E402
-from unroll.backend import GPU_AVAILABLE, to_numpy  # noqa: E402
-from unroll.bucketed_model import BucketedModel  # noqa: E402
-from unroll.bucketing import BucketSampler, time_major  # noqa: E402
-from unroll.solver import Solver  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]  # on the ranks' PYTHONPATH: this checkout's unroll
 
 N = 3  # sequences per batch
 SOLVER = dict(type="Adam", base_lr=0.05, momentum=0.9, momentum2=0.999, weight_decay=1e-3,
@@ -130,11 +128,6 @@ def fail(how: str) -> None:
     if how == "exit":
         sys.exit(3)
     os.kill(os.getpid(), signal.SIGKILL)
-
-
-if __name__ == "__main__":
-    worker(sys.argv[1:])
-    sys.exit(0)
 
 
 # -- the tests -----------------------------------------------------------------------------
@@ -264,3 +257,7 @@ def test_the_tagger_trains_data_parallel_and_resumes(tmp_path):
     log = json.loads((model_dir / "log.json").read_text())
     assert [e["epoch"] for e in log] == [1, 2, 3] and log[-1]["iter"] == 3 * steps
     assert (model_dir / "best.caffemodel").is_file()
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1:])
