@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 import unroll.solver
 from unroll.net import Net
+from unroll.param_store import ParamStore
 from unroll.proto import NetParameter, SolverParameter, SolverState
-from unroll.solver import SOLVER_TYPES, Solver, SolverError
+from unroll.solver import SOLVERS, Solver, SolverError, register_solver
 
 NET = """
 layer { name: "in" type: "Input" top: "x" top: "y"
@@ -67,6 +68,7 @@ class FakeNet:
 
     def __init__(self):
         self.learnable_params = []
+        self.store = ParamStore()
         self.loss = 0.0
         self.seen = []
 
@@ -76,9 +78,6 @@ class FakeNet:
         return {}
 
     def backward(self):
-        pass
-
-    def clear_param_diffs(self):
         pass
 
     def to_proto(self):
@@ -131,7 +130,7 @@ SETTINGS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(SOLVER_TYPES))
+@pytest.mark.parametrize("kind", list(SOLVERS))
 def test_update_matches_hand_computation(kind):
     """Three steps with weight decay, lr_mult and decay_mult equal the formulas; lr_mult 0 stays."""
     net = make_net("lr_mult: 2 decay_mult: 0.5", "lr_mult: 0")
@@ -147,7 +146,7 @@ def test_update_matches_hand_computation(kind):
         np.testing.assert_allclose(net.params["ip"][0].data, w, rtol=1e-12, atol=1e-14)
         np.testing.assert_array_equal(net.params["ip"][1].data, b)
     assert solver.iter == 3
-    assert len(solver.history) == SOLVER_TYPES[kind] * 2
+    assert len(solver.history) == SOLVERS[kind].slots * 2
     assert not np.any(solver.history[1]), "the lr_mult 0 param must keep a zero history"
 
 
@@ -346,7 +345,7 @@ def run(kind, dtype, k, m, tmp_path=None, **extra):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("kind", list(SOLVER_TYPES))
+@pytest.mark.parametrize("kind", list(SOLVERS))
 def test_restore_and_continue_is_bit_identical(kind, dtype, tmp_path):
     # stepvalues 1, 2 both passed by iteration 3: a lost current_step would not catch up at once
     extra = dict(lr_policy="multistep", gamma=0.5, stepvalue=[1, 2, 5], iter_size=2)
@@ -543,6 +542,13 @@ def test_caffe_fields_without_meaning_here_warn():
         (dict(base_lr=0.1, iter_size=0), SolverError, "'iter_size'.*found 0"),
         (dict(base_lr=0.1, average_loss=0), SolverError, "'average_loss'"),
         (dict(base_lr=0.1, type="Adam", momentum=1.0), SolverError, "'momentum'.*Adam"),
+        (dict(base_lr=0.1, momentum=1.5), SolverError, r"'momentum'.*\[0, 1\) for SGD.*1\.5"),
+        (dict(base_lr=0.1, type="Nesterov", momentum=1.0), SolverError, "'momentum'.*Nesterov"),
+        (dict(base_lr=0.1, type="AdaDelta", momentum=2.0), SolverError, "'momentum'.*AdaDelta"),
+        (dict(base_lr=0.1, type="Adam", momentum2=1.0), SolverError, "'momentum2'.*Adam"),
+        (dict(base_lr=0.1, clip_gradients=-1), SolverError, "'clip_gradients'.*> 0.*-1"),
+        (dict(base_lr=0.1, clip_gradients=0), SolverError, "'clip_gradients'.*> 0.*0"),
+        (dict(base_lr=0.1, type="Rprop"), SolverError, "'type'.*registered.*Rprop"),
         (dict(base_lr=0.1, type="AdaGrad", momentum=0.9), SolverError, "cannot be used with"),
         (dict(base_lr=0.1, type="RMSProp", rms_decay=1.5), SolverError, "'rms_decay'"),
         (dict(base_lr=0.1, snapshot=10), SolverError, "'snapshot_prefix' is not set"),
@@ -555,13 +561,87 @@ def test_bad_fields_name_the_field(fields, error, message):
 
 
 def test_bad_nets_and_calls():
-    with pytest.raises(TypeError, match="lacks backward, clear_param_diffs"):
+    with pytest.raises(TypeError, match="lacks loss, store, backward, to_proto, copy_from"):
         Solver(type("Half", (), {"forward": None, "learnable_params": []})(), base_lr=0.1)
     solver = Solver(FakeNet(), base_lr=0.1)
     with pytest.raises(ValueError, match="step"):
         solver.step(-1)
     with pytest.raises(SolverError, match="needs a prefix"):
         solver.snapshot()
+
+
+def test_a_solver_registered_from_outside_trains_and_snapshots(tmp_path):
+    """A new type: one decorator, its slots and checks; then it runs, snapshots and restores."""
+
+    def check(param):
+        if param.momentum > 0.5:
+            raise SolverError("solver field 'momentum': expected <= 0.5 for HeavyBall")
+
+    @register_solver("HeavyBall", slots=1, check=check)
+    def heavy_ball(diff, history, rate, solver):
+        (h,) = history
+        h *= diff.dtype.type(solver.param.momentum)
+        h += diff
+        diff[...] = rate * h
+
+    try:
+        with pytest.raises(SolverError, match="<= 0.5 for HeavyBall"):
+            Solver(make_net(), type="heavyball", base_lr=0.1, momentum=0.9)
+        with pytest.raises(ValueError, match="already registered"):
+            register_solver("heavyBALL", slots=1)(heavy_ball)
+        net = make_net()
+        w, g = net.params["ip"][0].data.copy(), gradients(net, batch(0))["w"]
+        solver = Solver(net, type="HeavyBall", base_lr=0.125, momentum=0.5)
+        solver.step(1, feed=batch)
+        np.testing.assert_allclose(net.params["ip"][0].data, w - 0.125 * g, rtol=1e-12)
+        _, state = solver.snapshot(tmp_path / "hb")
+        solver.step(2, feed=batch)
+        again = Solver(make_net(seed=5), type="HeavyBall", base_lr=0.125, momentum=0.5)
+        again.restore(state)
+        again.step(2, feed=batch)
+        np.testing.assert_array_equal(again.net.store.data, net.store.data)
+    finally:
+        del SOLVERS["HeavyBall"]
+
+
+MULTS_NET = """
+layer { name: "in" type: "Input" top: "x" top: "y"
+        input_param { shape { dim: 4 dim: 3 } shape { dim: 4 dim: 6 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "x" top: "p1"
+        param { name: "w1" } param { name: "b1" lr_mult: 2 } %s }
+layer { name: "ip2" type: "InnerProduct" bottom: "x" top: "p2"
+        param { name: "w2" decay_mult: 0.5 } param { name: "b2" lr_mult: 0 } %s }
+layer { name: "ip3" type: "InnerProduct" bottom: "x" top: "p3"
+        param { name: "w3" decay_mult: 0 } param { name: "b3" } %s }
+layer { name: "cat" type: "Concat" bottom: "p1" bottom: "p2" bottom: "p3" top: "p" }
+layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }
+""" % (('''inner_product_param { num_output: 2 weight_filler { type: "gaussian" std: 0.5 }
+                             bias_filler { type: "gaussian" std: 0.5 } }''',) * 3)
+
+
+@pytest.mark.parametrize("kind", ["SGD", "Nesterov", "AdaGrad", "RMSProp", "AdaDelta", "Adam"])
+@pytest.mark.parametrize("regularization", ["L2", "L1"])
+def test_updating_runs_of_params_at_once_equals_caffes_update_per_param(kind, regularization):
+    """Spans of adjacent params with mixed lr_mult/decay_mult (and a frozen one) update
+    exactly as one param at a time: the same rule registered per param gives the same bits."""
+    builtin = SOLVERS[kind]
+    register_solver(f"{kind}PerParam", builtin.slots, builtin.check, elementwise=False)(
+        builtin.update)
+    try:
+        nets = []
+        for name in (kind, f"{kind}PerParam"):
+            net = Net(MULTS_NET, dtype="float64")
+            solver = Solver(net, type=name, weight_decay=0.01,
+                            regularization_type=regularization, **SETTINGS[kind])
+            solver.step(3, feed=lambda k: {"x": batch(k)["x"], "y": np.tile(batch(k)["y"], 3)})
+            nets.append((net, solver))
+        (spans, by_span), (params, by_param) = nets
+        np.testing.assert_array_equal(spans.store.data, params.store.data)
+        for a, b in zip(by_span.history, by_param.history):
+            np.testing.assert_array_equal(a, b)
+        assert not np.any(by_span.history[3]), "the lr_mult 0 param keeps a zero history"
+    finally:
+        del SOLVERS[f"{kind}PerParam"]
 
 
 def test_params_changing_under_the_solver_is_an_error():

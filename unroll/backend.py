@@ -46,6 +46,16 @@ def get_array_module(device: str = "cpu"):
     raise ValueError(f"unknown device {device!r}; expected one of {DEVICES}")
 
 
+def nccl_module():
+    """CuPy's NCCL bindings (``cupy.cuda.nccl``): the GPU collectives of unroll.distributed."""
+    get_array_module("gpu")
+    from cupy.cuda import nccl
+
+    if not nccl.available:
+        raise RuntimeError("this CuPy has no NCCL; install NCCL for its CUDA version")
+    return nccl
+
+
 def device_of(xp) -> str:
     """"cpu", "gpu" or "trace" for an array module."""
     if xp is np:

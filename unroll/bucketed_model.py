@@ -24,9 +24,8 @@ class BucketedModel:
     names the input whose axis 0 is T when inputs differ there (a tagger's
     words (T, N) beside its characters (C, T * N)).
 
-    The model offers the net interface the Solver drives (``forward``,
-    ``backward``, ``loss``, ``learnable_params``, ``clear_param_diffs``,
-    ``to_proto``, ``copy_from``). A test-phase model shares the training
+    The model is a :class:`~unroll.solver.TrainableNet`, the interface the
+    Solver drives. A test-phase model shares the training
     model's params with ``BucketedModel(make, phase="test", store=train.store)``.
 
     >>> import unroll, numpy as np

@@ -120,6 +120,15 @@ class BucketSampler:
     advances the counter; :meth:`set_epoch` sets it. Without ``shuffle``,
     batches come bucket by bucket, shortest first, indices in input order.
 
+    Data-parallel sharding. With ``size`` ranks, rank ``rank`` takes every
+    ``size``-th batch of the epoch from position ``rank`` on: the ranks derive
+    one order from the shared ``seed``, and step ``i`` of rank ``r`` is batch
+    ``i * size + r``, so a step of all ranks together sees the batches one
+    process with ``iter_size: size`` would. Every rank gets ``n // size``
+    batches of an epoch's ``n``: the last ``n % size`` batches (fewer than
+    ``size``; with ``shuffle``, different ones each epoch) are left out, so that
+    no rank waits for a step the others never take.
+
     >>> s = BucketSampler([5, 3, 12, 4, 11], batch_size=2, boundaries=[5], seed=1)
     >>> s.bucket_lengths, len(s)
     ((5, 12), 3)
@@ -141,8 +150,14 @@ class BucketSampler:
         by_tokens: bool = False,
         shuffle: bool = True,
         drop_last: bool = False,
+        rank: int = 0,
+        size: int = 1,
     ):
         self.lengths = _check_lengths(lengths)
+        self.size = _as_int(size, "size", 1)
+        self.rank = _as_int(rank, "rank", 0)
+        if self.rank >= self.size:
+            raise ValueError(f"rank must be in 0..size-1 = 0..{self.size - 1}, got {self.rank}")
         self.batch_size = _as_int(batch_size, "batch_size", 1)
         self.seed = _as_int(seed, "seed", 0)
         self.by_tokens, self.shuffle = bool(by_tokens), bool(shuffle)
@@ -185,8 +200,13 @@ class BucketSampler:
         self.epoch = _as_int(epoch, "epoch", 0)
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
-        """The batches of epoch ``epoch``, without touching the epoch counter."""
-        epoch = _as_int(epoch, "epoch", 0)
+        """This rank's batches of epoch ``epoch``, without touching the epoch counter."""
+        batches = self._all_batches(_as_int(epoch, "epoch", 0))
+        steps = len(batches) // self.size
+        return batches[self.rank : steps * self.size : self.size]
+
+    def _all_batches(self, epoch: int) -> list[list[int]]:
+        """The batches of epoch ``epoch`` over all ranks, in the order they are dealt."""
         rng = np.random.default_rng([self.seed, epoch])
         batches: list[list[int]] = []
         for idx, bs in zip(self._buckets, self._batch_sizes):
@@ -203,9 +223,10 @@ class BucketSampler:
         return iter(self.epoch_batches(epoch))
 
     def __len__(self) -> int:
-        """Batches per epoch."""
+        """Batches per epoch (of this rank: the steps every rank takes)."""
         rounding = operator.floordiv if self.drop_last else lambda n, bs: math.ceil(n / bs)
-        return sum(rounding(len(idx), bs) for idx, bs in zip(self._buckets, self._batch_sizes))
+        total = sum(rounding(len(idx), bs) for idx, bs in zip(self._buckets, self._batch_sizes))
+        return total // self.size
 
     @property
     def num_buckets(self) -> int:
@@ -229,8 +250,8 @@ class BucketSampler:
         """Padded positions / all positions over one epoch (default: the current one).
 
         ``sum(L_b * n_b - sum of lengths in b) / sum(L_b * n_b)`` over the
-        epoch's batches b, with ``L_b = bucket_length(b)`` and ``n_b`` sequences.
-        Only ``drop_last`` makes it depend on the epoch.
+        epoch's batches b (this rank's), with ``L_b = bucket_length(b)`` and ``n_b``
+        sequences. Only ``drop_last`` and sharding make it depend on the epoch.
         """
         batches = self.epoch_batches(self.epoch if epoch is None else epoch)
         padded = real = 0

@@ -368,7 +368,7 @@ class Net:
             value = fill(filler, shape, self._host_rng, self.dtype)
         blob.data[...] = self.xp.asarray(value, self.dtype)
         param = LearnableParam(
-            blob.name, blob, lr_mult, decay_mult, layer.name, index,
+            blob.name, blob, lr_mult, decay_mult, layer.name,
             has_lr_mult=spec.HasField("lr_mult"), has_decay_mult=spec.HasField("decay_mult"),
         )
         self.store.add(param, named=bool(spec.name))
@@ -414,6 +414,7 @@ class Net:
         view = Blob((), self.xp, self.dtype, owner.blob.name)
         view.data = owner.blob.data.reshape(shape)
         view.diff = owner.blob.diff.reshape(shape)
+        self.store.alias(view, owner)
         return view
 
     @property

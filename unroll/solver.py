@@ -15,6 +15,23 @@ step for step (``sgd_solver.cpp``, ``nesterov_solver.cpp``, ``adam_solver.cpp``,
    lr_mult``; e.g. SGD: ``h = momentum * h + local_lr * diff; diff = h``;
 4. ``data -= diff`` and ``iter += 1``.
 
+Solver types live in a registry, as Caffe's ``REGISTER_SOLVER_CLASS``: each is
+an update function registered with :func:`register_solver`, with its number of
+history slots and its parameter checks, so a new one can be added from
+outside the package.
+
+Params and diffs live in the net's :class:`~unroll.param_store.ParamStore`,
+packed into one buffer each, and the history in one buffer per slot: clearing
+and clipping are whole-buffer operations, step 3 runs once per run of adjacent
+params (``lr_mult`` and ``decay_mult`` become per-element arrays where they
+differ, with the same arithmetic, so the same bits), and with a communicator (``comm=``,
+see :mod:`unroll.distributed`) the gradients of all ranks are summed in ONE
+all-reduce before each update. The sum is divided by the number of ranks in
+step 3 together with ``iter_size`` (after clipping), so N ranks on N different
+batches equal one process with ``iter_size: N`` over the same batches, as in
+Caffe's multi-GPU training. Rank 0 broadcasts the params at the start and
+after a restore, and writes the snapshots.
+
 Only the net's ``learnable_params`` are updated: the owners of shared params,
 each exactly once, in place (sharers hold views of the owner's memory). A
 param with ``lr_mult: 0`` is left alone entirely (its history stays zero).
@@ -35,6 +52,7 @@ restoring and continuing gives bit-identical weights to an uninterrupted run.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import difflib
 import logging
 import math
@@ -43,12 +61,14 @@ import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Protocol
 
-import numpy as np
 from google.protobuf import message as _pb_message
 
 from unroll.atomic import write_files_atomic
-from unroll.backend import module_of, to_numpy
+from unroll.backend import device_of, module_of, to_numpy
+from unroll.distributed import Comm
+from unroll.param_store import LearnableParam, ParamStore
 from unroll.proto import (
     NetParameter,
     SolverParameter,
@@ -58,13 +78,11 @@ from unroll.proto import (
     read_message,
 )
 
-__all__ = ["LR_POLICIES", "SOLVER_TYPES", "Solver", "SolverError"]
+__all__ = ["LR_POLICIES", "SOLVERS", "Solver", "SolverError", "SolverType", "TrainableNet",
+           "register_solver"]
 
 log = logging.getLogger(__name__)
 
-#: Solver types by Caffe's ``type`` string, with the number of history blobs per param.
-SOLVER_TYPES = {"SGD": 1, "Nesterov": 1, "AdaGrad": 1, "RMSProp": 1, "AdaDelta": 2, "Adam": 2}
-_TYPE_BY_LOWER = {name.lower(): name for name in SOLVER_TYPES}
 _LEGACY_TYPES = {  # SolverParameter.solver_type (enum, deprecated in Caffe) -> type
     SolverParameter.SGD: "SGD",
     SolverParameter.NESTEROV: "Nesterov",
@@ -86,12 +104,38 @@ _IGNORED_FIELDS = (
     "debug_info",
 )
 
-_NET_INTERFACE = ("forward", "backward", "clear_param_diffs", "learnable_params", "to_proto",
-                  "copy_from")
 
 
 class SolverError(ValueError):
     """A solver setting, snapshot or net that the solver cannot use; says which and why."""
+
+
+class TrainableNet(Protocol):
+    """The net interface a :class:`Solver` drives: a Net, a BucketedModel, or your own.
+
+    ``forward(**inputs)`` sets ``loss``; ``backward()`` ADDS the gradients into
+    the param diffs; ``learnable_params`` are the owners the solver updates,
+    all held by ``store`` (the solver clears and reduces the store's diffs);
+    ``to_proto()``/``copy_from()`` write and read the weights as a .caffemodel.
+    """
+
+    loss: float
+    learnable_params: list[LearnableParam]
+    store: ParamStore
+
+    def forward(self, **inputs) -> dict: ...
+
+    def backward(self) -> None: ...
+
+    def to_proto(self) -> NetParameter: ...
+
+    def copy_from(self, source, strict: bool = False) -> None: ...
+
+
+_NET_MEMBERS = tuple(TrainableNet.__annotations__) + tuple(
+    name for name, value in vars(TrainableNet).items()
+    if callable(value) and not name.startswith("_")
+)
 
 
 def _bad(field: str, expected: str, found) -> SolverError:
@@ -104,6 +148,215 @@ def _pow(base: float, exponent: float) -> float:
         return float(base) ** exponent
     except OverflowError:
         return math.inf
+
+
+# -- the registry of solver types ---------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverType:
+    """A registered solver type: Caffe's ``type`` name, history slots, update and checks."""
+
+    name: str
+    slots: int
+    update: Callable
+    check: Callable[[SolverParameter], None]
+    elementwise: bool = True
+
+
+#: Registered solver types by Caffe's ``type`` string (see :func:`register_solver`).
+SOLVERS: dict[str, SolverType] = {}
+
+
+def register_solver(name: str, slots: int, check: Callable[[SolverParameter], None] = None,
+                    elementwise: bool = True):
+    """Register an update function as solver type ``name`` (Caffe's REGISTER_SOLVER_CLASS).
+
+    ``update(diff, history, rate, solver)`` is Caffe's ComputeUpdateValue:
+    ``diff`` holds the regularized gradient and must be left holding the step
+    (``data -= diff`` follows); ``history`` is ``slots`` arrays like ``diff``,
+    zero at first and saved in snapshots; ``rate`` is the local learning rate
+    (``lr * lr_mult``) in the params' dtype; ``solver`` gives ``param`` (the
+    SolverParameter), ``iter`` and ``scratch(like)``, a reusable work array.
+    An ``elementwise`` rule (each element's step depends on that element only,
+    as in every built-in) gets whole runs of adjacent params of the flat
+    buffers at once, flat, with ``rate`` an array where their ``lr_mult``
+    differ; give ``elementwise=False`` for a rule that needs each param whole
+    (a per-param norm), which then gets one param at a time in its shape.
+    ``check(param)`` raises :class:`SolverError` for settings the type cannot use.
+    Names are matched in any case.
+
+    >>> @register_solver("SignSGD", slots=0)
+    ... def sign_sgd(diff, history, rate, solver):
+    ...     diff[...] = rate * module_of(diff).sign(diff)
+    >>> "SignSGD" in SOLVERS
+    True
+    >>> del SOLVERS["SignSGD"]
+    """
+    if not isinstance(slots, int) or slots < 0:
+        raise ValueError(f"register_solver('{name}'): slots must be an integer >= 0, not {slots!r}")
+
+    def register(update: Callable) -> Callable:
+        if any(known.lower() == name.lower() for known in SOLVERS):
+            raise ValueError(f"a solver type named '{name}' is already registered")
+        SOLVERS[name] = SolverType(name, slots, update, check or (lambda param: None),
+                                   elementwise)
+        return update
+
+    return register
+
+
+def _momentum_below_one(kind: str, *names: str):
+    def check(p: SolverParameter) -> None:
+        for name in names:
+            if not 0 <= getattr(p, name) < 1:
+                raise _bad(name, f"a number in [0, 1) for {kind}", getattr(p, name))
+    return check
+
+
+def _adaptive(kind: str, *extra):
+    """Checks of the types that divide by a running magnitude: ``delta > 0``, then ``extra``."""
+    def check(p: SolverParameter) -> None:
+        if p.delta <= 0:
+            raise _bad("delta", f"a number > 0 for {kind}", p.delta)
+        for more in extra:
+            more(p)
+    return check
+
+
+def _no_momentum(kind: str):
+    def check(p: SolverParameter) -> None:
+        if p.momentum != 0:
+            raise _bad("momentum", f"0: momentum cannot be used with {kind}", p.momentum)
+    return check
+
+
+@register_solver("SGD", slots=1, check=_momentum_below_one("SGD", "momentum"))
+def _sgd(diff, history, rate, solver) -> None:
+    (h,) = history
+    h *= diff.dtype.type(solver.param.momentum)
+    h += rate * diff
+    diff[...] = h
+
+
+@register_solver("Nesterov", slots=1, check=_momentum_below_one("Nesterov", "momentum"))
+def _nesterov(diff, history, rate, solver) -> None:
+    (h,) = history
+    dt = diff.dtype.type
+    momentum = dt(solver.param.momentum)
+    previous = h.copy()
+    h *= momentum
+    h += rate * diff
+    diff[...] = (dt(1) + momentum) * h
+    diff -= momentum * previous
+
+
+@register_solver("AdaGrad", slots=1, check=_adaptive("AdaGrad", _no_momentum("AdaGrad")))
+def _adagrad(diff, history, rate, solver) -> None:
+    (h,) = history
+    dt = diff.dtype.type
+    h += diff * diff
+    diff /= (h ** dt(0.5)) + dt(solver.param.delta)
+    diff *= rate
+
+
+@register_solver("RMSProp", slots=1, check=_adaptive(
+    "RMSProp", _no_momentum("RMSProp"), _momentum_below_one("RMSProp", "rms_decay")))
+def _rmsprop(diff, history, rate, solver) -> None:
+    (h,) = history
+    dt = diff.dtype.type
+    decay = dt(solver.param.rms_decay)
+    h *= decay
+    h += (dt(1) - decay) * (diff * diff)
+    diff /= (h ** dt(0.5)) + dt(solver.param.delta)
+    diff *= rate
+
+
+@register_solver("AdaDelta", slots=2,
+                 check=_adaptive("AdaDelta", _momentum_below_one("AdaDelta", "momentum")))
+def _adadelta(diff, history, rate, solver) -> None:
+    h_grad, h_step = history
+    dt = diff.dtype.type
+    momentum, delta = dt(solver.param.momentum), dt(solver.param.delta)
+    h_grad *= momentum
+    h_grad += (dt(1) - momentum) * (diff * diff)
+    diff *= ((h_step + delta) / (h_grad + delta)) ** dt(0.5)
+    h_step *= momentum
+    h_step += (dt(1) - momentum) * (diff * diff)
+    diff *= rate
+
+
+@register_solver("Adam", slots=2, check=_adaptive(
+    "Adam", _momentum_below_one("Adam (its beta1, beta2)", "momentum", "momentum2")))
+def _adam(diff, history, rate, solver) -> None:
+    m, v = history
+    xp, dt = module_of(diff), diff.dtype.type
+    beta1, beta2 = dt(solver.param.momentum), dt(solver.param.momentum2)
+    t = solver.iter + 1
+    correction = dt(math.sqrt(1.0 - _pow(beta2, t)) / (1.0 - _pow(beta1, t)))
+    # in place, through one scratch buffer: an embedding table's update would
+    # otherwise allocate several table-sized temporaries per iteration
+    scratch = solver.scratch(diff)
+    xp.multiply(diff, diff, out=scratch)
+    scratch *= dt(1) - beta2
+    v *= beta2
+    v += scratch
+    m *= beta1
+    diff *= dt(1) - beta1
+    m += diff
+    xp.sqrt(v, out=scratch)
+    scratch += dt(solver.param.delta)
+    xp.divide(m, scratch, out=diff)
+    diff *= rate * correction
+
+
+# -- spans of the flat buffers -----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Span:
+    """Params adjacent in the flat buffers that one pass of array operations updates.
+
+    ``lr_mult`` and ``decay_mult`` are scalars of the buffers' dtype, or arrays
+    with one value per element where the params differ; ``decay_mult`` is None
+    when no param of the span decays (Caffe skips those, so they stay apart).
+    """
+
+    start: int
+    stop: int
+    shape: tuple
+    lr_mult: object
+    decay_mult: object
+
+
+def _spans(params, elementwise: bool, weight_decay: float, like) -> list[_Span]:
+    """The spans over ``params`` that an update visits; params with ``lr_mult`` 0 are left out."""
+    dt, xp = like.dtype.type, module_of(like)
+
+    def decays(p) -> bool:
+        return bool(dt(weight_decay) * dt(p.decay_mult))
+
+    def per_element(run, attr):
+        values = [dt(getattr(p, attr)) for p in run]
+        if all(v == values[0] for v in values):
+            return values[0]
+        return xp.concatenate([xp.full(p.blob.count, v, like.dtype) for p, v in zip(run, values)])
+
+    runs: list[list] = []
+    for p in sorted((p for p in params if p.lr_mult != 0), key=lambda p: p.offset):
+        last = runs[-1][-1] if runs else None
+        if (elementwise and last is not None and last.offset + last.blob.count == p.offset
+                and decays(last) == decays(p)):
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    spans = []
+    for run in runs:
+        start, stop = run[0].offset, run[-1].offset + run[-1].blob.count
+        shape = (stop - start,) if elementwise else run[0].blob.shape
+        decay = per_element(run, "decay_mult") if decays(run[0]) else None
+        spans.append(_Span(start, stop, shape, per_element(run, "lr_mult"), decay))
+    return spans
 
 
 # -- building the SolverParameter --------------------------------------------------
@@ -137,21 +390,21 @@ def _set_field(param: SolverParameter, name: str, value) -> None:
         raise TypeError(f"Solver() field '{name}': cannot take {value!r}: {e}") from None
 
 
-def _canonical_type(param: SolverParameter) -> str:
+def _solver_type(param: SolverParameter) -> SolverType:
     if param.HasField("solver_type"):
         if param.HasField("type"):
             raise SolverError(
                 "solver fields 'type' and 'solver_type' are both set; give only 'type' "
                 "(solver_type is Caffe's deprecated enum)"
             )
-        return _LEGACY_TYPES[param.solver_type]
-    name = _TYPE_BY_LOWER.get(param.type.lower())
-    if name is None:
-        raise _bad("type", f"one of {list(SOLVER_TYPES)}", param.type)
-    return name
+        return SOLVERS[_LEGACY_TYPES[param.solver_type]]
+    for name, kind in SOLVERS.items():
+        if name.lower() == param.type.lower():
+            return kind
+    raise _bad("type", f"one of the registered solvers {list(SOLVERS)}", param.type)
 
 
-def _check_param(param: SolverParameter, kind: str) -> str:
+def _check_param(param: SolverParameter, kind: SolverType) -> str:
     """Validate ``param`` for solver ``kind``; returns the lr policy ("fixed" if unset)."""
     p = param
     if not p.HasField("base_lr"):
@@ -183,17 +436,10 @@ def _check_param(param: SolverParameter, kind: str) -> str:
         values = list(p.stepvalue)
         if any(b <= a for a, b in zip(values, values[1:])) or any(v < 0 for v in values):
             raise _bad("stepvalue", "increasing iterations >= 0", values)
-    if kind == "Adam":
-        for name in ("momentum", "momentum2"):
-            if not 0 <= getattr(p, name) < 1:
-                raise _bad(name, "a number in [0, 1) for Adam (its beta1, beta2)",
-                           getattr(p, name))
-    if kind in ("AdaGrad", "RMSProp") and p.momentum != 0:
-        raise _bad("momentum", f"0: momentum cannot be used with {kind}", p.momentum)
-    if kind == "RMSProp" and not 0 <= p.rms_decay < 1:
-        raise _bad("rms_decay", "a number in [0, 1)", p.rms_decay)
-    if kind in ("AdaGrad", "RMSProp", "AdaDelta", "Adam") and p.delta <= 0:
-        raise _bad("delta", f"a number > 0 for {kind}", p.delta)
+    if p.HasField("clip_gradients") and p.clip_gradients <= 0:
+        raise _bad("clip_gradients", "a norm > 0 (leave it unset for no clipping)",
+                   p.clip_gradients)
+    kind.check(p)
     if p.snapshot_format != SolverParameter.BINARYPROTO:
         raise _bad("snapshot_format", "BINARYPROTO (unroll writes no HDF5)",
                    SolverParameter.SnapshotFormat.Name(p.snapshot_format))
@@ -233,15 +479,17 @@ class Solver:
     ``weight_decay``, ``regularization_type``, ``lr_policy``, ``gamma``,
     ``power``, ``stepsize``, ``stepvalue``, ``max_iter``, ``clip_gradients``,
     ``iter_size``, ``average_loss``, ``snapshot``, ``snapshot_prefix``, ...).
-    ``type`` is one of ``SOLVER_TYPES`` (any case); an unset ``lr_policy`` is
+    ``type`` is one of ``SOLVERS`` (any case); an unset ``lr_policy`` is
     "fixed". Fields about test nets and devices are ignored with a warning:
     the solver trains the net it is given, on that net's device. ``weights``
     are loaded into the net at construction, as Caffe does.
 
-    ``net`` is anything with ``forward(**inputs)`` (which sets ``loss``),
-    ``backward()``, ``clear_param_diffs()``, ``learnable_params`` (owners, each
-    with ``name``, ``blob``, ``lr_mult``, ``decay_mult``), ``to_proto()`` and
-    ``copy_from()``: a :class:`unroll.net.Net` or a bucketed model.
+    ``net`` is a :class:`TrainableNet`: a :class:`unroll.net.Net` or a
+    bucketed model. The solver packs its store into flat buffers
+    (:meth:`~unroll.param_store.ParamStore.pack`). ``comm`` (from
+    :func:`unroll.distributed.init`) trains data-parallel: every rank runs
+    its own batches, the gradients are summed across ranks before each update,
+    and only rank 0 writes snapshots.
 
     Attributes: ``iter`` (updates done), ``loss`` (mean of the last
     ``average_loss`` iteration losses), ``rate`` (learning rate of the last
@@ -264,11 +512,11 @@ class Solver:
     3
     """
 
-    def __init__(self, net, solver_param=None, **fields):
-        missing = [name for name in _NET_INTERFACE if not hasattr(net, name)]
+    def __init__(self, net: TrainableNet, solver_param=None, comm: Comm | None = None, **fields):
+        missing = [name for name in _NET_MEMBERS if not hasattr(net, name)]
         if missing:
             raise TypeError(
-                f"Solver needs a net with {', '.join(_NET_INTERFACE)}; "
+                f"Solver needs a net with {', '.join(_NET_MEMBERS)}; "
                 f"{type(net).__name__} lacks {', '.join(missing)}"
             )
         param = SolverParameter()
@@ -282,21 +530,26 @@ class Solver:
             param.ClearField("solver_type")
         elif "solver_type" in fields:
             param.ClearField("type")
-        self.type = _canonical_type(param)
+        self._kind = _solver_type(param)
+        self.type = self._kind.name
         param.ClearField("solver_type")
         param.type = self.type
-        self.lr_policy = _check_param(param, self.type)
+        self.lr_policy = _check_param(param, self._kind)
         self.param = param
         self.net = net
+        self.comm = comm if comm is not None else Comm()
+        self._store = net.store
         self.iter = 0
         self._scratch_arrays: dict = {}
+        self._span_key: tuple = ()
+        self._span_list: list[_Span] = []
         self.current_step = 0
         self.rate = float("nan")
         self.loss = float("nan")
         self._losses: collections.deque = collections.deque(maxlen=param.average_loss)
         self._names: list[str] = []
-        self._history: list[list] = []  # per learnable param: its history slots
-        self._sync_history()
+        self._history_buffers: list = []  # per slot: one buffer laid out as the store's
+        self._history: list[list] = []  # per learnable param: views of its history slots
         ignored = [
             name for name in _IGNORED_FIELDS
             if (len(getattr(param, name)) if param.DESCRIPTOR.fields_by_name[name].is_repeated
@@ -319,6 +572,16 @@ class Solver:
                 )
         for weights in param.weights:
             net.copy_from(weights)
+        self._sync_history()
+        if self._store.data is not None and self.comm.device not in (
+            None, device_of(module_of(self._store.data))
+        ):
+            raise SolverError(
+                f"the net's params are on the {device_of(module_of(self._store.data))}, but "
+                f"{self.comm!r} reduces arrays on the {self.comm.device}: get the communicator "
+                f"with unroll.distributed.init(device) for the net's device"
+            )
+        self._broadcast()
 
     def __repr__(self) -> str:
         return (f"Solver(type={self.type!r}, iter={self.iter}, lr_policy={self.lr_policy!r}, "
@@ -326,7 +589,7 @@ class Solver:
 
     # -- history ----------------------------------------------------------------------
     def _sync_history(self) -> list:
-        """The learnable params, with a zero history for any that appeared since the last call."""
+        """The learnable params, packed, with zero history for any that appeared since."""
         params = list(self.net.learnable_params)
         if len(params) < len(self._names) or any(
             p.name != name for p, name in zip(params, self._names)
@@ -335,27 +598,50 @@ class Solver:
                 f"the net's learnable params changed under the solver: it had "
                 f"{self._names}, now has {[p.name for p in params]}"
             )
-        for i, p in enumerate(params):
-            if i < len(self._history):
-                if self._history[i][0].shape != p.blob.data.shape:
-                    raise SolverError(
-                        f"learnable param '{p.name}' changed shape under the solver: "
-                        f"{self._history[i][0].shape} -> {p.blob.data.shape}"
-                    )
-                continue
-            xp = getattr(p.blob, "xp", np)
-            self._history.append(
-                [xp.zeros_like(p.blob.data) for _ in range(SOLVER_TYPES[self.type])]
-            )
+        if self._store.pack():
+            self._grow_history()
+        for p in params[len(self._history):]:
+            if p.offset < 0:
+                raise SolverError(
+                    f"learnable param '{p.name}' is not in the net's store: a net must keep "
+                    f"every learnable param in its ParamStore"
+                )
             self._names.append(p.name)
+            self._history.append([])
+        for p, hist in zip(params, self._history):
+            if not hist:
+                hist.extend(self._history_view(p, slot) for slot in range(self._kind.slots))
         return params
+
+    def _history_view(self, p: LearnableParam, slot: int):
+        end = p.offset + p.blob.count
+        return self._history_buffers[slot][p.offset:end].reshape(p.blob.shape)
+
+    def _grow_history(self) -> None:
+        """Buffers for the store's new size: old values kept (packing only appends)."""
+        xp, size = module_of(self._store.data), self._store.data.size
+        grown = []
+        for old in self._history_buffers or [None] * self._kind.slots:
+            new = xp.zeros(size, self._store.data.dtype)
+            if old is not None:
+                new[: old.size] = old
+            grown.append(new)
+        self._history_buffers = grown
+        for hist in self._history:
+            hist.clear()
 
     @property
     def history(self) -> list:
         """The history arrays in Caffe's order: slot 0 of every param, then slot 1 (Adam: m, v)."""
         self._sync_history()
-        slots = SOLVER_TYPES[self.type]
-        return [h[s] for s in range(slots) for h in self._history]
+        return [h[s] for s in range(self._kind.slots) for h in self._history]
+
+    def _broadcast(self) -> None:
+        """Rank 0's params and history on every rank."""
+        if self._store.data is None:
+            return
+        for buffer in (self._store.data, *self._history_buffers):
+            self.comm.broadcast(buffer)
 
     # -- learning rate ------------------------------------------------------------------
     def _learning_rate(self, it: int, current_step: int) -> tuple[float, int]:
@@ -401,112 +687,53 @@ class Solver:
         params = self._sync_history()
         rate, self.current_step = self._learning_rate(self.iter, self.current_step)
         self.rate = rate
-        if self.param.display and self.iter % self.param.display == 0:
+        if self.param.display and self.iter % self.param.display == 0 and self.comm.rank == 0:
             log.info("Iteration %d, lr = %g", self.iter, rate)
-        self._clip_gradients(params)
-        compute = getattr(self, f"_update_{self.type.lower()}")
-        for p, hist in zip(params, self._history):
-            if p.lr_mult == 0:
-                continue
-            blob = p.blob
-            diff = blob.diff
-            dt = diff.dtype.type
-            if self.param.iter_size != 1:  # Normalize
-                diff *= dt(1) / dt(self.param.iter_size)
-            self._regularize(p, dt)
-            compute(diff, hist, dt(rate) * dt(p.lr_mult), dt)
-            blob.data -= diff
+        if self._store.diff is not None:
+            self.comm.allreduce_sum(self._store.diff)
+            self._clip_gradients()
+        passes = self.param.iter_size * self.comm.size  # gradients summed so far
+        data, diff = self._store.data, self._store.diff
+        for span in self._spans(params):
+            where = slice(span.start, span.stop)
+            d, w = diff[where].reshape(span.shape), data[where].reshape(span.shape)
+            dt = d.dtype.type
+            if passes != 1:  # Normalize
+                d *= dt(1) / dt(passes)
+            if span.decay_mult is not None:  # Regularize
+                local_decay = dt(self.param.weight_decay) * span.decay_mult
+                d += local_decay * (w if self.param.regularization_type == "L2"
+                                    else module_of(w).sign(w))
+            history = [h[where].reshape(span.shape) for h in self._history_buffers]
+            self._kind.update(d, history, dt(rate) * span.lr_mult, self)
+            w -= d
         self.iter += 1
 
-    def _clip_gradients(self, params) -> None:
+    def _spans(self, params) -> list[_Span]:
+        """The spans of the flat buffers one update goes over, rebuilt when a param changes."""
+        key = (self.param.weight_decay,
+               *((p.offset, p.blob.count, p.lr_mult, p.decay_mult) for p in params))
+        if self._store.data is None:  # a net without params
+            return []
+        if key != self._span_key:
+            self._span_key = key
+            self._span_list = _spans(params, self._kind.elementwise, self.param.weight_decay,
+                                     self._store.data)
+        return self._span_list
+
+    def _clip_gradients(self) -> None:
         clip = self.param.clip_gradients
-        if clip < 0 or not params:
+        if clip < 0:
             return
-        sumsq = 0.0
-        for p in params:
-            d = p.blob.diff.reshape(-1)
-            sumsq += float(d @ d)
-        norm = math.sqrt(sumsq)
+        diff = self._store.diff
+        norm = math.sqrt(float(diff @ diff))
         if norm > clip:
             log.info("Gradient clipping: scaling down gradients (L2 norm %g > %g) by %g",
                      norm, clip, clip / norm)
-            for p in params:
-                p.blob.diff *= p.blob.diff.dtype.type(clip / norm)
+            diff *= diff.dtype.type(clip / norm)
 
-    def _regularize(self, p, dt) -> None:
-        local_decay = dt(self.param.weight_decay) * dt(p.decay_mult)
-        if not local_decay:
-            return
-        data, diff = p.blob.data, p.blob.diff
-        if self.param.regularization_type == "L2":
-            diff += local_decay * data
-        else:
-            xp = getattr(p.blob, "xp", np)
-            diff += local_decay * xp.sign(data)
-
-    # ComputeUpdateValue of each type: read the gradient in ``diff``, leave the step there.
-    def _update_sgd(self, diff, hist, local_rate, dt) -> None:
-        (h,) = hist
-        h *= dt(self.param.momentum)
-        h += local_rate * diff
-        diff[...] = h
-
-    def _update_nesterov(self, diff, hist, local_rate, dt) -> None:
-        (h,) = hist
-        momentum = dt(self.param.momentum)
-        previous = h.copy()
-        h *= momentum
-        h += local_rate * diff
-        diff[...] = (dt(1) + momentum) * h
-        diff -= momentum * previous
-
-    def _update_adagrad(self, diff, hist, local_rate, dt) -> None:
-        (h,) = hist
-        h += diff * diff
-        diff /= (h ** dt(0.5)) + dt(self.param.delta)
-        diff *= local_rate
-
-    def _update_rmsprop(self, diff, hist, local_rate, dt) -> None:
-        (h,) = hist
-        decay = dt(self.param.rms_decay)
-        h *= decay
-        h += (dt(1) - decay) * (diff * diff)
-        diff /= (h ** dt(0.5)) + dt(self.param.delta)
-        diff *= local_rate
-
-    def _update_adadelta(self, diff, hist, local_rate, dt) -> None:
-        h_grad, h_step = hist
-        momentum, delta = dt(self.param.momentum), dt(self.param.delta)
-        h_grad *= momentum
-        h_grad += (dt(1) - momentum) * (diff * diff)
-        diff *= ((h_step + delta) / (h_grad + delta)) ** dt(0.5)
-        h_step *= momentum
-        h_step += (dt(1) - momentum) * (diff * diff)
-        diff *= local_rate
-
-    def _update_adam(self, diff, hist, local_rate, dt) -> None:
-        m, v = hist
-        xp = module_of(diff)
-        beta1, beta2 = dt(self.param.momentum), dt(self.param.momentum2)
-        t = self.iter + 1
-        correction = dt(math.sqrt(1.0 - _pow(beta2, t)) / (1.0 - _pow(beta1, t)))
-        # in place, through one scratch buffer: an embedding table's update would
-        # otherwise allocate several table-sized temporaries per iteration
-        scratch = self._scratch(diff)
-        xp.multiply(diff, diff, out=scratch)
-        scratch *= dt(1) - beta2
-        v *= beta2
-        v += scratch
-        m *= beta1
-        diff *= dt(1) - beta1
-        m += diff
-        xp.sqrt(v, out=scratch)
-        scratch += dt(self.param.delta)
-        xp.divide(m, scratch, out=diff)
-        diff *= local_rate * correction
-
-    def _scratch(self, like):
-        """A work array of ``like``'s shape and dtype, kept between iterations."""
+    def scratch(self, like):
+        """A work array of ``like``'s shape and dtype, kept between iterations (for updates)."""
         key = (like.shape, like.dtype)
         if key not in self._scratch_arrays:
             self._scratch_arrays[key] = module_of(like).empty(like.shape, like.dtype)
@@ -534,16 +761,18 @@ class Solver:
         iter_size = self.param.iter_size
         last = None
         for _ in range(iters):
-            self.net.clear_param_diffs()
+            self._sync_history()
+            if self._store.diff is not None:
+                self._store.diff.fill(0)
             loss = 0.0
             for i in range(iter_size):
                 self.net.forward(**inputs_for(self.iter * iter_size + i, i))
                 loss += float(self.net.loss)
                 self.net.backward()
-            loss /= iter_size
+            loss = self.comm.sum(loss) / (iter_size * self.comm.size)
             self._losses.append(loss)
             self.loss = sum(self._losses) / len(self._losses)
-            if self.param.display and self.iter % self.param.display == 0:
+            if self.param.display and self.iter % self.param.display == 0 and self.comm.rank == 0:
                 log.info("Iteration %d, loss = %g (last %g)", self.iter, self.loss, loss)
             self.update()
             if self.param.snapshot and self.iter % self.param.snapshot == 0:
@@ -609,7 +838,8 @@ class Solver:
         separator puts ``_iter_N.*`` files in that folder. Both are written to
         temp files first and renamed into place, so a crash never leaves a
         half-written snapshot and an older snapshot of the same name survives.
-        For example, at iteration 1000::
+        Under several ranks only rank 0 writes, and every rank returns once the
+        files are in place. For example, at iteration 1000::
 
             solver.snapshot("runs/tagger")
             # -> (Path('runs/tagger_iter_1000.caffemodel'),
@@ -617,14 +847,15 @@ class Solver:
             Solver(fresh_net, same_settings).restore("runs/tagger_iter_1000.solverstate")
         """
         model_path, state_path = self.snapshot_paths(prefix)
-        self._sync_history()
-        state = SolverState(iter=self.iter, learned_net=model_path.name,
-                            current_step=self.current_step)
-        for h in self.history:
-            state.history.add().CopyFrom(blob_proto_from_array(to_numpy(h)))
-        model = self.net.to_proto().SerializeToString()
-        write_files_atomic([(model_path, model), (state_path, state.SerializeToString())])
-        log.info("Snapshot at iteration %d: %s, %s", self.iter, model_path, state_path)
+        if self.comm.rank == 0:
+            state = SolverState(iter=self.iter, learned_net=model_path.name,
+                                current_step=self.current_step)
+            for h in self.history:
+                state.history.add().CopyFrom(blob_proto_from_array(to_numpy(h)))
+            model = self.net.to_proto().SerializeToString()
+            write_files_atomic([(model_path, model), (state_path, state.SerializeToString())])
+            log.info("Snapshot at iteration %d: %s, %s", self.iter, model_path, state_path)
+        self.comm.barrier()
         return model_path, state_path
 
     def restore(self, state_path) -> None:
@@ -633,6 +864,8 @@ class Solver:
         ``learned_net`` is looked up in the state file's folder; a Caffe-written
         path relative to the working directory is accepted too. The solver
         must have the type of the one that wrote the state (same history size).
+        Under several ranks every rank reads the files (a shared folder, or a
+        copy on each host), then rank 0's values are broadcast.
         """
         state_path = Path(state_path)
         if state_path.name.endswith(".h5"):
@@ -641,7 +874,7 @@ class Solver:
         if not state.HasField("iter") or state.iter < 0:
             raise SolverError(f"{state_path}: not a solver state (no valid 'iter' field)")
         params = self._sync_history()
-        slots = SOLVER_TYPES[self.type]
+        slots = self._kind.slots
         if len(state.history) != slots * len(params):
             raise SolverError(
                 f"{state_path}: holds {len(state.history)} history blobs; a {self.type} solver "
@@ -662,9 +895,9 @@ class Solver:
             weights = _parse_binary(self._find_model(state_path, state.learned_net),
                                     NetParameter, "caffemodel")
             self.net.copy_from(weights)
-        for k, (h, value) in enumerate(zip(self.history, values)):
-            xp = getattr(params[k % len(params)].blob, "xp", np)
-            h[...] = xp.asarray(value, h.dtype)
+        for h, value in zip(self.history, values):
+            h[...] = module_of(h).asarray(value, h.dtype)
+        self._broadcast()
         self.iter = state.iter
         self.current_step = state.current_step
         self._losses.clear()

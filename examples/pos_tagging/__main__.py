@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from unroll import distributed
+
 DEFAULT_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ud_english_ewt"
 
 
@@ -29,7 +31,10 @@ def _train(args) -> int:
         max_minutes=args.max_minutes, lr=args.lr, lr_gamma=args.lr_decay, seed=args.seed,
         limit=args.limit, resume=args.resume, device=args.device, quiet=args.quiet, config=config,
     )
-    result = train(opts)
+    with distributed.init(args.device) as comm:  # a failing rank ends every rank
+        result = train(opts)
+    if comm.rank:
+        return 0
     print(f"done: {result.get('epoch', 0)} epochs, last dev UPOS "
           f"{100 * result.get('dev_accuracy', 0):.2f}%; model in {args.model_dir}")
     return 0

@@ -5,6 +5,10 @@ params of the best dev epoch), ``average.caffemodel`` (the last epoch's
 average), ``snapshot_iter_N.caffemodel`` + ``.solverstate`` (the raw params
 and solver state of the last epoch, to resume), ``features.json`` and
 ``config.json``, ``log.json`` and ``curve.png``.
+
+Under ``mpirun -n N`` it trains data-parallel (:mod:`unroll.distributed`):
+each rank takes its share of every epoch's batches and rank 0 prints,
+evaluates and writes the model folder.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from examples.pos_tagging.conll import read_conllu
 from examples.pos_tagging.evaluate import score
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
+from unroll import distributed
 from unroll.atomic import write_atomic
 from unroll.bucketing import BucketSampler
 from unroll.solver import Solver
@@ -119,6 +124,8 @@ def plot(log: list, path: Path) -> None:
 def train(opts: TrainOptions) -> dict:
     """Train (or resume) and return the log of the last epoch."""
     started = time.perf_counter()
+    comm = distributed.init(opts.device)
+    lead = comm.rank == 0  # the rank that prints, evaluates and writes
     train_sents = read_split(opts.data, TRAIN_FILE, opts.limit)
     dev_sents = read_split(opts.data, DEV_FILE, opts.limit)
     model_dir = opts.model_dir
@@ -133,15 +140,17 @@ def train(opts: TrainOptions) -> dict:
         featurizer = Featurizer.build([forms for forms, _ in train_sents])
         config = opts.config
         log = []
-    tagger = Tagger(featurizer, config, device=opts.device, seed=opts.seed)
+    # each rank its own dropout masks; the solver broadcasts rank 0's params
+    tagger = Tagger(featurizer, config, device=opts.device, seed=opts.seed + comm.rank)
     encoded = tagger.encode([forms for forms, _ in train_sents])
     gold = tag_ids([tags for _, tags in train_sents])
     lengths = [len(forms) for forms, _ in train_sents]
-    sampler = BucketSampler(lengths, batch_size=config.batch, seed=opts.seed)
+    sampler = BucketSampler(lengths, batch_size=config.batch, seed=opts.seed,
+                            rank=comm.rank, size=comm.size)
     solver = Solver(
         tagger.train_model, type="Adam", base_lr=opts.lr, momentum=0.9, momentum2=0.999,
         delta=1e-8, lr_policy="step", gamma=opts.lr_gamma, stepsize=len(sampler),
-        clip_gradients=opts.clip,
+        clip_gradients=opts.clip, comm=comm,
     )
     average = ParamAverage(tagger.train_model.learnable_params)
     if resuming:
@@ -155,12 +164,13 @@ def train(opts: TrainOptions) -> dict:
     result = log[-1] if log else {}
     for epoch in range(len(log), opts.epochs):
         elapsed = time.perf_counter() - started + earlier
-        if elapsed > opts.max_minutes * 60:
+        if comm.sum(elapsed > opts.max_minutes * 60):  # all ranks stop together
             break
         epoch_start = time.perf_counter()
         tokens, losses, compute = 0, [], 0.0
         bar = tqdm(sampler.epoch_batches(epoch), desc=f"epoch {epoch + 1}/{opts.epochs}",
-                   unit="batch", disable=opts.quiet, dynamic_ncols=True, mininterval=1.0)
+                   unit="batch", disable=opts.quiet or not lead, dynamic_ncols=True,
+                   mininterval=1.0)
         for batch in bar:
             inputs = tagger.inputs([encoded[i] for i in batch], sampler.bucket_length(batch),
                                    [gold[i] for i in batch], train=True)
@@ -170,6 +180,10 @@ def train(opts: TrainOptions) -> dict:
             compute += time.perf_counter() - t0
             tokens += sum(lengths[i] for i in batch)
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", tok_s=f"{tokens / compute:.0f}")
+        tokens = comm.sum(tokens)  # of all ranks
+        if not lead:  # rank 0 evaluates and writes; the others join in the snapshot
+            solver.snapshot(model_dir / "snapshot")
+            continue
         with average.applied():
             dev = evaluate(tagger, dev_sents)
             tagger.save(model_dir, "average")
