@@ -144,6 +144,10 @@ def _locked(model_dir: Path):
                 f"{model_dir} is in use by another training (it holds {model_dir / LOCK}); "
                 f"wait for it to end or use another --model-dir"
             ) from None
+        # writing now, not after an epoch of training, finds a read-only or full disk
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.fsync(fd)
         yield
     finally:
         os.close(fd)

@@ -142,10 +142,11 @@ def guarded_step(solver: Solver, model, inputs: dict) -> tuple[float, float, boo
     Returns (loss, gradient norm, whether the update was applied).
     """
     model.clear_param_diffs()
-    model.forward(**inputs)
-    loss = float(model.loss)
-    model.backward()
-    norm = gradient_norm(model.learnable_params)
+    with np.errstate(over="ignore", invalid="ignore"):  # reported below, as one error
+        model.forward(**inputs)
+        loss = float(model.loss)
+        model.backward()
+        norm = gradient_norm(model.learnable_params)
     ok = math.isfinite(loss) and math.isfinite(norm)
     if ok:
         solver.update()
