@@ -100,7 +100,7 @@ class TaggerConfig:
         try:
             return cls(**data)
         except ValueError as e:
-            raise FileFormatError(path, str(e)) from None
+            raise FileFormatError(path, str(e).removeprefix("tagger config: ")) from None
 
 
 def builtin_cells() -> list[str]:
