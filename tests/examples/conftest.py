@@ -64,3 +64,9 @@ def options():
 def tiny():
     """TaggerConfig fields of a tiny tagger."""
     return dict(TINY)
+
+
+@pytest.fixture
+def tiny_args():
+    """Training command options of a tiny tagger."""
+    return list(TINY_ARGS)

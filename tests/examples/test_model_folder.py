@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from examples.pos_tagging import folder, train as train_module
+from examples.pos_tagging import folder
+from examples.pos_tagging import train as train_module
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.folder import ModelFolderError
 from examples.pos_tagging.tagger import Tagger, TaggerConfig
