@@ -227,12 +227,7 @@ def fill_upos(source, tags: Iterable[Sequence[str]], file) -> None:
             cols[3] = next(sentence)
             line = "\t".join(cols)
         out.write(line + "\n")
-    f, _, owned = _open(file, "w")
-    try:
-        f.write(out.getvalue())
-    finally:
-        if owned:
-            f.close()
+    _write(file, out.getvalue())
 
 
 def write_conllu(
@@ -274,10 +269,15 @@ def write_conllu(
                 raise ValueError(f"sentence {k}, token {i}: unknown UPOS tag {tag!r}")
             buf.write(f"{i}\t{form}\t_\t{tag}\t_\t_\t_\t_\t_\t_\n")
         buf.write("\n")
+    _write(file, buf.getvalue())
+    return len(sents)
+
+
+def _write(file, text: str) -> None:
+    """Write ``text`` to a path or an open text file (all at once: checked before)."""
     f, _, owned = _open(file, "w")
     try:
-        f.write(buf.getvalue())
+        f.write(text)
     finally:
         if owned:
             f.close()
-    return len(sents)
