@@ -32,6 +32,7 @@ from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.tagger import Tagger, TaggerConfig, builtin_cells, tag_ids
 from unroll.atomic import write_atomic
 from unroll.bucketing import BucketSampler
+from unroll.errors import NetError
 from unroll.solver import Solver
 
 __all__ = ["DEV_FILE", "TRAIN_FILE", "TrainOptions", "TrainingDiverged", "train"]
@@ -203,11 +204,17 @@ def _train(opts: TrainOptions, model_dir: Path, train_sents, dev_sents, started)
     )
     average = ParamAverage(tagger.train_model.learnable_params)
     if log:
-        solver.restore(model_dir / log[-1]["snapshot"])
+        state = model_dir / log[-1]["snapshot"]
+        try:
+            solver.restore(state)
+        except NetError as e:  # the solver hands the weights over without their file name
+            raise NetError(f"{state.with_suffix('.caffemodel')}: {e}") from None
         with average.applied():
             tagger.train_model.copy_from(model_dir / log[-1]["average"])
             average.values = [p.blob.data.copy() for p in average.params]
         average.updates = solver.iter
+    elif opts.resume:
+        tqdm.write(f"--resume: no epoch of {model_dir} had ended; starting from the first")
     best = max((e["dev_accuracy"] for e in log), default=-1.0)
     earlier = sum(e["seconds"] for e in log)  # training time before a resume
     result = log[-1] if log else {}

@@ -186,3 +186,12 @@ def test_damaged_weights_never_load_silently(tiny, tmp_path, damage, error, prob
     path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(error, match=problem):
         Tagger.load(model_dir, "best")
+
+
+def test_resume_from_an_empty_snapshot_is_an_error_naming_it(options, corpus, tmp_path):
+    model_dir = tmp_path / "m"
+    train(options(corpus, model_dir, epochs=1))
+    snapshot = (model_dir / folder.read_log(model_dir)[-1]["snapshot"]).with_suffix(".caffemodel")
+    snapshot.write_bytes(b"")
+    with pytest.raises(NetError, match=f"{snapshot.name}: .*no weights for"):
+        train(options(corpus, model_dir, epochs=2, resume=True))
