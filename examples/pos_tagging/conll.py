@@ -42,8 +42,13 @@ class CoNLLUError(ValueError):
 
     def __init__(self, filename: str, lineno: int, line: str, problem: str):
         self.filename, self.lineno, self.line, self.problem = filename, lineno, line, problem
-        shown = repr(line) if len(line) <= 200 else f"{line[:200]!r}... ({len(line)} characters)"
+        shown = _shown(line, 200)
         super().__init__(f"{filename}:{lineno}: {problem}\n    line {lineno}: {shown}")
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """``repr(text)``, cut at ``limit`` characters: an error names a value, not a whole file."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 def _open(source, mode: str):
@@ -139,7 +144,7 @@ def _read(f, name: str, check_upos: bool) -> Iterator[tuple[list[str], list[str]
         except ParseException:
             tid = None
         if tid is None:
-            raise CoNLLUError(name, lineno, line, f"invalid ID {cols[0]!r}")
+            raise CoNLLUError(name, lineno, line, f"invalid ID {_shown(cols[0])}")
         expected = len(forms) + 1
         if isinstance(tid, tuple):
             if tid[1] == "-":  # multiword token: its words follow on their own lines
@@ -161,7 +166,7 @@ def _read(f, name: str, check_upos: bool) -> Iterator[tuple[list[str], list[str]
             problem = (
                 "missing UPOS (column 4 is '_')"
                 if tag in ("_", "")
-                else f"unknown UPOS tag {tag!r} (not one of the 17 UD tags)"
+                else f"unknown UPOS tag {_shown(tag)} (not one of the 17 UD tags)"
             )
             raise CoNLLUError(name, lineno, line, problem)
         forms.append(cols[1])
