@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ud_english_ewt"
+from examples.pos_tagging.data import data_dir
 
 
 def batches_for(mode: str, lengths, batch_size: int, seed: int):
@@ -153,7 +153,7 @@ def in_process(target, mode, args) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--data", type=Path, default=data_dir())
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32)

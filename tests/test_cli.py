@@ -198,6 +198,39 @@ def test_draw_errors_exit_2(tmp_path, lstm_prototxt, capsys):
     one_line_error(capsys, ".jpeg")
 
 
+def test_a_misspelled_set_key_is_an_error_with_a_suggestion(capsys):
+    assert cli.main([*LSTM5, "--set", "weight_filer=gaussian"]) == 2
+    one_line_error(capsys, "--set weight_filer: template 'lstm' has no variable 'weight_filer' "
+                           "(did you mean weight_filler?)")
+    assert cli.main(["expand", "tagger", "-T", "2", "--set", "vocab=5", "--set", "tags=3",
+                     "--set", "hiden=4"]) == 2
+    one_line_error(capsys, "did you mean hidden?")
+
+
+def test_a_missing_template_dir_is_an_error(tmp_path, capsys):
+    assert cli.main([*LSTM5, "--template-dir", str(tmp_path / "cells")]) == 2
+    one_line_error(capsys, f"--template-dir {tmp_path / 'cells'}: no such folder")
+
+
+def test_draw_a_prototxt_that_is_not_utf8(tmp_path, capsys):
+    bad = tmp_path / "latin1.prototxt"
+    bad.write_bytes('name: "caf\xe9"\n'.encode("latin-1"))
+    assert cli.main(["draw", str(bad)]) == 2
+    one_line_error(capsys, "latin1.prototxt:1: not UTF-8 text")
+
+
+def test_failures_exit_1_and_debug_shows_the_traceback(tmp_path, capsys, monkeypatch):
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    out = str(tmp_path / "lstm5.prototxt")
+    assert cli.main([*LSTM5, "-o", out]) == 1
+    one_line_error(capsys, "No space left on device")
+    with pytest.raises(OSError, match="No space left"):
+        cli.main([*LSTM5, "-o", out, "--debug"])
+
+
 # -- the installed console script ---------------------------------------------------------
 
 

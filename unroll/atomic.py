@@ -1,11 +1,21 @@
-"""Atomic file writes: a crash never leaves a half-written weights or state file."""
+"""Atomic file writes: a crash never leaves a half-written weights or state file.
+
+Each file is written to a temp file beside it (``.<name>.<random>.tmp``),
+flushed to disk, then renamed over the destination. A process killed before
+the rename leaves only that temp file, which :func:`remove_stale_temps`
+deletes on the next run.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from pathlib import Path
+
+#: the names mkstemp gives our temp files: "." + destination name + "." + 8 random + ".tmp"
+_TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")
 
 
 def _umask() -> int:
@@ -53,3 +63,25 @@ def write_files_atomic(files: list[tuple[Path, bytes]]) -> None:
 def write_atomic(path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that a crash never leaves a half-written file."""
     write_files_atomic([(Path(path), data)])
+
+
+def remove_stale_temps(folder) -> list[Path]:
+    """Delete the temp files that killed atomic writes left in ``folder``; return them.
+
+    Only call it while no other process writes into ``folder`` (hold its lock):
+    a live writer's temp file looks the same as a dead one's.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (d / ".best.caffemodel.ab12_x9Z.tmp").write_bytes(b"half")
+    >>> [p.name for p in remove_stale_temps(d)], list(d.iterdir())
+    (['.best.caffemodel.ab12_x9Z.tmp'], [])
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    stale = [p for p in folder.iterdir() if _TEMP_NAME.match(p.name) and p.is_file()]
+    for path in stale:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    return stale

@@ -3,24 +3,26 @@
     unroll expand lstm --steps 5 --set batch=2 --set input_dim=3 --set hidden=4 -o lstm5.prototxt
     unroll draw lstm5.prototxt -o lstm5.svg
 
-Errors in the user's input (a bad template, net or prototxt, a file that cannot
-be read or written) print one line to stderr and exit with status 2.
+Errors print one line to stderr (``--debug`` shows the traceback instead):
+exit status 2 for the user's input (a bad argument, template, net, prototxt
+or file, a file that is missing), 1 for a failure while running (a disk that
+is full or read-only, a permission refused).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import difflib
+import inspect
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from unroll.draw import to_dot
-from unroll.errors import NetError, TemplateError
-from unroll.proto import NetParameter, PrototxtError, parse_text
-
-USER_ERRORS = (TemplateError, NetError, PrototxtError, OSError)
+from unroll.errors import FileFormatError, NetError, TemplateError
+from unroll.proto import NetParameter, PrototxtError, parse_text, read_prototxt
 
 EXPAND_EXAMPLES = """\
 examples:
@@ -59,6 +61,29 @@ class CommandError(Exception):
     """A user error detected by the command itself (printed, exit status 2)."""
 
 
+#: the user's input is wrong: exit status 2
+USER_ERRORS = (CommandError, TemplateError, NetError, PrototxtError, FileFormatError,
+               FileNotFoundError, IsADirectoryError, NotADirectoryError)
+#: the command failed while running (disk full, read-only, no permission): exit status 1
+FAILURES = (OSError,)
+
+
+def run_command(prog: str, run, args, user_errors=USER_ERRORS, failures=FAILURES) -> int:
+    """``run(args)``'s exit status; a known error prints one line and gives 2 or 1.
+
+    With ``args.debug`` the error propagates, traceback and all. Anything
+    else is a bug in unroll and keeps its traceback.
+    """
+    try:
+        return run(args)
+    except (*user_errors, *failures) as e:
+        if getattr(args, "debug", False):
+            raise
+        message = " ".join(str(e).split()) or type(e).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return 2 if isinstance(e, user_errors) else 1
+
+
 # -- expand -------------------------------------------------------------------------
 
 
@@ -89,11 +114,28 @@ def parse_assignment(text: str) -> tuple[str, object]:
 
 
 def _size(nbytes: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if nbytes < 1024 or unit == "MiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    raise AssertionError("unreachable")
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    if nbytes < 1024**2:
+        return f"{nbytes / 1024:.1f} KiB"
+    return f"{nbytes / 1024**2:.1f} MiB"
+
+
+def _check_variables(template: str, variables: dict, search_path) -> None:
+    """Refuse a --set key the template does not take (a typo would be silently ignored)."""
+    from unroll.unroller import NetBuilder, load_template
+
+    loaded = load_template(template, search_path)
+    known = {"batch", *loaded.interface.get("defaults", {})}
+    if loaded.kind == "step":
+        options = inspect.signature(NetBuilder.recurrent).parameters.values()
+        known |= {"input_dim"} | {p.name for p in options if p.default is not p.empty}
+    for key in variables:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise CommandError(f"--set {key}: template '{template}' has no variable '{key}'"
+                               f"{hint}; it takes {', '.join(sorted(known))}")
 
 
 def summarize(net_param: NetParameter, text: str) -> str:
@@ -122,13 +164,19 @@ def expand_command(args) -> int:
     variables = dict(args.set or [])
     if "steps" in variables:
         raise CommandError("give the number of steps with --steps, not --set steps=...")
+    for folder in args.template_dir or ():
+        if not Path(folder).is_dir():
+            raise CommandError(f"--template-dir {folder}: no such folder")
+    caffe_net = args.template.endswith(".prototxt")  # a net using Caffe's LSTM and RNN layers
+    if not caffe_net:
+        _check_variables(args.template, variables, args.template_dir or ())
     try:
-        if args.template.endswith(".prototxt"):  # a net using Caffe's LSTM and RNN layers
+        if caffe_net:
             net_param = expand_net_file(args.template, args.steps, variables)
         else:
             net_param = expand(args.template, steps=args.steps,
                                search_path=args.template_dir or (), **variables)
-    except TemplateError:
+    except (TemplateError, NetError):
         raise
     except (TypeError, ValueError) as e:  # a --set value of the wrong kind, e.g. layers=two
         raise CommandError(f"cannot expand {args.template!r} with {variables}: {e}") from e
@@ -150,7 +198,7 @@ def expand_command(args) -> int:
 
 def draw_command(args) -> int:
     """``unroll draw``: write a net's Graphviz graph (.dot, or .svg/.png through `dot`)."""
-    net_param = parse_text(Path(args.net).read_text(), NetParameter(), args.net)
+    net_param = parse_text(read_prototxt(args.net), NetParameter(), args.net)
     dot_text = to_dot(net_param, args.rankdir)
     if not args.output or args.output == "-":
         sys.stdout.write(dot_text)
@@ -233,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--rankdir", choices=["LR", "TB", "RL", "BT"], default="LR",
                     help="graph direction (default LR: left to right)")
     dr.set_defaults(run=draw_command)
+    for command in (ex, dr):
+        command.add_argument("--debug", action="store_true",
+                             help="show the traceback of an error, not one line")
     return parser
 
 
@@ -240,16 +291,11 @@ def main(argv=None) -> int:
     """Run the ``unroll`` command with ``argv`` (default: sys.argv[1:]); returns the exit status.
 
     User errors print ``unroll <command>: error: <message>`` on one line to
-    stderr and return 2; argparse usage errors also exit with 2.
+    stderr and return 2 (argparse usage errors also exit with 2), failures
+    return 1.
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except (CommandError, *USER_ERRORS) as e:
-        message = " ".join(str(e).split()) or type(e).__name__
-        print(f"unroll {args.command}: error: {message}", file=sys.stderr)
-        return 2
+    args = build_parser().parse_args(argv)
+    return run_command(f"unroll {args.command}", args.run, args)
 
 
 if __name__ == "__main__":

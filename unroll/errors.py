@@ -1,4 +1,8 @@
-"""The errors unroll raises for bad nets, templates and data."""
+"""The errors unroll raises for bad nets, templates, files and data.
+
+Each is a ``ValueError`` whose message names what is wrong and where (the
+layer, template, file and line), so a command can print it as one line.
+"""
 
 
 class NetError(ValueError):
@@ -7,3 +11,15 @@ class NetError(ValueError):
 
 class TemplateError(ValueError):
     """A template that cannot be expanded: names the template, line and offending name."""
+
+
+class FileFormatError(ValueError):
+    """A file whose bytes are not what it should hold (a .caffemodel, a JSON file).
+
+    >>> str(FileFormatError("w.caffemodel", "holds no layers"))
+    'w.caffemodel: holds no layers'
+    """
+
+    def __init__(self, path, problem: str):
+        self.path, self.problem = str(path), problem
+        super().__init__(f"{path}: {problem}")

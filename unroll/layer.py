@@ -36,6 +36,8 @@ A new layer type is one short class::
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
 
 import numpy as np
 
@@ -68,21 +70,20 @@ def register_layer(type_name: str):
     return wrap
 
 
-def layer_class(param) -> type:
-    """The Layer class for a LayerParameter (its ``type``, or its python_param)."""
+#: set to 1 to let every Net import the modules its ``type: "Python"`` layers name
+ALLOW_PYTHON_ENV = "UNROLL_ALLOW_PYTHON_LAYERS"
+
+
+def layer_class(param, allow_python: bool = False) -> type:
+    """The Layer class for a LayerParameter (its ``type``, or its python_param).
+
+    A ``type: "Python"`` layer imports ``python_param.module``, which runs that
+    module's code, so it is refused unless ``allow_python`` or the environment
+    variable ``UNROLL_ALLOW_PYTHON_LAYERS=1`` opts in: a downloaded net must not
+    run code by being loaded.
+    """
     if param.type == "Python":
-        spec = param.python_param
-        try:
-            cls = getattr(importlib.import_module(spec.module), spec.layer)
-        except (ImportError, AttributeError) as e:
-            raise NetError(
-                f"layer '{param.name}' (Python): cannot load {spec.module}.{spec.layer}: {e}"
-            ) from None
-        if not (isinstance(cls, type) and issubclass(cls, Layer)):
-            raise NetError(
-                f"layer '{param.name}' (Python): {spec.module}.{spec.layer} is not a unroll Layer"
-            )
-        return cls
+        return _python_layer_class(param, allow_python)
     try:
         return LAYERS[param.type]
     except KeyError:
@@ -90,6 +91,35 @@ def layer_class(param) -> type:
         raise NetError(
             f"layer '{param.name}': unknown layer type '{param.type}' (known: {known})"
         ) from None
+
+
+def _python_layer_class(param, allow_python: bool) -> type:
+    spec = param.python_param
+    where = f"layer '{param.name}' (Python)"
+    if not (allow_python or os.environ.get(ALLOW_PYTHON_ENV) == "1"):
+        raise NetError(
+            f"{where}: refusing to import module '{spec.module}', since importing runs its "
+            f"code; pass allow_python_layers=True to Net, or set {ALLOW_PYTHON_ENV}=1, if "
+            f"you trust this net"
+        )
+    if not all(part.isidentifier() for part in spec.module.split(".")):
+        raise NetError(f"{where}: python_param.module '{spec.module}' is not a module path "
+                       f"(dotted names, e.g. 'mypackage.layers')")
+    if not spec.layer.isidentifier():
+        raise NetError(f"{where}: python_param.layer '{spec.layer}' is not a class name")
+    try:
+        found = importlib.util.find_spec(spec.module)
+    except (ImportError, ValueError) as e:
+        raise NetError(f"{where}: cannot find module '{spec.module}': {e}") from None
+    if found is None:
+        raise NetError(f"{where}: no module '{spec.module}' on the import path")
+    try:
+        cls = getattr(importlib.import_module(spec.module), spec.layer)
+    except (ImportError, AttributeError) as e:
+        raise NetError(f"{where}: cannot load {spec.module}.{spec.layer}: {e}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Layer)):
+        raise NetError(f"{where}: {spec.module}.{spec.layer} is not a unroll Layer")
+    return cls
 
 
 class Layer:

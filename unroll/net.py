@@ -19,7 +19,7 @@ import numpy as np
 from unroll.atomic import write_atomic
 from unroll.backend import get_array_module, make_rng, to_numpy
 from unroll.blob import Blob
-from unroll.errors import NetError
+from unroll.errors import FileFormatError, NetError
 from unroll.fillers import fill
 from unroll.layer import layer_class
 from unroll.param_store import LearnableParam, ParamStore
@@ -30,6 +30,7 @@ from unroll.proto import (
     ParamSpec,
     array_from_blob_proto,
     blob_proto_from_array,
+    read_binary,
     read_message,
 )
 
@@ -165,6 +166,7 @@ class Net:
         keep=(),
         seed: int = 0,
         param_store: ParamStore | None = None,
+        allow_python_layers: bool = False,
     ):
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {list(PHASES)}, found {phase!r}")
@@ -174,6 +176,9 @@ class Net:
         self.device = device
         self.xp = get_array_module(device)
         self.dtype = np.dtype(dtype)
+        if self.dtype.kind != "f":
+            raise ValueError(f"dtype must be a float type (float32, float64), found {dtype!r}")
+        self.allow_python_layers = allow_python_layers  # see layer_class: imports run code
         self.keep = set(keep)
         self._host_rng = np.random.default_rng(seed)
         self._rng = make_rng(self.xp, seed)
@@ -197,8 +202,9 @@ class Net:
             if names.index(n) != i:
                 raise NetError(f"two layers are named '{n}'; layer names must be unique")
         self.layers = [
-            layer_class(lp)(lp, xp=self.xp, dtype=self.dtype, phase=self.phase, rng=self._rng,
-                            make_param=self._make_param)
+            layer_class(lp, self.allow_python_layers)(
+                lp, xp=self.xp, dtype=self.dtype, phase=self.phase, rng=self._rng,
+                make_param=self._make_param)
             for lp in layer_params
         ]
         for layer, lp in zip(self.layers, layer_params):
@@ -594,38 +600,58 @@ class Net:
                 lp.blobs.add().CopyFrom(blob_proto_from_array(to_numpy(blob.data)))
         return out
 
-    def copy_from(self, source, strict: bool = False) -> None:
+    def copy_from(self, source, strict: bool = False, allow_missing: bool = False) -> None:
         """Load weights from a NetParameter or a .caffemodel path, matching layers by name.
 
         Source layers that this net lacks are skipped, as Caffe does, unless
-        ``strict``; a blob count or shape mismatch is a NetError.
+        ``strict``; a blob count or shape mismatch is a NetError. Every
+        learnable param of this net must get a value, so that an empty or
+        truncated file never leaves random weights in place; ``allow_missing``
+        permits a partial load (fine-tuning from a net with fewer layers). A
+        file that does not decode is a FileFormatError naming it.
         """
+        origin = "the weights"
         if not isinstance(source, NetParameter):
             path = Path(source)
-            source = NetParameter()
-            source.ParseFromString(path.read_bytes())
+            origin = str(path)
+            source = read_binary(path, NetParameter, ".caffemodel")
+            if not any(lp.blobs for lp in source.layer):
+                raise FileFormatError(path, "holds no weights (an empty or truncated .caffemodel?)")
         by_name = {layer.name: layer for layer in self.layers}
+        loaded: set[str] = set()
         for lp in source.layer:
             if not lp.blobs:
                 continue
             layer = by_name.get(lp.name)
             if layer is None:
                 if strict:
-                    raise NetError(f"weights for layer '{lp.name}', which this net does not have")
+                    raise NetError(f"{origin}: weights for layer '{lp.name}', which this net "
+                                   f"does not have")
                 continue
             if len(lp.blobs) != len(layer.blobs):
                 raise NetError(
-                    f"layer '{lp.name}': the weights hold {len(lp.blobs)} blobs, the layer has "
-                    f"{len(layer.blobs)}"
+                    f"{origin}: layer '{lp.name}': the weights hold {len(lp.blobs)} blobs, the "
+                    f"layer has {len(layer.blobs)}"
                 )
             for k, (bp, blob) in enumerate(zip(lp.blobs, layer.blobs)):
-                value = array_from_blob_proto(bp)
+                try:
+                    value = array_from_blob_proto(bp)
+                except ValueError as e:
+                    raise NetError(f"{origin}: layer '{lp.name}' blob {k}: {e}") from None
                 if value.shape != blob.shape:
                     raise NetError(
-                        f"layer '{lp.name}' blob {k}: the weights have shape {value.shape}, the "
-                        f"layer has {blob.shape}"
+                        f"{origin}: layer '{lp.name}' blob {k}: the weights have shape "
+                        f"{value.shape}, the layer has {blob.shape}"
                     )
                 blob.data[...] = self.xp.asarray(value, self.dtype)
+                loaded.add(blob.name)
+        missing = [p.name for p in self.learnable_params if p.blob.name not in loaded]
+        if missing and not allow_missing:
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
+                                              else "")
+            raise NetError(f"{origin}: no weights for {len(missing)} of the net's "
+                           f"{len(self.learnable_params)} learnable params ({shown}); pass "
+                           f"allow_missing=True to load only some")
 
     def save(self, path) -> None:
         """Write the weights as a binary .caffemodel, atomically (temp file, then rename)."""

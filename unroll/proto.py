@@ -19,8 +19,10 @@ from pathlib import Path
 
 import numpy as np
 from google.protobuf import text_format
+from google.protobuf.message import DecodeError
 
 from unroll._generated import unroll_pb2 as pb
+from unroll.errors import FileFormatError
 
 BlobProto = pb.BlobProto
 BlobShape = pb.BlobShape
@@ -63,6 +65,9 @@ def parse_text(text: str, message, source: str = "<prototxt>"):
     >>> net.layer[0].type
     'Input'
     """
+    # protobuf counts lines by "\n" only: a file saved with CR-only endings would be
+    # one line, and its error would name line 1 and print the whole file
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
     try:
         text_format.Parse(text, message)
     except text_format.ParseError as e:
@@ -70,9 +75,24 @@ def parse_text(text: str, message, source: str = "<prototxt>"):
         where = f"{source}:{line}" if line else source
         bad = ""
         if line and 0 < line <= text.count("\n") + 1:
-            bad = f"\n    {text.splitlines()[line - 1].strip()}"
+            shown = text.split("\n")[line - 1].strip()
+            bad = f"\n    {shown[:120]}{' ...' if len(shown) > 120 else ''}"
         raise PrototxtError(f"{where}: cannot parse {type(message).__name__}: {e}{bad}") from None
     return message
+
+
+def read_prototxt(path) -> str:
+    """The text of a prototxt file; bytes that are not UTF-8 are a PrototxtError naming it."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        before = data[: e.start]
+        line = len(before.splitlines()) + (not before or before.endswith((b"\n", b"\r")))
+        raise PrototxtError(
+            f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start}); a prototxt file "
+            f"is UTF-8"
+        ) from None
 
 
 def read_message(source, message_type):
@@ -86,11 +106,25 @@ def read_message(source, message_type):
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"no prototxt file at {path} (and it is not prototxt text)")
-        return parse_text(path.read_text(), message_type(), str(path))
+        return parse_text(read_prototxt(path), message_type(), str(path))
     raise TypeError(
         f"expected a {message_type.__name__}, a prototxt path or prototxt text, "
         f"found {type(source).__name__}"
     )
+
+
+def read_binary(path, message_type, what: str):
+    """A ``message_type`` decoded from the binary file at ``path`` (a .caffemodel, a state).
+
+    Bytes that do not decode are a FileFormatError naming the file and ``what`` it
+    should be.
+    """
+    message = message_type()
+    try:
+        message.ParseFromString(Path(path).read_bytes())
+    except DecodeError as e:
+        raise FileFormatError(path, f"not a {what} (binary {message_type.__name__}): {e}") from None
+    return message
 
 
 def to_text(message) -> str:

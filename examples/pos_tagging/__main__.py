@@ -3,6 +3,9 @@
   python -m examples.pos_tagging train --model-dir runs/ewt
   python -m examples.pos_tagging evaluate --model-dir runs/ewt FILE.conllu
   echo "I saw her duck ." | python -m examples.pos_tagging tag --model-dir runs/ewt
+
+Errors print one line (--debug: the traceback); exit status 2 for bad input
+or usage, 1 for a failure while running (divergence, a full disk).
 """
 
 from __future__ import annotations
@@ -11,25 +14,36 @@ import argparse
 import sys
 from pathlib import Path
 
+from examples.pos_tagging.data import DATA_ENV, DEFAULT_DATA
 from unroll import distributed
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ud_english_ewt"
+#: TaggerConfig fields and the train options that set them
+SIZE_OPTIONS = ("embed", "hidden", "layers", "cell", "dropout", "word_dropout", "batch_size")
+CHAR_OPTIONS = ("char_embed", "char_hidden", "char_length")
+
+
+def _sizes(args) -> dict:
+    """The TaggerConfig fields given on the command line (the rest keep their defaults)."""
+    from examples.pos_tagging.tagger import DEFAULT_CHARS
+
+    sizes = {("batch" if k == "batch_size" else k): getattr(args, k) for k in SIZE_OPTIONS
+             if getattr(args, k) is not None}
+    chars = {k[5:]: getattr(args, k) for k in CHAR_OPTIONS if getattr(args, k) is not None}
+    if chars:
+        sizes["chars"] = {} if chars.get("hidden") == 0 else {**DEFAULT_CHARS, **chars}
+    return sizes
 
 
 def _train(args) -> int:
-    from examples.pos_tagging.tagger import TaggerConfig
+    from examples.pos_tagging.data import data_dir
     from examples.pos_tagging.train import TrainOptions, train
 
-    config = TaggerConfig(
-        embed=args.embed, hidden=args.hidden, layers=args.layers, cell=args.cell,
-        dropout=args.dropout, word_dropout=args.word_dropout, batch=args.batch_size,
-        chars={"embed": args.char_embed, "hidden": args.char_hidden, "length": args.char_length}
-        if args.char_hidden else {},
-    )
     opts = TrainOptions(
-        data=args.data, model_dir=args.model_dir, epochs=args.epochs,
+        data=data_dir(args.data), model_dir=args.model_dir, epochs=args.epochs,
         max_minutes=args.max_minutes, lr=args.lr, lr_gamma=args.lr_decay, seed=args.seed,
-        limit=args.limit, resume=args.resume, device=args.device, quiet=args.quiet, config=config,
+        limit=args.limit, resume=args.resume, overwrite=args.overwrite,
+        skip_bad_batches=args.skip_bad_batches, device=args.device, quiet=args.quiet,
+        sizes=_sizes(args),
     )
     with distributed.init(args.device) as comm:  # a failing rank ends every rank
         result = train(opts)
@@ -40,39 +54,57 @@ def _train(args) -> int:
     return 0
 
 
-def _evaluate(args) -> int:
+def _read_tagged(path: Path, upos: bool):
     from examples.pos_tagging.conll import read_conllu
+    from unroll.errors import FileFormatError
+
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; expected a CoNLL-U file")
+    sentences = list(read_conllu(path, upos=upos))
+    if not sentences:
+        raise FileFormatError(path, "holds no sentences")
+    return sentences
+
+
+def _evaluate(args) -> int:
     from examples.pos_tagging.evaluate import report, score
     from examples.pos_tagging.tagger import Tagger, tag_ids
 
+    sentences = _read_tagged(args.file, upos=True)
     tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
-    sentences = list(read_conllu(args.file))
     predicted = tagger.predict([forms for forms, _ in sentences])
     print(report(score(tag_ids([tags for _, tags in sentences]), predicted)))
     return 0
 
 
 def _tag(args) -> int:
-    from examples.pos_tagging.conll import UPOS_TAGS, read_conllu, write_conllu
+    from examples.pos_tagging.conll import UPOS_TAGS, fill_upos
     from examples.pos_tagging.tagger import Tagger
+    from unroll.errors import FileFormatError
 
-    tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
     if args.conllu:
-        sentences = [forms for forms, _ in read_conllu(args.conllu)]
+        sentences = [forms for forms, _ in _read_tagged(args.conllu, upos=False)]
+    elif args.input:
+        try:
+            text = Path(args.input).read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            problem = f"not UTF-8 text ({e.reason} at byte {e.start})"
+            raise FileFormatError(args.input, problem) from None
+        sentences = [line.split() for line in text.splitlines() if line.strip()]
     else:
-        source = open(args.input, encoding="utf-8") if args.input else sys.stdin
-        sentences = [line.split() for line in source if line.strip()]
-    predicted = tagger.predict(sentences)
-    tags = [[UPOS_TAGS[i] for i in ids] for ids in predicted]
+        sentences = [line.split() for line in sys.stdin if line.strip()]
+    tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
+    tags = [[UPOS_TAGS[i] for i in ids] for ids in tagger.predict(sentences)]
     if args.conllu:
-        write_conllu(sentences, tags, sys.stdout)
+        fill_upos(args.conllu, tags, sys.stdout)
     else:
         for forms, upos in zip(sentences, tags):
             print(" ".join(f"{w}/{t}" for w, t in zip(forms, upos)))
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    from examples.pos_tagging.folder import CHECKPOINTS
     from examples.pos_tagging.tagger import TaggerConfig
 
     parser = argparse.ArgumentParser(
@@ -85,56 +117,79 @@ def main(argv=None) -> int:
     common.add_argument("--model-dir", type=Path, default=Path("runs/ewt"),
                         help="model folder (default: runs/ewt)")
     common.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    common.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error, not one line")
 
     t = sub.add_parser("train", parents=[common], help="train on EWT train, tune on dev")
-    t.add_argument("--data", type=Path, default=DEFAULT_DATA,
-                   help=f"folder with en_ewt-ud-train/dev.conllu (default: {DEFAULT_DATA})")
+    t.add_argument("--data", type=Path,
+                   help=f"folder with en_ewt-ud-train/dev.conllu (default: ${DATA_ENV}, else "
+                        f"{DEFAULT_DATA})")
     t.add_argument("--epochs", type=int, default=12)
     t.add_argument("--max-minutes", type=float, default=19.0,
                    help="stop starting new epochs after this much training time")
     t.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
     t.add_argument("--lr-decay", type=float, default=0.85,
                    help="learning rate factor after each epoch (Caffe lr_policy step)")
-    defaults = TaggerConfig()
-    t.add_argument("--embed", type=int, default=defaults.embed, help="word embedding size")
-    t.add_argument("--hidden", type=int, default=defaults.hidden, help="LSTM size per direction")
-    t.add_argument("--layers", type=int, default=defaults.layers, help="stacked BiLSTM layers")
-    t.add_argument("--cell", default=defaults.cell,
-                   help="step template of the recurrent layers: lstm, gru, rnn, or a path")
-    t.add_argument("--dropout", type=float, default=defaults.dropout)
-    t.add_argument("--word-dropout", type=float, default=defaults.word_dropout,
-                   help="chance that a word seen once in training becomes <unk>")
-    t.add_argument("--batch-size", type=int, default=defaults.batch, help="sentences per batch")
-    t.add_argument("--char-embed", type=int, default=defaults.chars["embed"])
-    t.add_argument("--char-hidden", type=int, default=defaults.chars["hidden"],
-                   help="character LSTM size per direction (0: no character model)")
-    t.add_argument("--char-length", type=int, default=defaults.chars["length"],
-                   help="characters read per word (long words keep their start and end)")
+    d = TaggerConfig()
+    sizes = t.add_argument_group("model sizes (with --resume: only to check the folder's)")
+    sizes.add_argument("--embed", type=int, help=f"word embedding size (default {d.embed})")
+    sizes.add_argument("--hidden", type=int, help=f"LSTM size per direction (default {d.hidden})")
+    sizes.add_argument("--layers", type=int, help=f"stacked BiLSTM layers (default {d.layers})")
+    sizes.add_argument("--cell", help=f"step template of the recurrent layers: lstm, gru, rnn, "
+                                      f"or a path (default {d.cell})")
+    sizes.add_argument("--dropout", type=float, help=f"default {d.dropout}")
+    sizes.add_argument("--word-dropout", type=float,
+                       help=f"chance that a word seen once in training becomes <unk> "
+                            f"(default {d.word_dropout})")
+    sizes.add_argument("--batch-size", type=int, help=f"sentences per batch (default {d.batch})")
+    sizes.add_argument("--char-embed", type=int, help=f"default {d.chars['embed']}")
+    sizes.add_argument("--char-hidden", type=int,
+                       help=f"character LSTM size per direction, 0: no character model "
+                            f"(default {d.chars['hidden']})")
+    sizes.add_argument("--char-length", type=int,
+                       help=f"characters read per word, long words keep their start and end "
+                            f"(default {d.chars['length']})")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--limit", type=int, default=0, help="use only the first N sentences")
-    t.add_argument("--resume", action="store_true",
-                   help="continue from the last epoch's snapshot in --model-dir")
+    again = t.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue from the last epoch's snapshot in --model-dir")
+    again.add_argument("--overwrite", action="store_true",
+                       help="replace the model already in --model-dir")
+    t.add_argument("--skip-bad-batches", type=int, default=0, metavar="N",
+                   help="skip up to N batches whose loss or gradient is not finite, instead "
+                        "of stopping at the first (default 0)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(run=_train)
 
     e = sub.add_parser("evaluate", parents=[common], help="score a CoNLL-U file")
     e.add_argument("file", type=Path)
-    e.add_argument("--checkpoint", default="best", help="best or last (default: best)")
+    e.add_argument("--checkpoint", choices=CHECKPOINTS, default="best",
+                   help="best: the best dev epoch's weights; last: the last epoch's")
     e.set_defaults(run=_evaluate)
 
     g = sub.add_parser("tag", parents=[common],
                        help="tag raw text (one sentence a line) or a CoNLL-U file")
     g.add_argument("input", nargs="?", help="text file (default: standard input)")
-    g.add_argument("--conllu", type=Path, help="tag this CoNLL-U file, print CoNLL-U")
-    g.add_argument("--checkpoint", default="best")
+    g.add_argument("--conllu", type=Path,
+                   help="tag this CoNLL-U file (UPOS may be '_'); print it with column 4 filled")
+    g.add_argument("--checkpoint", choices=CHECKPOINTS, default="best")
     g.set_defaults(run=_tag)
+    return parser
 
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+def main(argv=None) -> int:
+    """Run the command; errors print one line (exit 2: bad input, 1: a failure)."""
+    from examples.pos_tagging.conll import CoNLLUError
+    from examples.pos_tagging.folder import ModelFolderError
+    from examples.pos_tagging.train import TrainingDiverged
+    from unroll.cli import FAILURES, USER_ERRORS, run_command
+
+    args = build_parser().parse_args(argv)
+    # ValueError: a bad size or option value, which the tagger names
+    user_errors = (*USER_ERRORS, CoNLLUError, ModelFolderError, ValueError)
+    return run_command(f"python -m examples.pos_tagging {args.command}", args.run, args,
+                       user_errors, (*FAILURES, TrainingDiverged))
 
 
 if __name__ == "__main__":

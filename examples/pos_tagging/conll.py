@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from conllu.parser import ParseException, parse_id_value
 
-__all__ = ["UPOS_TAGS", "CoNLLUError", "read_conllu", "write_conllu"]
+__all__ = ["UPOS_TAGS", "CoNLLUError", "fill_upos", "read_conllu", "write_conllu"]
 
 #: The 17 universal POS tags, in the order of the UD guidelines; a tag's index
 #: here is its label id.
@@ -42,7 +42,13 @@ class CoNLLUError(ValueError):
 
     def __init__(self, filename: str, lineno: int, line: str, problem: str):
         self.filename, self.lineno, self.line, self.problem = filename, lineno, line, problem
-        super().__init__(f"{filename}:{lineno}: {problem}\n    line {lineno}: {line!r}")
+        shown = _shown(line, 200)
+        super().__init__(f"{filename}:{lineno}: {problem}\n    line {lineno}: {shown}")
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """``repr(text)``, cut at ``limit`` characters: an error names a value, not a whole file."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 def _open(source, mode: str):
@@ -59,7 +65,7 @@ def _open(source, mode: str):
     return source, str(getattr(source, "name", "<stream>")), False
 
 
-def read_conllu(source) -> Iterator[tuple[list[str], list[str]]]:
+def read_conllu(source, upos: bool = True) -> Iterator[tuple[list[str], list[str]]]:
     """Yield each sentence of a CoNLL-U file as ``(forms, upos)``, two lists of strings.
 
     ``source`` is a path or an open file (text, or binary holding UTF-8).
@@ -69,19 +75,24 @@ def read_conllu(source) -> Iterator[tuple[list[str], list[str]]]:
     tab-separated columns, a bad or out-of-order ID,
     an empty FORM, a missing UPOS (``_``) or one outside the 17 UD tags, a
     comment inside a sentence, a range reaching past the sentence, a sentence
-    with no words, or text that is not UTF-8.
+    with no words, or text that is not UTF-8. With ``upos=False`` column 4 is
+    not checked (input to tag: ``_`` or any tag, returned as found). Lines may
+    end in LF, CRLF or CR.
 
     >>> sents = read_conllu("en_ewt-ud-dev.conllu")  # doctest: +SKIP
     """
     f, name, owned = _open(source, "r")
     try:
-        yield from _read(f, name)
+        # bytes.splitlines ends lines at LF, CRLF and CR alike (iterating a binary file
+        # would not split CR-only text at all)
+        lines = f.read().splitlines(keepends=True) if owned else f
+        yield from _read(lines, name, upos)
     finally:
         if owned:
             f.close()
 
 
-def _read(f, name: str) -> Iterator[tuple[list[str], list[str]]]:
+def _read(f, name: str, check_upos: bool) -> Iterator[tuple[list[str], list[str]]]:
     forms: list[str] = []
     upos: list[str] = []
     started = False  # a token line (word, range or empty node) has been seen in this block
@@ -133,7 +144,7 @@ def _read(f, name: str) -> Iterator[tuple[list[str], list[str]]]:
         except ParseException:
             tid = None
         if tid is None:
-            raise CoNLLUError(name, lineno, line, f"invalid ID {cols[0]!r}")
+            raise CoNLLUError(name, lineno, line, f"invalid ID {_shown(cols[0])}")
         expected = len(forms) + 1
         if isinstance(tid, tuple):
             if tid[1] == "-":  # multiword token: its words follow on their own lines
@@ -151,11 +162,11 @@ def _read(f, name: str) -> Iterator[tuple[list[str], list[str]]]:
         if cols[1] == "":
             raise CoNLLUError(name, lineno, line, "empty FORM")
         tag = cols[3]
-        if tag not in _UPOS:
+        if check_upos and tag not in _UPOS:
             problem = (
                 "missing UPOS (column 4 is '_')"
                 if tag in ("_", "")
-                else f"unknown UPOS tag {tag!r} (not one of the 17 UD tags)"
+                else f"unknown UPOS tag {_shown(tag)} (not one of the 17 UD tags)"
             )
             raise CoNLLUError(name, lineno, line, problem)
         forms.append(cols[1])
@@ -177,6 +188,51 @@ def _finish(name, forms, upos, started, range_end, block_start, lineno, line):
             f"multiword range ends at word {range_end[0]} but the sentence has {len(forms)} words",
         )  # fmt: skip
     return forms, upos
+
+
+def fill_upos(source, tags: Iterable[Sequence[str]], file) -> None:
+    """Write every line of the CoNLL-U ``source`` to ``file``, column 4 of each word set.
+
+    Comments, multiword-token lines, empty nodes and every other column are
+    written back as they are; ``tags`` gives one UPOS per word of each
+    sentence, in the order :func:`read_conllu` yields them. ``source`` must
+    have been read by :func:`read_conllu` first (this pass trusts its layout).
+
+    >>> import io
+    >>> words = [f"{i}\\t{w}\\t{w.lower()}\\t_\\t_\\t_\\t0\\troot\\t_\\t_\\n"
+    ...          for i, w in [(1, "Hi"), (2, "!")]]
+    >>> text = "# text = Hi !\\n1-2\\tHi!" + "\\t_" * 8 + "\\n" + "".join(words)
+    >>> out = io.StringIO()
+    >>> fill_upos(io.StringIO(text + "\\n"), [["INTJ", "PUNCT"]], out)
+    >>> print(out.getvalue().replace("\\t", " "), end="")
+    # text = Hi !
+    1-2 Hi! _ _ _ _ _ _ _ _
+    1 Hi hi INTJ _ _ 0 root _ _
+    2 ! ! PUNCT _ _ 0 root _ _
+    <BLANKLINE>
+    """
+    f, name, owned = _open(source, "r")
+    try:
+        lines = f.read().splitlines() if owned else [line.rstrip("\r\n") for line in f]
+    finally:
+        if owned:
+            f.close()
+    sentences = iter(tags)
+    sentence: Iterator[str] = iter(())
+    out = io.StringIO()
+    for k, line in enumerate(lines):
+        if isinstance(line, bytes):
+            line = line.decode("utf-8")
+        if k == 0:
+            line = line.removeprefix("\ufeff")
+        cols = line.split("\t")
+        if len(cols) == _NCOLS and cols[0].isdigit():
+            if cols[0] == "1":
+                sentence = iter(next(sentences))
+            cols[3] = next(sentence)
+            line = "\t".join(cols)
+        out.write(line + "\n")
+    _write(file, out.getvalue())
 
 
 def write_conllu(
@@ -218,10 +274,15 @@ def write_conllu(
                 raise ValueError(f"sentence {k}, token {i}: unknown UPOS tag {tag!r}")
             buf.write(f"{i}\t{form}\t_\t{tag}\t_\t_\t_\t_\t_\t_\n")
         buf.write("\n")
+    _write(file, buf.getvalue())
+    return len(sents)
+
+
+def _write(file, text: str) -> None:
+    """Write ``text`` to a path or an open text file (all at once: checked before)."""
     f, _, owned = _open(file, "w")
     try:
-        f.write(buf.getvalue())
+        f.write(text)
     finally:
         if owned:
             f.close()
-    return len(sents)

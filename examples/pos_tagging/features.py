@@ -29,10 +29,13 @@ import json
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from examples.pos_tagging.conll import UPOS_TAGS
+from unroll.atomic import write_atomic
+from unroll.errors import FileFormatError
 
 __all__ = [
     "FEATURES",
@@ -302,20 +305,30 @@ class Featurizer:
 
     @classmethod
     def from_json(cls, text: str) -> Featurizer:
-        data = json.loads(text)
-        if not isinstance(data, dict) or "features" not in data or "chars" not in data:
-            raise ValueError("not a Featurizer: expected an object with 'features' and 'chars'")
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data) -> Featurizer:
+        if not isinstance(data, dict) or not isinstance(data.get("features"), dict) or (
+            "chars" not in data
+        ):
+            raise ValueError("not a Featurizer: expected an object with 'features' (an object) "
+                             "and 'chars'")
         vocabs = {n: Vocab.from_dict(d) for n, d in data["features"].items()}
         return cls(vocabs, Vocab.from_dict(data["chars"]))
 
     def save(self, path: str | os.PathLike) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.to_json())
+        """Write ``to_json()`` to ``path`` atomically (a crash leaves the old file or the new)."""
+        write_atomic(path, self.to_json().encode("utf-8"))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Featurizer:
-        with open(path, encoding="utf-8") as f:
-            return cls.from_json(f.read())
+        """A Featurizer saved by :meth:`save`; a bad file is a FileFormatError naming it."""
+        try:
+            data = json.loads(Path(path).read_bytes().decode("utf-8"))
+            return cls.from_dict(data)
+        except (UnicodeDecodeError, ValueError, TypeError) as e:
+            raise FileFormatError(path, f"not a features file: {e}") from None
 
 
 def word_dropout(

@@ -1,14 +1,15 @@
 """The tagger: the `tagger` net template over bucketed unrolled nets, and batching.
 
-One :class:`unroll.bucketed_model.BucketedModel` trains (dropout on), a second one
-with phase "test" shares its parameter store and predicts, so evaluation
-always sees the current weights without a copy.
+One :class:`unroll.bucketed_model.BucketedModel` trains (dropout, loss), a second one
+with phase "test" shares its parameter store and predicts from its ``scores``
+output, so evaluation always sees the current weights without a copy. Both
+build their nets from the same NetParameter per T.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +17,15 @@ import numpy as np
 import unroll
 from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import Featurizer, encode_tags, word_dropout
+from examples.pos_tagging.folder import CONFIG, FEATURES, read_json
+from unroll.atomic import write_atomic
 from unroll.bucketed_model import BucketedModel
 from unroll.bucketing import time_major
+from unroll.errors import FileFormatError
+from unroll.unroller import builtin_template_dir
 
 IGNORE = -1
+TAGGER_TEMPLATE = builtin_template_dir() / "tagger.prototxt.j2"
 WORD_INPUT = "words"  # the tagger template's name for the word-id input
 
 #: extra token features and their embedding sizes (the word embedding is ``embed``)
@@ -32,7 +38,15 @@ DEFAULT_CHARS = {"embed": 24, "hidden": 32, "length": 12}
 
 @dataclass
 class TaggerConfig:
-    """Sizes of the tagger; saved beside its weights as config.json."""
+    """Sizes of the tagger; saved beside its weights as config.json.
+
+    ``cell`` is a built-in step template (lstm, gru, rnn, lstm_primitive) or,
+    in a model folder, the name of a template file inside that folder.
+
+    >>> TaggerConfig(hidden=0)
+    Traceback (most recent call last):
+    ValueError: tagger config: hidden must be an integer >= 1, found 0
+    """
 
     embed: int = 100
     hidden: int = 128
@@ -45,12 +59,80 @@ class TaggerConfig:
     #: the character model: embedding and LSTM sizes, characters read per word ({}: none)
     chars: dict = field(default_factory=lambda: dict(DEFAULT_CHARS))
 
+    def __post_init__(self):
+        def count(what, value):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"tagger config: {what} must be an integer >= 1, found {value!r}")
+
+        for name in ("embed", "hidden", "layers", "batch"):
+            count(name, getattr(self, name))
+        for name in ("dropout", "word_dropout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                0 <= value < 1
+            ):
+                raise ValueError(f"tagger config: {name} must be a number in [0, 1), "
+                                 f"found {value!r}")
+        if not isinstance(self.cell, str) or not self.cell:
+            raise ValueError(f"tagger config: cell must be a template name, found {self.cell!r}")
+        if not isinstance(self.feature_dims, dict):
+            raise ValueError(f"tagger config: feature_dims must be an object, "
+                             f"found {self.feature_dims!r:.60}")
+        for name, dim in self.feature_dims.items():
+            count(f"feature_dims[{name!r}]", dim)
+        if not isinstance(self.chars, dict) or self.chars and set(self.chars) != set(DEFAULT_CHARS):
+            raise ValueError(f"tagger config: chars must be {{}} or have exactly the keys "
+                             f"{sorted(DEFAULT_CHARS)}, found {self.chars!r:.80}")
+        for name, value in self.chars.items():
+            count(f"chars[{name!r}]", value)
+
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=2))
+        write_atomic(path, json.dumps(asdict(self), indent=2).encode("utf-8"))
 
     @classmethod
     def load(cls, path: Path) -> TaggerConfig:
-        return cls(**json.loads(path.read_text()))
+        """The config in ``path``; a bad file is a FileFormatError naming it."""
+        data = read_json(path, dict)
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise FileFormatError(path, f"unknown key(s) {unknown}; a tagger config has "
+                                        f"{[f.name for f in fields(cls)]}")
+        try:
+            return cls(**data)
+        except ValueError as e:
+            raise FileFormatError(path, str(e).removeprefix("tagger config: ")) from None
+
+
+def builtin_cells() -> list[str]:
+    """The names of the built-in step templates (lstm, gru, ...)."""
+    suffix = ".prototxt.j2"
+    return sorted(p.name[: -len(suffix)] for p in builtin_template_dir().glob(f"*{suffix}")
+                  if p.name != TAGGER_TEMPLATE.name)
+
+
+def cell_template(cell: str, folder: Path | None) -> Path:
+    """The template file of ``cell``: a built-in, or (with ``folder``) a file inside it.
+
+    Without ``folder`` (a fresh training run) ``cell`` may also be any path.
+    A model folder names only built-ins or its own files, so that loading a
+    model never reads a template from elsewhere.
+    """
+    if cell in builtin_cells():
+        return builtin_template_dir() / f"{cell}.prototxt.j2"
+    if folder is None:
+        path = Path(cell)
+        if not path.is_file():
+            raise ValueError(f"cell {cell!r} is neither a built-in step template "
+                             f"({', '.join(builtin_cells())}) nor a template file")
+        return path
+    path = (folder / cell).resolve()
+    if not (path.parent == folder.resolve() and path.is_file()):
+        raise FileFormatError(
+            folder / "config.json",
+            f"cell {cell!r} is neither a built-in step template ({', '.join(builtin_cells())}) "
+            f"nor a template file in the model folder",
+        )
+    return path
 
 
 class Tagger:
@@ -63,32 +145,36 @@ class Tagger:
     """
 
     def __init__(self, featurizer: Featurizer, config: TaggerConfig, device: str = "cpu",
-                 seed: int = 0):
+                 seed: int = 0, folder: Path | None = None):
         self.featurizer = featurizer
         self.config = config
         unknown = [n for n in config.feature_dims if n not in featurizer.vocabs or n == "word"]
         if unknown:
             raise ValueError(f"feature_dims names unknown features {unknown}")
         sizes = featurizer.sizes
-        features = {name: [sizes[name], dim] for name, dim in config.feature_dims.items()}
-        chars = dict(config.chars, vocab=sizes["chars"]) if config.chars else {}
-
-        def make(phase_dropout):
-            def net_param(steps):
-                return unroll.expand(
-                    "tagger", steps=steps, batch=config.batch, vocab=sizes["word"],
-                    tags=len(UPOS_TAGS), embed=config.embed, hidden=config.hidden,
-                    layers=config.layers, cell=config.cell, dropout=phase_dropout,
-                    features=features, chars=chars, ignore_label=IGNORE,
-                )
-            return net_param
-
-        self.train_model = BucketedModel(make(config.dropout), phase="train", device=device,
+        self._variables = dict(
+            batch=config.batch, vocab=sizes["word"], tags=len(UPOS_TAGS), embed=config.embed,
+            hidden=config.hidden, layers=config.layers,
+            cell=str(cell_template(config.cell, folder)), dropout=config.dropout,
+            features={name: [sizes[name], dim] for name, dim in config.feature_dims.items()},
+            chars=dict(config.chars, vocab=sizes["chars"]) if config.chars else {},
+            ignore_label=IGNORE,
+        )
+        # one NetParameter per T serves both phases: Net filters the TRAIN-only layers
+        self._net_params: dict[int, object] = {}
+        self.train_model = BucketedModel(self.net_param, phase="train", device=device,
                                          seed=seed, steps_from=WORD_INPUT)
-        self.test_model = BucketedModel(make(config.dropout), phase="test", device=device,
+        self.test_model = BucketedModel(self.net_param, phase="test", device=device,
                                         seed=seed, store=self.train_model.store,
                                         steps_from=WORD_INPUT)
         self.rng = np.random.default_rng(seed)
+
+    def net_param(self, steps: int):
+        """The tagger net unrolled to ``steps`` words (expanded once per T)."""
+        if steps not in self._net_params:
+            self._net_params[steps] = unroll.expand(TAGGER_TEMPLATE, steps=steps,
+                                                    **self._variables)
+        return self._net_params[steps]
 
     def encode(self, sentences) -> list[dict]:
         """Feature ids per sentence (lists of forms -> dicts of id arrays)."""
@@ -117,15 +203,13 @@ class Tagger:
 
     def inputs(self, encoded: list[dict], length: int, tags=None, train: bool = False) -> dict:
         """Time-major (T, N) input arrays for one batch, padded to ``length``."""
-        out = {}
-        for name in ("word", *self.config.feature_dims):
-            ids = [e[name] for e in encoded]
-            if train and name == "word" and self.config.word_dropout > 0:
-                vocab = self.featurizer.vocabs["word"]
-                ids = [word_dropout(i, vocab, self.rng, self.config.word_dropout) for i in ids]
-            values, cont = time_major(ids, length)
-            out[WORD_INPUT if name == "word" else name] = values
-        out["cont"] = cont
+        words = [e["word"] for e in encoded]
+        if train and self.config.word_dropout > 0:
+            vocab = self.featurizer.vocabs["word"]
+            words = [word_dropout(i, vocab, self.rng, self.config.word_dropout) for i in words]
+        out = dict(zip((WORD_INPUT, "cont"), time_major(words, length)))
+        for name in self.config.feature_dims:
+            out[name], _ = time_major([e[name] for e in encoded], length)
         if self.config.chars:
             out.update(self._char_inputs([e["chars"] for e in encoded], length))
         if tags is not None:
@@ -142,7 +226,7 @@ class Tagger:
             for grid, part in zip(grids, parts):
                 grid[: len(part), n] = part
         fw, bw, cont = (g.reshape(length * N, C).T for g in grids)
-        return {"chars_fw": fw, "chars_fw_cont": cont, "chars_bw": bw, "chars_bw_cont": cont}
+        return {"chars_fw": fw, "chars_bw": bw, "chars_cont": cont}
 
     def predict_encoded(self, encoded: list[dict], batch_size: int | None = None) -> list:
         """Tag ids per sentence, run in length-sorted batches through the test-phase nets."""
@@ -153,8 +237,7 @@ class Tagger:
             idx = order[start : start + batch_size]
             length = self._padded_length(max(1, max(len(encoded[i]["word"]) for i in idx)))
             outputs = self.test_model.forward(**self.inputs([encoded[i] for i in idx], length))
-            del outputs
-            scores = unroll.backend.to_numpy(self.test_model.active.blobs["scores"].data)
+            scores = unroll.backend.to_numpy(outputs["scores"])
             best = scores.argmax(axis=2)
             for column, i in enumerate(idx):
                 result[i] = best[: len(encoded[i]["word"]), column]
@@ -171,25 +254,43 @@ class Tagger:
 
     # -- files ------------------------------------------------------------------
     def save(self, model_dir: Path, name: str = "model") -> Path:
-        """Weights (``<name>.caffemodel``), features.json and config.json in ``model_dir``."""
+        """Weights (``<name>.caffemodel``), features.json and config.json in ``model_dir``.
+
+        Each file is written atomically; training writes the two JSON files once
+        and then only weights (see :mod:`examples.pos_tagging.folder`).
+        """
         model_dir.mkdir(parents=True, exist_ok=True)
-        self.featurizer.save(model_dir / "features.json")
-        self.config.save(model_dir / "config.json")
+        self.save_description(model_dir)
         path = model_dir / f"{name}.caffemodel"
         self.train_model.save(path)
         return path
 
+    def save_description(self, model_dir: Path) -> None:
+        """features.json and config.json: what a folder needs besides weights to load."""
+        self.featurizer.save(model_dir / FEATURES)
+        self.config.save(model_dir / CONFIG)
+
     @classmethod
     def load(cls, model_dir: Path, name: str = "model", device: str = "cpu") -> Tagger:
-        """A tagger saved by :meth:`save` (or a checkpoint of the training command)."""
+        """A tagger saved by :meth:`save` (or a checkpoint of the training command).
+
+        Loading reads JSON and weights only: the step template must be a
+        built-in or a file inside ``model_dir``, and no Python layer is allowed.
+        """
         model_dir = Path(model_dir)
-        for needed in ("features.json", "config.json", f"{name}.caffemodel"):
+        if not model_dir.is_dir():
+            raise FileNotFoundError(f"--model-dir {model_dir}: no such folder")
+        for needed in (FEATURES, CONFIG):
             if not (model_dir / needed).is_file():
                 raise FileNotFoundError(f"{model_dir / needed} is missing: is {model_dir} a "
                                         f"model folder written by `train`?")
-        tagger = cls(Featurizer.load(model_dir / "features.json"),
-                     TaggerConfig.load(model_dir / "config.json"), device=device)
-        tagger.train_model.copy_from(model_dir / f"{name}.caffemodel", strict=True)
+        weights = model_dir / f"{name}.caffemodel"
+        if not weights.is_file():
+            raise FileNotFoundError(f"{weights} is missing: {model_dir} holds no trained "
+                                    f"'{name}' weights (did training end its first epoch?)")
+        tagger = cls(Featurizer.load(model_dir / FEATURES), TaggerConfig.load(model_dir / CONFIG),
+                     device=device, folder=model_dir)
+        tagger.train_model.copy_from(weights, strict=True)
         return tagger
 
 

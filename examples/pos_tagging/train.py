@@ -1,10 +1,16 @@
 """Train the tagger: bucketed batches, Adam, dev accuracy per epoch, best checkpoint.
 
-Everything lands in the model folder: ``best.caffemodel`` (the averaged
-params of the best dev epoch), ``average.caffemodel`` (the last epoch's
-average), ``snapshot_iter_N.caffemodel`` + ``.solverstate`` (the raw params
-and solver state of the last epoch, to resume), ``features.json`` and
+Everything lands in the model folder (files, write order and lock in
+:mod:`examples.pos_tagging.folder`): ``best.caffemodel`` (the averaged params
+of the best dev epoch), ``last.caffemodel`` (the last epoch's average), a
+snapshot of the last epoch to resume from, ``features.json``,
 ``config.json``, ``log.json`` and ``curve.png``.
+
+A batch whose loss or gradient norm is not finite stops training with
+:class:`TrainingDiverged` before the update, so nothing non-finite reaches the
+params or any file: the folder keeps the last good epoch, to ``--resume``
+from with a lower learning rate. ``skip_bad_batches`` instead drops up to that
+many such batches (their update is not applied), as large-scale trainers do.
 
 Under ``mpirun -n N`` it trains data-parallel (:mod:`unroll.distributed`):
 each rank takes its share of every epoch's batches and rank 0 prints,
@@ -14,29 +20,38 @@ evaluates and writes the model folder.
 from __future__ import annotations
 
 import contextlib
-import json
+import io
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from examples.pos_tagging.conll import read_conllu
+from examples.pos_tagging import folder
+from examples.pos_tagging.data import DEV_FILE, TRAIN_FILE, read_split
 from examples.pos_tagging.evaluate import score
 from examples.pos_tagging.features import Featurizer
-from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
+from examples.pos_tagging.tagger import Tagger, TaggerConfig, builtin_cells, tag_ids
 from unroll import distributed
 from unroll.atomic import write_atomic
 from unroll.bucketing import BucketSampler
+from unroll.errors import NetError
 from unroll.solver import Solver
 
-TRAIN_FILE = "en_ewt-ud-train.conllu"
-DEV_FILE = "en_ewt-ud-dev.conllu"
+__all__ = ["DEV_FILE", "TRAIN_FILE", "TrainOptions", "TrainingDiverged", "train"]
 
 
 @dataclass
 class TrainOptions:
+    """What to train on, where, and how.
+
+    ``sizes`` are :class:`TaggerConfig` fields to set: a fresh run's config is
+    ``TaggerConfig(**sizes)``; a resumed run keeps the folder's config, and a
+    size given here that differs from it is an error naming both.
+    """
+
     data: Path
     model_dir: Path
     epochs: int = 12
@@ -47,9 +62,15 @@ class TrainOptions:
     seed: int = 0
     limit: int = 0
     resume: bool = False
+    overwrite: bool = False
+    skip_bad_batches: int = 0
     device: str = "cpu"
     quiet: bool = False
-    config: TaggerConfig = field(default_factory=TaggerConfig)
+    sizes: dict = field(default_factory=dict)
+
+
+class TrainingDiverged(RuntimeError):
+    """A non-finite loss, gradient or weight: training stopped before saving anything of it."""
 
 
 class ParamAverage:
@@ -85,17 +106,6 @@ class ParamAverage:
                 p.blob.data[...] = value
 
 
-def read_split(data: Path, name: str, limit: int = 0):
-    path = data / name
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} not found. Download UD English EWT (train and dev .conllu) from "
-            f"https://github.com/UniversalDependencies/UD_English-EWT and pass --data DIR"
-        )
-    sentences = list(read_conllu(path))
-    return sentences[:limit] if limit else sentences
-
-
 def evaluate(tagger: Tagger, sentences) -> dict:
     predicted = tagger.predict([forms for forms, _ in sentences])
     return score(tag_ids([tags for _, tags in sentences]), predicted)
@@ -117,31 +127,91 @@ def plot(log: list, path: Path) -> None:
     ax2.set_ylabel("dev UPOS accuracy (%)", color="tab:red")
     ax.set_title("unroll BiLSTM tagger, UD English EWT")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    write_atomic(path, png.getvalue())
+
+
+def gradient_norm(params) -> float:
+    """The global L2 norm of the params' diffs (what clip_gradients compares)."""
+    return math.sqrt(sum(float(d @ d) for d in (p.blob.diff.reshape(-1) for p in params)))
+
+
+def all_finite(arrays) -> bool:
+    return all(bool(np.isfinite(a).all()) for a in arrays)
+
+
+def guarded_step(solver: Solver, model, inputs: dict) -> tuple[float, float, bool]:
+    """One iteration that updates only on a finite loss and gradient norm.
+
+    Returns (loss, gradient norm, whether the update was applied).
+    """
+    model.clear_param_diffs()
+    with np.errstate(over="ignore", invalid="ignore"):  # reported below, as one error
+        model.forward(**inputs)
+        loss = float(model.loss)
+        model.backward()
+        norm = gradient_norm(model.learnable_params)
+    # every rank must take the same decision, or the others would wait in the all-reduce
+    ok = not solver.comm.sum(not (math.isfinite(loss) and math.isfinite(norm)))
+    if ok:
+        solver.update()
+    return loss, norm, ok
 
 
 def train(opts: TrainOptions) -> dict:
     """Train (or resume) and return the log of the last epoch."""
     started = time.perf_counter()
-    comm = distributed.init(opts.device)
-    lead = comm.rank == 0  # the rank that prints, evaluates and writes
     train_sents = read_split(opts.data, TRAIN_FILE, opts.limit)
     dev_sents = read_split(opts.data, DEV_FILE, opts.limit)
+    comm = distributed.init(opts.device)
+    if comm.rank == 0:  # the rank that prints, evaluates and writes
+        with folder.claimed(opts.model_dir, opts.resume, opts.overwrite) as model_dir:
+            described = _describe(opts, model_dir, train_sents)
+            comm.barrier()
+            return _train(opts, comm, model_dir, described, train_sents, dev_sents, started)
+    comm.barrier()  # rank 0 has claimed the folder and written what the others read
     model_dir = opts.model_dir
-    model_dir.mkdir(parents=True, exist_ok=True)
-    log_path = model_dir / "log.json"
-    resuming = opts.resume and log_path.is_file()
-    if resuming:
-        featurizer = Featurizer.load(model_dir / "features.json")
-        config = TaggerConfig.load(model_dir / "config.json")
-        log = json.loads(log_path.read_text())
-    else:
-        featurizer = Featurizer.build([forms for forms, _ in train_sents])
-        config = opts.config
-        log = []
+    described = (Featurizer.load(model_dir / folder.FEATURES),
+                 TaggerConfig.load(model_dir / folder.CONFIG), folder.read_log(model_dir))
+    return _train(opts, comm, model_dir, described, train_sents, dev_sents, started)
+
+
+def _describe(opts: TrainOptions, model_dir: Path, train_sents):
+    """(featurizer, config, log): the folder's own when resuming, else new ones, saved."""
+    config_path, features_path = model_dir / folder.CONFIG, model_dir / folder.FEATURES
+    if opts.resume and config_path.is_file() and features_path.is_file():
+        config = TaggerConfig.load(config_path)
+        conflicts = [f"{k} {v!r} (the folder has {getattr(config, k)!r})"
+                     for k, v in opts.sizes.items() if asdict(config).get(k) != v]
+        if conflicts:
+            raise folder.ModelFolderError(
+                f"--resume: {model_dir} was trained with other sizes; asked for "
+                f"{', '.join(conflicts)}: drop these options, or train a new --model-dir"
+            )
+        return Featurizer.load(features_path), config, folder.read_log(model_dir)
+    config = TaggerConfig(**opts.sizes)
+    if config.cell not in builtin_cells():  # the folder keeps its own copy of the template
+        template = Path(config.cell)
+        if not template.is_file():
+            raise ValueError(f"--cell {config.cell}: neither a built-in step template "
+                             f"({', '.join(builtin_cells())}) nor a template file")
+        write_atomic(model_dir / template.name, template.read_bytes())
+        config.cell = template.name
+    featurizer = Featurizer.build([forms for forms, _ in train_sents])
+    featurizer.save(features_path)
+    config.save(config_path)  # last: a folder with config.json has its features.json
+    return featurizer, config, []
+
+
+def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, dev_sents,
+           started) -> dict:
+    featurizer, config, log = described
+    lead = comm.rank == 0
     # each rank its own dropout masks; the solver broadcasts rank 0's params
-    tagger = Tagger(featurizer, config, device=opts.device, seed=opts.seed + comm.rank)
+    tagger = Tagger(featurizer, config, device=opts.device, seed=opts.seed + comm.rank,
+                    folder=model_dir)
     encoded = tagger.encode([forms for forms, _ in train_sents])
     gold = tag_ids([tags for _, tags in train_sents])
     lengths = [len(forms) for forms, _ in train_sents]
@@ -153,15 +223,22 @@ def train(opts: TrainOptions) -> dict:
         clip_gradients=opts.clip, comm=comm,
     )
     average = ParamAverage(tagger.train_model.learnable_params)
-    if resuming:
-        solver.restore(model_dir / log[-1]["snapshot"])
+    if log:
+        state = model_dir / log[-1]["snapshot"]
+        try:
+            solver.restore(state)
+        except NetError as e:  # the solver hands the weights over without their file name
+            raise NetError(f"{state.with_suffix('.caffemodel')}: {e}") from None
         with average.applied():
-            tagger.train_model.copy_from(model_dir / "average.caffemodel")
+            tagger.train_model.copy_from(model_dir / log[-1]["average"])
             average.values = [p.blob.data.copy() for p in average.params]
         average.updates = solver.iter
-    best = max((e["dev_accuracy"] for e in log), default=0.0)
+    elif opts.resume and lead:
+        tqdm.write(f"--resume: no epoch of {model_dir} had ended; starting from the first")
+    best = max((e["dev_accuracy"] for e in log), default=-1.0)
     earlier = sum(e["seconds"] for e in log)  # training time before a resume
     result = log[-1] if log else {}
+    skipped = 0
     for epoch in range(len(log), opts.epochs):
         elapsed = time.perf_counter() - started + earlier
         if comm.sum(elapsed > opts.max_minutes * 60):  # all ranks stop together
@@ -171,41 +248,72 @@ def train(opts: TrainOptions) -> dict:
         bar = tqdm(sampler.epoch_batches(epoch), desc=f"epoch {epoch + 1}/{opts.epochs}",
                    unit="batch", disable=opts.quiet or not lead, dynamic_ncols=True,
                    mininterval=1.0)
-        for batch in bar:
+        for k, batch in enumerate(bar):
             inputs = tagger.inputs([encoded[i] for i in batch], sampler.bucket_length(batch),
                                    [gold[i] for i in batch], train=True)
             t0 = time.perf_counter()
-            losses.append(solver.step(1, feed=lambda _, inputs=inputs: inputs))
+            loss, norm, updated = guarded_step(solver, tagger.train_model, inputs)
+            if not updated:
+                skipped += 1
+                where = (f"epoch {epoch + 1}, batch {k + 1} (iteration {solver.iter}): loss "
+                         f"{loss:g}, gradient norm {norm:g}")
+                if skipped > opts.skip_bad_batches:
+                    raise TrainingDiverged(_diverged(where, model_dir, log, opts))
+                if lead:
+                    tqdm.write(f"skipped a bad batch at {where} ({skipped} of at most "
+                               f"{opts.skip_bad_batches})")
+                continue
+            losses.append(loss)
             average.update()
             compute += time.perf_counter() - t0
             tokens += sum(lengths[i] for i in batch)
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", tok_s=f"{tokens / compute:.0f}")
         tokens = comm.sum(tokens)  # of all ranks
         if not lead:  # rank 0 evaluates and writes; the others join in the snapshot
-            solver.snapshot(model_dir / "snapshot")
+            solver.snapshot(model_dir / folder.SNAPSHOT_PREFIX)
             continue
+        if not all_finite([p.blob.data for p in average.params] + average.values):
+            raise TrainingDiverged(_diverged(f"the end of epoch {epoch + 1}: weights are not "
+                                             f"finite", model_dir, log, opts))
         with average.applied():
             dev = evaluate(tagger, dev_sents)
-            tagger.save(model_dir, "average")
-            if dev["accuracy"] > best:
-                best = dev["accuracy"]
-                tagger.save(model_dir, "best")
+            averaged = tagger.train_model.to_proto().SerializeToString()
         result = {
-            "epoch": epoch + 1, "iter": solver.iter, "train_loss": float(np.mean(losses)),
-            "dev_accuracy": dev["accuracy"], "tokens_per_s": tokens / compute,
+            "epoch": epoch + 1, "iter": solver.iter,
+            "train_loss": float(np.mean(losses)) if losses else float("nan"),
+            "dev_accuracy": dev["accuracy"], "tokens_per_s": tokens / max(compute, 1e-9),
             "seconds": time.perf_counter() - epoch_start,
             "padding_fraction": sampler.padding_fraction(epoch),
         }
-        _, state = solver.snapshot(model_dir / "snapshot")
-        result["snapshot"] = state.name
-        previous = log[-1]["snapshot"] if log else None
-        log.append(result)
-        write_atomic(log_path, json.dumps(log, indent=2).encode())
-        if previous and previous != state.name:
-            for old in (model_dir / previous, (model_dir / previous).with_suffix(".caffemodel")):
-                old.unlink(missing_ok=True)
+        _commit_epoch(model_dir, solver, averaged, dev["accuracy"] > best, log, result)
+        best = max(best, dev["accuracy"])
         plot(log, model_dir / "curve.png")
         tqdm.write(f"epoch {epoch + 1}: loss {result['train_loss']:.4f}  dev UPOS "
                    f"{100 * dev['accuracy']:.2f}%  (best {100 * best:.2f}%)  "
                    f"{result['tokens_per_s']:.0f} tokens/s  {result['seconds']:.0f} s")
     return result
+
+
+def _commit_epoch(model_dir: Path, solver: Solver, averaged: bytes, is_best: bool, log: list,
+                  result: dict) -> None:
+    """Write an epoch's files in the order :mod:`folder` relies on; log.json commits them."""
+    _, state = solver.snapshot(model_dir / folder.SNAPSHOT_PREFIX)
+    average = state.with_suffix(".average.caffemodel")
+    write_atomic(average, averaged)
+    write_atomic(model_dir / "last.caffemodel", averaged)
+    if is_best:
+        write_atomic(model_dir / "best.caffemodel", averaged)
+    result.update(snapshot=state.name, average=average.name)
+    previous = folder.snapshot_files(log[-1]) if log else set()
+    log.append(result)
+    folder.write_json(model_dir / folder.LOG, log)
+    for name in previous - folder.snapshot_files(result):
+        (model_dir / name).unlink(missing_ok=True)
+
+
+def _diverged(where: str, model_dir: Path, log: list, opts: TrainOptions) -> str:
+    kept = (f"{model_dir} keeps epoch {log[-1]['epoch']}" if log
+            else f"no epoch had ended, so {model_dir} holds no weights")
+    return (f"training diverged at {where}. Nothing of it was saved; {kept}. Lower --lr "
+            f"(now {opts.lr:g}) and run again with --resume, or allow a few bad batches with "
+            f"--skip-bad-batches N")

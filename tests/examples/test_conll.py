@@ -171,3 +171,15 @@ def test_writer_rejects_bad_input_without_writing(tmp_path, sents, tags, match):
     with pytest.raises(ValueError, match=match):
         write_conllu(sents, tags, path)
     assert not path.exists()
+
+
+def test_cr_only_line_endings_read_and_errors_stay_short(tmp_path):
+    words = "".join(f"{i}\tw{i}\t_\tNOUN\t_\t_\t_\t_\t_\t_\r" for i in range(1, 2000))
+    path = tmp_path / "mac.conllu"
+    path.write_bytes((words + "\r").encode())
+    [(forms, tags)] = read_conllu(path)
+    assert len(forms) == len(tags) == 1999
+    path.write_bytes((words + "2000\tw\t_\tNOUN" + "x" * 5000 + "\t_" * 6 + "\r\r").encode())
+    with pytest.raises(CoNLLUError, match="mac.conllu:2000: unknown UPOS") as error:
+        list(read_conllu(path))
+    assert len(str(error.value)) < 500

@@ -1,25 +1,28 @@
 """A short real training run of the POS tagger, then `evaluate` and `tag` on its checkpoint."""
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from examples.pos_tagging.__main__ import DEFAULT_DATA, main
+from examples.pos_tagging.__main__ import main
 from examples.pos_tagging.conll import read_conllu, write_conllu
+from examples.pos_tagging.data import DATA_ENV, data_dir
 from examples.pos_tagging.train import DEV_FILE, TRAIN_FILE, TrainOptions, train
 
-pytestmark = pytest.mark.skipif(
-    not (DEFAULT_DATA / TRAIN_FILE).is_file(),
-    reason=f"UD English EWT not found at {DEFAULT_DATA}",
+EWT = data_dir()
+needs_ewt = pytest.mark.skipif(
+    not (EWT / TRAIN_FILE).is_file(),
+    reason=f"UD English EWT not found at {EWT} (set {DATA_ENV} to its folder)",
 )
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     data = tmp_path_factory.mktemp("data")
-    train_sents = [s for _, s in zip(range(320), read_conllu(DEFAULT_DATA / TRAIN_FILE))]
-    dev_sents = [s for _, s in zip(range(120), read_conllu(DEFAULT_DATA / DEV_FILE))]
+    train_sents = [s for _, s in zip(range(320), read_conllu(EWT / TRAIN_FILE))]
+    dev_sents = [s for _, s in zip(range(120), read_conllu(EWT / DEV_FILE))]
     for name, sents in ((TRAIN_FILE, train_sents), (DEV_FILE, dev_sents)):
         write_conllu([f for f, _ in sents], [t for _, t in sents], data / name)
     model_dir = tmp_path_factory.mktemp("model")
@@ -27,6 +30,7 @@ def trained(tmp_path_factory):
     return data, model_dir, train_sents, dev_sents
 
 
+@needs_ewt
 def test_training_lowers_the_loss_and_beats_the_majority_tag(trained):
     import json
 
@@ -44,6 +48,7 @@ def test_training_lowers_the_loss_and_beats_the_majority_tag(trained):
         assert (model_dir / name).is_file(), name
 
 
+@needs_ewt
 def test_evaluate_and_tag_run_on_the_checkpoint(trained, tmp_path, capsys):
     data, model_dir, _, _ = trained
     assert main(["evaluate", "--model-dir", str(model_dir), str(data / DEV_FILE)]) == 0
@@ -63,6 +68,7 @@ def test_evaluate_and_tag_run_on_the_checkpoint(trained, tmp_path, capsys):
     assert len(list(read_conllu(tagged))) == 120
 
 
+@needs_ewt
 def test_resume_continues_from_the_last_snapshot(trained, tmp_path):
     import json
     import shutil
@@ -74,6 +80,16 @@ def test_resume_continues_from_the_last_snapshot(trained, tmp_path):
     log = json.loads((copy / "log.json").read_text())
     assert [e["epoch"] for e in log] == [1, 2, 3, 4]
     assert log[3]["iter"] > log[2]["iter"]
+
+
+def test_the_data_folder_is_the_option_then_the_variable_then_the_default(monkeypatch):
+    from examples.pos_tagging.data import DEFAULT_DATA
+
+    monkeypatch.setenv(DATA_ENV, "/from/env")
+    assert data_dir("given") == Path("given")
+    assert data_dir() == Path("/from/env")
+    monkeypatch.delenv(DATA_ENV)
+    assert data_dir() == DEFAULT_DATA
 
 
 def test_missing_data_says_what_to_download(tmp_path, capsys):

@@ -2,8 +2,8 @@
 
 Scores are laid out as in Caffe: along ``axis`` lie the C classes, the axes
 before it multiply to ``outer`` and those after it to ``inner``; the label
-blob holds ``outer * inner`` class indices (as floats, truncated like Caffe's
-``static_cast<int>``). A loss or accuracy top is a 0-D scalar, shape ``()``,
+blob holds ``outer * inner`` class indices (as floats; one that is not a whole number
+is an error, where Caffe would truncate it). A loss or accuracy top is a 0-D scalar, ``()``,
 as Caffe's own (a blob of 0 axes). A loss layer's top diff holds its loss
 weight, which scales the gradient.
 """
@@ -45,6 +45,12 @@ class ClassScores(Layer):
         xp, (outer, classes, inner) = self.xp, self.dims
         value = bottoms[1].data.reshape(outer, inner)
         label = value.astype(xp.int32)
+        # Caffe's static_cast<int> would quietly read 1.5 as class 1: a label that is not
+        # a whole number is a bug in the data, not a class
+        fractional = label != value
+        if bool(fractional.any()):
+            raise self.error(f"label {float(value[fractional][0]):g} in '{bottoms[1].name}' "
+                             f"is not a whole number; labels are class indices")
         valid = label != ignore if ignore is not None else xp.ones(label.shape, bool)
         bad = valid & ((label < 0) | (label >= classes))
         if bool(bad.any()):
