@@ -1,6 +1,7 @@
 """Layer implementations, one module per family; importing registers them."""
 
 from unroll.layers import (  # noqa: F401
+    bias,
     data,
     eltwise,
     embed,
@@ -9,6 +10,7 @@ from unroll.layers import (  # noqa: F401
     neuron,
     normalization,
     recurrent_unit,
+    sequence_end,
     shape,
     slice_concat,
 )
