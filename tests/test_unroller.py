@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll.bucketing import cont_from_lengths
-from unroll.errors import TemplateError
+from unroll.bucketed_model import BucketedModel
+from unroll.bucketing import cont_from_lengths, time_major
+from unroll.errors import NetError, TemplateError
 from unroll.net import Net
 from unroll.proto import LayerParameter, NetParameter, parse_text
 from unroll.testing import check_net_gradient
@@ -408,21 +409,6 @@ def test_net_template_calls_a_user_step_template(tmp_path):
     assert net.forward()["y"].shape == (4, 2, 6)
 
 
-@pytest.mark.parametrize("step", ["rnn", "lstm", "gru"])
-def test_sequence_output_false_gives_the_output_after_the_last_step(step):
-    rng = np.random.default_rng(4)
-    x = rng.normal(size=(5, 3, 2))
-    cont = np.ones((5, 3))
-    cont[0] = 0
-    cont[2, 1] = 0
-    full = Net(expand(step, steps=5, batch=3, input_dim=2, hidden=4), dtype="float64")
-    last = Net(expand(step, steps=5, batch=3, input_dim=2, hidden=4, sequence_output=False),
-               dtype="float64")
-    out = last.forward(x=x, cont=cont)
-    assert list(out) == ["h"] and out["h"].shape == (1, 3, 4)
-    np.testing.assert_allclose(out["h"][0], full.forward(x=x, cont=cont)["h"][-1], rtol=1e-12)
-
-
 def _set(net, name, value):
     net.store[name].blob.data[...] = value
 
@@ -495,3 +481,148 @@ def test_learned_initial_state_refuses_expose_hidden():
                expose_hidden=True)
     with pytest.raises(TemplateError, match="initial_state"):
         expand("lstm", steps=3, batch=2, input_dim=3, hidden=2, initial_state="random")
+
+
+# -- many-to-one: each sequence's own last state, whatever the padding -------------------------
+
+
+@given(kind=st.sampled_from(["rnn", "lstm", "gru"]),
+       direction=st.sampled_from(["forward", "reverse", "bidirectional"]),
+       align=st.sampled_from(["left", "right"]),
+       lengths=st.lists(st.integers(1, 4), min_size=1, max_size=3), extra=st.integers(0, 2),
+       seed=st.integers(0, 2**32 - 1))
+def test_padded_and_unpadded_give_the_same_last_state(kind, direction, align, lengths, extra,
+                                                      seed):
+    """Once the state at step T-1 whatever the padding: [5] and [-7, 2] looked alike."""
+    D, H, N = 2, 3, len(lengths)
+    T = max(lengths) + extra
+    rng = np.random.default_rng(seed)
+    seqs = [rng.uniform(-1, 1, (n, D)) for n in lengths]
+    x, cont = time_major(seqs, T, pad_value=0.5, align=align)
+    R = rng.uniform(-1, 1, (1, N, H * (2 if direction == "bidirectional" else 1)))
+
+    def last_and_grad(net, x, cont, R):
+        last = net.forward(x=x, cont=cont)["h"].copy()
+        net.blobs["h"].diff[...] = R
+        net.backward()
+        return last, net.blobs["x"].diff.copy()
+
+    batch = build(kind, T, N, D, H, direction=direction, sequence_output=False, align=align)
+    randomize(batch, rng)
+    last, grad = last_and_grad(batch, x, cont, R)
+    assert last.shape == R.shape
+    for n, s in enumerate(seqs):
+        alone = build(kind, len(s), 1, D, H, direction=direction, sequence_output=False,
+                      align=align)
+        copy_params(batch, alone)
+        x1, c1 = time_major([s], len(s))
+        last1, grad1 = last_and_grad(alone, x1, c1, R[:, n:n + 1])
+        np.testing.assert_allclose(last[:, n:n + 1], last1, rtol=1e-12, atol=1e-14,
+                                   err_msg=f"sequence {n} (length {len(s)})")
+        at = slice(0, len(s)) if align == "left" else slice(T - len(s), T)
+        np.testing.assert_allclose(grad[at, n:n + 1], grad1, rtol=1e-10, atol=1e-13)
+        np.testing.assert_array_equal(np.delete(grad[:, n], np.arange(T)[at], axis=0), 0)
+
+
+def test_many_to_one_needs_the_padding_side_and_refuses_the_other():
+    with pytest.raises(TemplateError, match="sequence_output=False needs align="):
+        expand("lstm", steps=3, batch=3, input_dim=1, hidden=2, sequence_output=False)
+    net = Net(expand("lstm", steps=3, batch=3, input_dim=1, hidden=2, sequence_output=False,
+                     align="right"), dtype="float64")
+    x, cont = time_major([[[5.0]], [[-7.0], [2.0]], [[1.0], [2.0], [3.0]]], 3)  # left-aligned
+    with pytest.raises(NetError, match=r"column 1 does not hold one sequence padded as this layer "
+                                       r"reads it.*align="):
+        net.forward(x=x, cont=cont)
+    packed = np.array([[0, 0, 0], [1, 1, 1], [0, 1, 1]], float)  # column 0: two sequences
+    with pytest.raises(NetError, match="column 0"):
+        net.forward(x=x, cont=packed)
+    x, cont = time_major([[[5.0]], [[-7.0], [2.0]], [[1.0], [2.0], [3.0]]], 3, align="right")
+    assert net.forward(x=x, cont=cont)["h"].shape == (1, 3, 2)
+
+
+def test_many_to_one_net_passes_the_gradient_check():
+    net_param = expand("gru", steps=4, batch=3, input_dim=2, hidden=2, sequence_output=False,
+                       align="left", direction="bidirectional", initial_state="learned")
+    net_param.force_backward = True
+    target = net_param.layer.add(name="target", type="Input", top=["y"])
+    target.input_param.shape.add().dim.extend([1, 3, 4])
+    net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "y"], top=["loss"])
+    net = Net(net_param, dtype="float64")
+    rng = np.random.default_rng(5)
+    randomize(net, rng)
+    x, cont = time_major([rng.normal(size=(n, 2)) for n in (4, 1, 2)], 4, align="left")
+    net.forward(x=x, cont=cont, y=rng.normal(size=(1, 3, 4)))
+    check_net_gradient(net, wrt=["x"], rtol=1e-5, atol=1e-8)
+
+
+# -- truncated BPTT: a stream fed in chunks with carried state equals it fed whole -------------
+
+
+def _chunks(lengths, size):
+    """(start, chunk length, per-stream lengths in the chunk) of streams cut every ``size``."""
+    total = max(lengths)
+    for start in range(0, total, size):
+        T = min(size, total - start)
+        yield start, T, [int(np.clip(n - start, 0, T)) for n in lengths]
+
+
+@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_chunks_with_carried_state_equal_the_whole_stream(kind, bucketed):
+    """Once every chunk restarted: cont[0] was 0, so carrying the state changed nothing."""
+    D, H, lengths, size = 2, 3, [7, 5, 3], 3  # chunks of 3, 3 and 1 steps
+    N, S = len(lengths), max(lengths)
+    rng = np.random.default_rng(8)
+    x = rng.uniform(-1, 1, (S, N, D))
+    whole = build(kind, S, N, D, H)
+    randomize(whole, rng)
+    cont = cont_from_lengths(lengths, S)
+    h_whole = whole.forward(x=x, cont=cont)["h"].copy()
+
+    def expose(T):
+        net_param = expand(kind, steps=T, batch=N, input_dim=D, hidden=H, expose_hidden=True)
+        net_param.force_backward = True
+        return net_param
+
+    if bucketed:
+        model = BucketedModel(expose, dtype="float64", steps_from="x")
+        copy_params(whole, model.net(size))
+        run = model
+    else:
+        run = Net(expose(size), dtype="float64")
+        copy_params(whole, run)
+    state = {}
+    for start, T, chunk_lengths in _chunks(lengths, size):
+        if not bucketed and T != size:
+            break  # one Net has one T; the bucketed model takes the short last chunk
+        at = slice(start, start + T)
+        c = cont_from_lengths(chunk_lengths, T, continues=start > 0)
+        h = run.forward(x=x[at], cont=c, **state)["h"]
+        valid = c.astype(bool) | (np.arange(T)[:, None] < np.array(chunk_lengths))
+        np.testing.assert_allclose(np.where(valid[..., None], h, 0),
+                                   np.where(valid[..., None], h_whole[at], 0), rtol=1e-12,
+                                   atol=1e-14, err_msg=f"chunk at {start}")
+        # backward within the chunk: the whole stream's gradient from this chunk's outputs
+        R = rng.uniform(-1, 1, h.shape) * valid[..., None]
+        net = run.active if bucketed else run
+        net.blobs["h"].diff[...] = R
+        net.backward()
+        R_whole = np.zeros_like(h_whole)
+        R_whole[at] = R
+        whole.forward(x=x, cont=cont)
+        whole.blobs["h"].diff[...] = R_whole
+        whole.backward()
+        np.testing.assert_allclose(net.blobs["x"].diff * valid[..., None],
+                                   whole.blobs["x"].diff[at] * valid[..., None], rtol=1e-10,
+                                   atol=1e-13, err_msg=f"chunk at {start}")
+        state = carry_hidden(run)
+        assert sorted(state) == (["c_0", "h_0"] if kind == "lstm" else ["h_0"])
+
+
+def test_carry_hidden_needs_exposed_state():
+    with pytest.raises(ValueError, match="expose_hidden=True"):
+        carry_hidden(Net(expand("rnn", steps=2, batch=1, input_dim=1, hidden=2)))
+    model = BucketedModel(lambda T: expand("rnn", steps=T, batch=1, input_dim=1, hidden=2,
+                                           expose_hidden=True))
+    with pytest.raises(ValueError, match="has not run forward"):
+        carry_hidden(model)

@@ -803,21 +803,21 @@ def _assemble(template: Template, text: str, builder: NetBuilder) -> NetParamete
 _SHAPES_CHECKED: set[str] = set()
 
 
-def _check_shapes(template: Template, steps: int, batch: int, search_path, variables: dict,
+def _check_shapes(template: Template, batch: int, search_path, variables: dict,
                   hyper: dict | None) -> None:
-    """Build the net unrolled to at most 2 steps and check every step's declared shapes."""
+    """Build the net unrolled to one step and check the step's declared shapes."""
     from unroll.net import Net
 
-    T = min(steps, 2)
-    key = repr((str(template.path), template.path.stat().st_mtime_ns, T, batch,
+    key = repr((str(template.path), template.path.stat().st_mtime_ns, batch,
                 tuple(search_path), sorted(variables.items()), sorted((hyper or {}).items())))
     if key in _SHAPES_CHECKED:
         return
-    net_param, builder = _build(template, T, batch, search_path, dict(variables), hyper)
+    net_param, builder = _build(template, 1, batch, search_path, dict(variables), hyper)
     try:
         net = Net(net_param, keep=[blob for _, blob, _, _ in builder.declared])
     except NetError as e:
-        raise TemplateError(f"{template.name}: the unrolled net does not build: {e}") from None
+        raise TemplateError(f"{template.name}: the net unrolled to one step does not build: "
+                            f"{e}") from None
     for where, blob, want, what in builder.declared:
         found = tuple(net.blobs[blob].shape)
         if len(found) != len(want) or any(w is not None and w != f for w, f in zip(want, found)):
@@ -879,7 +879,7 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
     template = load_template(template, search_path)
     batch = int(variables.pop("batch", 1))
     net, _ = _build(template, steps, batch, search_path, dict(variables), hyper)
-    _check_shapes(template, steps, batch, search_path, variables, hyper)
+    _check_shapes(template, batch, search_path, variables, hyper)
     return net
 
 

@@ -53,9 +53,8 @@ class _SequenceEnd(Layer):
                 raise self.error(f"cont '{c.name}' {c.shape} must be (1, N) = {shape[:2]}")
         tops[0].reshape(shape)
 
-    def _last_steps(self, conts) -> np.ndarray:
-        """The run step holding each column's last state, after checking the columns."""
-        n = conts[0].shape[1] if conts else 0
+    def _last_steps(self, conts, n: int) -> np.ndarray:
+        """The run step holding each of the ``n`` columns' last state, after checking them."""
         if not conts:
             return np.zeros(n, np.int64)
         c = np.concatenate([to_numpy(b.data).reshape(1, -1) for b in conts])  # (T - 1, N)
@@ -81,7 +80,7 @@ class _SequenceEnd(Layer):
 
     def forward(self, bottoms, tops):
         states = bottoms[: self.steps]
-        self.picked = self._last_steps(bottoms[self.steps :])
+        self.picked = self._last_steps(bottoms[self.steps :], states[0].shape[1])
         y = tops[0].data
         for k in np.unique(self.picked).tolist():
             cols = self.xp.asarray(np.flatnonzero(self.picked == k))
