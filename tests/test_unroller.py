@@ -626,3 +626,171 @@ def test_carry_hidden_needs_exposed_state():
                                            expose_hidden=True))
     with pytest.raises(ValueError, match="has not run forward"):
         carry_hidden(model)
+
+
+# -- misspelled variables and options are errors ----------------------------------------------
+
+
+NET_TEMPLATE = """\
+{% set interface = {"kind": "net", "defaults": {"hidden": 3}} %}
+layer { name: "in" type: "Input" top: "x" top: "cont"
+  input_param { shape { dim: {{ T }} dim: {{ batch }} dim: 2 }
+                shape { dim: {{ T }} dim: {{ batch }} } } }
+{{ recurrent("rnn", "x", "y", CALL) }}
+"""
+
+
+def test_misspelled_variables_and_options_are_errors(tmp_path):
+    """Once ignored: sequence_ouput=False returned every step, hiden=8 built the default size."""
+    with pytest.raises(TemplateError, match="'sequence_ouput'; did you mean 'sequence_output'"):
+        expand("lstm", steps=2, batch=1, input_dim=2, hidden=2, sequence_ouput=False)
+    with pytest.raises(TemplateError, match="'hiden'; did you mean 'hidden'"):
+        expand("lstm", steps=2, input_dim=2, hidden=2, hiden=8)
+    net_template = tmp_path / "my_net.prototxt.j2"
+    net_template.write_text(NET_TEMPLATE.replace("CALL", "hidden=hidden"))
+    with pytest.raises(TemplateError, match=r"my_net\.prototxt\.j2.*'hiden'; did you mean"):
+        expand(str(net_template), steps=2, hiden=8)
+    assert Net(expand(str(net_template), steps=2, hidden=8)).forward()["y"].shape == (2, 1, 8)
+    net_template.write_text(NET_TEMPLATE.replace("CALL", "hidden=hidden, directon='reverse'"))
+    with pytest.raises(TemplateError, match="'directon'; did you mean 'direction'"):
+        expand(str(net_template), steps=2)
+    with pytest.raises(TemplateError, match="direction must be one of"):
+        expand("rnn", steps=2, input_dim=2, hidden=2, direction="backward")
+
+
+def test_a_hyper_parameter_may_be_named_like_an_option(tmp_path):
+    path = write_cell(tmp_path, "wide", states='{"h": "layers"}')
+    path.write_text(path.read_text().replace("{{ hidden }}", "{{ layers }}")
+                    .replace('"hidden": none', '"layers": none'))
+    net = Net(expand(str(path), steps=3, batch=2, input_dim=3, layers=2, hyper={"layers": 5}))
+    assert net.forward()["h"].shape == (3, 2, 5)
+    assert [p.name for p in net.learnable_params] == ["l0_U", "l0_W", "l1_U", "l1_W"]
+    with pytest.raises(TemplateError, match="hidden given both as a keyword and in hyper="):
+        expand("rnn", steps=2, input_dim=2, hidden=2, hyper={"hidden": 3})
+
+
+def test_help_of_expand_lists_every_option():
+    import unroll
+
+    for option in ("direction", "layers", "scope", "sequence_output", "align", "expose_hidden",
+                   "initial_state", "cont", "batch", "steps", "hyper"):
+        assert f"``{option}``" in unroll.expand.__doc__, option
+
+
+@pytest.mark.parametrize("module", ["unroll.unroller", "unroll.testing", "unroll.bucketing"])
+def test_every_public_helper_is_in_all(module):
+    import importlib
+    import inspect
+
+    mod = importlib.import_module(module)
+    public = {name for name, value in vars(mod).items()
+              if not name.startswith("_") and (inspect.isfunction(value) or inspect.isclass(value))
+              and value.__module__ == module}
+    assert public <= set(mod.__all__), sorted(public - set(mod.__all__))
+
+
+# -- step templates are checked when expanded ---------------------------------------------------
+
+
+BROKEN_CELL = """\
+{% set interface = {"inputs": ["x"], "states": {"h": "hidden"}, "outputs": ["h"],
+                    "defaults": {"hidden": none}} %}
+{% macro step(s) %}
+BODY
+{% endmacro %}
+"""
+
+
+def broken(tmp_path, body, name="broken"):
+    path = tmp_path / f"{name}.prototxt.j2"
+    path.write_text(BROKEN_CELL.replace("BODY", body))
+    return path
+
+
+def test_a_step_that_never_reads_its_state_is_refused(tmp_path):
+    """The issue's cell: built, gave h (3, 5) not (3, 2, 5), and left cont_t*/h_0 as outputs."""
+    path = broken(tmp_path, """\
+layer { name: "{{ s.layer('ip') }}" type: "InnerProduct" bottom: "{{ s.input.x }}"
+        top: "{{ s.state.h }}" param { name: "{{ s.param('W') }}" }
+        inner_product_param { num_output: {{ hidden }} } }""")
+    with pytest.raises(TemplateError, match=r"broken\.prototxt\.j2: step 0 never reads state 'h' "
+                                            r"\(s\.prev\.h, 'h_0'\)"):
+        unroll_cell(path)
+
+
+def test_a_step_whose_state_has_the_wrong_shape_is_refused(tmp_path):
+    path = broken(tmp_path, """\
+layer { name: "{{ s.layer('hc') }}" type: "Scale" bottom: "{{ s.prev.h }}" bottom: "{{ s.cont }}"
+        top: "{{ s.blob('hc') }}" scale_param { axis: 0 } }
+layer { name: "{{ s.layer('cat') }}" type: "Concat" bottom: "{{ s.input.x }}"
+        bottom: "{{ s.blob('hc') }}" top: "{{ s.blob('cat') }}" concat_param { axis: 2 } }
+layer { name: "{{ s.layer('ip') }}" type: "InnerProduct" bottom: "{{ s.blob('cat') }}"
+        top: "{{ s.state.h }}" param { name: "{{ s.param('W') }}" }
+        inner_product_param { num_output: {{ hidden }} } }""")
+    with pytest.raises(TemplateError, match=r"broken\.prototxt\.j2 \(step t=0\): state 'h' "
+                                            r"\('h_1'\) comes out \(1, 4\), but must be "
+                                            r"\(1, 2, 4\)"):
+        unroll_cell(path)
+
+
+def test_a_state_that_cont_never_reaches_is_refused(tmp_path):
+    path = broken(tmp_path, """\
+layer { name: "{{ s.layer('cat') }}" type: "Concat" bottom: "{{ s.input.x }}"
+        bottom: "{{ s.prev.h }}" top: "{{ s.blob('cat') }}" concat_param { axis: 2 } }
+layer { name: "{{ s.layer('ip') }}" type: "InnerProduct" bottom: "{{ s.blob('cat') }}"
+        top: "{{ s.state.h }}" param { name: "{{ s.param('W') }}" }
+        inner_product_param { num_output: {{ hidden }} axis: 2 } }""")
+    with pytest.raises(TemplateError, match=r"state 'h' \('h_1'\) does not depend on s\.cont"):
+        unroll_cell(path)
+
+
+def test_a_malformed_interface_names_the_template(tmp_path):
+    path = write_cell(tmp_path, "liststates", states='["h"]')
+    with pytest.raises(TemplateError, match=r"liststates\.prototxt\.j2: interface 'states' must "
+                                            r"map each state"):
+        unroll_cell(path)
+
+
+def test_a_recursive_macro_is_a_template_error(tmp_path):
+    path = tmp_path / "loop.prototxt.j2"
+    path.write_text('{% set interface = {"kind": "net"} %}\n'
+                    "{% macro again() %}{{ again() }}{% endmacro %}\n{{ again() }}\n")
+    with pytest.raises(TemplateError, match=r"loop\.prototxt\.j2:2: recursion too deep"):
+        expand(str(path), steps=1)
+
+
+ESCAPES = [
+    "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ lipsum.__globals__['os'].popen('id').read() }}",
+    "{{ self._TemplateReference__context }}",
+    "{{ ''|attr('__class__') }}",
+    "{{ s.__class__ }}",
+    "{{ s._scope }}",
+]
+
+
+@pytest.mark.parametrize("escape", ESCAPES)
+def test_known_template_escapes_are_refused(tmp_path, escape):
+    as_net = tmp_path / "evil_net.prototxt.j2"
+    as_net.write_text('{% set interface = {"kind": "net"} %}\n'
+                      f"# {escape.replace('s.', 'recurrent.__self__.')}\n")
+    with pytest.raises(TemplateError, match=r"evil_net\.prototxt\.j2:2: refused by the template "
+                                            r"sandbox: access to attribute"):
+        expand(str(as_net), steps=1)
+    cell = write_cell(tmp_path, "evil_cell")
+    cell.write_text(cell.read_text().replace("{% macro step(s) %}",
+                                             "{% macro step(s) %}\n# " + escape))
+    with pytest.raises(TemplateError, match=r"evil_cell\.prototxt\.j2:\d+: refused by the "
+                                            r"template sandbox"):
+        unroll_cell(cell)
+
+
+def test_learned_initial_state_is_a_bias_without_a_dummy_param():
+    net_param = expand("lstm", steps=2, batch=1, input_dim=2, hidden=3, initial_state="learned")
+    init = [lp for lp in net_param.layer if lp.name.endswith("_init")]
+    assert [(lp.type, [p.name for p in lp.param]) for lp in init] == [
+        ("Bias", ["h_init"]), ("Bias", ["c_init"])]
+    net = Net(net_param)
+    assert sorted(p.name for p in net.learnable_params) == [
+        "W_hc", "W_xc", "b_c", "c_init", "h_init"]

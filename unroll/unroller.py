@@ -40,6 +40,7 @@ from unroll.proto import LayerParameter, NetParameter, PrototxtError, parse_text
 
 __all__ = [
     "ALIGNS",
+    "BlobNames",
     "DIRECTIONS",
     "NetBuilder",
     "Step",
@@ -840,7 +841,7 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
     For a **net template**, ``variables`` are ``batch`` and its
     hyper-parameters; it places unrolled layers with ``{{ recurrent(step,
     bottom, top, cont="cont", ...options, **hyper) }}``. A hyper-parameter
-    whose name is taken (``layers``, ``steps``) goes in ``hyper={...}``. An
+    whose name is taken (``layers``, ``steps``) goes in ``hyper`` (a dict). An
     unknown variable or option is an error that suggests the close one.
 
     Options of an unrolled layer (``expand`` and ``recurrent()``):
