@@ -15,7 +15,7 @@ from unroll.errors import NetError, TemplateError
 from unroll.net import Net
 from unroll.proto import LayerParameter, NetParameter, parse_text
 from unroll.testing import check_net_gradient
-from unroll.unroller import carry_hidden, expand, to_prototxt
+from unroll.unroller import builtin_template_dir, carry_hidden, expand, to_prototxt
 
 KINDS = ["rnn", "lstm", "lstm_primitive", "gru"]
 PARAMS = {"rnn": ["W_xh", "b_h", "W_hh"], "lstm": ["W_xc", "b_c", "W_hc"],
@@ -794,3 +794,32 @@ def test_learned_initial_state_is_a_bias_without_a_dummy_param():
     net = Net(net_param)
     assert sorted(p.name for p in net.learnable_params) == [
         "W_hc", "W_xc", "b_c", "c_init", "h_init"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("options", [
+    dict(), dict(direction="bidirectional", layers=2), dict(direction="reverse",
+                                                          initial_state="learned"),
+    dict(expose_hidden=True), dict(sequence_output=False, align="left", scope="enc_"),
+])
+def test_steps_parsed_once_per_shape_equal_steps_parsed_one_by_one(tmp_path, monkeypatch, kind,
+                                                                   options):
+    """Steps whose text differs only in names reuse one parse; a text that names s.t doesn't."""
+    import unroll.unroller
+
+    parses = []
+    parse = unroll.unroller.parse_text
+    monkeypatch.setattr(unroll.unroller, "parse_text",
+                        lambda text, *a: parses.append(text) or parse(text, *a))
+    source = (builtin_template_dir() / f"{kind}.prototxt.j2").read_text()
+    every_step = tmp_path / f"{kind}_each.prototxt.j2"
+    head, tail = source.rsplit("{% endmacro %}", 1)  # the step macro is the last one
+    every_step.write_text(head + "# {{ s.t }}\n{% endmacro %}" + tail)
+    (tmp_path / "projection.j2").write_text(
+        (builtin_template_dir() / "projection.j2").read_text())
+    fast = expand(kind, steps=5, batch=2, input_dim=3, hidden=4, **options)
+    fast_parses = len(parses)
+    slow = expand(str(every_step), steps=5, batch=2, input_dim=3, hidden=4, **options)
+    assert fast_parses < len(parses) - fast_parses
+    fast.name = slow.name
+    assert fast == slow

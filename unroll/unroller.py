@@ -149,24 +149,35 @@ class Step:
         self.T = T
         self.reverse = reverse
         self.cont = cont
-        self.input = BlobNames("input", input or {})
-        self.prev = BlobNames("prev", prev or {})
-        self.state = BlobNames("state", state or {})
-        self.output = BlobNames("output", output or {})
         self._scope = scope
         self._suffix = "_seq" if t is None else f"_t{t}"
+        # every name handed out -> its role ("prev:h"), the same role in every step: lets the
+        # unroller parse a step's text once and give later steps their own names
+        self.roles: dict[str, str] = {} if cont is None else {cont: "cont"}
+        self.ambiguous = False
+        named = {"input": input, "prev": prev, "state": state, "output": output}
+        for kind, names in named.items():
+            for local, blob in (names or {}).items():
+                self._role(blob, f"{kind}:{local}")
+        self.input, self.prev, self.state, self.output = (
+            BlobNames(kind, names or {}) for kind, names in named.items())
+
+    def _role(self, name: str, role: str) -> str:
+        if self.roles.setdefault(name, role) != role:
+            self.ambiguous = True
+        return name
 
     def blob(self, local: str) -> str:
         """This step's blob ``local``."""
-        return f"{self._scope}{local}{self._suffix}"
+        return self._role(f"{self._scope}{local}{self._suffix}", f"step:{local}")
 
     def layer(self, local: str) -> str:
         """This step's layer ``local``."""
-        return f"{self._scope}{local}{self._suffix}"
+        return self._role(f"{self._scope}{local}{self._suffix}", f"step:{local}")
 
     def param(self, local: str) -> str:
         """Param ``local``, one for every step."""
-        return f"{self._scope}{local}"
+        return self._role(f"{self._scope}{local}", f"param:{local}")
 
 
 # -- finding and loading templates ----------------------------------------------------
@@ -368,6 +379,52 @@ def _merge_hyper(what: str, keywords: dict, hyper: dict | None) -> dict:
 # -- unrolling ----------------------------------------------------------------------------
 
 
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
+@dataclass
+class _Shape:
+    """A step's parsed layers, reusable for every step whose text differs only in names."""
+
+    layers: list
+    roles: dict  # this step's name -> role
+    reusable: bool
+
+    @classmethod
+    def of(cls, layers: list, text: str, roles: dict) -> _Shape:
+        # reusable when every name in the text sits in a field renamed() rewrites
+        in_text = sum(m[1] in roles for m in _QUOTED.finditer(text))
+        in_fields = sum(v in roles for lp in layers for v in _names(lp))
+        return cls(layers, roles, in_text == in_fields)
+
+    def renamed(self, roles: dict) -> list:
+        """The layers with the names of the step whose name -> role map is ``roles``."""
+        real = {role: name for name, role in roles.items()}
+
+        def rename(v):
+            return real[self.roles[v]] if v in self.roles else v
+
+        out = []
+        for lp in self.layers:
+            new = LayerParameter()
+            new.CopyFrom(lp)
+            new.name = rename(lp.name)
+            new.bottom[:] = [rename(b) for b in lp.bottom]
+            new.top[:] = [rename(t) for t in lp.top]
+            for spec in new.param:
+                spec.name = rename(spec.name)
+            out.append(new)
+        return out
+
+
+def _names(lp: LayerParameter):
+    yield lp.name
+    yield from lp.bottom
+    yield from lp.top
+    for spec in lp.param:
+        yield spec.name
+
+
 @dataclass
 class _Direction:
     """One direction of one recurrent layer: what it reads, writes and how."""
@@ -387,6 +444,7 @@ class _Direction:
     learned_init: bool
     states: dict = field(default_factory=dict)  # state -> size
     module: object = None  # the template run with hyper
+    shapes: dict = field(default_factory=dict)  # step text up to names -> _Shape
 
     @property
     def order(self) -> range:
@@ -471,6 +529,10 @@ class NetBuilder:
 
     def render(self, template: Template, module, macro: str, s: Step) -> list:
         """Render one macro of ``template`` (run as ``module``) for ``s``; parse its layers."""
+        return self._parse(template, macro, s, self._text(template, module, macro, s))
+
+    @staticmethod
+    def _text(template: Template, module, macro: str, s: Step) -> str:
         try:
             try:
                 text = str(getattr(module, macro)(s))
@@ -482,11 +544,30 @@ class NetBuilder:
             if isinstance(e, TemplateError):
                 raise
             raise _render_error(template, e) from None
+        return text
+
+    @staticmethod
+    def _parse(template: Template, macro: str, s: Step, text: str) -> list:
         origin = f"{template.name} ({macro}, t={s.t})" if s.t is not None else template.name
         try:
             return list(parse_text(text, NetParameter(), origin).layer)
         except PrototxtError as e:
             raise TemplateError(f"rendered {e}") from None
+
+    def _step_layers(self, d: _Direction, s: Step) -> list:
+        """The layers of step ``s``: its text parsed, or, where an earlier step rendered the
+        same text up to its names, that step's layers given this step's names."""
+        text = self._text(d.template, d.module, "step", s)
+        if s.ambiguous:
+            return self._parse(d.template, "step", s, text)
+        key = _QUOTED.sub(lambda m: "\0" + s.roles.get(m[1], m[0]), text)
+        shape = d.shapes.get(key)
+        if shape is None:
+            layers = self._parse(d.template, "step", s, text)
+            d.shapes[key] = _Shape.of(layers, text, s.roles)
+            return layers
+        return shape.renamed(s.roles) if shape.reusable else self._parse(
+            d.template, "step", s, text)
 
     def recurrent(self, step, bottom: str, top: str, cont: str = "cont", *,
                   direction: str = "forward", layers: int = 1, scope: str = "",
@@ -611,7 +692,7 @@ class NetBuilder:
             s = Step(d.scope, t, d.T, d.reverse, cont=cont_t,
                      input={n: v[t] for n, v in per_step.items()}, prev=prev, state=state,
                      output=extra)
-            layers = self.render(d.template, d.module, "step", s)
+            layers = self._step_layers(d, s)
             self._check_step(d, layers, s, prev, state, extra, t)
             params = {p.name for lp in layers for p in lp.param if p.name}
             if params_seen is None:
