@@ -677,7 +677,8 @@ def test_help_of_expand_lists_every_option():
         assert f"``{option}``" in unroll.expand.__doc__, option
 
 
-@pytest.mark.parametrize("module", ["unroll.unroller", "unroll.testing", "unroll.bucketing"])
+@pytest.mark.parametrize("module", ["unroll.unroller", "unroll.template", "unroll.testing",
+                                    "unroll.bucketing"])
 def test_every_public_helper_is_in_all(module):
     import importlib
     import inspect
