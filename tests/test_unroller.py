@@ -824,3 +824,16 @@ def test_steps_parsed_once_per_shape_equal_steps_parsed_one_by_one(tmp_path, mon
     assert fast_parses < len(parses) - fast_parses
     fast.name = slow.name
     assert fast == slow
+
+
+def test_a_recurrent_block_must_be_placed_once(tmp_path):
+    path = tmp_path / "unplaced.prototxt.j2"
+    path.write_text(NET_TEMPLATE.replace("{{ recurrent(", "{% set block = recurrent(")
+                    .replace("CALL) }}", "hidden=hidden) %}"))
+    with pytest.raises(TemplateError, match=r"unplaced\.prototxt\.j2: recurrent\(\) block 0 is "
+                                            r"placed 0 times"):
+        expand(str(path), steps=2)
+    path.write_text(NET_TEMPLATE.replace("{{ recurrent(", "{% set block = recurrent(")
+                    .replace("CALL) }}", "hidden=hidden) %}\n{{ block }}\n{{ block }}"))
+    with pytest.raises(TemplateError, match="block 0 is placed 2 times"):
+        expand(str(path), steps=2)

@@ -269,7 +269,8 @@ class NetBuilder:
         """Unroll step template ``step`` over ``bottom`` (T, N, D) into ``top`` (T, N, ...).
 
         Called from net templates as ``{{ recurrent("lstm", "emb", "h", hidden=128) }}``;
-        places the unrolled layers where it is called. ``cont`` names the
+        returns a marker that :func:`expand` replaces with the unrolled layers,
+        so they go where the call is printed. ``cont`` names the
         (T, N) cont blob; ``batch`` and ``steps`` are N and T of ``bottom``
         where they differ from the net's. The other options are described in
         :func:`expand`. The step template's hyper-parameters are the other
@@ -551,6 +552,13 @@ def _assemble(template: Template, text: str, builder: NetBuilder) -> NetParamete
     """The net of a rendered net template, each recurrent() block's layers in its place."""
     net = NetParameter()
     pieces = _BLOCK.split(text)
+    placed = Counter(int(i) for i in pieces[1::2])
+    lost = [i for i in range(len(builder.blocks)) if placed[i] != 1]
+    if lost:
+        raise TemplateError(
+            f"{template.name}: recurrent() block {lost[0]} is placed {placed[lost[0]]} times; "
+            f"print each call's result once, where its layers go: {{{{ recurrent(...) }}}}"
+        )
     line = 0
     for i, piece in enumerate(pieces):
         if i % 2:
