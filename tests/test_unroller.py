@@ -53,6 +53,16 @@ def h_and_x_grad(net, x, cont, R):
     return h, net.blobs["x"].diff.copy()
 
 
+def with_loss(net_param, shape):
+    """``net_param`` with a target input ``y`` of ``shape``, a EuclideanLoss on h, and
+    force_backward (so input gradients are computed)."""
+    net_param.force_backward = True
+    target = net_param.layer.add(name="target", type="Input", top=["y"])
+    target.input_param.shape.add().dim.extend(shape)
+    net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "y"], top=["loss"])
+    return net_param
+
+
 def strip(prefix):
     return lambda name: name[len(prefix):] if name.startswith(prefix) else None
 
@@ -454,12 +464,8 @@ def test_learned_initial_state_is_one_shared_param_and_gets_gradients():
     names = [[p.name for p in net.learnable_params] for net in nets]
     assert names[0] == names[1]
     assert {"l0_fw_h_init", "l0_fw_c_init", "l1_bw_h_init"} <= set(names[0])
-    net_param = expand("lstm", steps=3, batch=2, input_dim=3, hidden=2,
-                       direction="bidirectional", initial_state="learned")
-    net_param.force_backward = True
-    target = net_param.layer.add(name="target", type="Input", top=["y"])
-    target.input_param.shape.add().dim.extend([3, 2, 4])
-    net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "y"], top=["loss"])
+    net_param = with_loss(expand("lstm", steps=3, batch=2, input_dim=3, hidden=2,
+                                 direction="bidirectional", initial_state="learned"), [3, 2, 4])
     net = Net(net_param, dtype="float64")
     rng = np.random.default_rng(1)
     cont = np.array([[0, 0], [1, 0], [1, 1]], float)
@@ -541,13 +547,9 @@ def test_many_to_one_needs_the_padding_side_and_refuses_the_other():
 
 
 def test_many_to_one_net_passes_the_gradient_check():
-    net_param = expand("gru", steps=4, batch=3, input_dim=2, hidden=2, sequence_output=False,
-                       align="left", direction="bidirectional", initial_state="learned")
-    net_param.force_backward = True
-    target = net_param.layer.add(name="target", type="Input", top=["y"])
-    target.input_param.shape.add().dim.extend([1, 3, 4])
-    net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "y"], top=["loss"])
-    net = Net(net_param, dtype="float64")
+    net = Net(with_loss(expand("gru", steps=4, batch=3, input_dim=2, hidden=2,
+                               sequence_output=False, align="left", direction="bidirectional",
+                               initial_state="learned"), [1, 3, 4]), dtype="float64")
     rng = np.random.default_rng(5)
     randomize(net, rng)
     x, cont = time_major([rng.normal(size=(n, 2)) for n in (4, 1, 2)], 4, align="left")

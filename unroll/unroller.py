@@ -347,13 +347,9 @@ class NetBuilder:
             seq_out = {name: f"{d.scope}{name}_seq" for name in inputs}
             s = Step(d.scope, None, d.T, d.reverse, input=inputs, output=seq_out)
             layers = self.render(d.template, d.module, "sequence", s)
-            produced = {t for lp in layers for t in lp.top}
-            for name, blob in seq_out.items():
-                if blob not in produced:
-                    raise TemplateError(
-                        f"{d.template.name}: the sequence macro must produce s.output.{name} "
-                        f"('{blob}'), but no layer tops it"
-                    )
+            _require(d, seq_out, {top for lp in layers for top in lp.top}, lambda local, blob: (
+                f"the sequence macro must produce s.output.{local} ('{blob}'), but no layer "
+                f"tops it"))
             for lp in layers:
                 self.add_layer(lp, f"{d.template.name} (sequence)")
             inputs = seq_out
@@ -481,33 +477,29 @@ class NetBuilder:
     def _check_step(d: _Direction, layers, s: Step, prev: dict, state: dict, extra: dict,
                     t: int) -> None:
         """The step makes its states and outputs, reads every state, and lets cont reach them."""
-        name = d.template.name
-        produced = {top for lp in layers for top in lp.top}
-        for what, blobs in (("state", state), ("output", extra)):
-            for local, blob in blobs.items():
-                if blob not in produced:
-                    raise TemplateError(
-                        f"{name}: declares {what} '{local}' but step {t} never produces it "
-                        f"(no layer has top '{blob}', i.e. s.{what}.{local})"
-                    )
-        read = {b for lp in layers for b in lp.bottom}
-        for local, blob in prev.items():
-            if blob not in read:
-                raise TemplateError(
-                    f"{name}: step {t} never reads state '{local}' (s.prev.{local}, '{blob}'); "
-                    f"every declared state must feed the next step"
-                )
+        tops = {top for lp in layers for top in lp.top}
+        for kind, blobs in (("state", state), ("output", extra)):
+            _require(d, blobs, tops, lambda local, blob, kind=kind: (
+                f"step {t} must produce {kind} '{local}' (s.{kind}.{local}, '{blob}'), but no "
+                f"layer tops it"))
+        _require(d, prev, {b for lp in layers for b in lp.bottom}, lambda local, blob: (
+            f"step {t} never reads state '{local}' (s.prev.{local}, '{blob}'); every declared "
+            f"state must feed the next step"))
         reached = {s.cont}
         for lp in layers:  # rendered in order, so one pass follows every path
             if reached.intersection(lp.bottom):
                 reached.update(lp.top)
-        for local, blob in state.items():
-            if blob not in reached:
-                raise TemplateError(
-                    f"{name}: state '{local}' ('{blob}') does not depend on s.cont at step {t}; "
-                    f"a step must restart its state where a sequence starts (cont 0), e.g. "
-                    f"with a Scale of s.prev.{local} by s.cont"
-                )
+        _require(d, state, reached, lambda local, blob: (
+            f"state '{local}' ('{blob}') does not depend on s.cont at step {t}; a step must "
+            f"restart its state where a sequence starts (cont 0), e.g. with a Scale of "
+            f"s.prev.{local} by s.cont"))
+
+
+def _require(d: _Direction, blobs: dict, found: set, problem) -> None:
+    """Each of ``blobs`` (local name -> blob) is in ``found``; else ``problem(local, blob)``."""
+    for local, blob in blobs.items():
+        if blob not in found:
+            raise TemplateError(f"{d.template.name}: {problem(local, blob)}")
 
 
 # -- expand ---------------------------------------------------------------------------------
