@@ -631,7 +631,9 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
       the reverse direction, the output after reading back to its first step).
       Each column must then hold ONE sequence, padded as ``align`` says;
       the last step is found from ``cont``, and a batch padded otherwise is
-      an error, not a wrong answer. ``expand`` asks for ``align`` here.
+      an error, not a wrong answer (only a padded one-token sequence looks
+      alike either way, so ``align`` must say the truth). ``expand`` asks for
+      ``align`` here.
     - ``align``: "right" (padding first, each sequence ends at step T-1:
       ``time_major(..., align="right")``) or "left" (padding after, the
       default of ``time_major``). Default "right" in ``recurrent()``.
