@@ -77,8 +77,11 @@ class ChannelScaleLayer(_Elementwise):
 
     grad_axes = (0, 2)
 
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         self.param_blob((bottoms[0].shape[1],), FillerParameter(type="uniform", min=-1, max=1))
+
+    # the hook's name until Layer.set_up -> layer_setup (issue 12) reaches this branch
+    setup = layer_setup
 
     def forward(self, bottoms, tops):
         tops[0].data[...] = bottoms[0].data * self.blobs[0].data[None, :, None]

@@ -330,8 +330,8 @@ class NetBuilder:
         self.input(f"{d.scope}initial_state",
                    {f"{d.scope}{s}_0": (1, d.N, size) for s, size in d.states.items()})
         outputs, final, run_conts = self._unroll_steps(d, per_step, conts)
-        self._outputs(d, outputs, run_conts)
-        self._final_states(d, final, outputs, conts)
+        unread = self._outputs(d, outputs, run_conts)
+        self._final_states(d, final, outputs, conts, unread)
 
     def _claim_scope(self, d: _Direction) -> None:
         if d.scope in self._scopes:
@@ -408,23 +408,31 @@ class NetBuilder:
         for name, blob in extra.items():
             self.declared.append((d.where(t), blob, (1, d.N, None), f"output '{name}'"))
 
-    def _outputs(self, d: _Direction, outputs: dict, run_conts: list[str]) -> None:
-        """Each output: all steps concatenated in time, or each sequence's last one."""
+    def _outputs(self, d: _Direction, outputs: dict, run_conts: list[str]) -> list[str]:
+        """Each output: all steps concatenated in time, or each sequence's last one.
+
+        Returns the step outputs left unread (those a trailing sequence end skips)."""
+        unread = []
         for i, (name, blobs) in enumerate(outputs.items()):
             out = d.top if i == 0 else f"{d.top}_{name}"
             if d.sequence_output:
                 self.concat(f"{d.scope}{name}_concat", blobs, out, axis=0)
                 continue
+            run = [blobs[t] for t in d.order]
             # in run order, the sequence starts the run (padding after it) exactly when
             # left-aligned data runs forward or right-aligned data runs in reverse
-            leading = (d.align == "left") != d.reverse
-            lp = LayerParameter(
-                name=f"{d.scope}{name}_final",
-                type="LeadingSequenceEnd" if leading else "TrailingSequenceEnd",
-                bottom=[blobs[t] for t in d.order] + run_conts[1:], top=[out])
+            if (d.align == "left") != d.reverse:
+                kind, states = "LeadingSequenceEnd", run
+            else:
+                kind, states = "TrailingSequenceEnd", run[-1:]
+                unread += [] if name in d.states else run[:-1]
+            lp = LayerParameter(name=f"{d.scope}{name}_final", type=kind,
+                                bottom=states + run_conts[1:], top=[out])
             self.add_layer(lp, f"layer '{lp.name}'")
+        return unread
 
-    def _final_states(self, d: _Direction, final: dict, outputs: dict, conts: list[str]) -> None:
+    def _final_states(self, d: _Direction, final: dict, outputs: dict, conts: list[str],
+                      unread: list[str]) -> None:
         """Expose the final states (expose_hidden), or silence those nothing reads."""
         if d.expose_hidden:
             for state in d.states:
@@ -432,8 +440,8 @@ class NetBuilder:
                                     bottom=[final[state]], top=[f"{d.scope}{state}_T"])
                 lp.reshape_param.shape.dim.extend([0, 0, 0])
                 self.add_layer(lp, f"layer '{lp.name}'")
-            return
-        unread = [final[state] for state in d.states if state not in outputs]
+        else:
+            unread += [final[state] for state in d.states if state not in outputs]
         if conts[0] not in self.consumed:
             # the reverse recurrence never reads cont[0]; without a reader it would dangle
             # as a net output

@@ -28,7 +28,7 @@ class BiasLayer(Layer):
     # the gradient is the top diff itself: backward reads no data
     backward_reads = ()
 
-    def setup(self, bottoms, tops):
+    def layer_setup(self, bottoms, tops):
         p = self.param.bias_param
         shape = bottoms[0].shape
         if len(bottoms) == 2:
@@ -47,6 +47,9 @@ class BiasLayer(Layer):
         self.bias_shape = shape[self.axis : self.axis + k]
         if len(bottoms) == 1:
             self.param_blob(self.bias_shape, p.filler)
+
+    # the hook's name until Layer.set_up -> layer_setup (issue 12) reaches this branch
+    setup = layer_setup
 
     def reshape(self, bottoms, tops):
         shape = bottoms[0].shape

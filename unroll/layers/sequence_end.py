@@ -1,18 +1,21 @@
 """Each column's state after its own sequence's last step, found from ``cont``.
 
 The unroller ends a ``recurrent(..., sequence_output=False)`` layer with one of
-these. Bottoms, in the order the recurrence runs (time order, or reversed for
-the reverse direction): the T per-step states, each (1, N, ...), then the T - 1
-cont blobs, each (1, N), of run steps 1 .. T-1 (1 where a step continues the
+these. Bottoms are in the order the recurrence runs (time order, or reversed
+for the reverse direction): states, each (1, N, ...), then the T - 1 cont
+blobs, each (1, N), of run steps 1 .. T-1 (1 where a step continues the
 previous one). Each column must hold ONE sequence:
 
-- ``LeadingSequenceEnd``: the sequence starts the run and padding follows
-  (cont 1 ... 1 0 ... 0 after step 0); the top is the state at its last step.
-- ``TrailingSequenceEnd``: padding, then the sequence ends the run (cont
-  0 ... 0 1 ... 1); the top is the state at the last run step.
+- ``LeadingSequenceEnd`` (bottoms: the T states, then the conts): the sequence
+  starts the run and padding follows (cont 1 ... 1 0 ... 0 after step 0); the
+  top is the state at its last step.
+- ``TrailingSequenceEnd`` (bottoms: the last run step's state, then the
+  conts): padding, then the sequence, which ends the run (cont 0 ... 0 1 ... 1);
+  the top is that state.
 
 Any other cont (a sequence that restarts, padding on the wrong side) is an
 error: a padded column would otherwise give a state that ignores its sequence.
+Reading cont costs one device-to-host copy per forward.
 """
 
 from __future__ import annotations
@@ -29,18 +32,15 @@ class _SequenceEnd(Layer):
     #: where each column's sequence sits in the run: "leading" or "trailing"
     side = ""
 
-    def allow_force_backward(self, bottom_index: int) -> bool:
-        return bottom_index < self.steps
+    def _n_states(self, n_bottoms: int) -> int:
+        raise NotImplementedError
 
-    def setup(self, bottoms, tops):
-        if len(bottoms) % 2 != 1:
-            raise self.error(
-                f"takes T states then T - 1 conts (an odd number of bottoms), found {len(bottoms)}"
-            )
-        self.steps = (len(bottoms) + 1) // 2
+    def allow_force_backward(self, bottom_index: int) -> bool:
+        return bottom_index < self.n_states
 
     def reshape(self, bottoms, tops):
-        states, conts = bottoms[: self.steps], bottoms[self.steps :]
+        self.n_states = self._n_states(len(bottoms))
+        states, conts = bottoms[: self.n_states], bottoms[self.n_states :]
         shape = states[0].shape
         if len(shape) < 2 or shape[0] != 1:
             raise self.error(f"states must be (1, N, ...), found '{states[0].name}' {shape}")
@@ -51,13 +51,12 @@ class _SequenceEnd(Layer):
         for c in conts:
             if c.shape != shape[:2]:
                 raise self.error(f"cont '{c.name}' {c.shape} must be (1, N) = {shape[:2]}")
+        self.mask_shape = shape[:2] + (1,) * (len(shape) - 2)
         tops[0].reshape(shape)
 
-    def _last_steps(self, conts, n: int) -> np.ndarray:
-        """The run step holding each of the ``n`` columns' last state, after checking them."""
-        if not conts:
-            return np.zeros(n, np.int64)
-        c = np.concatenate([to_numpy(b.data).reshape(1, -1) for b in conts])  # (T - 1, N)
+    def _checked_conts(self, conts) -> np.ndarray:
+        """The conts of run steps 1..T-1 as one (T - 1, N) host array, checked column by column."""
+        c = to_numpy(self.xp.concatenate([b.data for b in conts]))  # one copy to the host
         if not np.isin(c, (0, 1)).all():
             raise self.error(f"cont must be 0 or 1, found {sorted(set(c[~np.isin(c, (0, 1))]))}")
         step = np.diff(c, axis=0)
@@ -74,27 +73,7 @@ class _SequenceEnd(Layer):
                 f"Pad every batch as the recurrent layer's align= says (time_major(..., "
                 f"align=...)), one sequence per column"
             )
-        if self.side == "leading":
-            return c.sum(axis=0).astype(np.int64)
-        return np.full(c.shape[1], len(conts), np.int64)
-
-    def forward(self, bottoms, tops):
-        states = bottoms[: self.steps]
-        self.picked = self._last_steps(bottoms[self.steps :], states[0].shape[1])
-        y = tops[0].data
-        for k in np.unique(self.picked).tolist():
-            cols = self.xp.asarray(np.flatnonzero(self.picked == k))
-            y[:, cols] = states[k].data[:, cols]
-
-    def backward(self, tops, propagate_down, bottoms):
-        gy = tops[0].diff
-        for k, b in enumerate(bottoms[: self.steps]):
-            if propagate_down[k]:
-                b.diff[...] = 0
-                cols = np.flatnonzero(self.picked == k)
-                if cols.size:
-                    cols = self.xp.asarray(cols)
-                    b.diff[:, cols] = gy[:, cols]
+        return c
 
 
 @register_layer("LeadingSequenceEnd")
@@ -103,9 +82,42 @@ class LeadingSequenceEndLayer(_SequenceEnd):
 
     side = "leading"
 
+    def _n_states(self, n_bottoms: int) -> int:
+        if n_bottoms % 2 != 1:
+            raise self.error(
+                f"takes T states then T - 1 conts (an odd number of bottoms), found {n_bottoms}"
+            )
+        return (n_bottoms + 1) // 2
+
+    def forward(self, bottoms, tops):
+        states, conts = bottoms[: self.n_states], bottoms[self.n_states :]
+        picked = (self._checked_conts(conts).sum(axis=0) if conts
+                  else np.zeros(states[0].shape[1])).astype(np.int64)
+        self.picked = self.xp.asarray(picked).reshape(self.mask_shape)
+        for k in np.unique(picked).tolist():
+            self.xp.copyto(tops[0].data, states[k].data, where=self.picked == k)
+
+    def backward(self, tops, propagate_down, bottoms):
+        gy = tops[0].diff
+        for k, b in enumerate(bottoms[: self.n_states]):
+            if propagate_down[k]:
+                self.xp.multiply(gy, self.picked == k, out=b.diff)
+
 
 @register_layer("TrailingSequenceEnd")
 class TrailingSequenceEndLayer(_SequenceEnd):
-    """The state at the last run step, checked to end each column's sequence."""
+    """The last run step's state, checked to end each column's sequence."""
 
     side = "trailing"
+
+    def _n_states(self, n_bottoms: int) -> int:
+        return 1
+
+    def forward(self, bottoms, tops):
+        if len(bottoms) > 1:
+            self._checked_conts(bottoms[1:])
+        self.xp.copyto(tops[0].data, bottoms[0].data)
+
+    def backward(self, tops, propagate_down, bottoms):
+        if propagate_down[0]:
+            self.xp.copyto(bottoms[0].diff, tops[0].diff)
