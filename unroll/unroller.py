@@ -522,7 +522,7 @@ def _build(template: Template, steps: int, batch: int, search_path, variables: d
         unknown = set(variables) - set(template.defaults) - {"input_dim"}
         if unknown:
             raise unknown_error(template.name, unknown,
-                           [*template.defaults, *LAYER_OPTIONS, "batch", "input_dim"])
+                                [*template.defaults, *LAYER_OPTIONS, "batch", "input_dim"])
         input_dim = variables.pop("input_dim", None)
         if input_dim is None:
             raise TemplateError(f"{template.name}: expanding a step template needs input_dim=")
@@ -608,7 +608,7 @@ def _check_shapes(template: Template, batch: int, search_path, variables: dict,
             shape = "(" + ", ".join("..." if w is None else str(w) for w in want) + ")"
             raise TemplateError(
                 f"{where}: {what} ('{blob}') comes out {found}, but must be {shape}: "
-                f"(1, N, size) per step (an InnerProduct needs axis: 2)"
+                f"(1, N, size) per step (an InnerProduct without axis: 2 flattens N away)"
             )
     _SHAPES_CHECKED.add(key)
 
