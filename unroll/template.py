@@ -305,6 +305,7 @@ def _template_line(error: BaseException, path: Path) -> int | None:
 
 
 def render_error(template: Template, error: BaseException) -> TemplateError:
+    """The TemplateError for ``error``, raised rendering ``template``: its file, line, cause."""
     line = _template_line(error, template.path)
     where = f"{template.name}:{line}" if line else template.name
     if isinstance(error, SecurityError):
@@ -317,10 +318,16 @@ def render_error(template: Template, error: BaseException) -> TemplateError:
     return TemplateError(f"{where}: {type(error).__name__}: {error}")
 
 
+#: what rendering raises for a template's own mistake (render_error words it)
 RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, RecursionError)
 
 
 def unknown_error(what: str, unknown, known) -> TemplateError:
+    """The error for ``unknown`` keys, suggesting the closest of ``known``.
+
+    >>> print(unknown_error("lstm.prototxt.j2", {"hiden"}, ["hidden", "weight_filler"]))
+    lstm.prototxt.j2: unknown variable 'hiden'; did you mean 'hidden'?
+    """
     name = sorted(unknown)[0]
     close = difflib.get_close_matches(name, list(known), n=1)
     hint = f"; did you mean '{close[0]}'?" if close else f" (known: {', '.join(sorted(known))})"
@@ -348,7 +355,11 @@ def hyper_parameters(template: Template, variables: dict, also=()) -> dict:
 
 
 def merge_hyper(what: str, keywords: dict, hyper: dict | None) -> dict:
-    """Keyword hyper-parameters and an explicit ``hyper`` dict, which may not overlap."""
+    """Keyword hyper-parameters and an explicit ``hyper`` dict, which may not overlap.
+
+    >>> merge_hyper("recurrent('cell')", {"hidden": 8}, {"layers": 3})
+    {'hidden': 8, 'layers': 3}
+    """
     hyper = dict(hyper or {})
     both = sorted(set(keywords) & set(hyper))
     if both:
