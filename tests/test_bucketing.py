@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll.bucketing import BucketSampler, choose_boundaries, time_major
+from unroll.bucketing import BucketSampler, choose_boundaries, cont_from_lengths, time_major
 
 lengths_st = st.lists(st.integers(1, 60), min_size=1, max_size=250)
 boundaries_st = st.none() | st.lists(st.integers(1, 70), min_size=1, max_size=8, unique=True).map(
@@ -237,3 +237,41 @@ def test_time_major_items_with_trailing_shape_and_errors():
         time_major([[1], [1, 2, 3]], 2)
     with pytest.raises(ValueError, match="shape"):
         time_major([np.ones((2, 2)), np.ones((2, 3))], 2)
+
+
+@given(
+    st.lists(st.integers(0, 6), min_size=1, max_size=6),
+    st.integers(0, 3),
+    st.sampled_from(["left", "right"]),
+)
+def test_alignment_puts_padding_on_its_side(lengths, extra, align):
+    T = max(lengths) + extra
+    seqs = [list(range(1, n + 1)) for n in lengths]
+    values, cont = time_major(seqs, T, pad_value=-1, align=align)
+    np.testing.assert_array_equal(cont, cont_from_lengths(lengths, T, align=align))
+    for n, s in enumerate(seqs):
+        start = 0 if align == "left" else T - len(s)
+        assert values[:, n].tolist() == [-1] * start + s + [-1] * (T - start - len(s))
+        # cont is 1 exactly inside the sequence after its first step
+        assert cont[:, n].tolist() == [float(start < t < start + len(s)) for t in range(T)]
+    if align == "right":  # step T-1 holds every non-empty sequence's last item
+        assert all(values[-1, n] == s[-1] for n, s in enumerate(seqs) if s)
+
+
+def test_continuing_streams_start_with_cont_one():
+    cont = cont_from_lengths([4, 2, 0], 4, continues=True)
+    assert cont[:, 0].tolist() == [1, 1, 1, 1]
+    assert cont[:, 1].tolist() == [1, 1, 0, 0]  # continues, then padding
+    assert cont[:, 2].tolist() == [0, 0, 0, 0]  # nothing to continue
+    per_stream = cont_from_lengths([3, 3], 3, continues=[False, True])
+    assert per_stream[0].tolist() == [0, 1]
+    _, via_time_major = time_major([[1, 2], [3]], 2, continues=True)
+    assert via_time_major[0].tolist() == [1, 1]
+    with pytest.raises(ValueError, match="continues from the previous chunk.*align='left'"):
+        cont_from_lengths([2, 3], 3, align="right", continues=True)
+    with pytest.raises(ValueError, match="one bool per sequence"):
+        cont_from_lengths([2, 3], 3, continues=[True])
+    with pytest.raises(ValueError, match="align must be"):
+        time_major([[1]], 2, align="center")
+    with pytest.raises(ValueError, match=r"lengths\[1\] = 4 is not in 0..3"):
+        cont_from_lengths([2, 4], 3)

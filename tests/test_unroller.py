@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll.bucketing import cont_from_lengths
-from unroll.errors import TemplateError
+from unroll.bucketed_model import BucketedModel
+from unroll.bucketing import cont_from_lengths, time_major
+from unroll.errors import NetError, TemplateError
 from unroll.net import Net
 from unroll.proto import LayerParameter, NetParameter, parse_text
 from unroll.testing import check_net_gradient
-from unroll.unroller import carry_hidden, expand, to_prototxt
+from unroll.unroller import builtin_template_dir, carry_hidden, expand, to_prototxt
 
 KINDS = ["rnn", "lstm", "lstm_primitive", "gru"]
 PARAMS = {"rnn": ["W_xh", "b_h", "W_hh"], "lstm": ["W_xc", "b_c", "W_hc"],
@@ -50,6 +51,16 @@ def h_and_x_grad(net, x, cont, R):
     net.blobs["h"].diff[...] = R
     net.backward()
     return h, net.blobs["x"].diff.copy()
+
+
+def with_loss(net_param, shape):
+    """``net_param`` with a target input ``y`` of ``shape``, a EuclideanLoss on h, and
+    force_backward (so input gradients are computed)."""
+    net_param.force_backward = True
+    target = net_param.layer.add(name="target", type="Input", top=["y"])
+    target.input_param.shape.add().dim.extend(shape)
+    net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "y"], top=["loss"])
+    return net_param
 
 
 def strip(prefix):
@@ -195,7 +206,7 @@ def test_two_halves_with_carry_hidden_equal_the_whole(kind):
 
     h_whole = whole.forward(x=x, cont=cont)["h"].copy()
     first = half.forward(x=x[:T // 2], cont=cont[:T // 2])["h"].copy()
-    assert sorted(carry_hidden(half)) == sorted(exposed)
+    assert sorted(carry_hidden(half)) == sorted(initial for _, initial in exposed)
     second = half.forward(x=x[T // 2:], cont=cont[T // 2:])["h"].copy()
 
     np.testing.assert_allclose(np.concatenate([first, second]), h_whole, rtol=1e-12, atol=1e-14)
@@ -408,21 +419,6 @@ def test_net_template_calls_a_user_step_template(tmp_path):
     assert net.forward()["y"].shape == (4, 2, 6)
 
 
-@pytest.mark.parametrize("step", ["rnn", "lstm", "gru"])
-def test_sequence_output_false_gives_the_output_after_the_last_step(step):
-    rng = np.random.default_rng(4)
-    x = rng.normal(size=(5, 3, 2))
-    cont = np.ones((5, 3))
-    cont[0] = 0
-    cont[2, 1] = 0
-    full = Net(expand(step, steps=5, batch=3, input_dim=2, hidden=4), dtype="float64")
-    last = Net(expand(step, steps=5, batch=3, input_dim=2, hidden=4, sequence_output=False),
-               dtype="float64")
-    out = last.forward(x=x, cont=cont)
-    assert list(out) == ["h"] and out["h"].shape == (1, 3, 4)
-    np.testing.assert_allclose(out["h"][0], full.forward(x=x, cont=cont)["h"][-1], rtol=1e-12)
-
-
 def _set(net, name, value):
     net.store[name].blob.data[...] = value
 
@@ -468,12 +464,8 @@ def test_learned_initial_state_is_one_shared_param_and_gets_gradients():
     names = [[p.name for p in net.learnable_params] for net in nets]
     assert names[0] == names[1]
     assert {"l0_fw_h_init", "l0_fw_c_init", "l1_bw_h_init"} <= set(names[0])
-    net_param = expand("lstm", steps=3, batch=2, input_dim=3, hidden=2,
-                       direction="bidirectional", initial_state="learned")
-    net_param.force_backward = True
-    target = net_param.layer.add(name="target", type="Input", top=["y"])
-    target.input_param.shape.add().dim.extend([3, 2, 4])
-    net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "y"], top=["loss"])
+    net_param = with_loss(expand("lstm", steps=3, batch=2, input_dim=3, hidden=2,
+                                 direction="bidirectional", initial_state="learned"), [3, 2, 4])
     net = Net(net_param, dtype="float64")
     rng = np.random.default_rng(1)
     cont = np.array([[0, 0], [1, 0], [1, 1]], float)
@@ -495,3 +487,355 @@ def test_learned_initial_state_refuses_expose_hidden():
                expose_hidden=True)
     with pytest.raises(TemplateError, match="initial_state"):
         expand("lstm", steps=3, batch=2, input_dim=3, hidden=2, initial_state="random")
+
+
+# -- many-to-one: each sequence's own last state, whatever the padding -------------------------
+
+
+@given(kind=st.sampled_from(["rnn", "lstm", "gru"]),
+       direction=st.sampled_from(["forward", "reverse", "bidirectional"]),
+       align=st.sampled_from(["left", "right"]),
+       lengths=st.lists(st.integers(1, 4), min_size=1, max_size=3), extra=st.integers(0, 2),
+       seed=st.integers(0, 2**32 - 1))
+def test_padded_and_unpadded_give_the_same_last_state(kind, direction, align, lengths, extra,
+                                                      seed):
+    """Once the state at step T-1 whatever the padding: [5] and [-7, 2] looked alike."""
+    D, H, N = 2, 3, len(lengths)
+    T = max(lengths) + extra
+    rng = np.random.default_rng(seed)
+    seqs = [rng.uniform(-1, 1, (n, D)) for n in lengths]
+    x, cont = time_major(seqs, T, pad_value=0.5, align=align)
+    R = rng.uniform(-1, 1, (1, N, H * (2 if direction == "bidirectional" else 1)))
+
+    def last_and_grad(net, x, cont, R):
+        last = net.forward(x=x, cont=cont)["h"].copy()
+        net.blobs["h"].diff[...] = R
+        net.backward()
+        return last, net.blobs["x"].diff.copy()
+
+    batch = build(kind, T, N, D, H, direction=direction, sequence_output=False, align=align)
+    randomize(batch, rng)
+    last, grad = last_and_grad(batch, x, cont, R)
+    assert last.shape == R.shape
+    for n, s in enumerate(seqs):
+        alone = build(kind, len(s), 1, D, H, direction=direction, sequence_output=False,
+                      align=align)
+        copy_params(batch, alone)
+        x1, c1 = time_major([s], len(s))
+        last1, grad1 = last_and_grad(alone, x1, c1, R[:, n:n + 1])
+        np.testing.assert_allclose(last[:, n:n + 1], last1, rtol=1e-12, atol=1e-14,
+                                   err_msg=f"sequence {n} (length {len(s)})")
+        at = slice(0, len(s)) if align == "left" else slice(T - len(s), T)
+        np.testing.assert_allclose(grad[at, n:n + 1], grad1, rtol=1e-10, atol=1e-13)
+        np.testing.assert_array_equal(np.delete(grad[:, n], np.arange(T)[at], axis=0), 0)
+
+
+def test_many_to_one_needs_the_padding_side_and_refuses_the_other():
+    with pytest.raises(TemplateError, match="sequence_output=False needs align="):
+        expand("lstm", steps=3, batch=3, input_dim=1, hidden=2, sequence_output=False)
+    net = Net(expand("lstm", steps=3, batch=3, input_dim=1, hidden=2, sequence_output=False,
+                     align="right"), dtype="float64")
+    x, cont = time_major([[[5.0]], [[-7.0], [2.0]], [[1.0], [2.0], [3.0]]], 3)  # left-aligned
+    with pytest.raises(NetError, match=r"column 1 does not hold one sequence padded as this layer "
+                                       r"reads it.*align="):
+        net.forward(x=x, cont=cont)
+    packed = np.array([[0, 0, 0], [1, 1, 1], [0, 1, 1]], float)  # column 0: two sequences
+    with pytest.raises(NetError, match="column 0"):
+        net.forward(x=x, cont=packed)
+    x, cont = time_major([[[5.0]], [[-7.0], [2.0]], [[1.0], [2.0], [3.0]]], 3, align="right")
+    assert net.forward(x=x, cont=cont)["h"].shape == (1, 3, 2)
+
+
+def test_many_to_one_net_passes_the_gradient_check():
+    net = Net(with_loss(expand("gru", steps=4, batch=3, input_dim=2, hidden=2,
+                               sequence_output=False, align="left", direction="bidirectional",
+                               initial_state="learned"), [1, 3, 4]), dtype="float64")
+    rng = np.random.default_rng(5)
+    randomize(net, rng)
+    x, cont = time_major([rng.normal(size=(n, 2)) for n in (4, 1, 2)], 4, align="left")
+    net.forward(x=x, cont=cont, y=rng.normal(size=(1, 3, 4)))
+    check_net_gradient(net, wrt=["x"], rtol=1e-5, atol=1e-8)
+
+
+# -- truncated BPTT: a stream fed in chunks with carried state equals it fed whole -------------
+
+
+def _chunks(lengths, size):
+    """(start, chunk length, per-stream lengths in the chunk) of streams cut every ``size``."""
+    total = max(lengths)
+    for start in range(0, total, size):
+        T = min(size, total - start)
+        yield start, T, [int(np.clip(n - start, 0, T)) for n in lengths]
+
+
+@pytest.mark.parametrize("kind", ["rnn", "lstm", "gru"])
+@pytest.mark.parametrize("bucketed", [False, True])
+def test_chunks_with_carried_state_equal_the_whole_stream(kind, bucketed):
+    """Once every chunk restarted: cont[0] was 0, so carrying the state changed nothing."""
+    D, H, lengths, size = 2, 3, [7, 5, 3], 3  # chunks of 3, 3 and 1 steps
+    N, S = len(lengths), max(lengths)
+    rng = np.random.default_rng(8)
+    x = rng.uniform(-1, 1, (S, N, D))
+    whole = build(kind, S, N, D, H)
+    randomize(whole, rng)
+    cont = cont_from_lengths(lengths, S)
+    h_whole = whole.forward(x=x, cont=cont)["h"].copy()
+
+    def expose(T):
+        net_param = expand(kind, steps=T, batch=N, input_dim=D, hidden=H, expose_hidden=True)
+        net_param.force_backward = True
+        return net_param
+
+    if bucketed:
+        model = BucketedModel(expose, dtype="float64", steps_from="x")
+        copy_params(whole, model.net(size))
+        run = model
+    else:
+        run = Net(expose(size), dtype="float64")
+        copy_params(whole, run)
+    state = {}
+    for start, T, chunk_lengths in _chunks(lengths, size):
+        if not bucketed and T != size:
+            break  # one Net has one T; the bucketed model takes the short last chunk
+        at = slice(start, start + T)
+        c = cont_from_lengths(chunk_lengths, T, continues=start > 0)
+        h = run.forward(x=x[at], cont=c, **state)["h"]
+        valid = c.astype(bool) | (np.arange(T)[:, None] < np.array(chunk_lengths))
+        np.testing.assert_allclose(np.where(valid[..., None], h, 0),
+                                   np.where(valid[..., None], h_whole[at], 0), rtol=1e-12,
+                                   atol=1e-14, err_msg=f"chunk at {start}")
+        # backward within the chunk: the whole stream's gradient from this chunk's outputs
+        R = rng.uniform(-1, 1, h.shape) * valid[..., None]
+        net = run.active if bucketed else run
+        net.blobs["h"].diff[...] = R
+        net.backward()
+        R_whole = np.zeros_like(h_whole)
+        R_whole[at] = R
+        whole.forward(x=x, cont=cont)
+        whole.blobs["h"].diff[...] = R_whole
+        whole.backward()
+        np.testing.assert_allclose(net.blobs["x"].diff * valid[..., None],
+                                   whole.blobs["x"].diff[at] * valid[..., None], rtol=1e-10,
+                                   atol=1e-13, err_msg=f"chunk at {start}")
+        state = carry_hidden(run)
+        assert sorted(state) == (["c_0", "h_0"] if kind == "lstm" else ["h_0"])
+
+
+def test_carry_hidden_needs_exposed_state():
+    with pytest.raises(ValueError, match="expose_hidden=True"):
+        carry_hidden(Net(expand("rnn", steps=2, batch=1, input_dim=1, hidden=2)))
+    model = BucketedModel(lambda T: expand("rnn", steps=T, batch=1, input_dim=1, hidden=2,
+                                           expose_hidden=True))
+    with pytest.raises(ValueError, match="has not run forward"):
+        carry_hidden(model)
+
+
+# -- misspelled variables and options are errors ----------------------------------------------
+
+
+NET_TEMPLATE = """\
+{% set interface = {"kind": "net", "defaults": {"hidden": 3}} %}
+layer { name: "in" type: "Input" top: "x" top: "cont"
+  input_param { shape { dim: {{ T }} dim: {{ batch }} dim: 2 }
+                shape { dim: {{ T }} dim: {{ batch }} } } }
+{{ recurrent("rnn", "x", "y", CALL) }}
+"""
+
+
+def test_misspelled_variables_and_options_are_errors(tmp_path):
+    """Once ignored: sequence_ouput=False returned every step, hiden=8 built the default size."""
+    with pytest.raises(TemplateError, match="'sequence_ouput'; did you mean 'sequence_output'"):
+        expand("lstm", steps=2, batch=1, input_dim=2, hidden=2, sequence_ouput=False)
+    with pytest.raises(TemplateError, match="'hiden'; did you mean 'hidden'"):
+        expand("lstm", steps=2, input_dim=2, hidden=2, hiden=8)
+    net_template = tmp_path / "my_net.prototxt.j2"
+    net_template.write_text(NET_TEMPLATE.replace("CALL", "hidden=hidden"))
+    with pytest.raises(TemplateError, match=r"my_net\.prototxt\.j2.*'hiden'; did you mean"):
+        expand(str(net_template), steps=2, hiden=8)
+    assert Net(expand(str(net_template), steps=2, hidden=8)).forward()["y"].shape == (2, 1, 8)
+    net_template.write_text(NET_TEMPLATE.replace("CALL", "hidden=hidden, directon='reverse'"))
+    with pytest.raises(TemplateError, match="'directon'; did you mean 'direction'"):
+        expand(str(net_template), steps=2)
+    with pytest.raises(TemplateError, match="direction must be one of"):
+        expand("rnn", steps=2, input_dim=2, hidden=2, direction="backward")
+
+
+def test_a_hyper_parameter_may_be_named_like_an_option(tmp_path):
+    path = write_cell(tmp_path, "wide", states='{"h": "layers"}')
+    path.write_text(path.read_text().replace("{{ hidden }}", "{{ layers }}")
+                    .replace('"hidden": none', '"layers": none'))
+    net = Net(expand(str(path), steps=3, batch=2, input_dim=3, layers=2, hyper={"layers": 5}))
+    assert net.forward()["h"].shape == (3, 2, 5)
+    assert [p.name for p in net.learnable_params] == ["l0_U", "l0_W", "l1_U", "l1_W"]
+    with pytest.raises(TemplateError, match="hidden given both as a keyword and in hyper="):
+        expand("rnn", steps=2, input_dim=2, hidden=2, hyper={"hidden": 3})
+
+
+def test_help_of_expand_lists_every_option():
+    import unroll
+
+    for option in ("direction", "layers", "scope", "sequence_output", "align", "expose_hidden",
+                   "initial_state", "cont", "batch", "steps", "hyper"):
+        assert f"``{option}``" in unroll.expand.__doc__, option
+
+
+@pytest.mark.parametrize("module", ["unroll.unroller", "unroll.template", "unroll.testing",
+                                    "unroll.bucketing"])
+def test_every_public_helper_is_in_all(module):
+    import importlib
+    import inspect
+
+    mod = importlib.import_module(module)
+    public = {name for name, value in vars(mod).items()
+              if not name.startswith("_") and (inspect.isfunction(value) or inspect.isclass(value))
+              and value.__module__ == module}
+    assert public <= set(mod.__all__), sorted(public - set(mod.__all__))
+
+
+# -- step templates are checked when expanded ---------------------------------------------------
+
+
+BROKEN_CELL = """\
+{% set interface = {"inputs": ["x"], "states": {"h": "hidden"}, "outputs": ["h"],
+                    "defaults": {"hidden": none}} %}
+{% macro step(s) %}
+BODY
+{% endmacro %}
+"""
+
+
+def broken(tmp_path, body, name="broken"):
+    path = tmp_path / f"{name}.prototxt.j2"
+    path.write_text(BROKEN_CELL.replace("BODY", body))
+    return path
+
+
+def test_a_step_that_never_reads_its_state_is_refused(tmp_path):
+    """The issue's cell: built, gave h (3, 5) not (3, 2, 5), and left cont_t*/h_0 as outputs."""
+    path = broken(tmp_path, """\
+layer { name: "{{ s.layer('ip') }}" type: "InnerProduct" bottom: "{{ s.input.x }}"
+        top: "{{ s.state.h }}" param { name: "{{ s.param('W') }}" }
+        inner_product_param { num_output: {{ hidden }} } }""")
+    with pytest.raises(TemplateError, match=r"broken\.prototxt\.j2: step 0 never reads state 'h' "
+                                            r"\(s\.prev\.h, 'h_0'\)"):
+        unroll_cell(path)
+
+
+def test_a_step_whose_state_has_the_wrong_shape_is_refused(tmp_path):
+    path = broken(tmp_path, """\
+layer { name: "{{ s.layer('hc') }}" type: "Scale" bottom: "{{ s.prev.h }}" bottom: "{{ s.cont }}"
+        top: "{{ s.blob('hc') }}" scale_param { axis: 0 } }
+layer { name: "{{ s.layer('cat') }}" type: "Concat" bottom: "{{ s.input.x }}"
+        bottom: "{{ s.blob('hc') }}" top: "{{ s.blob('cat') }}" concat_param { axis: 2 } }
+layer { name: "{{ s.layer('ip') }}" type: "InnerProduct" bottom: "{{ s.blob('cat') }}"
+        top: "{{ s.state.h }}" param { name: "{{ s.param('W') }}" }
+        inner_product_param { num_output: {{ hidden }} } }""")
+    with pytest.raises(TemplateError, match=r"broken\.prototxt\.j2 \(step t=0\): state 'h' "
+                                            r"\('h_1'\) comes out \(1, 4\), but must be "
+                                            r"\(1, 2, 4\)"):
+        unroll_cell(path)
+
+
+def test_a_state_that_cont_never_reaches_is_refused(tmp_path):
+    path = broken(tmp_path, """\
+layer { name: "{{ s.layer('cat') }}" type: "Concat" bottom: "{{ s.input.x }}"
+        bottom: "{{ s.prev.h }}" top: "{{ s.blob('cat') }}" concat_param { axis: 2 } }
+layer { name: "{{ s.layer('ip') }}" type: "InnerProduct" bottom: "{{ s.blob('cat') }}"
+        top: "{{ s.state.h }}" param { name: "{{ s.param('W') }}" }
+        inner_product_param { num_output: {{ hidden }} axis: 2 } }""")
+    with pytest.raises(TemplateError, match=r"state 'h' \('h_1'\) does not depend on s\.cont"):
+        unroll_cell(path)
+
+
+def test_a_malformed_interface_names_the_template(tmp_path):
+    path = write_cell(tmp_path, "liststates", states='["h"]')
+    with pytest.raises(TemplateError, match=r"liststates\.prototxt\.j2: interface 'states' must "
+                                            r"map each state"):
+        unroll_cell(path)
+
+
+def test_a_recursive_macro_is_a_template_error(tmp_path):
+    path = tmp_path / "loop.prototxt.j2"
+    path.write_text('{% set interface = {"kind": "net"} %}\n'
+                    "{% macro again() %}{{ again() }}{% endmacro %}\n{{ again() }}\n")
+    with pytest.raises(TemplateError, match=r"loop\.prototxt\.j2:2: recursion too deep"):
+        expand(str(path), steps=1)
+
+
+ESCAPES = [
+    "{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ lipsum.__globals__['os'].popen('id').read() }}",
+    "{{ self._TemplateReference__context }}",
+    "{{ ''|attr('__class__') }}",
+    "{{ s.__class__ }}",
+    "{{ s._scope }}",
+]
+
+
+@pytest.mark.parametrize("escape", ESCAPES)
+def test_known_template_escapes_are_refused(tmp_path, escape):
+    as_net = tmp_path / "evil_net.prototxt.j2"
+    as_net.write_text('{% set interface = {"kind": "net"} %}\n'
+                      f"# {escape.replace('s.', 'recurrent.__self__.')}\n")
+    with pytest.raises(TemplateError, match=r"evil_net\.prototxt\.j2:2: refused by the template "
+                                            r"sandbox: access to attribute"):
+        expand(str(as_net), steps=1)
+    cell = write_cell(tmp_path, "evil_cell")
+    cell.write_text(cell.read_text().replace("{% macro step(s) %}",
+                                             "{% macro step(s) %}\n# " + escape))
+    with pytest.raises(TemplateError, match=r"evil_cell\.prototxt\.j2:\d+: refused by the "
+                                            r"template sandbox"):
+        unroll_cell(cell)
+
+
+def test_learned_initial_state_is_a_bias_without_a_dummy_param():
+    net_param = expand("lstm", steps=2, batch=1, input_dim=2, hidden=3, initial_state="learned")
+    init = [lp for lp in net_param.layer if lp.name.endswith("_init")]
+    assert [(lp.type, [p.name for p in lp.param]) for lp in init] == [
+        ("Bias", ["h_init"]), ("Bias", ["c_init"])]
+    net = Net(net_param)
+    assert sorted(p.name for p in net.learnable_params) == [
+        "W_hc", "W_xc", "b_c", "c_init", "h_init"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("options", [
+    dict(), dict(direction="bidirectional", layers=2), dict(direction="reverse",
+                                                          initial_state="learned"),
+    dict(expose_hidden=True), dict(sequence_output=False, align="left", scope="enc_"),
+])
+def test_steps_parsed_once_per_shape_equal_steps_parsed_one_by_one(tmp_path, monkeypatch, kind,
+                                                                   options):
+    """Steps whose text differs only in names reuse one parse; a text that names s.t doesn't."""
+    import unroll.unroller
+
+    parses = []
+    parse = unroll.unroller.parse_text
+    monkeypatch.setattr(unroll.unroller, "parse_text",
+                        lambda text, *a: parses.append(text) or parse(text, *a))
+    source = (builtin_template_dir() / f"{kind}.prototxt.j2").read_text()
+    every_step = tmp_path / f"{kind}_each.prototxt.j2"
+    head, tail = source.rsplit("{% endmacro %}", 1)  # the step macro is the last one
+    every_step.write_text(head + "# {{ s.t }}\n{% endmacro %}" + tail)
+    (tmp_path / "projection.j2").write_text(
+        (builtin_template_dir() / "projection.j2").read_text())
+    fast = expand(kind, steps=5, batch=2, input_dim=3, hidden=4, **options)
+    fast_parses = len(parses)
+    slow = expand(str(every_step), steps=5, batch=2, input_dim=3, hidden=4, **options)
+    assert fast_parses < len(parses) - fast_parses
+    fast.name = slow.name
+    assert fast == slow
+
+
+def test_a_recurrent_block_must_be_placed_once(tmp_path):
+    path = tmp_path / "unplaced.prototxt.j2"
+    path.write_text(NET_TEMPLATE.replace("{{ recurrent(", "{% set block = recurrent(")
+                    .replace("CALL) }}", "hidden=hidden) %}"))
+    with pytest.raises(TemplateError, match=r"unplaced\.prototxt\.j2: recurrent\(\) block 0 is "
+                                            r"placed 0 times"):
+        expand(str(path), steps=2)
+    path.write_text(NET_TEMPLATE.replace("{{ recurrent(", "{% set block = recurrent(")
+                    .replace("CALL) }}", "hidden=hidden) %}\n{{ block }}\n{{ block }}"))
+    with pytest.raises(TemplateError, match="block 0 is placed 2 times"):
+        expand(str(path), steps=2)

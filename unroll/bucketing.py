@@ -267,22 +267,37 @@ class BucketSampler:
         )
 
 
-def time_major(sequences, length: int, pad_value=0) -> tuple[np.ndarray, np.ndarray]:
+def _continues(continues, n: int) -> np.ndarray:
+    flags = np.broadcast_to(np.asarray(continues), (n,)) if np.ndim(continues) == 0 else \
+        np.asarray(continues)
+    if flags.shape != (n,) or flags.dtype != np.bool_:
+        raise ValueError(f"continues must be a bool or one bool per sequence ({n}), "
+                         f"got {continues!r}")
+    return flags
+
+
+def time_major(sequences, length: int, pad_value=0, align: str = "left",
+               continues=False) -> tuple[np.ndarray, np.ndarray]:
     """Pad sequences into a time-major ``(T, N, ...)`` array, with a ``cont`` mask ``(T, N)``.
 
-    ``values[t, n] = sequences[n][t]`` for ``t < len_n``, else ``pad_value``;
-    items may be scalars or arrays of one shape (giving ``(T, N, *item_shape)``).
-    ``cont[t, n] = 1`` if ``0 < t < len_n`` else 0 (float32): 0 at each
-    sequence's first step (the forward recurrence starts from its initial
-    state) and at padding (so the reverse direction finds each sequence's end).
+    With ``align="left"`` (the default) ``values[t, n] = sequences[n][t]`` for
+    ``t < len_n``, padding after; with ``align="right"`` the padding comes
+    first, so step T-1 holds every sequence's last item (what a many-to-one
+    ``recurrent(..., sequence_output=False)`` reads). Items may be scalars or
+    arrays of one shape (giving ``(T, N, *item_shape)``). ``cont`` is that of
+    :func:`cont_from_lengths` (same ``align`` and ``continues``).
 
     >>> v, c = time_major([[1, 2], [3, 4, 5]], length=4, pad_value=-1)
     >>> v.tolist()
     [[1, 3], [2, 4], [-1, 5], [-1, -1]]
     >>> c.tolist()
     [[0.0, 0.0], [1.0, 1.0], [0.0, 1.0], [0.0, 0.0]]
+    >>> v, c = time_major([[1, 2], [3, 4, 5]], length=3, align="right")
+    >>> v.T.tolist(), c.T.tolist()
+    ([[0, 1, 2], [3, 4, 5]], [[0.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
     """
     T = _as_int(length, "length", 0)
+    _check_align(align)
     seqs = [np.asarray(s) for s in sequences]
     item_shape, first = None, 0
     for n, s in enumerate(seqs):
@@ -302,18 +317,56 @@ def time_major(sequences, length: int, pad_value=0) -> tuple[np.ndarray, np.ndar
     values = np.full((T, len(seqs)) + (item_shape or ()), pad_value, dtype=dtype)
     for n, s in enumerate(seqs):
         if len(s):
-            values[: len(s), n] = s
-    return values, cont_from_lengths([len(s) for s in seqs], T)
+            if align == "left":
+                values[: len(s), n] = s
+            else:
+                values[T - len(s):, n] = s
+    return values, cont_from_lengths([len(s) for s in seqs], T, align, continues)
 
 
-def cont_from_lengths(lengths, length: int) -> np.ndarray:
+def _check_align(align) -> None:
+    if align not in ("left", "right"):
+        raise ValueError(f"align must be 'left' or 'right', got {align!r}")
+
+
+def cont_from_lengths(lengths, length: int, align: str = "left", continues=False) -> np.ndarray:
     """The ``cont`` mask (T, N) of sequences of ``lengths`` padded to ``length`` (float32).
 
-    1 inside a sequence, 0 at its first step and at padding.
+    1 inside a sequence, 0 at its first step and at padding: 0 tells the
+    forward recurrence to start from its initial state, and the reverse one
+    to start at each sequence's end. ``align="right"`` puts the padding first
+    (see :func:`time_major`). ``continues`` (a bool, or one per sequence)
+    marks streams whose chunk carries on from the previous chunk (truncated
+    BPTT with ``expose_hidden`` and :func:`unroll.carry_hidden`): their step 0
+    gets cont 1, so the carried state flows in. A continuing stream must be
+    left-aligned: padding before it would cut it.
 
     >>> cont_from_lengths([2, 3], 4).T.tolist()
     [[0.0, 1.0, 0.0, 0.0], [0.0, 1.0, 1.0, 0.0]]
+    >>> cont_from_lengths([2, 3], 3, align="right").T.tolist()
+    [[0.0, 0.0, 1.0], [0.0, 1.0, 1.0]]
+    >>> cont_from_lengths([3, 1], 3, continues=[True, False]).T.tolist()
+    [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
     """
+    T = _as_int(length, "length", 0)
+    _check_align(align)
     lens = np.asarray(lengths, dtype=np.int64)
-    t = np.arange(length)[:, None]
-    return ((t > 0) & (t < lens[None, :])).astype(np.float32)
+    if lens.ndim != 1:
+        raise ValueError(f"lengths must be a 1-D sequence of integers, got shape {lens.shape}")
+    if lens.size and (lens.min() < 0 or lens.max() > T):
+        bad = int(np.flatnonzero((lens < 0) | (lens > T))[0])
+        raise ValueError(f"lengths[{bad}] = {int(lens[bad])} is not in 0..{T} (length)")
+    carry = _continues(continues, lens.size)
+    if align == "right" and (carry & (lens < T)).any():
+        bad = int(np.flatnonzero(carry & (lens < T))[0])
+        raise ValueError(
+            f"sequence {bad} continues from the previous chunk but is right-aligned with "
+            f"padding before it (length {int(lens[bad])} < {T}); pad continuing streams at the "
+            f"end (align='left')"
+        )
+    t = np.arange(T)[:, None]
+    start = np.zeros_like(lens) if align == "left" else T - lens
+    cont = (t > start[None, :]) & (t < (start + lens)[None, :])
+    if T:
+        cont[0] |= carry & (lens > 0)
+    return cont.astype(np.float32)

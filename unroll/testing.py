@@ -10,7 +10,7 @@ float64. The same tools check a layer or a net you write yourself::
     def test_my_layer_gradient(x):
         testing.check_layer_gradient('type: "MyLayer"', [x])
 
-Needs the ``test`` extra (hypothesis) for the strategies.
+Only the strategies need the ``test`` extra (hypothesis); the checkers do not.
 """
 
 from __future__ import annotations
@@ -18,13 +18,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from hypothesis import strategies as st
-from hypothesis.extra import numpy as hnp
 
 from unroll.backend import make_rng, to_numpy
 from unroll.blob import Blob
 from unroll.layer import Layer, layer_class
 from unroll.proto import LayerParameter, parse_text
+
+__all__ = [
+    "GradientMismatch",
+    "arrays",
+    "axes",
+    "check_layer_gradient",
+    "check_net_gradient",
+    "distinct_arrays",
+    "fillers",
+    "numeric_gradient",
+    "run_layer",
+    "shapes",
+]
 
 FLOAT = np.float64
 
@@ -188,6 +199,13 @@ def check_net_gradient(
     """
     if np.dtype(net.dtype) != FLOAT:
         raise ValueError(f"check_net_gradient needs a float64 net, found {net.dtype}")
+    if wrt and not net.net_param.force_backward:
+        # Caffe's rule: nothing propagates into an Input's tops unless the net forces it,
+        # so every analytic input gradient would read 0
+        raise ValueError(
+            f"check_net_gradient(wrt={list(wrt)}): the net computes no gradient for its inputs "
+            f"unless it is built with force_backward: true (net_param.force_backward = True)"
+        )
     xp = net.xp
 
     def loss() -> float:
@@ -229,8 +247,22 @@ def check_net_gradient(
 # -- hypothesis strategies --------------------------------------------------
 
 
+def _hypothesis():
+    """hypothesis's ``strategies`` and ``extra.numpy``, imported when a strategy is made."""
+    try:
+        from hypothesis import strategies
+        from hypothesis.extra import numpy
+    except ImportError:
+        raise ImportError(
+            "unroll.testing's strategies need hypothesis (pip install 'unroll[test]'); "
+            "the gradient checkers do not"
+        ) from None
+    return strategies, numpy
+
+
 def shapes(min_dims: int = 1, max_dims: int = 4, min_side: int = 1, max_side: int = 4):
     """Array shapes, small enough for finite differences."""
+    _, hnp = _hypothesis()
     return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side,
                             max_side=max_side)
 
@@ -241,6 +273,7 @@ def arrays(shape, low: float = -2.0, high: float = 2.0, away_from=None, margin: 
     ``away_from`` lists kinks (e.g. ``[0.0]`` for ReLU): values closer than
     ``margin`` are pushed away, so finite differences never straddle a kink.
     """
+    st, hnp = _hypothesis()
     elements = st.floats(low, high, allow_nan=False, allow_infinity=False, width=64)
     strategy = hnp.arrays(FLOAT, shape, elements=elements)
     if away_from:
@@ -258,6 +291,7 @@ def arrays(shape, low: float = -2.0, high: float = 2.0, away_from=None, margin: 
 
 def distinct_arrays(shape, low: float = -2.0, high: float = 2.0, gap: float = 1e-2):
     """float64 arrays whose entries differ pairwise by at least ``gap`` (for MAX-style ops)."""
+    st, _ = _hypothesis()
 
     def build(args):
         shape, seed = args
@@ -274,6 +308,7 @@ def distinct_arrays(shape, low: float = -2.0, high: float = 2.0, gap: float = 1e
 
 def fillers():
     """FillerParameter prototxt snippets with Caffe's filler types."""
+    st, _ = _hypothesis()
     return st.sampled_from([
         'type: "constant" value: 0.1',
         'type: "uniform" min: -0.5 max: 0.5',
@@ -285,4 +320,5 @@ def fillers():
 
 def axes(ndim: int):
     """A valid axis for an ``ndim``-D blob, negative or not."""
+    st, _ = _hypothesis()
     return st.integers(-ndim, ndim - 1)

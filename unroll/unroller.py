@@ -1,29 +1,13 @@
 """Expand step templates to T timesteps: one recurrent step in, an unrolled net out.
 
-A **step template** (Jinja2, ``unroll/templates/lstm.prototxt.j2``) renders the Caffe
-layers of ONE timestep. It declares its interface in a literal ``interface``
-dict and defines a ``step(s)`` macro, and optionally a ``sequence(s)`` macro
-that runs once over the whole (T, N, D) input (Caffe's LSTM projects all x_t
-with one InnerProduct before the recurrence)::
-
-    {% set interface = {
-        "kind": "step",
-        "inputs": ["x"],                       # per-step inputs, cut from (T, N, ...) blobs
-        "states": {"h": "hidden"},             # recurrent state -> variable giving its size
-        "outputs": ["h"],                      # per-step outputs (a state, or s.output.NAME)
-        "defaults": {"hidden": none},          # hyper-parameters; none means required
-    } %}
-    {% macro step(s) %} ... {% endmacro %}
-
-In the macros, ``s.input.x``, ``s.prev.h``, ``s.state.h``, ``s.output.y`` and
-``s.cont`` are blob names computed by Python for step ``s.t``;
-``s.blob("gates")`` and ``s.layer("ip")`` name the step's own blobs and layers
-(they carry the step index); ``s.param("W")`` names a param, WITHOUT the step
-index, so that every step shares it. Hyper-parameters are plain variables.
-
-A **net template** (``"kind": "net"``) renders a whole net and calls
-``recurrent(...)`` (see :meth:`NetBuilder.recurrent`) where it wants an
-unrolled recurrent layer; ``T`` is the number of steps.
+A **step template** (Jinja2, e.g. ``unroll/templates/rnn.prototxt.j2``) renders the
+Caffe layers of ONE timestep; the unroller renders it once per step, with the
+step's blob names, and wires the steps into an ordinary feed-forward
+NetParameter whose steps share their params. A **net template** renders a whole
+net and calls ``{{ recurrent(...) }}`` where it wants an unrolled recurrent
+layer. What a template declares and what its macros receive is documented in
+one place, :class:`~unroll.template.Step` (loading and checking templates is
+:mod:`unroll.template`); the options of an unrolled layer on :func:`expand`.
 
 >>> import unroll
 >>> net_param = unroll.expand("rnn", steps=3, batch=2, input_dim=4, hidden=5)
@@ -33,153 +17,133 @@ unrolled recurrent layer; ``T`` is the number of steps.
 
 from __future__ import annotations
 
-import functools
-import os
-import traceback
-from dataclasses import dataclass
-from importlib import resources
+import re
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
-import jinja2
-from jinja2 import nodes
-
-from unroll.errors import TemplateError
+from unroll.errors import NetError, TemplateError
 from unroll.proto import LayerParameter, NetParameter, PrototxtError, parse_text, to_text
+from unroll.template import (
+    RENDER_ERRORS,
+    SUFFIX,
+    BlobNames,
+    Step,
+    Template,
+    builtin_template_dir,
+    find_template,
+    hyper_parameters,
+    load_template,
+    merge_hyper,
+    render_error,
+    template_search_path,
+    unknown_error,
+)
 
-SUFFIX = ".prototxt.j2"
+__all__ = [
+    "ALIGNS",
+    "BlobNames",
+    "DIRECTIONS",
+    "NetBuilder",
+    "Step",
+    "Template",
+    "builtin_template_dir",
+    "carry_hidden",
+    "expand",
+    "find_template",
+    "load_template",
+    "template_search_path",
+    "to_prototxt",
+]
+
 DIRECTIONS = ("forward", "reverse", "bidirectional")
+ALIGNS = ("left", "right")
+INITIAL_STATES = ("zeros", "learned")
+#: the options of an unrolled layer that expand() takes beside a step template's variables
+LAYER_OPTIONS = ("direction", "layers", "scope", "expose_hidden", "sequence_output", "align",
+                 "initial_state")
+#: everything recurrent() takes besides the template's hyper-parameters
+RECURRENT_OPTIONS = ("cont", *LAYER_OPTIONS, "batch", "steps", "hyper")
+#: marks where a net template placed an unrolled block: its layers go there, unparsed
+_BLOCK = re.compile(r"#@unroll:block:(\d+)")
 
 
-def builtin_template_dir() -> Path:
-    """The folder of the templates shipped with unroll."""
-    return Path(str(resources.files("unroll.templates")))
+# -- unrolling ----------------------------------------------------------------------------
 
 
-def template_search_path(extra=()) -> list[Path]:
-    """Where template names are looked up: ``extra``, then $UNROLL_TEMPLATE_PATH, then built-ins."""
-    env = [p for p in os.environ.get("UNROLL_TEMPLATE_PATH", "").split(os.pathsep) if p]
-    return [Path(p) for p in (*extra, *env)] + [builtin_template_dir()]
-
-
-def find_template(template, search_path=()) -> Path:
-    """The file of ``template``: a path to a file, or a name like "lstm" on the search path."""
-    path = Path(template)
-    if path.is_file():
-        return path
-    dirs = template_search_path(search_path)
-    for d in dirs:
-        for candidate in (d / f"{template}{SUFFIX}", d / str(template)):
-            if candidate.is_file():
-                return candidate
-    names = sorted(p.name[: -len(SUFFIX)] for d in dirs if d.is_dir() for p in d.glob(f"*{SUFFIX}"))
-    raise TemplateError(f"no template '{template}' (a file, or one of: {', '.join(names)})")
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
 @dataclass
-class Template:
-    """A loaded template: its file, its declared interface and its compiled Jinja2 form."""
+class _Shape:
+    """A step's parsed layers, reusable for every step whose text differs only in names."""
 
-    path: Path
-    interface: dict
-    jinja: jinja2.Template
-    macros: frozenset
+    layers: list
+    roles: dict  # this step's name -> role
+    reusable: bool
+
+    @classmethod
+    def of(cls, layers: list, text: str, roles: dict) -> _Shape:
+        # reusable when every name in the text sits in a field renamed() rewrites
+        in_text = sum(m[1] in roles for m in _QUOTED.finditer(text))
+        in_fields = sum(v in roles for lp in layers for v in _names(lp))
+        return cls(layers, roles, in_text == in_fields)
+
+    def renamed(self, roles: dict) -> list:
+        """The layers with the names of the step whose name -> role map is ``roles``."""
+        real = {role: name for name, role in roles.items()}
+
+        def rename(v):
+            return real[self.roles[v]] if v in self.roles else v
+
+        out = []
+        for lp in self.layers:
+            new = LayerParameter()
+            new.CopyFrom(lp)
+            new.name = rename(lp.name)
+            new.bottom[:] = [rename(b) for b in lp.bottom]
+            new.top[:] = [rename(t) for t in lp.top]
+            for spec in new.param:
+                spec.name = rename(spec.name)
+            out.append(new)
+        return out
+
+
+def _names(lp: LayerParameter):
+    yield lp.name
+    yield from lp.bottom
+    yield from lp.top
+    for spec in lp.param:
+        yield spec.name
+
+
+@dataclass
+class _Direction:
+    """One direction of one recurrent layer: what it reads, writes and how."""
+
+    template: Template
+    hyper: dict
+    bottom: str
+    top: str
+    cont: str
+    reverse: bool
+    scope: str
+    T: int
+    N: int
+    expose_hidden: bool
+    sequence_output: bool
+    align: str
+    learned_init: bool
+    states: dict = field(default_factory=dict)  # state -> size
+    module: object = None  # the template run with hyper
+    shapes: dict = field(default_factory=dict)  # step text up to names -> _Shape
 
     @property
-    def name(self) -> str:
-        return self.path.name
+    def order(self) -> range:
+        return range(self.T - 1, -1, -1) if self.reverse else range(self.T)
 
-    @property
-    def kind(self) -> str:
-        return self.interface.get("kind", "step")
-
-
-def _environment(path: Path) -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader([str(path.parent), str(builtin_template_dir())]),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-
-
-def _parse(source: str, path: Path, env: jinja2.Environment) -> nodes.Template:
-    try:
-        return env.parse(source, path.name, str(path))
-    except jinja2.TemplateSyntaxError as e:
-        raise TemplateError(f"{path.name}:{e.lineno}: template syntax error: {e.message}") from None
-
-
-def _read_interface(tree: nodes.Template, path: Path) -> dict:
-    for node in tree.find_all(nodes.Assign):
-        if isinstance(node.target, nodes.Name) and node.target.name == "interface":
-            try:
-                interface = node.node.as_const()
-            except nodes.Impossible:
-                raise TemplateError(
-                    f"{path.name}:{node.lineno}: 'interface' must be a literal dict"
-                ) from None
-            if not isinstance(interface, dict):
-                raise TemplateError(f"{path.name}:{node.lineno}: 'interface' must be a dict")
-            return interface
-    raise TemplateError(f"{path.name}: declares no 'interface' ({{% set interface = {{...}} %}})")
-
-
-def load_template(template, search_path=()) -> Template:
-    """Find, parse and check a template by name or path (cached while the file is unchanged)."""
-    path = find_template(template, search_path).resolve()
-    return _load(path, path.stat().st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=64)
-def _load(path: Path, mtime_ns: int) -> Template:
-    # a bucketed model expands the same templates once per bucket length
-    env = _environment(path)
-    tree = _parse(path.read_text(), path, env)
-    interface = _read_interface(tree, path)
-    macros = frozenset(m.name for m in tree.find_all(nodes.Macro))
-    kind = interface.get("kind", "step")
-    if kind not in ("step", "net"):
-        raise TemplateError(f"{path.name}: interface kind must be 'step' or 'net', found {kind!r}")
-    if kind == "step":
-        for key in ("inputs", "states", "outputs"):
-            if key not in interface:
-                raise TemplateError(f"{path.name}: a step interface must declare '{key}'")
-        unknown = [o for o in interface["outputs"] if not isinstance(o, str)]
-        if unknown:
-            raise TemplateError(f"{path.name}: outputs must be names, found {unknown}")
-        if "step" not in macros:
-            raise TemplateError(f"{path.name}: a step template must define {{% macro step(s) %}}")
-    return Template(path, interface, env.get_template(path.name), macros)
-
-
-def _template_line(error: BaseException, path: Path) -> int | None:
-    for frame in reversed(traceback.extract_tb(error.__traceback__)):
-        if frame.filename == str(path) or Path(frame.filename).name == path.name:
-            return frame.lineno
-    return getattr(error, "lineno", None)
-
-
-def _render_error(template: Template, error: BaseException) -> TemplateError:
-    line = _template_line(error, template.path)
-    where = f"{template.name}:{line}" if line else template.name
-    if isinstance(error, jinja2.UndefinedError):
-        return TemplateError(f"{where}: undefined variable: {error.message}")
-    return TemplateError(f"{where}: {type(error).__name__}: {error}")
-
-
-def _hyper(template: Template, variables: dict) -> dict:
-    """Template variables: declared defaults, overridden by ``variables``; required ones checked."""
-    defaults = dict(template.interface.get("defaults", {}))
-    merged = {**defaults, **variables}
-    missing = [k for k, v in merged.items() if v is None]
-    if missing:
-        raise TemplateError(
-            f"{template.name}: hyper-parameter(s) {', '.join(sorted(missing))} must be given "
-            f"(e.g. --set {missing[0]}=...)"
-        )
-    return merged
+    def where(self, t=None) -> str:
+        return self.template.name if t is None else f"{self.template.name} (step t={t})"
 
 
 class NetBuilder:
@@ -187,7 +151,7 @@ class NetBuilder:
 
     The unroller adds glue (input slicing, output concatenation, initial
     states) as protobuf messages, and step layers as rendered and parsed
-    templates; the result is one ordinary NetParameter.
+    templates; :meth:`net_param` assembles them into one ordinary NetParameter.
     """
 
     def __init__(self, steps: int, batch: int, search_path=()):
@@ -196,22 +160,31 @@ class NetBuilder:
         self.T = int(steps)
         self.batch = int(batch)
         self.search_path = tuple(search_path)
-        self.net = NetParameter()
+        self.layers: list[LayerParameter] = []
+        self.blocks: list[list[LayerParameter]] = []  # the layers of each recurrent() call
         self.produced: dict[str, str] = {}  # blob name -> who produced it
+        self.consumed: set[str] = set()
+        #: (where, blob, expected shape with None for any size, what) for the shape check
+        self.declared: list[tuple[str, str, tuple, str]] = []
         self._sliced: dict[str, list[str]] = {}
         self._scopes: set[str] = set()
+
+    def net_param(self, name: str = "") -> NetParameter:
+        net = NetParameter(name=name)
+        net.layer.extend(self.layers)
+        return net
 
     # -- glue layers ---------------------------------------------------------
     def add_layer(self, lp: LayerParameter, origin: str) -> None:
         for top in lp.top:
-            in_place = top in lp.bottom
-            if top in self.produced and not in_place:
+            if top in self.produced and top not in lp.bottom:
                 raise TemplateError(
                     f"{origin}: blob '{top}' is already produced by {self.produced[top]}; "
                     f"blob names must be unique across steps"
                 )
             self.produced.setdefault(top, origin)
-        self.net.layer.add().CopyFrom(lp)
+        self.consumed.update(lp.bottom)
+        self.layers.append(lp)
 
     def input(self, name: str, tops: dict) -> None:
         """An Input layer with ``tops`` = {blob name: shape}."""
@@ -236,234 +209,254 @@ class NetBuilder:
         self.add_layer(lp, f"layer '{name}'")
 
     # -- rendering -------------------------------------------------------------
-    def render(self, template: Template, macro: str, s, hyper: dict) -> list[LayerParameter]:
-        """Render one macro of ``template`` and parse it into layers."""
+    @staticmethod
+    def module(template: Template, hyper: dict):
+        """``template`` run with ``hyper``: its macros, ready to render steps."""
         try:
-            module = template.jinja.make_module(hyper)
+            return template.jinja.make_module(hyper)
+        except RENDER_ERRORS as e:
+            if isinstance(e, TemplateError):
+                raise
+            raise render_error(template, e) from None
+
+    def render(self, template: Template, module, macro: str, s: Step) -> list:
+        """Render one macro of ``template`` (run as ``module``) for ``s``; parse its layers."""
+        return self._parse(template, macro, s, self._text(template, module, macro, s))
+
+    @staticmethod
+    def _text(template: Template, module, macro: str, s: Step) -> str:
+        try:
             try:
                 text = str(getattr(module, macro)(s))
             except Exception:
                 # a macro called from Python bypasses Jinja's traceback rewriting, which maps
                 # the compiled code's lines back to the template's lines: do it here
                 template.jinja.environment.handle_exception()
-        except (jinja2.UndefinedError, jinja2.TemplateError, TypeError, ValueError) as e:
-            raise _render_error(template, e) from None
+        except RENDER_ERRORS as e:
+            if isinstance(e, TemplateError):
+                raise
+            raise render_error(template, e) from None
+        return text
+
+    @staticmethod
+    def _parse(template: Template, macro: str, s: Step, text: str) -> list:
         origin = f"{template.name} ({macro}, t={s.t})" if s.t is not None else template.name
         try:
             return list(parse_text(text, NetParameter(), origin).layer)
         except PrototxtError as e:
             raise TemplateError(f"rendered {e}") from None
 
-    def recurrent(
-        self,
-        step: str,
-        bottom: str,
-        top: str,
-        cont: str = "cont",
-        direction: str = "forward",
-        layers: int = 1,
-        scope: str = "",
-        expose_hidden: bool = False,
-        sequence_output: bool = True,
-        batch: int | None = None,
-        steps: int | None = None,
-        initial_state: str = "zeros",
-        **hyper,
-    ) -> str:
-        """Unroll ``step`` over ``bottom`` (T, N, D) into ``top`` (T, N, ...).
+    def _step_layers(self, d: _Direction, s: Step) -> list:
+        """The layers of step ``s``: its text parsed, or, where an earlier step rendered the
+        same text up to its names, that step's layers given this step's names."""
+        text = self._text(d.template, d.module, "step", s)
+        if s.ambiguous:
+            return self._parse(d.template, "step", s, text)
+        key = _QUOTED.sub(lambda m: "\0" + s.roles.get(m[1], m[0]), text)
+        shape = d.shapes.get(key)
+        if shape is None:
+            layers = self._parse(d.template, "step", s, text)
+            d.shapes[key] = _Shape.of(layers, text, s.roles)
+            return layers
+        return shape.renamed(s.roles) if shape.reusable else self._parse(
+            d.template, "step", s, text)
 
-        Returns the prototxt of the unrolled layers, so a net template places
-        them where it calls ``{{ recurrent(...) }}``.
+    def recurrent(self, step, bottom: str, top: str, cont: str = "cont", *,
+                  direction: str = "forward", layers: int = 1, scope: str = "",
+                  expose_hidden: bool = False, sequence_output: bool = True,
+                  align: str = "right", initial_state: str = "zeros", batch: int | None = None,
+                  steps: int | None = None, hyper: dict | None = None, **more_hyper) -> str:
+        """Unroll step template ``step`` over ``bottom`` (T, N, D) into ``top`` (T, N, ...).
 
-        Called from net templates as ``{{ recurrent("lstm", "emb", "h", hidden=128) }}``.
-        ``direction`` is forward, reverse or bidirectional (outputs of the two
-        directions concatenated on axis 2); ``layers`` stacks that many
-        recurrent layers, each with its own params. ``scope`` prefixes every
-        blob, layer and param name. With ``expose_hidden`` the initial states
-        (``<scope><state>_0``) are inputs to fill and the final ones are
-        outputs ``<scope><state>_T`` (truncated BPTT, see :func:`carry_hidden`).
-        With ``sequence_output=False``, ``top`` is only the output after the
-        last step, (1, N, ...): a summary of each sequence (a word from its
-        characters, say) without concatenating every step. ``batch`` and
-        ``steps`` are N and T of ``bottom`` where they differ from the net's.
-        ``initial_state="learned"`` starts every sequence (wherever cont is 0,
-        and at the first step) from a learned state, a param named
-        ``<scope><state>_init`` shared by all steps, instead of zeros.
+        Called from net templates as ``{{ recurrent("lstm", "emb", "h", hidden=128) }}``;
+        returns a marker that :func:`expand` replaces with the unrolled layers,
+        so they go where the call is printed. ``cont`` names the
+        (T, N) cont blob; ``batch`` and ``steps`` are N and T of ``bottom``
+        where they differ from the net's. The other options are described in
+        :func:`expand`. The step template's hyper-parameters are the other
+        keywords, or ``hyper={...}`` for one whose name is an option (``layers``).
         """
         template = load_template(step, self.search_path)
+        what = f"recurrent({Path(str(step)).name!r})"
         if template.kind != "step":
-            raise TemplateError(f"recurrent(): '{step}' is a {template.kind} template, not a step")
-        if direction not in DIRECTIONS:
-            raise TemplateError(
-                f"recurrent({step!r}): direction must be one of {DIRECTIONS}, found {direction!r}"
-            )
+            raise TemplateError(f"{what}: '{step}' is a {template.kind} template, not a step")
+        for option, value, allowed in (("direction", direction, DIRECTIONS),
+                                       ("align", align, ALIGNS),
+                                       ("initial_state", initial_state, INITIAL_STATES)):
+            if value not in allowed:
+                raise TemplateError(f"{what}: {option} must be one of {allowed}, found {value!r}")
         if expose_hidden and direction != "forward":
             raise TemplateError(
-                f"recurrent({step!r}): expose_hidden carries state forward in time; it needs "
+                f"{what}: expose_hidden carries state forward in time; it needs "
                 f"direction='forward', found {direction!r}"
             )
-        if layers < 1:
-            raise TemplateError(f"recurrent({step!r}): layers must be >= 1, found {layers}")
-        if initial_state not in ("zeros", "learned"):
-            raise TemplateError(
-                f"recurrent({step!r}): initial_state must be 'zeros' or 'learned', found "
-                f"{initial_state!r}"
-            )
+        if not isinstance(layers, int) or layers < 1:
+            raise TemplateError(f"{what}: layers must be an integer >= 1, found {layers!r}")
         if initial_state == "learned" and expose_hidden:
             raise TemplateError(
-                f"recurrent({step!r}): a learned initial state and expose_hidden (a carried "
-                f"one) exclude each other"
+                f"{what}: a learned initial state and expose_hidden (a carried one) exclude "
+                f"each other"
             )
-        hyper = _hyper(template, hyper)
-        run = SimpleNamespace(expose_hidden=expose_hidden, sequence_output=sequence_output,
-                              batch=self.batch if batch is None else int(batch),
-                              steps=self.T if steps is None else int(steps),
-                              learned_init=initial_state == "learned")
-        first = len(self.net.layer)
+        hyper = hyper_parameters(template, merge_hyper(what, more_hyper, hyper),
+                                 also=RECURRENT_OPTIONS)
+        first = len(self.layers)
         x = bottom
         for k in range(layers):
             out = top if k == layers - 1 else f"{scope}l{k}_out"
             sc = f"{scope}l{k}_" if layers > 1 else scope
+            sides = [("fw_", False), ("bw_", True)] if direction == "bidirectional" else [
+                ("", direction == "reverse")]
+            for side, reverse in sides:
+                d = _Direction(
+                    template, hyper, x, f"{out}_{side[:-1]}" if side else out, cont, reverse,
+                    sc + side, self.T if steps is None else int(steps),
+                    self.batch if batch is None else int(batch), expose_hidden,
+                    sequence_output, align, initial_state == "learned")
+                self._direction(d)
             if direction == "bidirectional":
-                fw, bw = f"{out}_fw", f"{out}_bw"
-                self._direction(template, hyper, x, fw, cont, False, f"{sc}fw_", run)
-                self._direction(template, hyper, x, bw, cont, True, f"{sc}bw_", run)
-                self.concat(f"{sc}bi_concat", [fw, bw], out, axis=2)
-            else:
-                self._direction(template, hyper, x, out, cont, direction == "reverse", sc, run)
+                self.concat(f"{sc}bi_concat", [f"{out}_fw", f"{out}_bw"], out, axis=2)
             x = out
-        block = NetParameter()
-        block.layer.extend(self.net.layer[first:])
-        return to_text(block)
+        self.blocks.append(self.layers[first:])
+        return f"#@unroll:block:{len(self.blocks) - 1}"
 
-    def _direction(self, template, hyper, bottom, top, cont, reverse, sc, run):
-        if sc in self._scopes:
+    def _direction(self, d: _Direction) -> None:
+        """Unroll one direction: sequence macro, per-step slices, steps, outputs, final state."""
+        self._claim_scope(d)
+        d.module = self.module(d.template, d.hyper)
+        per_step = self._step_inputs(d)
+        conts = self.slice_steps(d.cont, d.T)
+        d.states = {state: int(d.hyper[size]) for state, size in
+                    d.template.interface["states"].items()}
+        self.input(f"{d.scope}initial_state",
+                   {f"{d.scope}{s}_0": (1, d.N, size) for s, size in d.states.items()})
+        outputs, final, run_conts = self._unroll_steps(d, per_step, conts)
+        unread = self._outputs(d, outputs, run_conts)
+        self._final_states(d, final, outputs, conts, unread)
+
+    def _claim_scope(self, d: _Direction) -> None:
+        if d.scope in self._scopes:
             raise TemplateError(
-                f"{template.name}: scope '{sc}' is used twice; give each recurrent layer its own"
+                f"{d.where()}: scope '{d.scope}' is used twice; give each recurrent layer its own"
             )
-        self._scopes.add(sc)
-        iface = template.interface
-        T, N = run.steps, run.batch
-        names = SimpleNamespace(
-            blob=lambda local, t: f"{sc}{local}_t{t}",
-            layer=lambda local, t: f"{sc}{local}_t{t}",
-            param=lambda local: f"{sc}{local}",
-        )
-        inputs = {name: bottom for name in iface["inputs"]}
-        if "sequence" in template.macros:
-            seq_out = {name: f"{sc}{name}_seq" for name in inputs}
-            s = SimpleNamespace(
-                t=None, T=T, input=SimpleNamespace(**inputs), output=SimpleNamespace(**seq_out),
-                blob=lambda local: f"{sc}{local}_seq", layer=lambda local: f"{sc}{local}_seq",
-                param=names.param, reverse=reverse,
-            )
-            layers = self.render(template, "sequence", s, hyper)
-            produced = {t for lp in layers for t in lp.top}
-            for name, blob in seq_out.items():
-                if blob not in produced:
-                    raise TemplateError(
-                        f"{template.name}: the sequence macro must produce s.output.{name} "
-                        f"('{blob}'), but no layer tops it"
-                    )
+        self._scopes.add(d.scope)
+
+    def _step_inputs(self, d: _Direction) -> dict[str, list[str]]:
+        """Each declared input cut into steps, after the sequence macro if there is one."""
+        inputs = {name: d.bottom for name in d.template.interface["inputs"]}
+        if "sequence" in d.template.macros:
+            seq_out = {name: f"{d.scope}{name}_seq" for name in inputs}
+            s = Step(d.scope, None, d.T, d.reverse, input=inputs, output=seq_out)
+            layers = self.render(d.template, d.module, "sequence", s)
+            _require(d, seq_out, {top for lp in layers for top in lp.top}, lambda local, blob: (
+                f"the sequence macro must produce s.output.{local} ('{blob}'), but no layer "
+                f"tops it"))
             for lp in layers:
-                self.add_layer(lp, f"{template.name} (sequence)")
+                self.add_layer(lp, f"{d.template.name} (sequence)")
             inputs = seq_out
-        per_step = {name: self.slice_steps(blob, T) for name, blob in inputs.items()}
-        conts = self.slice_steps(cont, T)
-        states = iface["states"]
-        sizes = {}
-        for state, size_var in states.items():
-            if size_var not in hyper:
-                raise TemplateError(
-                    f"{template.name}: state '{state}' takes its size from '{size_var}', "
-                    f"which is not a hyper-parameter"
-                )
-            sizes[state] = int(hyper[size_var])
-        self.input(f"{sc}initial_state", {f"{sc}{s}_0": (1, N, sizes[s]) for s in states})
-        order = range(T - 1, -1, -1) if reverse else range(T)
-        prev = {state: f"{sc}{state}_0" for state in states}
-        if run.learned_init:
-            prev = {state: self._learned_state(sc, state, sizes[state]) for state in states}
-            ones = self._power(conts[0], f"{cont}_ones", scale=0.0, shift=1.0)
-        outputs = {name: [None] * T for name in iface["outputs"]}
+        return {name: self.slice_steps(blob, d.T) for name, blob in inputs.items()}
+
+    def _unroll_steps(self, d: _Direction, per_step: dict, conts: list[str]):
+        """Render every step; returns outputs by t, the final states, and the conts by run step."""
+        iface = d.template.interface
+        prev = {state: f"{d.scope}{state}_0" for state in d.states}
+        if d.learned_init:
+            prev = {state: self._learned_state(d.scope, state) for state in d.states}
+            ones = self._power(conts[0], f"{d.cont}_ones", scale=0.0, shift=1.0)
+        outputs = {name: [None] * d.T for name in iface["outputs"]}
+        run_conts = []
         params_seen = None
-        for k, t in enumerate(order, start=1):
+        for k, t in enumerate(d.order, start=1):
             # reverse: the state entering step t comes from t+1, so it continues
             # exactly when t+1 does not start a sequence (cont[t+1] == 1)
-            cont_t = conts[t + 1] if reverse and t + 1 < T else conts[t]
-            if run.learned_init:
+            cont_t = conts[t + 1] if d.reverse and t + 1 < d.T else conts[t]
+            run_conts.append(cont_t)
+            if d.learned_init:
                 # the step's own cont-masking becomes a no-op (cont = 1): the mix
                 # cont * prev + (1 - cont) * init already restarted where needed
                 if k > 1:
-                    prev = {name: self._mix(sc, name, prev[name], cont_t, t) for name in states}
+                    prev = {name: self._mix(d.scope, name, prev[name], cont_t, t)
+                            for name in d.states}
                 cont_t = ones
-            state = {name: f"{sc}{name}_{k}" for name in states}
-            extra = {o: names.blob(o, t) for o in iface["outputs"] if o not in states}
-            s = SimpleNamespace(
-                t=t, T=T, reverse=reverse, cont=cont_t,
-                input=SimpleNamespace(**{n: v[t] for n, v in per_step.items()}),
-                prev=SimpleNamespace(**prev), state=SimpleNamespace(**state),
-                output=SimpleNamespace(**extra),
-                blob=lambda local, t=t: names.blob(local, t),
-                layer=lambda local, t=t: names.layer(local, t),
-                param=names.param,
-            )
-            layers = self.render(template, "step", s, hyper)
-            self._check_step(template, layers, state, extra, t)
+            state = {name: f"{d.scope}{name}_{k}" for name in d.states}
+            extra = {o: f"{d.scope}{o}_t{t}" for o in iface["outputs"] if o not in d.states}
+            s = Step(d.scope, t, d.T, d.reverse, cont=cont_t,
+                     input={n: v[t] for n, v in per_step.items()}, prev=prev, state=state,
+                     output=extra)
+            layers = self._step_layers(d, s)
+            self._check_step(d, layers, s, prev, state, extra, t)
             params = {p.name for lp in layers for p in lp.param if p.name}
             if params_seen is None:
                 params_seen = params
+                self._declare(d, state, extra, t)
             elif params != params_seen and not iface.get("params_vary_with_t", False):
                 changed = sorted(params ^ params_seen)
                 raise TemplateError(
-                    f"{template.name}: param name(s) {changed} change with the step index "
+                    f"{d.template.name}: param name(s) {changed} change with the step index "
                     f"(step {t}), so learnable params would grow with T; name params with "
                     f"s.param(...) or declare \"params_vary_with_t\": true in the interface"
                 )
             for lp in layers:
-                self.add_layer(lp, f"{template.name} (step t={t})")
+                self.add_layer(lp, d.where(t))
             for name in outputs:
-                outputs[name][t] = state[name] if name in states else extra[name]
+                outputs[name][t] = state[name] if name in d.states else extra[name]
             prev = state
-        unread = [prev[state] for state in states if state not in outputs]
-        for i, (name, steps) in enumerate(outputs.items()):
-            out = top if i == 0 else f"{top}_{name}"
-            if run.sequence_output:
-                self.concat(f"{sc}{name}_concat", steps, out, axis=0)
+        return outputs, prev, run_conts
+
+    def _declare(self, d: _Direction, state: dict, extra: dict, t: int) -> None:
+        for name, blob in state.items():
+            self.declared.append((d.where(t), blob, (1, d.N, d.states[name]), f"state '{name}'"))
+        for name, blob in extra.items():
+            self.declared.append((d.where(t), blob, (1, d.N, None), f"output '{name}'"))
+
+    def _outputs(self, d: _Direction, outputs: dict, run_conts: list[str]) -> list[str]:
+        """Each output: all steps concatenated in time, or each sequence's last one.
+
+        Returns the step outputs left unread (those a trailing sequence end skips)."""
+        unread = []
+        for i, (name, blobs) in enumerate(outputs.items()):
+            out = d.top if i == 0 else f"{d.top}_{name}"
+            if d.sequence_output:
+                self.concat(f"{d.scope}{name}_concat", blobs, out, axis=0)
                 continue
-            last = steps[order[-1]]
-            lp = LayerParameter(name=f"{sc}{name}_final", type="Reshape", bottom=[last],
-                                top=[out])
-            lp.reshape_param.shape.dim.extend([0, 0, -1])
+            run = [blobs[t] for t in d.order]
+            # in run order, the sequence starts the run (padding after it) exactly when
+            # left-aligned data runs forward or right-aligned data runs in reverse
+            if (d.align == "left") != d.reverse:
+                kind, states = "LeadingSequenceEnd", run
+            else:
+                kind, states = "TrailingSequenceEnd", run[-1:]
+                unread += [] if name in d.states else run[:-1]
+            lp = LayerParameter(name=f"{d.scope}{name}_final", type=kind,
+                                bottom=states + run_conts[1:], top=[out])
             self.add_layer(lp, f"layer '{lp.name}'")
-            if name not in states:
-                unread += [b for t, b in enumerate(steps) if t != order[-1]]
-        if reverse and T > 1 and not any(conts[0] in lp.bottom for lp in self.net.layer):
+        return unread
+
+    def _final_states(self, d: _Direction, final: dict, outputs: dict, conts: list[str],
+                      unread: list[str]) -> None:
+        """Expose the final states (expose_hidden), or silence those nothing reads."""
+        if d.expose_hidden:
+            for state in d.states:
+                lp = LayerParameter(name=f"{d.scope}{state}_expose", type="Reshape",
+                                    bottom=[final[state]], top=[f"{d.scope}{state}_T"])
+                lp.reshape_param.shape.dim.extend([0, 0, 0])
+                self.add_layer(lp, f"layer '{lp.name}'")
+        else:
+            unread += [final[state] for state in d.states if state not in outputs]
+        if conts[0] not in self.consumed:
             # the reverse recurrence never reads cont[0]; without a reader it would dangle
             # as a net output
             unread.append(conts[0])
-        if unread and not run.expose_hidden:
-            lp = LayerParameter(name=f"{sc}final_state_silence", type="Silence", bottom=unread)
+        if unread:
+            lp = LayerParameter(name=f"{d.scope}final_state_silence", type="Silence",
+                                bottom=unread)
             self.add_layer(lp, f"layer '{lp.name}'")
-        if run.expose_hidden:
-            for state in states:
-                lp = LayerParameter(name=f"{sc}{state}_expose", type="Reshape",
-                                    bottom=[prev[state]], top=[f"{sc}{state}_T"])
-                lp.reshape_param.shape.dim.extend([0, 0, 0])
-                self.add_layer(lp, f"layer '{lp.name}'")
 
-    def _learned_state(self, sc: str, state: str, size: int) -> str:
-        """``<sc><state>_init``: a learned (size,) param broadcast over the batch, (1, N, size).
-
-        A Scale with a bias over the zero initial state: the bias is the
-        learned state, the scale (multiplying zeros) is frozen.
-        """
-        lp = LayerParameter(name=f"{sc}{state}_init", type="Scale", bottom=[f"{sc}{state}_0"],
+    def _learned_state(self, sc: str, state: str) -> str:
+        """``<sc><state>_init``: a learned (size,) bias on the zero initial state, (1, N, size)."""
+        lp = LayerParameter(name=f"{sc}{state}_init", type="Bias", bottom=[f"{sc}{state}_0"],
                             top=[f"{sc}{state}_init"])
-        lp.param.add(name=f"{sc}{state}_init_scale", lr_mult=0, decay_mult=0)
         lp.param.add(name=f"{sc}{state}_init")
-        lp.scale_param.axis = 2
-        lp.scale_param.bias_term = True
+        lp.bias_param.axis = 2
         self.add_layer(lp, f"layer '{lp.name}'")
         return lp.top[0]
 
@@ -489,58 +482,99 @@ class NetBuilder:
         return mixed
 
     @staticmethod
-    def _check_step(template, layers, state, extra, t) -> None:
-        produced = {top for lp in layers for top in lp.top}
-        for name, blob in {**state, **extra}.items():
-            if blob not in produced:
-                what = "state" if name in state else "output"
-                raise TemplateError(
-                    f"{template.name}: declares {what} '{name}' but step {t} never produces it "
-                    f"(no layer has top '{blob}', i.e. s.{'state' if name in state else 'output'}"
-                    f".{name})"
-                )
+    def _check_step(d: _Direction, layers, s: Step, prev: dict, state: dict, extra: dict,
+                    t: int) -> None:
+        """The step makes its states and outputs, reads every state, and lets cont reach them."""
+        tops = {top for lp in layers for top in lp.top}
+        for kind, blobs in (("state", state), ("output", extra)):
+            _require(d, blobs, tops, lambda local, blob, kind=kind: (
+                f"step {t} must produce {kind} '{local}' (s.{kind}.{local}, '{blob}'), but no "
+                f"layer tops it"))
+        _require(d, prev, {b for lp in layers for b in lp.bottom}, lambda local, blob: (
+            f"step {t} never reads state '{local}' (s.prev.{local}, '{blob}'); every declared "
+            f"state must feed the next step"))
+        reached = {s.cont}
+        for lp in layers:  # rendered in order, so one pass follows every path
+            if reached.intersection(lp.bottom):
+                reached.update(lp.top)
+        _require(d, state, reached, lambda local, blob: (
+            f"state '{local}' ('{blob}') does not depend on s.cont at step {t}; a step must "
+            f"restart its state where a sequence starts (cont 0), e.g. with a Scale of "
+            f"s.prev.{local} by s.cont"))
 
 
-def expand(template, steps: int, search_path=(), **variables) -> NetParameter:
-    """Unroll ``template`` (a built-in name or a path) to ``steps`` timesteps.
+def _require(d: _Direction, blobs: dict, found: set, problem) -> None:
+    """Each of ``blobs`` (local name -> blob) is in ``found``; else ``problem(local, blob)``."""
+    for local, blob in blobs.items():
+        if blob not in found:
+            raise TemplateError(f"{d.template.name}: {problem(local, blob)}")
 
-    For a step template the result is a whole net: an Input layer making
-    ``x`` (T, N, input_dim) and ``cont`` (T, N), the unrolled recurrence, and
-    its output ``h`` (T, N, hidden). Variables: ``batch`` (N), ``input_dim``,
-    the template's hyper-parameters, and ``direction``, ``layers``,
-    ``expose_hidden`` as for :meth:`NetBuilder.recurrent`. For a net template,
-    ``variables`` are its hyper-parameters.
 
-    >>> net_param = expand("lstm", steps=4, batch=2, input_dim=3, hidden=5)
-    >>> [l.name for l in net_param.layer][:2]
-    ['input', 'x_proj_seq']
-    """
-    template = load_template(template, search_path)
-    batch = int(variables.pop("batch", 1))
+# -- expand ---------------------------------------------------------------------------------
+
+
+def _build(template: Template, steps: int, batch: int, search_path, variables: dict,
+           hyper: dict | None) -> tuple[NetParameter, NetBuilder]:
+    """The unrolled NetParameter of ``template`` and the builder that made it."""
     builder = NetBuilder(steps, batch, search_path)
     if template.kind == "step":
+        options = {k: variables.pop(k) for k in LAYER_OPTIONS if k in variables}
+        unknown = set(variables) - set(template.defaults) - {"input_dim"}
+        if unknown:
+            raise unknown_error(template.name, unknown,
+                                [*template.defaults, *LAYER_OPTIONS, "batch", "input_dim"])
         input_dim = variables.pop("input_dim", None)
         if input_dim is None:
             raise TemplateError(f"{template.name}: expanding a step template needs input_dim=")
-        builder.net.name = f"{template.name[: -len(SUFFIX)]}_T{steps}"
+        if options.get("sequence_output", True) is False and "align" not in options:
+            raise TemplateError(
+                f"{template.name}: sequence_output=False needs align='left' or align='right', "
+                f"as the batches are padded (time_major(..., align=...)): it finds each "
+                f"sequence's last step from cont and refuses batches padded otherwise"
+            )
         builder.input("input", {"x": (steps, batch, int(input_dim)), "cont": (steps, batch)})
-        builder.recurrent(str(template.path), "x", "h", "cont", **variables)
-        return builder.net
-    hyper = _hyper(template, variables)
-    hyper.update(T=builder.T, batch=batch, recurrent=builder.recurrent)
+        builder.recurrent(str(template.path), "x", "h", "cont", hyper=hyper, **options,
+                          **variables)
+        return builder.net_param(f"{template.name[: -len(SUFFIX)]}_T{steps}"), builder
+    merged = hyper_parameters(template, merge_hyper(template.name, variables, hyper),
+                              also=["batch"])
+    merged.update(T=builder.T, batch=batch, recurrent=builder.recurrent)
     try:
-        text = template.jinja.render(hyper)
+        text = template.jinja.render(merged)
     except TemplateError:
         raise
-    except (jinja2.UndefinedError, jinja2.TemplateError, TypeError, ValueError) as e:
-        raise _render_error(template, e) from None
-    try:
-        net = parse_text(text, NetParameter(), f"{template.name} (rendered)")
-    except PrototxtError as e:
-        raise TemplateError(str(e)) from None
-    block_tops = set(builder.produced)
-    outer_tops = [t for lp in net.layer for t in lp.top if t not in lp.bottom]
-    collisions = sorted({t for t in outer_tops if t in block_tops and outer_tops.count(t) > 1})
+    except RENDER_ERRORS as e:
+        raise render_error(template, e) from None
+    return _assemble(template, text, builder), builder
+
+
+def _assemble(template: Template, text: str, builder: NetBuilder) -> NetParameter:
+    """The net of a rendered net template, each recurrent() block's layers in its place."""
+    net = NetParameter()
+    pieces = _BLOCK.split(text)
+    placed = Counter(int(i) for i in pieces[1::2])
+    lost = [i for i in range(len(builder.blocks)) if placed[i] != 1]
+    if lost:
+        raise TemplateError(
+            f"{template.name}: recurrent() block {lost[0]} is placed {placed[lost[0]]} times; "
+            f"print each call's result once, where its layers go: {{{{ recurrent(...) }}}}"
+        )
+    line = 0
+    for i, piece in enumerate(pieces):
+        if i % 2:
+            net.layer.extend(builder.blocks[int(piece)])
+            continue
+        try:
+            # leading newlines keep the parser's line numbers those of the rendered text
+            part = parse_text("\n" * line + piece, NetParameter(), f"{template.name} (rendered)")
+        except PrototxtError as e:
+            raise TemplateError(str(e)) from None
+        line += piece.count("\n")
+        net.layer.extend(part.layer)
+        part.ClearField("layer")
+        net.MergeFrom(part)
+    outer = Counter(t for lp in net.layer for t in lp.top if t not in lp.bottom)
+    collisions = sorted(t for t, n in outer.items() if n > 1 and t in builder.produced)
     if collisions:
         raise TemplateError(
             f"{template.name}: blob name(s) {collisions} are made both by the template and by "
@@ -549,21 +583,131 @@ def expand(template, steps: int, search_path=(), **variables) -> NetParameter:
     return net
 
 
+# configurations whose step shapes passed: a bucketed model expands one per T
+_SHAPES_CHECKED: set[str] = set()
+
+
+def _check_shapes(template: Template, batch: int, search_path, variables: dict,
+                  hyper: dict | None) -> None:
+    """Build the net unrolled to one step and check the step's declared shapes."""
+    from unroll.net import Net
+
+    key = repr((str(template.path), template.path.stat().st_mtime_ns, batch,
+                tuple(search_path), sorted(variables.items()), sorted((hyper or {}).items())))
+    if key in _SHAPES_CHECKED:
+        return
+    net_param, builder = _build(template, 1, batch, search_path, dict(variables), hyper)
+    try:
+        net = Net(net_param, keep=[blob for _, blob, _, _ in builder.declared])
+    except NetError as e:
+        raise TemplateError(f"{template.name}: the net unrolled to one step does not build: "
+                            f"{e}") from None
+    for where, blob, want, what in builder.declared:
+        found = tuple(net.blobs[blob].shape)
+        if len(found) != len(want) or any(w is not None and w != f for w, f in zip(want, found)):
+            shape = "(" + ", ".join("..." if w is None else str(w) for w in want) + ")"
+            raise TemplateError(
+                f"{where}: {what} ('{blob}') comes out {found}, but must be {shape}: "
+                f"(1, N, size) per step (an InnerProduct without axis: 2 flattens N away)"
+            )
+    _SHAPES_CHECKED.add(key)
+
+
+def expand(template, steps: int, search_path=(), hyper: dict | None = None,
+           **variables) -> NetParameter:
+    """Unroll ``template`` (a built-in name or a path) to ``steps`` timesteps.
+
+    For a **step template** the result is a whole net: an Input layer making
+    ``x`` (T, N, input_dim) and ``cont`` (T, N), the unrolled recurrence, and
+    its output ``h`` (T, N, hidden). Variables: ``batch`` (N, default 1),
+    ``input_dim``, the template's hyper-parameters, and the options below.
+    For a **net template**, ``variables`` are ``batch`` and its
+    hyper-parameters; it places unrolled layers with ``{{ recurrent(step,
+    bottom, top, cont="cont", ...options, **hyper) }}``. A hyper-parameter
+    whose name is taken (``layers``, ``steps``) goes in ``hyper`` (a dict). An
+    unknown variable or option is an error that suggests the close one.
+
+    Options of an unrolled layer (``expand`` and ``recurrent()``):
+
+    - ``direction``: "forward", "reverse" or "bidirectional" (the two
+      directions' outputs concatenated on axis 2; params ``fw_*`` and ``bw_*``).
+    - ``layers``: stack that many recurrent layers, each with its own params
+      (``l0_*``, ``l1_*``).
+    - ``scope``: a prefix for every blob, layer and param name.
+    - ``sequence_output`` (default True): the output at every step, (T, N, ...).
+      False: only each sequence's last output, (1, N, ...) (many-to-one; for
+      the reverse direction, the output after reading back to its first step).
+      Each column must then hold ONE sequence, padded as ``align`` says;
+      the last step is found from ``cont``, and a batch padded otherwise is
+      an error, not a wrong answer (only a padded one-token sequence looks
+      alike either way, so ``align`` must say the truth). ``expand`` asks for
+      ``align`` here.
+    - ``align``: "right" (padding first, each sequence ends at step T-1:
+      ``time_major(..., align="right")``) or "left" (padding after, the
+      default of ``time_major``). Default "right" in ``recurrent()``.
+    - ``expose_hidden``: the initial states ``<scope><state>_0`` become inputs
+      to fill and the final ones outputs ``<scope><state>_T`` (truncated BPTT:
+      :func:`carry_hidden` between chunks; ``cont_from_lengths(...,
+      continues=True)`` so that a stream's next chunk carries on).
+    - ``initial_state``: "zeros", or "learned": every sequence starts from a
+      learned state, a (size,) param ``<scope><state>_init`` shared by all steps.
+    - ``cont``, ``batch``, ``steps`` (``recurrent()`` only): the cont blob, and
+      N and T of the bottom where they differ from the net's.
+
+    >>> net_param = expand("lstm", steps=4, batch=2, input_dim=3, hidden=5)
+    >>> [l.name for l in net_param.layer][:2]
+    ['input', 'x_proj_seq']
+    >>> expand("lstm", steps=4, input_dim=3, hiden=5)
+    Traceback (most recent call last):
+    ...
+    unroll.errors.TemplateError: lstm.prototxt.j2: unknown variable 'hiden'; did you mean 'hidden'?
+    """
+    template = load_template(template, search_path)
+    batch = int(variables.pop("batch", 1))
+    net, _ = _build(template, steps, batch, search_path, dict(variables), hyper)
+    _check_shapes(template, batch, search_path, variables, hyper)
+    return net
+
+
 def to_prototxt(net_param: NetParameter) -> str:
     """Prototxt text of a NetParameter (readable by unroll.Net and by real Caffe)."""
     return to_text(net_param)
 
 
-def carry_hidden(net) -> list[tuple[str, str]]:
+def carry_hidden(model) -> dict:
     """Copy each exposed final state ``X_T`` into its initial state ``X_0`` (truncated BPTT).
 
-    Returns the (final, initial) pairs copied. Use between the batches of one
-    long stream, on a net expanded with ``expose_hidden=True``.
+    ``model`` is a :class:`~unroll.net.Net` or a
+    :class:`~unroll.bucketed_model.BucketedModel` (the net that ran last
+    gives the states; every net the model has built receives them). Returns
+    {initial name: state}; pass it to the next ``forward`` of a bucketed
+    model whose next chunk length has no net yet. Use between the chunks of
+    long streams, on a net expanded with ``expose_hidden=True``, with cont
+    from ``cont_from_lengths(..., continues=True)`` so the chunk carries on.
+
+    >>> import unroll, numpy as np
+    >>> net = unroll.Net(expand("rnn", steps=2, batch=1, input_dim=1, hidden=2,
+    ...                         expose_hidden=True))
+    >>> _ = net.forward(x=np.ones((2, 1, 1)), cont=np.ones((2, 1)))
+    >>> sorted(carry_hidden(net))
+    ['h_0']
     """
-    pairs = []
-    for name in net.outputs:
-        if name.endswith("_T") and f"{name[:-2]}_0" in net.inputs:
-            initial = f"{name[:-2]}_0"
-            net.blobs[initial].data[...] = net.blobs[name].data
-            pairs.append((name, initial))
-    return pairs
+    nets = getattr(model, "nets", None)
+    source = model.active if nets is not None else model
+    if source is None:
+        raise ValueError("carry_hidden: the model has not run forward yet")
+    state = {}
+    for name in source.outputs:
+        initial = f"{name[:-2]}_0"
+        if name.endswith("_T") and initial in source.inputs:
+            state[initial] = source.blobs[name].data.copy()
+    if not state:
+        raise ValueError(
+            "carry_hidden: the net exposes no final states (no output X_T with an input X_0); "
+            "expand it with expose_hidden=True"
+        )
+    for net in nets.values() if nets is not None else [model]:
+        for initial, value in state.items():
+            if initial in net.inputs:
+                net.set_input(initial, value)
+    return state

@@ -1,0 +1,88 @@
+"""Bias: add a learned (or given) bias, broadcast over the other axes (Caffe's BiasLayer)."""
+
+from __future__ import annotations
+
+import math
+
+from unroll.layer import Layer, register_layer
+
+
+@register_layer("Bias")
+class BiasLayer(Layer):
+    """y = x + b, b of shape x.shape[axis:axis+num_axes]; b learned, or bottom[1].
+
+    As Caffe's: ``bias_param { axis num_axes filler }`` (axis 1, num_axes 1,
+    filler constant 0 by default; num_axes -1 means every axis from ``axis``).
+    With two bottoms the bias is bottom[1] and its shape gives num_axes.
+
+    >>> from unroll.testing import run_layer
+    >>> import numpy as np
+    >>> _, _, (y,) = run_layer('type: "Bias" bias_param { filler { type: "constant" value: 2 } }',
+    ...                        [np.zeros((1, 3))])
+    >>> y.data.tolist()
+    [[2.0, 2.0, 2.0]]
+    """
+
+    num_bottoms = (1, 2)
+    in_place = True
+    # the gradient is the top diff itself: backward reads no data
+    backward_reads = ()
+
+    def layer_setup(self, bottoms, tops):
+        p = self.param.bias_param
+        shape = bottoms[0].shape
+        if len(bottoms) == 2:
+            k = bottoms[1].ndim
+            self.axis = 0 if k == 0 else self.canonical_axis(p.axis, len(shape))
+        else:
+            self.axis = self.canonical_axis(p.axis, len(shape))
+            if p.num_axes < -1:
+                raise self.error(f"bias_param.num_axes must be >= -1, found {p.num_axes}")
+            k = len(shape) - self.axis if p.num_axes == -1 else p.num_axes
+        if self.axis + k > len(shape):
+            raise self.error(
+                f"a {k}-D bias at axis {self.axis} does not fit bottom '{bottoms[0].name}' "
+                f"of shape {shape}"
+            )
+        self.bias_shape = shape[self.axis : self.axis + k]
+        if len(bottoms) == 1:
+            self.param_blob(self.bias_shape, p.filler)
+
+    def reshape(self, bottoms, tops):
+        shape = bottoms[0].shape
+        if len(bottoms) == 2:
+            self.bias_shape = bottoms[1].shape
+        found = shape[self.axis : self.axis + len(self.bias_shape)]
+        if found != self.bias_shape:
+            raise self.error(
+                f"bottom '{bottoms[0].name}' of shape {shape} has {found} from axis {self.axis}; "
+                f"the bias has shape {self.bias_shape}"
+            )
+        k = len(self.bias_shape)
+        self.view = (
+            math.prod(shape[: self.axis]),
+            math.prod(found),
+            math.prod(shape[self.axis + k :]),
+        )
+        tops[0].reshape(shape)
+
+    def _bias(self, bottoms):
+        return bottoms[1] if len(bottoms) == 2 else self.blobs[0]
+
+    def forward(self, bottoms, tops):
+        x, y = bottoms[0].data, tops[0].data
+        if y is not x:
+            self.xp.copyto(y, x)
+        y.reshape(self.view)[...] += self._bias(bottoms).data.reshape(1, -1, 1)
+
+    def backward(self, tops, propagate_down, bottoms):
+        gy = tops[0].diff
+        # the bias gradient first: in place, the bottom diff is the top diff's memory
+        if len(bottoms) == 1 or propagate_down[1]:
+            gb = gy.reshape(self.view).sum(axis=(0, 2)).reshape(self.bias_shape)
+            if len(bottoms) == 2:
+                bottoms[1].diff[...] = gb
+            else:
+                self.blobs[0].diff += gb
+        if propagate_down[0] and bottoms[0].diff is not gy:
+            bottoms[0].diff[...] = gy
