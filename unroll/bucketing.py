@@ -355,7 +355,7 @@ class BucketSampler:
     @property
     def num_buckets(self) -> int:
         """Number of non-empty buckets (= distinct padded or row lengths = unrolled nets needed)."""
-        return len(self._buckets)
+        return len(self.bucket_lengths)
 
     def bucket_length(self, batch: Sequence) -> int:
         """The length ``batch`` is padded to: its bucket's longest length (<= its boundary).
