@@ -416,7 +416,8 @@ def test_time_major_packed_places_each_sequence_at_its_span(seqs, data):
         assert got.tolist() == seqs[i]
     used = np.zeros((T, len(rows)), bool)
     for i, (row, offset, n) in zip(flat, spans):
-        assert n == len(seqs[i]) and cont[offset, row] == 0 and (cont[offset + 1 : offset + n, row] == 1).all()
+        assert n == len(seqs[i]) and cont[offset, row] == 0
+        assert (cont[offset + 1 : offset + n, row] == 1).all()
         assert not used[offset : offset + n, row].any()
         used[offset : offset + n, row] = True
     assert (values[~used] == -9).all() and (cont[~used] == 0).all()
