@@ -30,6 +30,7 @@ def _train(args) -> int:
         data=args.data, model_dir=args.model_dir, epochs=args.epochs,
         max_minutes=args.max_minutes, lr=args.lr, lr_gamma=args.lr_decay, seed=args.seed,
         limit=args.limit, resume=args.resume, device=args.device, quiet=args.quiet, config=config,
+        pack=args.pack,
     )
     with distributed.init(args.device) as comm:  # a failing rank ends every rank
         result = train(opts)
@@ -115,6 +116,8 @@ def main(argv=None) -> int:
     t.add_argument("--resume", action="store_true",
                    help="continue from the last epoch's snapshot in --model-dir")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--pack", action="store_true",
+                   help="batches of --batch-size rows, each of whole sentences back to back")
     t.set_defaults(run=_train)
 
     e = sub.add_parser("evaluate", parents=[common], help="score a CoNLL-U file")
