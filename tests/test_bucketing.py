@@ -317,7 +317,7 @@ def test_packed_rows_are_first_fit_decreasing(case):
 
 
 @given(packed_samplers(drop_last=False).filter(lambda c: c[1]["shuffle"]), st.integers(0, 3))
-def test_packed_shuffle_moves_sequences_between_rows_of_the_same_shape(case, epoch):
+def test_packed_shuffle_keeps_the_first_fit_row_shapes(case, epoch):
     """Each epoch packs the shuffled sequences afresh: the rows' length patterns are those of
     first-fit decreasing, whatever sequences of those lengths fill them."""
     sampler, kwargs = case
@@ -326,6 +326,13 @@ def test_packed_shuffle_moves_sequences_between_rows_of_the_same_shape(case, epo
     patterns = sorted(tuple(lengths[i] for i in row) for row in expected)
     rows = [row for batch in sampler.epoch_batches(epoch) for row in batch]
     assert sorted(tuple(lengths[i] for i in row) for row in rows) == patterns
+
+
+def test_packed_epochs_change_which_sequences_share_a_row():
+    lengths = [1 + (7 * i) % 50 for i in range(600)]
+    s = BucketSampler(lengths, batch_size=8, pack=True, seed=3)
+    rows = [{frozenset(r) for b in s.epoch_batches(e) for r in b} for e in range(2)]
+    assert rows[0] != rows[1]
 
 
 @given(packed_samplers(), st.integers(0, 3))

@@ -127,16 +127,15 @@ def tagger_inputs(rows, sentences, T):
     return out, spans
 
 
-@pytest.mark.parametrize("cell", ["lstm", "gru"])
 @given(case=packings(max_sequences=5, max_length=5))
-def test_tagger_with_characters_scores_packed_as_alone(cell, case):
+def test_tagger_with_characters_scores_packed_as_alone(case):
     rng = np.random.default_rng(case["seed"])
     store = unroll.ParamStore()
 
     def net(T, N):
         net_param = unroll.expand(
             "tagger", steps=T, batch=N, vocab=VOCAB, tags=TAGS, embed=3, hidden=2, layers=2,
-            cell=cell, features={"suffix": [9, 2]},
+            features={"suffix": [9, 2]},
             chars={"vocab": CHAR_VOCAB, "embed": 2, "hidden": 2, "length": C})
         return unroll.Net(net_param, dtype="float64", param_store=store)
 

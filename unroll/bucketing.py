@@ -541,7 +541,7 @@ def time_major_packed(rows, sequences, length: int, pad_value=0):
                              f"{shapes}") from None
         row_lengths.append([len(p) for p in parts])
     cont = cont_from_packed_lengths(row_lengths, length)
-    values, _ = time_major(row_values, length, pad_value)
+    values, _ = time_major(row_values, length, pad_value=pad_value)
     return values, cont, spans
 
 
