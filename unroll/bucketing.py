@@ -197,7 +197,7 @@ class BucketSampler:
     is 0 at each sequence's start, so each gets the result it gets alone), and
     ``bucket_length(batch)`` is the row length. The ``boundaries`` are then the
     row lengths (``None``: :func:`choose_row_lengths`, a few doublings up to
-    the longest length; on EWT train [39, 78, 159] and 0.03% padding). Each
+    the longest length; on EWT train [39, 78, 159] and 0.02% padding). Each
     epoch packs every sequence by first-fit decreasing: longest first (ties in
     the epoch's shuffled order), into the first row opened with room for it,
     else into a new row of its bucket's length (the first boundary >= its

@@ -80,3 +80,14 @@ def test_batch_inputs_of_a_packed_sampler_carry_each_sentences_labels(tagger):
         assert (inputs["labels"] != IGNORE).sum() == tokens
         seen += len(flat)
     assert seen == len(sentences)
+
+
+def test_batch_inputs_of_a_bucketed_sampler_are_padded_sentences(tagger):
+    sentences = [WORDS[:3], WORDS[3:4], WORDS[4:7]]
+    tags = [np.arange(len(s)) for s in sentences]
+    sampler = BucketSampler([len(s) for s in sentences], 3, boundaries=[3], shuffle=False)
+    (batch,) = list(sampler)
+    inputs, tokens = batch_inputs(tagger, tagger.encode(sentences), tags, batch, sampler)
+    assert tokens == 7 and inputs["words"].shape == (3, 3)
+    assert inputs["cont"].T.tolist() == [[0, 1, 1], [0, 0, 0], [0, 1, 1]]
+    assert (inputs["labels"] != IGNORE).sum(axis=0).tolist() == [3, 1, 3]
