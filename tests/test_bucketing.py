@@ -3,7 +3,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll.bucketing import BucketSampler, choose_boundaries, cont_from_lengths, time_major
+from unroll.bucketing import (
+    BucketSampler,
+    choose_boundaries,
+    choose_row_lengths,
+    cont_from_lengths,
+    cont_from_packed_lengths,
+    time_major,
+    time_major_packed,
+    unpack_time_major,
+)
 
 lengths_st = st.lists(st.integers(1, 60), min_size=1, max_size=250)
 boundaries_st = st.none() | st.lists(st.integers(1, 70), min_size=1, max_size=8, unique=True).map(
@@ -275,3 +284,201 @@ def test_continuing_streams_start_with_cont_one():
         time_major([[1]], 2, align="center")
     with pytest.raises(ValueError, match=r"lengths\[1\] = 4 is not in 0..3"):
         cont_from_lengths([2, 4], 3)
+
+
+# -- packing: rows of whole sequences back to back ----------------------------------------
+
+
+@st.composite
+def packed_samplers(draw, drop_last=None, size=1):
+    """(sampler with pack=True, its arguments) over random lengths, row lengths and settings."""
+    sampler, kwargs = draw(samplers(drop_last))
+    kwargs.update(pack=True, size=size)
+    return BucketSampler(**kwargs), kwargs
+
+
+def row_lengths_of(sampler):
+    """Row length of every sequence's bucket, from the definition (the longest beyond them)."""
+    ids = bucket_ids(sampler)
+    return np.append(sampler.boundaries, sampler.lengths.max())[ids]
+
+
+def first_fit_decreasing(lengths, row_length):
+    """Rows of indices by the textbook rule: longest first (ties in input order), each into
+    the first row opened with room for it, else into a new row of its bucket's length."""
+    rows, room = [], []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        fit = next((r for r in range(len(rows)) if room[r] >= lengths[i]), None)
+        if fit is None:
+            rows.append([])
+            room.append(row_length[i])
+            fit = len(rows) - 1
+        rows[fit].append(i)
+        room[fit] -= lengths[i]
+    return rows
+
+
+@given(packed_samplers(drop_last=False), st.integers(0, 3))
+def test_packed_every_sequence_exactly_once_per_epoch(case, epoch):
+    sampler, kwargs = case
+    batches = sampler.epoch_batches(epoch)
+    assert len(batches) == len(sampler)
+    seen = [i for batch in batches for row in batch for i in row]
+    assert sorted(seen) == list(range(len(kwargs["lengths"])))
+    assert all(isinstance(i, int) for i in seen)
+
+
+@given(packed_samplers(), st.integers(0, 3))
+def test_packed_rows_fit_their_length_and_batches_hold_one_row_length(case, epoch):
+    sampler, _ = case
+    row_length = row_lengths_of(sampler)
+    full = {}
+    for batch in sampler.epoch_batches(epoch):
+        L = sampler.bucket_length(batch)
+        assert L in sampler.bucket_lengths
+        for row in batch:
+            assert sampler.lengths[row].sum() <= L
+            assert row_length[row].max() == L  # opened by a sequence of its bucket
+        cap = max(1, sampler.batch_size // L) if sampler.by_tokens else sampler.batch_size
+        assert len(batch) <= cap
+        full.setdefault(L, []).append(len(batch) == cap)
+    # every row length has full batches but at most one, which drop_last leaves out
+    assert all(flags.count(False) <= (0 if sampler.drop_last else 1) for flags in full.values())
+
+
+@given(packed_samplers(drop_last=False).filter(lambda c: not c[1]["shuffle"]))
+def test_packed_rows_are_first_fit_decreasing(case):
+    sampler, kwargs = case
+    expected = first_fit_decreasing(kwargs["lengths"], row_lengths_of(sampler))
+    by_length = [[row for row in expected if sampler.bucket_length([row]) == L]
+                 for L in sampler.bucket_lengths]
+    assert [row for batch in sampler for row in batch] == [row for g in by_length for row in g]
+
+
+@given(packed_samplers(drop_last=False).filter(lambda c: c[1]["shuffle"]), st.integers(0, 3))
+def test_packed_shuffle_keeps_the_first_fit_row_shapes(case, epoch):
+    """Each epoch packs the shuffled sequences afresh: the rows' length patterns are those of
+    first-fit decreasing, whatever sequences of those lengths fill them."""
+    sampler, kwargs = case
+    lengths = kwargs["lengths"]
+    expected = first_fit_decreasing(lengths, row_lengths_of(sampler))
+    patterns = sorted(tuple(lengths[i] for i in row) for row in expected)
+    rows = [row for batch in sampler.epoch_batches(epoch) for row in batch]
+    assert sorted(tuple(lengths[i] for i in row) for row in rows) == patterns
+
+
+def test_packed_epochs_change_which_sequences_share_a_row():
+    lengths = [1 + (7 * i) % 50 for i in range(600)]
+    s = BucketSampler(lengths, batch_size=8, pack=True, seed=3)
+    rows = [{frozenset(r) for b in s.epoch_batches(e) for r in b} for e in range(2)]
+    assert rows[0] != rows[1]
+
+
+@given(packed_samplers(), st.integers(0, 3))
+def test_packed_same_seed_same_batches_per_epoch(case, epoch):
+    sampler, kwargs = case
+    assert BucketSampler(**kwargs).epoch_batches(epoch) == sampler.epoch_batches(epoch)
+    sampler.set_epoch(epoch)
+    assert list(sampler) == sampler.epoch_batches(epoch) and sampler.epoch == epoch + 1
+
+
+@given(packed_samplers(), st.integers(1, 5), st.integers(0, 3))
+def test_packed_ranks_share_every_batch_once(case, size, epoch):
+    sampler, kwargs = case
+    alone = sampler.epoch_batches(epoch)
+    shards = [BucketSampler(**{**kwargs, "size": size, "rank": r}).epoch_batches(epoch)
+              for r in range(size)]
+    steps = len(alone) // size
+    assert [len(s) for s in shards] == [steps] * size
+    assert [shards[r][i] for i in range(steps) for r in range(size)] == alone[: steps * size]
+
+
+@given(packed_samplers())
+def test_packed_padding_fraction_matches_direct_computation(case):
+    sampler, _ = case
+    padded = real = 0
+    for batch in sampler.epoch_batches(sampler.epoch):
+        padded += sampler.bucket_length(batch) * len(batch)
+        real += sum(int(sampler.lengths[row].sum()) for row in batch)
+    expected = (padded - real) / padded if padded else 0.0  # drop_last may leave no batch
+    assert sampler.padding_fraction() == pytest.approx(expected)
+
+
+def test_packing_pads_less_with_fewer_lengths_than_buckets():
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(rng.geometric(1 / 16, size=4000), 150)  # many short, a few long
+    packed = BucketSampler(lengths, batch_size=32, pack=True)
+    bucketed = BucketSampler(lengths, batch_size=32)
+    assert packed.padding_fraction() < 0.01 < bucketed.padding_fraction()
+    assert packed.num_buckets < bucketed.num_buckets
+    assert list(packed.bucket_lengths) == choose_row_lengths(lengths)
+
+
+def test_packed_without_shuffle_fills_rows_in_order():
+    s = BucketSampler([3, 5, 2, 9, 1, 4], batch_size=2, boundaries=[6], pack=True, shuffle=False)
+    assert s.bucket_lengths == (6, 9)
+    # 9 fills a row of 9; 5, 4 and 3 each open a row of 6; the 2 fits first beside the 4,
+    # the 1 beside the 5
+    assert list(s) == [[[1, 4], [5, 2]], [[0]], [[3]]] == list(s)
+    assert s.padding_fraction() == pytest.approx(3 / 27)
+
+
+@given(lengths_st, st.integers(1, 70))
+def test_choose_row_lengths_doubles_up_to_the_longest(lengths, shortest):
+    rows = choose_row_lengths(lengths, shortest)
+    assert rows[-1] == max(lengths) and rows == sorted(set(rows))
+    assert all(b == 2 * a for a, b in zip(rows, rows[1:-1]))
+    assert rows[0] == shortest or rows == [max(lengths)]
+    assert len(rows) == 1 or 2 * rows[-2] < max(lengths)
+
+
+def test_packed_bucket_length_rejects_bad_batches():
+    s = BucketSampler([2, 3, 4, 7, 10], batch_size=2, boundaries=[5], pack=True)
+    assert s.bucket_length([[0, 1], [2]]) == 5 and s.bucket_length([[4]]) == 10
+    assert s.bucket_length([[3, 1]]) == 10  # a short one filling a long row
+    for batch, match in [
+        ([[0, 1], [4]], r"mixes rows of lengths \[5, 10\]"),
+        ([[1, 2]], "row 0 holds 7 tokens, more than its row length 5"),
+        ([[0], []], "row 1 .* non-empty"),
+        ([], "non-empty list of rows"),
+        ([[7]], "outside"),
+        ([0, 1], "row 0 .* non-empty list"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            s.bucket_length(batch)
+
+
+@given(st.lists(st.lists(st.integers(-5, 5), min_size=1, max_size=5), min_size=1, max_size=6),
+       st.data())
+def test_time_major_packed_places_each_sequence_at_its_span(seqs, data):
+    rows = data.draw(st.permutations(range(len(seqs))).flatmap(
+        lambda order: st.integers(1, len(order)).map(
+            lambda k: [list(order[i::k]) for i in range(k)])))
+    T = max(sum(len(seqs[i]) for i in row) for row in rows) + data.draw(st.integers(0, 3))
+    values, cont, spans = time_major_packed(rows, seqs, T, pad_value=-9)
+    assert values.shape == cont.shape == (T, len(rows))
+    flat = [i for row in rows for i in row]
+    for i, got in zip(flat, unpack_time_major(values, spans)):
+        assert got.tolist() == seqs[i]
+    used = np.zeros((T, len(rows)), bool)
+    for i, (row, offset, n) in zip(flat, spans):
+        assert n == len(seqs[i]) and cont[offset, row] == 0
+        assert (cont[offset + 1 : offset + n, row] == 1).all()
+        assert not used[offset : offset + n, row].any()
+        used[offset : offset + n, row] = True
+    assert (values[~used] == -9).all() and (cont[~used] == 0).all()
+    np.testing.assert_array_equal(
+        cont, cont_from_packed_lengths([[len(seqs[i]) for i in row] for row in rows], T))
+
+
+def test_time_major_packed_errors_name_the_row():
+    with pytest.raises(ValueError, match="row 0 holds 5 steps, more than its length 4"):
+        time_major_packed([[0, 1]], [[1, 2], [3, 4, 5]], 4)
+    with pytest.raises(ValueError, match="row 1 must be a non-empty list"):
+        time_major_packed([[0], []], [[1]], 2)
+    with pytest.raises(ValueError, match="row 0: its sequences have items of different shapes"):
+        time_major_packed([[0, 1]], [np.ones((1, 2)), np.ones((1, 3))], 2)
+    with pytest.raises(ValueError, match="sequence 1 .*row 0.* non-empty sequence"):
+        time_major_packed([[0, 1]], [[1], []], 2)
+    with pytest.raises(ValueError, match=r"span 0 .* outside"):
+        unpack_time_major(np.zeros((2, 1)), [(0, 1, 2)])

@@ -43,7 +43,7 @@ def _train(args) -> int:
         max_minutes=args.max_minutes, lr=args.lr, lr_gamma=args.lr_decay, seed=args.seed,
         limit=args.limit, resume=args.resume, overwrite=args.overwrite,
         skip_bad_batches=args.skip_bad_batches, device=args.device, quiet=args.quiet,
-        sizes=_sizes(args),
+        sizes=_sizes(args), pack=args.pack,
     )
     with distributed.init(args.device) as comm:  # a failing rank ends every rank
         result = train(opts)
@@ -160,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip up to N batches whose loss or gradient is not finite, instead "
                         "of stopping at the first (default 0)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--pack", action="store_true",
+                   help="batches of --batch-size rows, each of whole sentences back to back")
     t.set_defaults(run=_train)
 
     e = sub.add_parser("evaluate", parents=[common], help="score a CoNLL-U file")

@@ -33,6 +33,7 @@ from examples.pos_tagging import folder
 from examples.pos_tagging.data import DEV_FILE, TRAIN_FILE, read_split
 from examples.pos_tagging.evaluate import score
 from examples.pos_tagging.features import Featurizer
+from examples.pos_tagging.packing import batch_inputs
 from examples.pos_tagging.tagger import Tagger, TaggerConfig, builtin_cells, tag_ids
 from unroll import distributed
 from unroll.atomic import write_atomic
@@ -66,6 +67,7 @@ class TrainOptions:
     skip_bad_batches: int = 0
     device: str = "cpu"
     quiet: bool = False
+    pack: bool = False  # --pack: rows of whole sentences back to back (packing.py)
     sizes: dict = field(default_factory=dict)
 
 
@@ -216,7 +218,7 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
     gold = tag_ids([tags for _, tags in train_sents])
     lengths = [len(forms) for forms, _ in train_sents]
     sampler = BucketSampler(lengths, batch_size=config.batch, seed=opts.seed,
-                            rank=comm.rank, size=comm.size)
+                            rank=comm.rank, size=comm.size, pack=opts.pack)
     solver = Solver(
         tagger.train_model, type="Adam", base_lr=opts.lr, momentum=0.9, momentum2=0.999,
         delta=1e-8, lr_policy="step", gamma=opts.lr_gamma, stepsize=len(sampler),
@@ -249,8 +251,8 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
                    unit="batch", disable=opts.quiet or not lead, dynamic_ncols=True,
                    mininterval=1.0)
         for k, batch in enumerate(bar):
-            inputs = tagger.inputs([encoded[i] for i in batch], sampler.bucket_length(batch),
-                                   [gold[i] for i in batch], train=True)
+            # --pack: the call site of packing.py (packed rows or padded sentences)
+            inputs, batch_tokens = batch_inputs(tagger, encoded, gold, batch, sampler)
             t0 = time.perf_counter()
             loss, norm, updated = guarded_step(solver, tagger.train_model, inputs)
             if not updated:
@@ -266,7 +268,7 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
             losses.append(loss)
             average.update()
             compute += time.perf_counter() - t0
-            tokens += sum(lengths[i] for i in batch)
+            tokens += batch_tokens
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", tok_s=f"{tokens / compute:.0f}")
         tokens = comm.sum(tokens)  # of all ranks
         if not lead:  # rank 0 evaluates and writes; the others join in the snapshot

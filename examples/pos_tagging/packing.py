@@ -1,0 +1,83 @@
+"""Packed batches for the tagger: sentences back to back in rows, and tags back to sentences.
+
+A packed batch (``BucketSampler(pack=True)``) is a list of rows of sentence
+indices. Each row's sentences are joined into one token sequence, so the
+tagger's own :meth:`~examples.pos_tagging.tagger.Tagger.inputs` builds every
+input (words with word dropout, extra features, characters, labels) as for
+one long sentence; only ``cont`` changes: it is 0 at each sentence's first
+token, so every sentence is tagged exactly as it would be alone in a row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from unroll.backend import to_numpy
+from unroll.bucketing import BucketSampler, time_major_packed, unpack_time_major
+
+
+def _join(parts):
+    """Arrays (or tuples of arrays, like a sentence's spelled characters) one after another."""
+    if isinstance(parts[0], tuple):
+        return tuple(np.concatenate(column) for column in zip(*parts))
+    return np.concatenate(parts)
+
+
+def join_rows(encoded: list[dict], rows) -> list[dict]:
+    """Per row, its sentences' encoded features (``Tagger.encode``) one after another."""
+    return [{name: _join([encoded[i][name] for i in row]) for name in encoded[row[0]]}
+            for row in rows]
+
+
+def packed_inputs(tagger, encoded: list[dict], rows, length: int, tags=None, train=False):
+    """The tagger's inputs for a packed batch of ``rows`` of length ``length``, and the spans.
+
+    Returns ``(inputs, spans)``: ``spans[k]`` is where the k-th sentence of
+    ``[i for row in rows for i in row]`` lies (:func:`unroll.bucketing.unpack_time_major`).
+    ``tags`` are the gold tag ids of every sentence (training), or None.
+    """
+    joined_tags = None if tags is None else [_join([tags[i] for i in row]) for row in rows]
+    inputs = tagger.inputs(join_rows(encoded, rows), length, joined_tags, train=train)
+    _, inputs["cont"], spans = time_major_packed(rows, [e["word"] for e in encoded], length)
+    return inputs, spans
+
+
+def batch_inputs(tagger, encoded: list[dict], tags, batch, sampler: BucketSampler):
+    """``(inputs, real tokens)`` of a training batch of ``sampler``, packed or not."""
+    length = sampler.bucket_length(batch)
+    if sampler.pack:
+        inputs, spans = packed_inputs(tagger, encoded, batch, length, tags, train=True)
+        return inputs, sum(span.length for span in spans)
+    inputs = tagger.inputs([encoded[i] for i in batch], length, [tags[i] for i in batch],
+                           train=True)
+    return inputs, sum(len(tags[i]) for i in batch)
+
+
+def predict_packed(tagger, encoded: list[dict], batch_size: int | None = None,
+                   row_lengths=None) -> list[np.ndarray]:
+    """Tag ids per sentence, the sentences packed into rows (``batch_size`` rows a batch).
+
+    ``row_lengths`` are the rows' lengths (None: ``choose_row_lengths`` of
+    these sentences); pass the training sampler's ``bucket_lengths`` to reuse
+    its nets. The same tags as ``Tagger.predict_encoded``, with fewer nets.
+
+    >>> from examples.pos_tagging.features import Featurizer
+    >>> from examples.pos_tagging.tagger import Tagger, TaggerConfig
+    >>> tagger = Tagger(Featurizer.build([["A", "cat", "."]]), TaggerConfig(embed=4, hidden=4))
+    >>> [t.shape for t in predict_packed(tagger, tagger.encode([["A", "cat"], ["."]]))]
+    [(2,), (1,)]
+    """
+    result = [np.zeros(0, np.int64) for _ in encoded]
+    tagged = [i for i, e in enumerate(encoded) if len(e["word"])]
+    if not tagged:
+        return result
+    sampler = BucketSampler([len(encoded[i]["word"]) for i in tagged], pack=True, shuffle=False,
+                            batch_size=batch_size or tagger.config.batch, boundaries=row_lengths)
+    chosen = [encoded[i] for i in tagged]
+    for batch in sampler:
+        inputs, spans = packed_inputs(tagger, chosen, batch, sampler.bucket_length(batch))
+        tagger.test_model.forward(**inputs)
+        best = to_numpy(tagger.test_model.active.blobs["scores"].data).argmax(axis=2)
+        for k, tags in zip([k for row in batch for k in row], unpack_time_major(best, spans)):
+            result[tagged[k]] = tags
+    return result
