@@ -123,7 +123,6 @@ def tagger_inputs(rows, sentences, T):
             rows, [s[name] for s in sentences], T, pad_value=pad)
     for name in ("chars_fw", "chars_bw", "chars_cont"):  # (T, N, C) -> (C, T * N)
         out[name] = out[name].reshape(-1, C).T
-    out["chars_fw_cont"] = out["chars_bw_cont"] = out.pop("chars_cont")
     return out, spans
 
 
