@@ -563,6 +563,12 @@ class Net:
         blob.reshape(value.shape)
         blob.data[...] = value
 
+    def check_inputs(self, **inputs) -> None:
+        """Check host input values as :meth:`set_input` does, without setting them: for
+        data that reaches the device another way (a batch packed into one transfer)."""
+        for name, value in inputs.items():
+            check_host_input(self._input_readers, name, np.asarray(value, self.dtype))
+
     @functools.cached_property
     def _input_readers(self) -> dict:
         return input_readers(self._fwd, self.inputs)
