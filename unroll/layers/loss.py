@@ -70,7 +70,7 @@ class ClassScores(Layer):
 
     def labels(self, bottoms):
         """(class index with ignored entries set to 0, valid mask), both (outer, inner)."""
-        xp, (outer, classes, inner) = self.xp, self.dims
+        xp, (outer, _, inner) = self.xp, self.dims
         value = bottoms[1].data.reshape(outer, inner)
         if xp is np:
             self.check_host_bottom(1, value, bottoms[1].name)
