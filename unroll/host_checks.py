@@ -31,7 +31,9 @@ def input_readers(schedule, inputs) -> dict[str, list]:
     """Input name -> the ``(layer, bottom index)`` pairs that check its host values.
 
     ``schedule`` is the net's forward schedule, ``(layer, bottoms, tops)`` in run
-    order; a split's tops carry the value of its bottom, so their readers count.
+    order; a split's tops carry the value of its bottom, so their readers count,
+    and a layer that writes into the input in place ends it: later readers see
+    other values.
     """
     carries = {}  # id(blob) -> the input whose values it holds
     readers: dict[str, list] = {name: [] for name in inputs}
@@ -47,6 +49,9 @@ def input_readers(schedule, inputs) -> dict[str, list]:
                 carries.update((id(t), name) for t in tops)
             elif hasattr(layer, "check_host_bottom"):
                 readers[name].append((layer, k))
+        if layer.type != "Split":
+            for top in tops:
+                carries.pop(id(top), None)
     return readers
 
 

@@ -146,3 +146,15 @@ def test_host_ids_are_checked_before_they_go_to_the_device(device):
     with pytest.raises(NetError, match=r"layer 'emb' \(Embed\).*-1\.0 at index \(0, 0\).*"
                                        r"\[0, 4\)"):
         net.check_inputs(ids=np.array([[-1, 0], [0, 0]]))
+
+
+@pytest.mark.parametrize("device", ["cpu", "trace"])
+def test_ids_changed_in_place_before_the_embed_are_checked_as_the_embed_reads_them(device):
+    net = Net("""
+layer { name: "in" type: "Input" top: "ids" input_param { shape { dim: 3 } } }
+layer { name: "clamp" type: "ReLU" bottom: "ids" top: "ids" }
+layer { name: "emb" type: "Embed" bottom: "ids" top: "v"
+        embed_param { num_output: 2 input_dim: 3 } }""", device=device)
+    net.forward(ids=np.array([-1.0, 0.0, 2.0]))  # -1 is clamped to 0 before the lookup
+    np.testing.assert_array_equal(to_numpy(net.blobs["v"].data)[0],
+                                  to_numpy(net.params["emb"][0].data)[0])
