@@ -214,6 +214,8 @@ def test_a_device_array_of_the_nets_dtype_is_taken_without_a_copy():
     with trace.measure() as c:
         net.set_input("x", x)
     assert net.blobs["x"].data is x and c.launches == 0 and c.h2d == 0
+    net.set_input("x", np.zeros((4, 3)))  # host data: copied into the net's own array
+    assert net.blobs["x"].data is not x and (x.get() == 1).all()
     net.set_input("x", trace.ones((5, 3), np.float64))  # another dtype: copied, in the net's
     assert net.blobs["x"].data.dtype == np.float32 and net.blobs["x"].shape == (5, 3)
     in_place = Net(TINY + """

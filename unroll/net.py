@@ -190,6 +190,7 @@ class Net:
         self._first_holders: set[tuple[str, int]] = set()  # (layer, index) first to hold a param
         self._loss: float | None = 0.0  # read back on first access (see loss)
         self._device_loss = None
+        self._borrowed: dict = {}  # input name -> the caller's device array it holds
         self.in_place_fallbacks: list[str] = []
         self._build(_legacy_inputs(self.net_param) + filter_layers(self.net_param, PHASES[phase]))
 
@@ -558,8 +559,10 @@ class Net:
               and len(self.blobs.versions(name)) == 1):  # no in-place layer writes into it
             if value.shape != blob.shape:
                 blob.diff = None  # allocated again, in the new shape, when first used
-            blob.data = value
+            blob.data = self._borrowed[name] = value
             return
+        if self._borrowed.pop(name, None) is blob.data:  # never write into the caller's array
+            blob.data = self.xp.empty(blob.shape, self.dtype)
         blob.reshape(value.shape)
         blob.data[...] = value
 
