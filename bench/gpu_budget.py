@@ -10,9 +10,12 @@ deterministic, so they need no GPU and no idle machine. Two workloads:
 - an LSTM layer (``unroll.expand("lstm")`` + EuclideanLoss), T = 25, N = 32,
   D = 100, H = 128, Adam.
 
-A step is Solver.step's sequence: clear the param diffs, forward (inputs from
-the host), backward, update. Each workload runs one step first, so that lazy
-allocations (diffs, solver history) are not counted.
+A step is the training command's sequence: the batch's inputs to the device,
+clear the param diffs, forward, backward, the divergence guard (the tagger's
+one read per batch, :func:`examples.pos_tagging.train.checked_loss`), update.
+The tagger packs its inputs into one transfer (:meth:`Tagger.inputs`); the
+LSTM's inputs are host arrays that ``forward`` sends. Each workload runs one
+step first, so that lazy allocations (diffs, solver history) are not counted.
 
     python -m bench.gpu_budget            (from the repository root)
 """
@@ -24,15 +27,27 @@ import numpy as np
 from unroll import Net, expand, to_prototxt, trace
 from unroll.solver import Solver
 
-PHASES = ("clear", "forward", "backward", "update")
+PHASES = ("inputs", "clear", "forward", "backward", "guard", "update")
 
 
-def count_step(net, solver: Solver, inputs: dict) -> dict[str, trace.Counts]:
-    """The counts of each phase of one training step (``inputs`` are host arrays)."""
+def count_step(net, solver: Solver, feed, guard=None) -> dict[str, trace.Counts]:
+    """The counts of each phase of one training step.
+
+    ``feed`` is the inputs (a dict) or, as Solver.step takes it, a callable
+    ``feed(k)`` that makes them (then counted as the "inputs" phase);
+    ``guard(model)`` is the training loop's check between backward and update.
+    """
+    inputs = {}
+
+    def make_inputs():
+        inputs.update(feed(solver.iter) if callable(feed) else feed)
+
     phases = {
+        "inputs": make_inputs,
         "clear": net.clear_param_diffs,
         "forward": lambda: net.forward(**inputs),
         "backward": net.backward,
+        "guard": lambda: guard(net) if guard is not None else None,
         "update": solver.update,
     }
     counts = {}
@@ -45,7 +60,8 @@ def count_step(net, solver: Solver, inputs: dict) -> dict[str, trace.Counts]:
 def tagger_setup(device: str, T: int = 21, N: int = 32, seed: int = 0):
     """The default tagger on ``device``, its Adam solver and a synthetic batch of up to T words.
 
-    Returns ``(model, solver, inputs, tokens)``; ``tokens`` counts the real (unpadded) words.
+    Returns ``(model, solver, feed, tokens)``: ``feed(k)`` packs the batch and sends it
+    to the device, as the training command does; ``tokens`` counts the real (unpadded) words.
     """
     from examples.pos_tagging.conll import UPOS_TAGS
     from examples.pos_tagging.features import Featurizer
@@ -58,9 +74,17 @@ def tagger_setup(device: str, T: int = 21, N: int = 32, seed: int = 0):
     tags = [[UPOS_TAGS[j] for j in rng.integers(0, len(UPOS_TAGS), n)] for n in lengths]
     tagger = Tagger(Featurizer.build(sentences), TaggerConfig(batch=N), device=device,
                     seed=seed)
-    inputs = tagger.inputs(tagger.encode(sentences), T, tag_ids(tags), train=True)
+    encoded, labels = tagger.encode(sentences), tag_ids(tags)
     solver = Solver(tagger.train_model, type="Adam", base_lr=2e-3, clip_gradients=5.0)
-    return tagger.train_model, solver, inputs, sum(lengths)
+    return (tagger.train_model, solver, lambda k: tagger.inputs(encoded, T, labels, train=True),
+            sum(lengths))
+
+
+def tagger_guard(model) -> float:
+    """The training command's divergence guard (one read): gradient norm, then the check."""
+    from examples.pos_tagging.train import checked_loss, gradient_norm
+
+    return checked_loss(model, gradient_norm(model))
 
 
 def lstm_setup(device: str, T: int = 25, N: int = 32, D: int = 100, H: int = 128,
@@ -81,11 +105,11 @@ layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "target" top: "l
     return net, Solver(net, type="Adam", base_lr=1e-3), inputs, T * N
 
 
-def traced_step(setup, **sizes) -> dict[str, trace.Counts]:
+def traced_step(setup, guard=None, **sizes) -> dict[str, trace.Counts]:
     """The per-phase counts of a workload's second step (the first allocates lazily)."""
-    model, solver, inputs, _ = setup("trace", **sizes)
-    solver.step(1, feed=inputs)
-    return count_step(model, solver, inputs)
+    model, solver, feed, _ = setup("trace", **sizes)
+    solver.step(1, feed=feed)
+    return count_step(model, solver, feed, guard)
 
 
 def table(name: str, counts: dict[str, trace.Counts]) -> str:
@@ -108,7 +132,8 @@ def table(name: str, counts: dict[str, trace.Counts]) -> str:
 
 
 def main() -> None:
-    print(table("default tagger, T=21 N=32 (Adam, clip 5)", traced_step(tagger_setup)))
+    print(table("default tagger, T=21 N=32 (Adam, clip 5)",
+                traced_step(tagger_setup, tagger_guard)))
     print(table("LSTM layer, T=25 N=32 D=100 H=128 (Adam)", traced_step(lstm_setup)))
     print("issue 15 targets for the tagger step: <= 1200 launches, <= 2 syncs, 1 transfer")
 

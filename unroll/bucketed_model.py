@@ -73,7 +73,13 @@ class BucketedModel:
 
     @property
     def loss(self) -> float:
+        """The last forward's loss, read back on first access (see :attr:`Net.loss`)."""
         return self.active.loss if self.active is not None else 0.0
+
+    @property
+    def device_loss(self):
+        """The last forward's loss on the device, not read back (see :attr:`Net.device_loss`)."""
+        return self._canonical().device_loss if self.active is None else self.active.device_loss
 
     def forward(self, **inputs) -> dict:
         """Run the net whose T is axis 0 of the inputs (of ``steps_from``); returns its outputs.

@@ -10,6 +10,7 @@ accumulates the gradient of every timestep of an unrolled net into one blob.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from unroll.backend import get_array_module, make_rng, to_numpy
 from unroll.blob import Blob
 from unroll.errors import FileFormatError, NetError
 from unroll.fillers import fill
+from unroll.host_checks import check_host_input, input_readers
 from unroll.layer import layer_class
 from unroll.param_store import LearnableParam, ParamStore
 from unroll.proto import (
@@ -186,7 +188,9 @@ class Net:
         self.store = param_store if param_store is not None else ParamStore()
         self.learnable_params: list[LearnableParam] = []
         self._first_holders: set[tuple[str, int]] = set()  # (layer, index) first to hold a param
-        self.loss = 0.0
+        self._loss: float | None = 0.0  # read back on first access (see loss)
+        self._device_loss = None
+        self._borrowed: dict = {}  # input name -> the caller's device array it holds
         self.in_place_fallbacks: list[str] = []
         self._build(_legacy_inputs(self.net_param) + filter_layers(self.net_param, PHASES[phase]))
 
@@ -535,15 +539,42 @@ class Net:
         self._input_shapes = [b.shape for b in self._input_blobs]
 
     def set_input(self, name: str, value) -> None:
-        """Copy ``value`` into input blob ``name``, reshaping it if needed."""
+        """Put ``value`` into input blob ``name``, reshaping it if needed.
+
+        Host data is checked by the layers that read it (Embed ids, labels: see
+        :mod:`unroll.host_checks`), then copied to the device. A device array of
+        the net's dtype (a view of a batch packed into one transfer) becomes the
+        blob's data without a copy; it is not checked, so check it on the host
+        before it goes to the device.
+        """
         if name not in self.inputs:
             raise NetError(f"'{name}' is not an input of this net; inputs: {self.inputs}")
         # the Input layer's own top: net.blobs[name] is the latest version, which an
         # in-place layer kept out of place (keep=, fan-out) writes, not the input
         blob = self._input_blobs[self.inputs.index(name)]
-        value = self.xp.asarray(value, self.dtype)
+        if self.xp is np or not isinstance(value, self.xp.ndarray):
+            value = np.asarray(value, self.dtype)
+            check_host_input(self._input_readers, name, value)
+        elif (value.dtype == self.dtype and value.flags.c_contiguous
+              and len(self.blobs.versions(name)) == 1):  # no in-place layer writes into it
+            if value.shape != blob.shape:
+                blob.diff = None  # allocated again, in the new shape, when first used
+            blob.data = self._borrowed[name] = value
+            return
+        if self._borrowed.pop(name, None) is blob.data:  # never write into the caller's array
+            blob.data = self.xp.empty(blob.shape, self.dtype)
         blob.reshape(value.shape)
         blob.data[...] = value
+
+    def check_inputs(self, **inputs) -> None:
+        """Check host input values as :meth:`set_input` does, without setting them: for
+        data that reaches the device another way (a batch packed into one transfer)."""
+        for name, value in inputs.items():
+            check_host_input(self._input_readers, name, np.asarray(value, self.dtype))
+
+    @functools.cached_property
+    def _input_readers(self) -> dict:
+        return input_readers(self._fwd, self.inputs)
 
     def forward(self, **inputs) -> dict:
         """Run forward; returns {output blob name: data}. Keywords fill input blobs first."""
@@ -558,11 +589,38 @@ class Net:
                 raise
             except Exception as e:
                 raise _layer_failure(layer, "failed in forward", e, bottoms) from e
-        loss = 0.0
-        for blob, weight in self._loss_tops:
-            loss += weight * float(blob.data.sum())
-        self.loss = loss
+        self._loss = self._device_loss = None
         return {name: self.blobs[name].data for name in self.outputs}
+
+    @property
+    def loss(self) -> float:
+        """The last forward's loss: the sum of the loss tops times their loss weights.
+
+        Read back from the device on the first access after a forward (one sync
+        on a GPU), so a training step that nobody asks for its loss never waits.
+        """
+        if self._loss is None:
+            self._loss = float(self.device_loss) if self._loss_tops else 0.0
+        return self._loss
+
+    @property
+    def device_loss(self):
+        """The last forward's loss as a 0-d float64 array on the net's device, not read back.
+
+        >>> net = Net('''
+        ...   layer { name: "in" type: "Input" top: "a" top: "b"
+        ...           input_param { shape { dim: 2 dim: 1 } } }
+        ...   layer { name: "l" type: "EuclideanLoss" bottom: "a" bottom: "b" top: "l" }''')
+        >>> _ = net.forward(a=np.array([[1.0], [3.0]]), b=np.zeros((2, 1)))
+        >>> net.device_loss.dtype, net.loss
+        (dtype('float64'), 2.5)
+        """
+        if self._device_loss is None:
+            xp = self.xp
+            terms = [xp.multiply(blob.data.sum(), weight, dtype=xp.float64)
+                     for blob, weight in self._loss_tops]
+            self._device_loss = sum(terms[1:], terms[0]) if terms else xp.zeros((), xp.float64)
+        return self._device_loss
 
     def backward(self) -> None:
         """Backpropagate the loss: writes blob diffs and ADDS into param diffs."""

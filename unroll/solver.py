@@ -113,7 +113,9 @@ class SolverError(ValueError):
 class TrainableNet(Protocol):
     """The net interface a :class:`Solver` drives: a Net, a BucketedModel, or your own.
 
-    ``forward(**inputs)`` sets ``loss``; ``backward()`` ADDS the gradients into
+    ``forward(**inputs)`` sets ``loss`` (a net may also offer ``device_loss``, the
+    same value left on its device: the solver then reads losses back only when
+    they are displayed or asked for); ``backward()`` ADDS the gradients into
     the param diffs; ``learnable_params`` are the owners the solver updates,
     all held by ``store`` (the solver clears and reduces the store's diffs);
     ``to_proto()``/``copy_from()`` write and read the weights as a .caffemodel.
@@ -545,7 +547,6 @@ class Solver:
         self._span_list: list[_Span] = []
         self.current_step = 0
         self.rate = float("nan")
-        self.loss = float("nan")
         self._losses: collections.deque = collections.deque(maxlen=param.average_loss)
         self._names: list[str] = []
         self._history_buffers: list = []  # per slot: one buffer laid out as the store's
@@ -722,15 +723,22 @@ class Solver:
         return self._span_list
 
     def _clip_gradients(self) -> None:
+        """Caffe's ClipGradients, on the device: diff *= clip / max(norm, clip).
+
+        The scale is 1 (bit for bit) while the norm is within ``clip``, and a NaN
+        norm scales nothing (``fmax`` ignores it), as Caffe's ``norm > clip`` test;
+        nothing is read back unless INFO logging wants the norm.
+        """
         clip = self.param.clip_gradients
         if clip < 0:
             return
         diff = self._store.diff
-        norm = math.sqrt(float(diff @ diff))
-        if norm > clip:
+        xp = module_of(diff)
+        norm = xp.sqrt(diff @ diff, dtype=xp.float64)
+        diff *= (clip / xp.fmax(norm, clip)).astype(diff.dtype)
+        if log.isEnabledFor(logging.INFO) and float(norm) > clip:
             log.info("Gradient clipping: scaling down gradients (L2 norm %g > %g) by %g",
-                     norm, clip, clip / norm)
-            diff *= diff.dtype.type(clip / norm)
+                     float(norm), clip, clip / float(norm))
 
     def scratch(self, like):
         """A work array of ``like``'s shape and dtype, kept between iterations (for updates)."""
@@ -741,7 +749,8 @@ class Solver:
 
     # -- iterations ---------------------------------------------------------------------
     def step(self, iters: int = 1, feed=None) -> float | None:
-        """Run ``iters`` iterations; returns the last one's loss (None if ``iters`` is 0).
+        """Run ``iters`` iterations; returns the last one's loss (None if ``iters`` is 0),
+        the one loss this call reads back from the device.
 
         Each iteration zeroes the param diffs, runs ``iter_size`` forward and
         backward passes (accumulating gradients and loss), then updates. The
@@ -767,18 +776,28 @@ class Solver:
             loss = 0.0
             for i in range(iter_size):
                 self.net.forward(**inputs_for(self.iter * iter_size + i, i))
-                loss += float(self.net.loss)
+                loss = loss + _unread_loss(self.net)
                 self.net.backward()
+            # several ranks sum their losses on the host: one read per iteration
             loss = self.comm.sum(loss) / (iter_size * self.comm.size)
             self._losses.append(loss)
-            self.loss = sum(self._losses) / len(self._losses)
             if self.param.display and self.iter % self.param.display == 0 and self.comm.rank == 0:
-                log.info("Iteration %d, loss = %g (last %g)", self.iter, self.loss, loss)
+                log.info("Iteration %d, loss = %g (last %g)", self.iter, self.loss, float(loss))
             self.update()
             if self.param.snapshot and self.iter % self.param.snapshot == 0:
                 self.snapshot()
             last = loss
-        return last
+        return None if last is None else float(last)
+
+    @property
+    def loss(self) -> float:
+        """The mean loss of the last ``average_loss`` iterations (NaN before any).
+
+        The iterations' losses stay on the device until this is read.
+        """
+        if not self._losses:
+            return float("nan")
+        return float(sum(self._losses)) / len(self._losses)
 
     def _feeder(self, feed) -> Callable[[int, int], Mapping]:
         if feed is None:
@@ -901,7 +920,6 @@ class Solver:
         self.iter = state.iter
         self.current_step = state.current_step
         self._losses.clear()
-        self.loss = float("nan")
 
     @staticmethod
     def _find_model(state_path: Path, learned_net: str) -> Path:
@@ -916,6 +934,11 @@ class Solver:
             f"{state_path}: its learned_net '{learned_net}' is not at "
             f"{', '.join(str(c) for c in dict.fromkeys(candidates))}"
         )
+
+
+def _unread_loss(net):
+    """The loss of the net's last forward, on its device if it keeps it there (``device_loss``)."""
+    return net.device_loss if hasattr(net, "device_loss") else net.loss
 
 
 def _check_inputs(inputs, k: int) -> Mapping:

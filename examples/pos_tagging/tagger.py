@@ -9,6 +9,7 @@ build their nets from the same NetParameter per T.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import Featurizer, encode_tags, word_dropout
 from examples.pos_tagging.folder import CONFIG, FEATURES, read_json
 from unroll.atomic import write_atomic
+from unroll.backend import get_array_module
 from unroll.bucketed_model import BucketedModel
 from unroll.bucketing import time_major
 from unroll.errors import FileFormatError
@@ -202,7 +204,22 @@ class Tagger:
         return fw, bw, cont
 
     def inputs(self, encoded: list[dict], length: int, tags=None, train: bool = False) -> dict:
-        """Time-major (T, N) input arrays for one batch, padded to ``length``."""
+        """Time-major (T, N) inputs of one batch, padded to ``length``, on the nets' device.
+
+        Every input (word, feature and character ids, conts, labels) is packed
+        into ONE host buffer of the nets' dtype (ids and labels are whole numbers,
+        exact in it), checked there by the layers that read it (Embed ids, labels:
+        the training nets with ``tags``, else the test nets) and sent to the device
+        in ONE transfer; the nets take views of it without a copy.
+        """
+        model = self.train_model if tags is not None else self.test_model
+        buffer, layout = pack(self.host_inputs(encoded, length, tags, train), model.dtype)
+        model.net(length).check_inputs(**unpack(buffer, layout))
+        return unpack(get_array_module(model.device).asarray(buffer), layout)
+
+    def host_inputs(self, encoded: list[dict], length: int, tags=None,
+                    train: bool = False) -> dict:
+        """Time-major (T, N) input arrays for one batch, padded to ``length``, on the host."""
         words = [e["word"] for e in encoded]
         if train and self.config.word_dropout > 0:
             vocab = self.featurizer.vocabs["word"]
@@ -292,6 +309,33 @@ class Tagger:
                      device=device, folder=model_dir)
         tagger.train_model.copy_from(weights, strict=True)
         return tagger
+
+
+def pack(arrays: dict, dtype) -> tuple[np.ndarray, dict]:
+    """``arrays`` copied, in ``dtype``, into one flat host buffer: (buffer, layout), where
+    the layout gives each name's (start, shape) for :func:`unpack`.
+
+    >>> buffer, layout = pack({"a": np.arange(3), "b": np.ones((2, 2))}, np.float32)
+    >>> buffer.tolist(), layout
+    ([0.0, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0], {'a': (0, (3,)), 'b': (3, (2, 2))})
+    >>> unpack(buffer, layout)["b"].shape
+    (2, 2)
+    """
+    layout, start = {}, 0
+    for name, array in arrays.items():
+        layout[name] = (start, array.shape)
+        start += array.size
+    buffer = np.empty(start, dtype)
+    for name, array in arrays.items():
+        begin = layout[name][0]
+        buffer[begin : begin + array.size] = array.reshape(-1)
+    return buffer, layout
+
+
+def unpack(buffer, layout: dict) -> dict:
+    """Views of ``buffer`` (on the host or a device) as the arrays :func:`pack` laid out."""
+    return {name: buffer[start : start + math.prod(shape)].reshape(shape)
+            for name, (start, shape) in layout.items()}
 
 
 def tag_ids(upos_lists) -> list[np.ndarray]:

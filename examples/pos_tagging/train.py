@@ -11,6 +11,9 @@ A batch whose loss or gradient norm is not finite stops training with
 params or any file: the folder keeps the last good epoch, to ``--resume``
 from with a lower learning rate. ``skip_bad_batches`` instead drops up to that
 many such batches (their update is not applied), as large-scale trainers do.
+The check costs one read from the device per batch (:func:`checked_loss`):
+the loss, which the device turns into NaN when the gradient norm is not
+finite; the same number feeds the progress bar.
 
 Under ``mpirun -n N`` it trains data-parallel (:mod:`unroll.distributed`):
 each rank takes its share of every epoch's batches and rank 0 prints,
@@ -37,6 +40,7 @@ from examples.pos_tagging.packing import batch_inputs
 from examples.pos_tagging.tagger import Tagger, TaggerConfig, builtin_cells, tag_ids
 from unroll import distributed
 from unroll.atomic import write_atomic
+from unroll.backend import module_of
 from unroll.bucketing import BucketSampler
 from unroll.errors import NetError
 from unroll.solver import Solver
@@ -135,31 +139,43 @@ def plot(log: list, path: Path) -> None:
     write_atomic(path, png.getvalue())
 
 
-def gradient_norm(params) -> float:
-    """The global L2 norm of the params' diffs (what clip_gradients compares)."""
-    return math.sqrt(sum(float(d @ d) for d in (p.blob.diff.reshape(-1) for p in params)))
+def gradient_norm(model):
+    """The global L2 norm of the model's gradients (what clip_gradients compares), left on
+    the device as a 0-d array: one product over the store's flat diff buffer."""
+    diff = model.store.diff
+    return module_of(diff).sqrt(diff @ diff)
+
+
+def checked_loss(model, norm) -> float:
+    """The guard's one read per batch: the loss, made NaN on the device where the gradient
+    norm is not finite, so that one number says whether the update may go ahead."""
+    xp = module_of(model.store.diff)
+    return float(xp.where(xp.isfinite(norm), model.device_loss, xp.nan))
 
 
 def all_finite(arrays) -> bool:
-    return all(bool(np.isfinite(a).all()) for a in arrays)
+    return all(bool(module_of(a).isfinite(a).all()) for a in arrays)
 
 
-def guarded_step(solver: Solver, model, inputs: dict) -> tuple[float, float, bool]:
+def guarded_step(solver: Solver, model, inputs: dict) -> tuple[float, float | None, bool]:
     """One iteration that updates only on a finite loss and gradient norm.
 
-    Returns (loss, gradient norm, whether the update was applied).
+    Returns (loss, gradient norm, whether the update was applied). On a device
+    the host waits once per batch, for :func:`checked_loss`; the loss and the
+    norm of a batch that is not applied are read back for the report (the norm
+    is None for an applied batch).
     """
     model.clear_param_diffs()
     with np.errstate(over="ignore", invalid="ignore"):  # reported below, as one error
         model.forward(**inputs)
-        loss = float(model.loss)
         model.backward()
-        norm = gradient_norm(model.learnable_params)
+        norm = gradient_norm(model)
+        loss = checked_loss(model, norm)
     # every rank must take the same decision, or the others would wait in the all-reduce
-    ok = not solver.comm.sum(not (math.isfinite(loss) and math.isfinite(norm)))
-    if ok:
-        solver.update()
-    return loss, norm, ok
+    if solver.comm.sum(not math.isfinite(loss)):
+        return model.loss, float(norm), False
+    solver.update()
+    return loss, None, True
 
 
 def train(opts: TrainOptions) -> dict:

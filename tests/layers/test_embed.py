@@ -1,11 +1,14 @@
+import doctest
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from unroll import NetError, testing
+from unroll import Net, NetError, testing, trace
 from unroll.backend import to_numpy
+from unroll.layers import embed
 from unroll.testing import run_layer as run
 
 
@@ -83,3 +86,75 @@ def test_bad_index_is_an_error(value, where):
 def test_missing_sizes_are_an_error():
     with pytest.raises(NetError, match=r"layer 'emb' \(Embed\).*input_dim 0"):
         run('name: "emb" type: "Embed" embed_param { num_output: 2 }', [np.zeros(2)])
+
+
+def test_doctests():
+    assert doctest.testmod(embed).failed == 0
+
+
+@given(data=st.data())
+def test_the_devices_scatter_add_is_the_cpus_sorted_sum(data):
+    """The GPU path (one add.at kernel) and the CPU's sort + reduceat, both run on NumPy."""
+    input_dim = data.draw(st.integers(1, 6), "input_dim")
+    n = data.draw(st.integers(1, 30), "rows")
+    index = np.array(data.draw(st.lists(st.integers(0, input_dim - 1), min_size=n, max_size=n)),
+                     np.intp)
+    rows = data.draw(hnp.arrays(np.float64, (n, 3), elements=st.floats(-10, 10)), "rows")
+    start = data.draw(hnp.arrays(np.float64, (input_dim, 3), elements=st.floats(-10, 10)))
+    sorted_sum, scattered = start.copy(), start.copy()
+    embed.sorted_add_rows(np, sorted_sum, index, rows)
+    embed.scatter_add_rows(np, scattered, index, rows)
+    np.testing.assert_allclose(scattered, sorted_sum, rtol=1e-12, atol=1e-12)
+    want = start.copy()
+    for i, row in zip(index, rows):
+        want[i] += row
+    np.testing.assert_allclose(sorted_sum, want, rtol=1e-12, atol=1e-12)
+
+
+def test_on_a_device_forward_and_backward_never_wait_for_it():
+    x = np.array([[0.0, 3.0, 3.0], [1.0, 0.0, 2.0]])
+    with trace.measure() as counts:
+        layer, bs, tops = run(spec(4, 5), [x], trace)
+        tops[0].diff[...] = 1.0
+        layer.backward(tops, [False], bs)
+    assert counts.syncs == 0 and counts.ops["add.at"] == 1
+    want = np.zeros((5, 4))
+    np.add.at(want, x.astype(int).ravel(), np.ones((6, 4)))
+    np.testing.assert_array_equal(to_numpy(layer.blobs[0].diff), want)
+
+
+EMBED_NET = """
+layer { name: "in" type: "Input" top: "ids" input_param { shape { dim: 2 dim: 2 } } }
+layer { name: "emb" type: "Embed" bottom: "ids" top: "v"
+        embed_param { num_output: 3 input_dim: 4 } }
+layer { name: "emb2" type: "Embed" bottom: "ids" top: "w"
+        embed_param { num_output: 2 input_dim: 2 } }
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "trace"])
+def test_host_ids_are_checked_before_they_go_to_the_device(device):
+    net = Net(EMBED_NET, device=device)
+    ok = np.array([[0, 1], [1, 0]])
+    with trace.measure() as counts:
+        net.forward(ids=ok)
+    assert counts.syncs == 0
+    # every reader checks, through the split: 'emb2' has only 2 rows
+    with pytest.raises(NetError, match=r"layer 'emb2' \(Embed\): bottom 'ids' holds 3\.0 at "
+                                       r"index \(1, 1\); expected an integer in \[0, 2\)"):
+        net.forward(ids=np.array([[0, 1], [1, 3]]))
+    with pytest.raises(NetError, match=r"layer 'emb' \(Embed\).*-1\.0 at index \(0, 0\).*"
+                                       r"\[0, 4\)"):
+        net.check_inputs(ids=np.array([[-1, 0], [0, 0]]))
+
+
+@pytest.mark.parametrize("device", ["cpu", "trace"])
+def test_ids_changed_in_place_before_the_embed_are_checked_as_the_embed_reads_them(device):
+    net = Net("""
+layer { name: "in" type: "Input" top: "ids" input_param { shape { dim: 3 } } }
+layer { name: "clamp" type: "ReLU" bottom: "ids" top: "ids" }
+layer { name: "emb" type: "Embed" bottom: "ids" top: "v"
+        embed_param { num_output: 2 input_dim: 3 } }""", device=device)
+    net.forward(ids=np.array([-1.0, 0.0, 2.0]))  # -1 is clamped to 0 before the lookup
+    np.testing.assert_array_equal(to_numpy(net.blobs["v"].data)[0],
+                                  to_numpy(net.params["emb"][0].data)[0])

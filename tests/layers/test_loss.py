@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from unroll import NetError
+from unroll import Net, NetError, trace
 from unroll.backend import to_numpy
 from unroll.testing import arrays, check_layer_gradient, distinct_arrays, shapes
 from unroll.testing import run_layer as run
@@ -136,6 +136,48 @@ def test_softmax_loss_labels_get_no_gradient():
 def test_bad_labels_name_the_layer(spec, scores, labels, match):
     with pytest.raises(NetError, match=match):
         run(spec, [np.zeros(scores), np.array(labels, np.float64)])
+
+
+TAGS_NET = """
+layer { name: "in" type: "Input" top: "scores" top: "labels"
+        input_param { shape { dim: 2 dim: 3 dim: 4 } shape { dim: 2 dim: 3 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "scores" bottom: "labels" top: "loss"
+        loss_param { ignore_label: -1 } softmax_param { axis: 2 } }
+layer { name: "acc" type: "Accuracy" bottom: "scores" bottom: "labels" top: "acc"
+        accuracy_param { axis: 2 } }
+"""
+
+
+@pytest.mark.parametrize("device", ["cpu", "trace"])
+@pytest.mark.parametrize("bad, match", [
+    (4, r"layer 'loss' \(SoftmaxWithLoss\): label 4 in 'labels' is out of range \[0, 4\) "
+        r"for 4 classes \(ignore_label is -1\)"),
+    (0.5, r"layer 'loss' \(SoftmaxWithLoss\): label 0\.5 in 'labels' is not a whole number"),
+    (np.nan, r"label nan in 'labels' is not a whole number"),
+    (-1, r"layer 'acc' \(Accuracy\): label -1 in 'labels' is out of range"),  # acc ignores none
+])
+def test_host_labels_are_checked_before_they_go_to_the_device(device, bad, match):
+    net = Net(TAGS_NET, device=device)
+    scores = np.zeros((2, 3, 4))
+    labels = np.array([[0, 1, 2], [3, 0, 1]], np.float64)
+    with trace.measure() as counts:
+        net.forward(scores=scores, labels=labels)
+    assert counts.syncs == 0
+    labels[1, 2] = bad
+    with pytest.raises(NetError, match=match):
+        net.forward(scores=scores, labels=labels)
+
+
+def test_labels_on_a_device_are_used_unchecked_without_a_wait():
+    """A device array (a packed batch) was checked on the host before its transfer."""
+    layer, bottoms, tops = run('type: "SoftmaxWithLoss" loss_param { ignore_label: -1 }',
+                               [np.zeros((2, 3)), np.array([2.0, -1.0])], trace)
+    with trace.measure() as counts:
+        layer.forward(bottoms, tops)
+        tops[0].diff[...] = 1.0
+        layer.backward(tops, [True, False], bottoms)
+    assert counts.syncs == 0
+    assert float(to_numpy(tops[0].data)) == pytest.approx(math.log(3))
 
 
 # -- EuclideanLoss ------------------------------------------------------------

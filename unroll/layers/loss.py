@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from unroll.layer import Layer, register_layer
 from unroll.proto import NormalizationMode as Norm
 
@@ -40,26 +42,40 @@ class ClassScores(Layer):
                 f"{outer} * {inner} = {outer * inner}"
             )
 
-    def labels(self, bottoms, ignore):
-        """(class index with ignored entries set to 0, valid mask), both (outer, inner)."""
-        xp, (outer, classes, inner) = self.xp, self.dims
-        value = bottoms[1].data.reshape(outer, inner)
-        label = value.astype(xp.int32)
+    def check_host_bottom(self, index: int, values: np.ndarray, name: str) -> None:
+        """Raise a NetError unless host ``values`` of labels ``name`` are valid class indices.
+
+        Labels are checked here, on the host, where they enter the net (``Net.set_input``);
+        forward checks them again only on the CPU, where that costs no wait for a device.
+        """
+        if index != 1:
+            return
+        classes = self.dims[1]
         # Caffe's static_cast<int> would quietly read 1.5 as class 1: a label that is not
         # a whole number is a bug in the data, not a class
-        fractional = label != value
-        if bool(fractional.any()):
-            raise self.error(f"label {float(value[fractional][0]):g} in '{bottoms[1].name}' "
-                             f"is not a whole number; labels are class indices")
-        valid = label != ignore if ignore is not None else xp.ones(label.shape, bool)
+        with np.errstate(invalid="ignore"):
+            label = values.astype(np.int64)
+        fractional = label != values
+        if fractional.any():
+            raise self.error(f"label {float(values[fractional][0]):g} in '{name}' is not a whole "
+                             f"number; labels are class indices")
+        valid = label != self.ignore if self.ignore is not None else True
         bad = valid & ((label < 0) | (label >= classes))
-        if bool(bad.any()):
-            found = float(value[bad][0])
-            hint = f" (ignore_label is {ignore})" if ignore is not None else ""
+        if bad.any():
+            hint = f" (ignore_label is {self.ignore})" if self.ignore is not None else ""
             raise self.error(
-                f"label {found:g} in '{bottoms[1].name}' is out of range [0, {classes}) "
-                f"for scores '{bottoms[0].name}' {bottoms[0].shape}{hint}"
+                f"label {float(values[bad][0]):g} in '{name}' is out of range [0, {classes}) "
+                f"for {classes} classes{hint}"
             )
+
+    def labels(self, bottoms):
+        """(class index with ignored entries set to 0, valid mask), both (outer, inner)."""
+        xp, (outer, _, inner) = self.xp, self.dims
+        value = bottoms[1].data.reshape(outer, inner)
+        if xp is np:
+            self.check_host_bottom(1, value, bottoms[1].name)
+        label = value.astype(xp.int32)
+        valid = label != self.ignore if self.ignore is not None else xp.ones(label.shape, bool)
         return xp.where(valid, label, 0), valid
 
 
@@ -119,7 +135,7 @@ class SoftmaxWithLossLayer(ClassScores):
 
     def forward(self, bottoms, tops):
         xp, p = self.xp, self.prob
-        self.label, valid = self.labels(bottoms, self.ignore)
+        self.label, valid = self.labels(bottoms)
         x = bottoms[0].data.reshape(self.dims)
         xp.subtract(x, x.max(axis=1, keepdims=True), out=p)
         # log p[label] = shifted x[label] - log(total): no log(0) when p[label] underflows
@@ -201,7 +217,7 @@ class AccuracyLayer(ClassScores):
 
     def forward(self, bottoms, tops):
         xp, classes = self.xp, self.dims[1]
-        label, valid = self.labels(bottoms, self.ignore)
+        label, valid = self.labels(bottoms)
         x = bottoms[0].data.reshape(self.dims)
         true = xp.take_along_axis(x, label[:, None], 1)
         hit = valid & ((x >= true).sum(axis=1) <= self.top_k)
