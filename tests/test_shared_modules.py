@@ -7,6 +7,7 @@ private copies of the params: the same loss, and each owner's diff is the sum
 of the copies' diffs.
 """
 
+import doctest
 import re
 
 import numpy as np
@@ -14,6 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import unroll.template
+import unroll.unroller
 from unroll import testing
 from unroll.cli import main
 from unroll.errors import TemplateError
@@ -185,7 +188,8 @@ def dense(param: str = 'param { name: "{{ s.param(\'W\') }}" } param { name: "b"
     ('{{ recurrent("tower", "seq", "h") }}', "'tower' is a module template, not a step"),
     ('{{ shared("tower", ["a", "b"], ["c", "c"]) }}', "blob 'c' is already produced"),
     ('{% set block = shared("tower", ["a"], ["c"]) %}',
-     "recurrent() or shared() block 0 is placed 0 times"),
+     "shared() block 0 is placed 0 times; print each call's result once, where its layers "
+     "go: {{ shared(...) }}"),
 ])
 def test_misuse_of_shared_is_a_clear_error(tmp_path, call, message):
     with pytest.raises(TemplateError, match=re.escape(message)):
@@ -220,6 +224,12 @@ def test_module_without_its_macro_is_a_clear_error(tmp_path):
     with pytest.raises(TemplateError, match=r"must define \{% macro module\(s\) %\}"):
         expand(net_template(tmp_path, '{{ shared("mod", ["a"], ["c"]) }}'), steps=1,
                search_path=[tmp_path])
+
+
+def test_the_documented_examples_run():
+    # help(unroll.expand) and help(Application) show shared() and the module API
+    for module in (unroll.template, unroll.unroller):
+        assert doctest.testmod(module).failed == 0
 
 
 def test_expanding_a_module_alone_points_to_shared():

@@ -5,9 +5,12 @@ Caffe layers of ONE timestep; the unroller renders it once per step, with the
 step's blob names, and wires the steps into an ordinary feed-forward
 NetParameter whose steps share their params. A **net template** renders a whole
 net and calls ``{{ recurrent(...) }}`` where it wants an unrolled recurrent
-layer. What a template declares and what its macros receive is documented in
-one place, :class:`~unroll.template.Step` (loading and checking templates is
-:mod:`unroll.template`); the options of an unrolled layer on :func:`expand`.
+layer, and ``{{ shared(...) }}`` where it applies one **module template**
+(layers without recurrence) to several inputs with one set of params. What a
+template declares and what its macros receive is documented in one place,
+:class:`~unroll.template.Step` (a module's: :class:`~unroll.template.Application`;
+loading and checking templates is :mod:`unroll.template`); the options of an
+unrolled layer and of ``shared()`` on :func:`expand`.
 
 >>> import unroll
 >>> net_param = unroll.expand("rnn", steps=3, batch=2, input_dim=4, hidden=5)
@@ -172,8 +175,8 @@ class NetBuilder:
         self.declared: list[tuple[str, str, tuple, str]] = []
         self._sliced: dict[str, list[str]] = {}
         self._scopes: set[str] = set()
-        #: (module template name, its layers in every application) of each shared() call
-        self.modules: list[tuple[str, list[LayerParameter]]] = []
+        #: block index of each shared() call -> (module template name, its layers)
+        self.modules: dict[int, tuple[str, list[LayerParameter]]] = {}
 
     def net_param(self, name: str = "") -> NetParameter:
         net = NetParameter(name=name)
@@ -571,7 +574,7 @@ class NetBuilder:
                 )
             for lp in layers:
                 self.add_layer(lp, where)
-        self.modules.append((template.name, self.layers[first:]))
+        self.modules[len(self.blocks)] = (template.name, self.layers[first:])
         self.blocks.append(self.layers[first:])
         return f"#@unroll:block:{len(self.blocks) - 1}"
 
@@ -609,7 +612,7 @@ def _applications(what: str, interface: dict, bottoms, tops) -> list[tuple[dict,
 def _check_shared_params(net, builder: NetBuilder) -> None:
     """Every param of a module's layers is named: an unnamed one would be each application's own."""
     held = net.params
-    for name, layers in builder.modules:
+    for name, layers in builder.modules.values():
         for lp in layers:
             for k in range(len(held.get(lp.name, []))):
                 if k >= len(lp.param) or not lp.param[k].name:
@@ -672,10 +675,10 @@ def _assemble(template: Template, text: str, builder: NetBuilder) -> NetParamete
     placed = Counter(int(i) for i in pieces[1::2])
     lost = [i for i in range(len(builder.blocks)) if placed[i] != 1]
     if lost:
+        call = "shared" if lost[0] in builder.modules else "recurrent"
         raise TemplateError(
-            f"{template.name}: recurrent() or shared() block {lost[0]} is placed "
-            f"{placed[lost[0]]} times; print each call's result once, where its layers go: "
-            f"{{{{ recurrent(...) }}}}"
+            f"{template.name}: {call}() block {lost[0]} is placed {placed[lost[0]]} times; "
+            f"print each call's result once, where its layers go: {{{{ {call}(...) }}}}"
         )
     line = 0
     for i, piece in enumerate(pieces):
@@ -772,6 +775,24 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
       learned state, a (size,) param ``<scope><state>_init`` shared by all steps.
     - ``cont``, ``batch``, ``steps`` (``recurrent()`` only): the cont blob, and
       N and T of the bottom where they differ from the net's.
+
+    Shared modules (net templates): ``{{ shared(module, bottoms, tops,
+    scope="", **hyper) }}`` applies a module template (``"kind": "module"``,
+    see :class:`~unroll.template.Application`) to each of ``bottoms``, without
+    recurrence: every application has its own blob and layer names and the
+    same param names, so the net holds one set of params and backward sums
+    every application's gradient into it (siamese towers, every level of a
+    pyramid). ``bottoms`` and ``tops`` hold one entry per application: a blob
+    name, or a list of names where the module declares several inputs or
+    outputs. ``scope`` prefixes every name; each ``recurrent()`` and
+    ``shared()`` call needs its own. The built-in ``siamese`` net applies the
+    ``tower`` module to two inputs (nothing in it is recurrent: expand it
+    with ``steps=1``).
+
+    >>> from unroll.net import Net
+    >>> net = Net(expand("siamese", steps=1, batch=2, input_dim=3, hidden=4, embed=2))
+    >>> [p.name for p in net.learnable_params][:4]
+    ['tower_W_fc1', 'tower_b_fc1', 'tower_W_out', 'tower_b_out']
 
     >>> net_param = expand("lstm", steps=4, batch=2, input_dim=3, hidden=5)
     >>> [l.name for l in net_param.layer][:2]
