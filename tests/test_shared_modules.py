@@ -211,6 +211,8 @@ def test_misuse_of_shared_is_a_clear_error(tmp_path, call, message):
      "s.t: a module's s has no 't' (a module has no time and no state"),
     (MODULE, dense(top="{{ s.prev.y }}"), "s.prev: a module's s has no 'prev'"),
     (MODULE, dense(top="{{ s.output.z }}"), "s.output has no 'z' (declared: y)"),
+    (MODULE, dense().replace("{{ s.layer('fc') }}", "fc"),
+     "mod.prototxt.j2 (application 1): layer name(s) ['fc'] are the same in every application"),
 ])
 def test_bad_module_template_is_a_clear_error(tmp_path, interface, body, message):
     module_template(tmp_path, interface, body)

@@ -547,7 +547,7 @@ class NetBuilder:
         self._scopes.add(scope)
         jinja_module = self.module(template, hyper)
         first = len(self.layers)
-        params_seen = None
+        params_seen, layer_names = None, set()
         for i, (inputs, outputs) in enumerate(calls):
             s = Application(scope, i, len(calls), input=inputs, output=outputs)
             where = f"{template.name} (application {i})"
@@ -563,6 +563,13 @@ class NetBuilder:
                     f"{where}: must produce output '{local}' (s.output.{local}, "
                     f"'{missing[0]}'), but no layer tops it"
                 )
+            repeated = sorted({lp.name for lp in layers} & layer_names)
+            if repeated:
+                raise TemplateError(
+                    f"{where}: layer name(s) {repeated} are the same in every application; "
+                    f"name layers with s.layer(...), which carries the application's index"
+                )
+            layer_names.update(lp.name for lp in layers)
             params = {spec.name for lp in layers for spec in lp.param if spec.name}
             if params_seen is None:
                 params_seen = params
