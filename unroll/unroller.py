@@ -511,7 +511,6 @@ class NetBuilder:
             f"restart its state where a sequence starts (cont 0), e.g. with a Scale of "
             f"s.prev.{local} by s.cont"))
 
-
     def shared(self, module, bottoms, tops, *, scope: str = "", hyper: dict | None = None,
                **more_hyper) -> str:
         """Apply module template ``module`` to each of ``bottoms``: one set of params for all.
