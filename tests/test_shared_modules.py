@@ -43,7 +43,7 @@ def unshared_twin(net_param):
     twin.CopyFrom(net_param)
     for lp in twin.layer:
         for spec in lp.param:
-            if spec.name in TOWER:
+            if spec.name.startswith("tower_"):
                 spec.name = f"{spec.name}@{lp.name.rsplit('_', 1)[1]}"
     return twin
 
@@ -100,9 +100,13 @@ def test_owner_diff_is_the_sum_of_the_applications_gradients(seed, depth):
         net.backward()
     assert shared.loss == pytest.approx(unshared.loss, rel=1e-12)
     copies = {p.name: p.blob.diff for p in unshared.learnable_params}
+    assert len(copies) == len(owners) + 2 * depth + 2
     for name, owner in owners.items():
         # the tower's params have one copy per application; the head's are not shared
-        total = copies[f"{name}@0"] + copies[f"{name}@1"] if name in TOWER else copies[name]
+        if name.startswith("tower_"):
+            total = copies[f"{name}@0"] + copies[f"{name}@1"]
+        else:
+            total = copies[name]
         np.testing.assert_allclose(owner.blob.diff, total, rtol=1e-10, atol=1e-12)
 
 
