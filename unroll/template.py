@@ -31,6 +31,7 @@ from unroll.errors import TemplateError
 __all__ = [
     "RENDER_ERRORS",
     "SUFFIX",
+    "Application",
     "BlobNames",
     "Step",
     "Template",
@@ -160,6 +161,56 @@ class Step:
         return self._role(f"{self._scope}{local}", f"param:{local}")
 
 
+class Application(Step):
+    """What a module template's ``module(s)`` macro receives as ``s``: the names of one application.
+
+    A **module template** is a stack of layers without recurrence that a net
+    template applies to several inputs with ``{{ shared(...) }}``, one set of
+    params for all of them (siamese towers, every level of a pyramid). It
+    declares ``"kind": "module"``, its ``inputs`` and ``outputs`` (no
+    ``states``) and ``defaults``, and defines ``module(s)``, rendered once per
+    application::
+
+        {% set interface = {"kind": "module", "inputs": ["x"], "outputs": ["y"],
+                            "defaults": {"hidden": none}} %}
+        {% macro module(s) %}
+        layer { name: "{{ s.layer('fc') }}" type: "InnerProduct"
+                bottom: "{{ s.input.x }}" top: "{{ s.output.y }}"
+                param { name: "{{ s.param('W') }}" } param { name: "{{ s.param('b') }}" }
+                inner_product_param { num_output: {{ hidden }} } }
+        {% endmacro %}
+
+    Attributes: ``index`` (this application, 0 .. count-1) and ``count``;
+    ``input.NAME`` and ``output.NAME``, the blobs this application reads and
+    must produce; ``blob(local)`` and ``layer(local)``, names carrying the
+    index; ``param(local)``, a param name shared by every application (every
+    param of a module must be named with it). A module has no time and no
+    state: ``t``, ``T``, ``cont``, ``prev`` and ``state`` do not exist.
+
+    >>> s = Application("tower_", 1, 2, input={"x": "right"}, output={"y": "right_feat"})
+    >>> s.blob("fc"), s.param("W"), s.output.y
+    ('tower_fc_1', 'tower_W', 'right_feat')
+    """
+
+    def __init__(self, scope: str, index: int, count: int, input=None, output=None):
+        super().__init__(scope, None, count, input=input, output=output)
+        # removed, not left None: a module template reading them is wrong, and would render
+        # None into a blob name
+        del self.t, self.T, self.reverse, self.cont, self.prev, self.state
+        self.index = index
+        self.count = count
+        self._suffix = f"_{index}"
+
+    def __getattr__(self, name):
+        # reached only for attributes an application lacks, such as the step's it removed
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise jinja2.UndefinedError(
+            f"s.{name}: a module's s has no '{name}' (a module has no time and no state; "
+            f"it has index, count, input, output, blob(), layer() and param())"
+        )
+
+
 # -- finding and loading templates ----------------------------------------------------
 
 
@@ -244,12 +295,16 @@ def _read_interface(tree: nodes.Template, path: Path) -> dict:
 
 def _check_interface(interface: dict, path: Path, macros: frozenset) -> None:
     kind = interface.get("kind", "step")
-    if kind not in ("step", "net"):
-        raise TemplateError(f"{path.name}: interface kind must be 'step' or 'net', found {kind!r}")
+    if kind not in ("step", "net", "module"):
+        raise TemplateError(f"{path.name}: interface kind must be 'step', 'net' or 'module', "
+                            f"found {kind!r}")
     if not isinstance(interface.get("defaults", {}), dict):
         raise TemplateError(f"{path.name}: interface 'defaults' must be a dict of "
                             f"hyper-parameters, found {interface['defaults']!r}")
     if kind == "net":
+        return
+    if kind == "module":
+        _check_module_interface(interface, path, macros)
         return
     for key in ("inputs", "states", "outputs"):
         if key not in interface:
@@ -274,6 +329,23 @@ def _check_interface(interface: dict, path: Path, macros: frozenset) -> None:
             )
     if "step" not in macros:
         raise TemplateError(f"{path.name}: a step template must define {{% macro step(s) %}}")
+
+
+def _check_module_interface(interface: dict, path: Path, macros: frozenset) -> None:
+    if interface.get("states"):
+        raise TemplateError(
+            f"{path.name}: a module template has no states, found 'states': "
+            f"{interface['states']!r}; a template that carries state from step to step is a "
+            f"step template (\"kind\": \"step\"), unrolled with recurrent()"
+        )
+    for key in ("inputs", "outputs"):
+        names = interface.get(key)
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise TemplateError(f"{path.name}: a module interface must declare '{key}', a "
+                                f"non-empty list of names, found {names!r}")
+    if "module" not in macros:
+        raise TemplateError(f"{path.name}: a module template must define "
+                            f"{{% macro module(s) %}}")
 
 
 def load_template(template, search_path=()) -> Template:

@@ -5,9 +5,12 @@ Caffe layers of ONE timestep; the unroller renders it once per step, with the
 step's blob names, and wires the steps into an ordinary feed-forward
 NetParameter whose steps share their params. A **net template** renders a whole
 net and calls ``{{ recurrent(...) }}`` where it wants an unrolled recurrent
-layer. What a template declares and what its macros receive is documented in
-one place, :class:`~unroll.template.Step` (loading and checking templates is
-:mod:`unroll.template`); the options of an unrolled layer on :func:`expand`.
+layer, and ``{{ shared(...) }}`` where it applies one **module template**
+(layers without recurrence) to several inputs with one set of params. What a
+template declares and what its macros receive is documented in one place,
+:class:`~unroll.template.Step` (a module's: :class:`~unroll.template.Application`;
+loading and checking templates is :mod:`unroll.template`); the options of an
+unrolled layer and of ``shared()`` on :func:`expand`.
 
 >>> import unroll
 >>> net_param = unroll.expand("rnn", steps=3, batch=2, input_dim=4, hidden=5)
@@ -27,6 +30,7 @@ from unroll.proto import LayerParameter, NetParameter, PrototxtError, parse_text
 from unroll.template import (
     RENDER_ERRORS,
     SUFFIX,
+    Application,
     BlobNames,
     Step,
     Template,
@@ -42,6 +46,7 @@ from unroll.template import (
 
 __all__ = [
     "ALIGNS",
+    "Application",
     "BlobNames",
     "DIRECTIONS",
     "NetBuilder",
@@ -64,6 +69,8 @@ LAYER_OPTIONS = ("direction", "layers", "scope", "expose_hidden", "sequence_outp
                  "initial_state")
 #: everything recurrent() takes besides the template's hyper-parameters
 RECURRENT_OPTIONS = ("cont", *LAYER_OPTIONS, "batch", "steps", "hyper")
+#: everything shared() takes besides the module template's hyper-parameters
+SHARED_OPTIONS = ("scope", "hyper")
 #: marks where a net template placed an unrolled block: its layers go there, unparsed
 _BLOCK = re.compile(r"#@unroll:block:(\d+)")
 
@@ -168,6 +175,8 @@ class NetBuilder:
         self.declared: list[tuple[str, str, tuple, str]] = []
         self._sliced: dict[str, list[str]] = {}
         self._scopes: set[str] = set()
+        #: block index of each shared() call -> (module template name, its layers)
+        self.modules: dict[int, tuple[str, list[LayerParameter]]] = {}
 
     def net_param(self, name: str = "") -> NetParameter:
         net = NetParameter(name=name)
@@ -502,6 +511,123 @@ class NetBuilder:
             f"restart its state where a sequence starts (cont 0), e.g. with a Scale of "
             f"s.prev.{local} by s.cont"))
 
+    def shared(self, module, bottoms, tops, *, scope: str = "", hyper: dict | None = None,
+               **more_hyper) -> str:
+        """Apply module template ``module`` to each of ``bottoms``: one set of params for all.
+
+        Called from net templates as ``{{ shared("tower", ["left", "right"],
+        ["left_feat", "right_feat"], scope="tower_", hidden=8) }}``; like
+        :meth:`recurrent`, returns a marker that :func:`expand` replaces with
+        the layers. Each application renders the module's layers once, with
+        its own blob and layer names (``s.blob``, ``s.layer`` carry its index)
+        and the same param names (``s.param``), so the net holds one set of
+        params and backward sums every application's gradient into it. An
+        application's bottom and top are blob names, or lists of them where
+        the module declares several inputs or outputs. ``scope`` prefixes every
+        name, as in :meth:`recurrent`; the module's hyper-parameters are the
+        other keywords, or ``hyper={...}``.
+        """
+        template = load_template(module, self.search_path)
+        what = f"shared({Path(str(module)).name!r})"
+        if template.kind != "module":
+            use = "unroll it with recurrent()" if template.kind == "step" else "it renders a net"
+            raise TemplateError(
+                f"{what}: '{module}' is a {template.kind} template ({use}); shared() applies a "
+                f"module template, one declaring \"kind\": \"module\" and a module(s) macro"
+            )
+        hyper = hyper_parameters(template, merge_hyper(what, more_hyper, hyper),
+                                 also=SHARED_OPTIONS)
+        calls = _applications(what, template.interface, bottoms, tops)
+        if scope in self._scopes:
+            raise TemplateError(
+                f"{what}: scope '{scope}' is already used by another recurrent() or shared() "
+                f"call; give each its own, so that their blobs and params stay apart"
+            )
+        self._scopes.add(scope)
+        jinja_module = self.module(template, hyper)
+        first = len(self.layers)
+        params_seen, layer_names = None, set()
+        for i, (inputs, outputs) in enumerate(calls):
+            s = Application(scope, i, len(calls), input=inputs, output=outputs)
+            where = f"{template.name} (application {i})"
+            text = self._text(template, jinja_module, "module", s)
+            try:
+                layers = list(parse_text(text, NetParameter(), where).layer)
+            except PrototxtError as e:
+                raise TemplateError(f"rendered {e}") from None
+            missing = sorted(set(outputs.values()) - {top for lp in layers for top in lp.top})
+            if missing:
+                local = next(k for k, v in outputs.items() if v == missing[0])
+                raise TemplateError(
+                    f"{where}: must produce output '{local}' (s.output.{local}, "
+                    f"'{missing[0]}'), but no layer tops it"
+                )
+            repeated = sorted({lp.name for lp in layers} & layer_names)
+            if repeated:
+                raise TemplateError(
+                    f"{where}: layer name(s) {repeated} are the same in every application; "
+                    f"name layers with s.layer(...), which carries the application's index"
+                )
+            layer_names.update(lp.name for lp in layers)
+            params = {spec.name for lp in layers for spec in lp.param if spec.name}
+            if params_seen is None:
+                params_seen = params
+            elif params != params_seen:
+                raise TemplateError(
+                    f"{where}: param name(s) {sorted(params ^ params_seen)} change with the "
+                    f"application, so the applications would not share them; name params "
+                    f"with s.param(...)"
+                )
+            for lp in layers:
+                self.add_layer(lp, where)
+        self.modules[len(self.blocks)] = (template.name, self.layers[first:])
+        self.blocks.append(self.layers[first:])
+        return f"#@unroll:block:{len(self.blocks) - 1}"
+
+
+def _applications(what: str, interface: dict, bottoms, tops) -> list[tuple[dict, dict]]:
+    """Each application's {input: blob} and {output: blob}, checked against the interface."""
+    for name, given in (("bottoms", bottoms), ("tops", tops)):
+        if not isinstance(given, (list, tuple)) or not given:
+            raise TemplateError(
+                f"{what}: {name} must be a non-empty list, one entry per application, found "
+                f"{given!r}"
+            )
+    if len(bottoms) != len(tops):
+        raise TemplateError(
+            f"{what}: {len(bottoms)} bottoms but {len(tops)} tops; give one top per "
+            f"application (bottoms {list(bottoms)}, tops {list(tops)})"
+        )
+    calls = []
+    for i, (bottom, top) in enumerate(zip(bottoms, tops)):
+        call = []
+        for kind, given in (("inputs", bottom), ("outputs", top)):
+            names = interface[kind]
+            blobs = [given] if isinstance(given, str) else given
+            if not isinstance(blobs, (list, tuple)) or len(blobs) != len(names) or not all(
+                    isinstance(b, str) for b in blobs):
+                raise TemplateError(
+                    f"{what}: application {i} must give {len(names)} blob name(s) for the "
+                    f"module's {kind} {names}, found {given!r}"
+                )
+            call.append(dict(zip(names, blobs)))
+        calls.append(tuple(call))
+    return calls
+
+
+def _check_shared_params(net, builder: NetBuilder) -> None:
+    """Every param of a module's layers is named: an unnamed one would be each application's own."""
+    held = net.params
+    for name, layers in builder.modules.values():
+        for lp in layers:
+            for k in range(len(held.get(lp.name, []))):
+                if k >= len(lp.param) or not lp.param[k].name:
+                    raise TemplateError(
+                        f"{name}: param {k} of layer '{lp.name}' ({lp.type}) has no name, so "
+                        f"each application would learn its own; name every param of a module, "
+                        f"e.g. param {{ name: \"{{{{ s.param('W') }}}}\" }}"
+                    )
+
 
 def _require(d: _Direction, blobs: dict, found: set, problem) -> None:
     """Each of ``blobs`` (local name -> blob) is in ``found``; else ``problem(local, blob)``."""
@@ -538,7 +664,7 @@ def _build(template: Template, steps: int, batch: int, search_path, variables: d
         return builder.net_param(f"{template.name[: -len(SUFFIX)]}_T{steps}"), builder
     merged = hyper_parameters(template, merge_hyper(template.name, variables, hyper),
                               also=["batch"])
-    merged.update(T=builder.T, batch=batch, recurrent=builder.recurrent)
+    merged.update(T=builder.T, batch=batch, recurrent=builder.recurrent, shared=builder.shared)
     try:
         text = template.jinja.render(merged)
     except TemplateError:
@@ -555,9 +681,10 @@ def _assemble(template: Template, text: str, builder: NetBuilder) -> NetParamete
     placed = Counter(int(i) for i in pieces[1::2])
     lost = [i for i in range(len(builder.blocks)) if placed[i] != 1]
     if lost:
+        call = "shared" if lost[0] in builder.modules else "recurrent"
         raise TemplateError(
-            f"{template.name}: recurrent() block {lost[0]} is placed {placed[lost[0]]} times; "
-            f"print each call's result once, where its layers go: {{{{ recurrent(...) }}}}"
+            f"{template.name}: {call}() block {lost[0]} is placed {placed[lost[0]]} times; "
+            f"print each call's result once, where its layers go: {{{{ {call}(...) }}}}"
         )
     line = 0
     for i, piece in enumerate(pieces):
@@ -578,7 +705,7 @@ def _assemble(template: Template, text: str, builder: NetBuilder) -> NetParamete
     if collisions:
         raise TemplateError(
             f"{template.name}: blob name(s) {collisions} are made both by the template and by "
-            f"an unrolled recurrent() block"
+            f"a recurrent() or shared() block"
         )
     return net
 
@@ -610,6 +737,7 @@ def _check_shapes(template: Template, batch: int, search_path, variables: dict,
                 f"{where}: {what} ('{blob}') comes out {found}, but must be {shape}: "
                 f"(1, N, size) per step (an InnerProduct without axis: 2 flattens N away)"
             )
+    _check_shared_params(net, builder)
     _SHAPES_CHECKED.add(key)
 
 
@@ -654,6 +782,24 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
     - ``cont``, ``batch``, ``steps`` (``recurrent()`` only): the cont blob, and
       N and T of the bottom where they differ from the net's.
 
+    Shared modules (net templates): ``{{ shared(module, bottoms, tops,
+    scope="", **hyper) }}`` applies a module template (``"kind": "module"``,
+    see :class:`~unroll.template.Application`) to each of ``bottoms``, without
+    recurrence: every application has its own blob and layer names and the
+    same param names, so the net holds one set of params and backward sums
+    every application's gradient into it (siamese towers, every level of a
+    pyramid). ``bottoms`` and ``tops`` hold one entry per application: a blob
+    name, or a list of names where the module declares several inputs or
+    outputs. ``scope`` prefixes every name; each ``recurrent()`` and
+    ``shared()`` call needs its own. The built-in ``siamese`` net applies the
+    ``tower`` module to two inputs (nothing in it is recurrent: expand it
+    with ``steps=1``).
+
+    >>> from unroll.net import Net
+    >>> net = Net(expand("siamese", steps=1, batch=2, input_dim=3, hidden=4, embed=2))
+    >>> [p.name for p in net.learnable_params][:4]
+    ['tower_W_fc1', 'tower_b_fc1', 'tower_W_out', 'tower_b_out']
+
     >>> net_param = expand("lstm", steps=4, batch=2, input_dim=3, hidden=5)
     >>> [l.name for l in net_param.layer][:2]
     ['input', 'x_proj_seq']
@@ -663,6 +809,12 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
     unroll.errors.TemplateError: lstm.prototxt.j2: unknown variable 'hiden'; did you mean 'hidden'?
     """
     template = load_template(template, search_path)
+    if template.kind == "module":
+        raise TemplateError(
+            f"{template.name} is a module template: a net template applies it to its inputs "
+            f"with {{{{ shared(\"{template.name.removesuffix(SUFFIX)}\", bottoms, tops, ...) }}}} "
+            f"(see the built-in siamese template)"
+        )
     batch = int(variables.pop("batch", 1))
     net, _ = _build(template, steps, batch, search_path, dict(variables), hyper)
     _check_shapes(template, batch, search_path, variables, hyper)
