@@ -1,0 +1,42 @@
+"""Fused kernels for the recurrent units: numba on the CPU, CuPy on the GPU.
+
+A recurrent unit (LSTMUnit, GRUUnit) is a dozen element-wise operations per
+step. Written against ``xp`` they make a dozen passes over memory; a fused
+kernel makes one. Each unit keeps its ``xp`` code as the reference, and the
+tests hold the fused kernels to it.
+
+Which path a unit takes is its ``engine``: "fused" (the default) or
+"reference". ``UNROLL_ENGINE=reference`` in the environment makes every unit
+built afterwards use the reference; a layer's ``engine`` attribute switches one
+unit. Both modules below expose the same functions on 2-D ``(rows, width)``
+arrays of one dtype: ``lstm_unit_forward``, ``lstm_unit_backward``,
+``gru_unit_forward``, ``gru_unit_backward``.
+
+>>> import numpy as np
+>>> fused_kernels(np).__name__
+'unroll.kernels.cpu'
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import numpy as np
+
+ENGINES = ("fused", "reference")
+ENGINE_VARIABLE = "UNROLL_ENGINE"
+
+
+def default_engine() -> str:
+    """The engine a new unit takes: ``$UNROLL_ENGINE``, else "fused"."""
+    name = os.environ.get(ENGINE_VARIABLE, "") or "fused"
+    if name not in ENGINES:
+        raise ValueError(f"{ENGINE_VARIABLE}={name!r}: expected one of {', '.join(ENGINES)}")
+    return name
+
+
+def fused_kernels(xp):
+    """The kernel module for the device of ``xp``, imported on first use (numba and the
+    CuPy compiler cost start-up time that a net without recurrent units never pays)."""
+    return importlib.import_module("unroll.kernels.cpu" if xp is np else "unroll.kernels.gpu")

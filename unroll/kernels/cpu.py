@@ -1,0 +1,172 @@
+"""The recurrent units as single compiled passes on the CPU (numba).
+
+Every kernel walks its ``(rows, H)`` block once and computes in the dtype of
+its arrays (float32 or float64). Two choices keep the inner loops vectorized:
+
+- ``error_model="numpy"``: no zero-division checks, whose branches would stop
+  LLVM from vectorizing;
+- our own :func:`tanh`: the C library's is scalar and, called per element,
+  costs more than the dozen NumPy passes it replaces.
+
+``cache=True`` keeps the compiled code on disk, so only the first run on a
+machine pays the compile time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+LOG2E = 1.4426950408889634
+# ln 2 = LN2_HI + LN2_LO; LN2_HI has 15 significant bits, so k * LN2_HI is exact for
+# |k| < 2^9 even in float32 (Cody and Waite's argument reduction)
+LN2_HI = 0.693145751953125
+LN2_LO = 1.4286068203094172321e-06
+# 1/13!, ..., 1/2!: the Taylor series of (expm1(r) - r) / r^2 to below float64's epsilon
+# for |r| <= ln2 / 2
+TAYLOR = tuple(1.0 / np.prod(np.arange(1.0, n + 1.0)) for n in range(13, 1, -1))
+# 2^-k for k = 32, 16, ..., 1: 2^-n for an integer n in [0, 63] by its binary digits
+POWERS = tuple((float(2**b), 2.0 ** -(2**b)) for b in range(5, -1, -1))
+# tanh(20) is 1 to float64 precision
+TANH_SATURATES = 20.0
+
+KERNEL = dict(cache=True, error_model="numpy")
+
+
+@njit(inline="always", error_model="numpy")
+def tanh(v, T):
+    """tanh(v) in the precision of the float type ``T``, without branches or calls.
+
+    tanh|v| = -m / (2 + m) with m = expm1(-2|v|), computed as 2^k expm1(r) + (2^k - 1)
+    where -2|v| = k ln2 + r: no cancellation near 0, within 3 ulp everywhere, NaN stays NaN.
+    """
+    a = abs(v)
+    a = T(TANH_SATURATES) if a > T(TANH_SATURATES) else a
+    y = T(-2.0) * a
+    k = np.floor(y * T(LOG2E) + T(0.5))
+    r = (y - k * T(LN2_HI)) - k * T(LN2_LO)
+    p = T(0.0)
+    for coefficient in TAYLOR:
+        p = p * r + T(coefficient)
+    expm1_r = r + r * r * p
+    scale, n = T(1.0), -k
+    for bit, power in POWERS:
+        take = n >= T(bit)
+        scale = scale * T(power) if take else scale
+        n = n - T(bit) if take else n
+    m = scale * expm1_r + (scale - T(1.0))
+    t = -m / (T(2.0) + m)
+    return -t if v < T(0.0) else t
+
+
+@njit(inline="always", error_model="numpy")
+def sigmoid(v, T):
+    """1 / (1 + exp(-v)) as 0.5 tanh(v / 2) + 0.5, the form the reference uses."""
+    return T(0.5) * tanh(T(0.5) * v, T) + T(0.5)
+
+
+@njit(inline="always")
+def gates3(row, H):
+    """The 3 gate views of a row of 3H entries: one stream each, which LLVM vectorizes
+    where it gives up on several offsets into one array."""
+    return row[:H], row[H:2 * H], row[2 * H:]
+
+
+@njit(inline="always")
+def gates4(row, H):
+    """The 4 gate views of a row of 4H entries (see :func:`gates3`)."""
+    return row[:H], row[H:2 * H], row[2 * H:3 * H], row[3 * H:]
+
+
+@njit(**KERNEL)
+def lstm_unit_forward(c_prev, x, cont, acts, tanh_c, c, h):
+    """LSTMUnit forward; saves the gates [i f o g] in ``acts`` and tanh(c) in ``tanh_c``."""
+    T = c.dtype.type
+    rows, H = c.shape
+    for m in range(rows):
+        keep = cont[m]
+        xi, xf, xo, xg = gates4(x[m], H)
+        ai, af, ao, ag = gates4(acts[m], H)
+        c_prev_m, c_m, tanh_c_m, h_m = c_prev[m], c[m], tanh_c[m], h[m]
+        for j in range(H):
+            i, f, o, g = sigmoid(xi[j], T), sigmoid(xf[j], T), sigmoid(xo[j], T), tanh(xg[j], T)
+            ai[j], af[j], ao[j], ag[j] = i, f, o, g
+            c_new = f * c_prev_m[j] * keep + i * g
+            t = tanh(c_new, T)
+            c_m[j], tanh_c_m[j], h_m[j] = c_new, t, o * t
+
+
+@njit(**KERNEL)
+def lstm_unit_backward(c_prev, cont, acts, tanh_c, dc, dh, dc_prev, dx):
+    """LSTMUnit backward from the saved ``acts`` and ``tanh_c``; ``dc_prev`` or ``dx``
+    may be None (not propagated), and numba compiles that branch away."""
+    T = dc.dtype.type
+    one = T(1.0)
+    rows, H = dc.shape
+    for m in range(rows):
+        keep = cont[m]
+        ai, af, ao, ag = gates4(acts[m], H)
+        c_prev_m, tanh_c_m, dc_m, dh_m = c_prev[m], tanh_c[m], dc[m], dh[m]
+        if dc_prev is not None:
+            dc_prev_m = dc_prev[m]
+        if dx is not None:
+            dxi, dxf, dxo, dxg = gates4(dx[m], H)
+        for j in range(H):
+            i, f, o, g, t = ai[j], af[j], ao[j], ag[j], tanh_c_m[j]
+            # all the gradient reaching c: from c itself and through h = o tanh(c)
+            dc_total = dc_m[j] + dh_m[j] * o * (one - t * t)
+            if dc_prev is not None:
+                dc_prev_m[j] = dc_total * f * keep
+            if dx is not None:
+                dxi[j] = dc_total * g * i * (one - i)
+                dxf[j] = dc_total * c_prev_m[j] * keep * f * (one - f)
+                dxo[j] = dh_m[j] * t * o * (one - o)
+                dxg[j] = dc_total * i * (one - g * g)
+
+
+@njit(**KERNEL)
+def gru_unit_forward(h_prev, x, hh, cont, acts, h):
+    """GRUUnit forward; saves [r z n] in ``acts``."""
+    T = h.dtype.type
+    rows, H = h.shape
+    for m in range(rows):
+        keep = cont[m]
+        xr, xz, xn = gates3(x[m], H)
+        hr, hz, hn = gates3(hh[m], H)
+        ar, az, an = gates3(acts[m], H)
+        h_prev_m, h_m = h_prev[m], h[m]
+        for j in range(H):
+            r, z = sigmoid(xr[j] + hr[j], T), sigmoid(xz[j] + hz[j], T)
+            n = tanh(xn[j] + r * hn[j], T)
+            ar[j], az[j], an[j] = r, z, n
+            h_m[j] = n + z * (h_prev_m[j] * keep - n)
+
+
+@njit(**KERNEL)
+def gru_unit_backward(h_prev, hh, cont, acts, dh, dh_prev, dx, dhh):
+    """GRUUnit backward from the saved ``acts``; ``dh_prev``, ``dx`` or ``dhh`` may be None."""
+    T = dh.dtype.type
+    one = T(1.0)
+    rows, H = dh.shape
+    for m in range(rows):
+        keep = cont[m]
+        ar, az, an = gates3(acts[m], H)
+        hn = hh[m, 2 * H:]
+        h_prev_m, dh_m = h_prev[m], dh[m]
+        if dh_prev is not None:
+            dh_prev_m = dh_prev[m]
+        if dx is not None:
+            dxr, dxz, dxn = gates3(dx[m], H)
+        if dhh is not None:
+            dhr, dhz, dhn = gates3(dhh[m], H)
+        for j in range(H):
+            r, z, n, d = ar[j], az[j], an[j], dh_m[j]
+            dn = d * (one - z) * (one - n * n)
+            dz = d * (h_prev_m[j] * keep - n) * z * (one - z)
+            dr = dn * hn[j] * r * (one - r)
+            if dh_prev is not None:
+                dh_prev_m[j] = d * z * keep
+            if dx is not None:
+                dxr[j], dxz[j], dxn[j] = dr, dz, dn
+            if dhh is not None:
+                dhr[j], dhz[j], dhn[j] = dr, dz, dn * r
