@@ -8,8 +8,9 @@ tests hold the fused kernels to it.
 Which path a unit takes is its ``engine``: "fused" (the default) or
 "reference". ``UNROLL_ENGINE=reference`` in the environment makes every unit
 built afterwards use the reference; a layer's ``engine`` attribute switches one
-unit. Both modules below expose the same functions on 2-D ``(rows, width)``
-arrays of one dtype: ``lstm_unit_forward``, ``lstm_unit_backward``,
+unit. Both modules below expose the same functions, on arrays of one dtype:
+the layer's C-contiguous blobs (any leading axes) and its saved ``(rows,
+width)`` arrays: ``lstm_unit_forward``, ``lstm_unit_backward``,
 ``gru_unit_forward``, ``gru_unit_backward``.
 
 >>> import numpy as np

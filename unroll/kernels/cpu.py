@@ -1,6 +1,7 @@
 """The recurrent units as single compiled passes on the CPU (numba).
 
-Every kernel walks its ``(rows, H)`` block once and computes in the dtype of
+Every kernel takes the layer's arrays as they are (C-contiguous, any leading
+axes), sees them as ``(rows, width)`` and walks the block once and computes in the dtype of
 its arrays (float32 or float64). Two choices keep the inner loops vectorized:
 
 - ``error_model="numpy"``: no zero-division checks, whose branches would stop
@@ -97,7 +98,10 @@ def gates4(row, H):
 def lstm_unit_forward(c_prev, x, cont, acts, tanh_c, c, h):
     """LSTMUnit forward; saves the gates [i f o g] in ``acts`` and tanh(c) in ``tanh_c``."""
     T = c.dtype.type
-    rows, H = c.shape
+    rows, H = tanh_c.shape
+    c_prev, x, c, h = c_prev.reshape((rows, H)), x.reshape((rows, 4 * H)), c.reshape(
+        (rows, H)), h.reshape((rows, H))
+    cont = cont.reshape(rows)
     for m in range(rows):
         keep = cont[m]
         xi, xf, xo, xg = gates4(x[m], H)
@@ -117,15 +121,17 @@ def lstm_unit_backward(c_prev, cont, acts, tanh_c, dc, dh, dc_prev, dx):
     may be None (not propagated), and numba compiles that branch away."""
     T = dc.dtype.type
     one = T(1.0)
-    rows, H = dc.shape
+    rows, H = tanh_c.shape
+    c_prev, dc, dh, cont = c_prev.reshape((rows, H)), dc.reshape((rows, H)), dh.reshape(
+        (rows, H)), cont.reshape(rows)
     for m in range(rows):
         keep = cont[m]
         ai, af, ao, ag = gates4(acts[m], H)
         c_prev_m, tanh_c_m, dc_m, dh_m = c_prev[m], tanh_c[m], dc[m], dh[m]
         if dc_prev is not None:
-            dc_prev_m = dc_prev[m]
+            dc_prev_m = dc_prev.reshape((rows, H))[m]
         if dx is not None:
-            dxi, dxf, dxo, dxg = gates4(dx[m], H)
+            dxi, dxf, dxo, dxg = gates4(dx.reshape((rows, 4 * H))[m], H)
         for j in range(H):
             i, f, o, g, t = ai[j], af[j], ao[j], ag[j], tanh_c_m[j]
             # all the gradient reaching c: from c itself and through h = o tanh(c)
@@ -143,7 +149,10 @@ def lstm_unit_backward(c_prev, cont, acts, tanh_c, dc, dh, dc_prev, dx):
 def gru_unit_forward(h_prev, x, hh, cont, acts, h):
     """GRUUnit forward; saves [r z n] in ``acts``."""
     T = h.dtype.type
-    rows, H = h.shape
+    rows, H = acts.shape[0], h.shape[-1]
+    h_prev, x, hh, h = h_prev.reshape((rows, H)), x.reshape((rows, 3 * H)), hh.reshape(
+        (rows, 3 * H)), h.reshape((rows, H))
+    cont = cont.reshape(rows)
     for m in range(rows):
         keep = cont[m]
         xr, xz, xn = gates3(x[m], H)
@@ -162,18 +171,20 @@ def gru_unit_backward(h_prev, hh, cont, acts, dh, dh_prev, dx, dhh):
     """GRUUnit backward from the saved ``acts``; ``dh_prev``, ``dx`` or ``dhh`` may be None."""
     T = dh.dtype.type
     one = T(1.0)
-    rows, H = dh.shape
+    rows, H = acts.shape[0], dh.shape[-1]
+    h_prev, hh, dh, cont = h_prev.reshape((rows, H)), hh.reshape((rows, 3 * H)), dh.reshape(
+        (rows, H)), cont.reshape(rows)
     for m in range(rows):
         keep = cont[m]
         ar, az, an = gates3(acts[m], H)
         hn = hh[m, 2 * H:]
         h_prev_m, dh_m = h_prev[m], dh[m]
         if dh_prev is not None:
-            dh_prev_m = dh_prev[m]
+            dh_prev_m = dh_prev.reshape((rows, H))[m]
         if dx is not None:
-            dxr, dxz, dxn = gates3(dx[m], H)
+            dxr, dxz, dxn = gates3(dx.reshape((rows, 3 * H))[m], H)
         if dhh is not None:
-            dhr, dhz, dhn = gates3(dhh[m], H)
+            dhr, dhz, dhn = gates3(dhh.reshape((rows, 3 * H))[m], H)
         for j in range(H):
             r, z, n, d = ar[j], az[j], an[j], dh_m[j]
             dn = d * (one - z) * (one - n * n)

@@ -1,5 +1,5 @@
 """The recurrent units as single CUDA kernels (CuPy ElementwiseKernel), one thread per
-(row, j) entry of the ``(rows, H)`` block.
+entry (m, j) of the state, seen as ``(rows, H)``.
 
 The kernels are compiled on first use, through the CuPy that ``unroll.backend``
 imports, and their arguments are those of ``unroll.kernels.cpu``: each is
@@ -103,7 +103,7 @@ def optional(diffs, like):
 
 
 def lstm_unit_forward(c_prev, x, cont, acts, tanh_c, c, h):
-    H = c.shape[1]
+    H = c.shape[-1]
     kernel("lstm_unit_forward")(*flat((c_prev, x, cont)), H, *flat((acts, tanh_c, c, h)),
                                 size=c.size)
 
@@ -111,15 +111,15 @@ def lstm_unit_forward(c_prev, x, cont, acts, tanh_c, c, h):
 def lstm_unit_backward(c_prev, cont, acts, tanh_c, dc, dh, dc_prev, dx):
     wanted, outputs = optional((dc_prev, dx), dc)
     kernel("lstm_unit_backward")(*flat((c_prev, cont, acts, tanh_c, dc, dh)), *wanted,
-                                 dc.shape[1], *outputs, size=dc.size)
+                                 dc.shape[-1], *outputs, size=dc.size)
 
 
 def gru_unit_forward(h_prev, x, hh, cont, acts, h):
-    kernel("gru_unit_forward")(*flat((h_prev, x, hh, cont)), h.shape[1], *flat((acts, h)),
+    kernel("gru_unit_forward")(*flat((h_prev, x, hh, cont)), h.shape[-1], *flat((acts, h)),
                                size=h.size)
 
 
 def gru_unit_backward(h_prev, hh, cont, acts, dh, dh_prev, dx, dhh):
     wanted, outputs = optional((dh_prev, dx, dhh), dh)
-    kernel("gru_unit_backward")(*flat((h_prev, hh, cont, acts, dh)), *wanted, dh.shape[1],
+    kernel("gru_unit_backward")(*flat((h_prev, hh, cont, acts, dh)), *wanted, dh.shape[-1],
                                 *outputs, size=dh.size)

@@ -14,9 +14,9 @@ from unroll.kernels import default_engine, fused_kernels
 from unroll.layer import Layer, register_layer
 
 
-def rows(array):
-    """The ``(rows, width)`` view of a C-contiguous array: leading axes flattened."""
-    return array.reshape(-1, array.shape[-1] if array.ndim else 1)
+def written(*diffs):
+    """The bottom diffs a backward writes: those propagated (not None)."""
+    return [d for d in diffs if d is not None]
 
 
 class RecurrentUnit(Layer):
@@ -38,6 +38,7 @@ class RecurrentUnit(Layer):
             self.engine = default_engine()
         except ValueError as e:
             raise self.error(str(e)) from None
+        self.fused = fused_kernels(self.xp)
         self.state_shape = None
 
     def reshape(self, bottoms, tops):
@@ -59,9 +60,12 @@ class RecurrentUnit(Layer):
 
     def kernels(self, *arrays):
         """The fused kernel module, or None where the reference must run."""
-        if self.engine == "fused" and all(a.flags.c_contiguous for a in arrays):
-            return fused_kernels(self.xp)
-        return None
+        if self.engine != "fused":
+            return None
+        for a in arrays:
+            if not a.flags.c_contiguous:
+                return None
+        return self.fused
 
     def split(self, gates):
         """The per-gate views (..., H) of a (..., gates * H) array."""
@@ -97,8 +101,7 @@ class LSTMUnitLayer(RecurrentUnit):
         c, h = tops[0].data, tops[1].data
         kernels = self.kernels(c_prev, x, cont, c, h)
         if kernels is not None:
-            kernels.lstm_unit_forward(rows(c_prev), rows(x), cont.reshape(-1), self.acts,
-                                      self.tanh_c, rows(c), rows(h))
+            kernels.lstm_unit_forward(c_prev, x, cont, self.acts, self.tanh_c, c, h)
             return
         xp, H3 = self.xp, 3 * self.H
         a, tanh_c = self.acts.reshape(x.shape), self.tanh_c.reshape(c.shape)
@@ -119,12 +122,9 @@ class LSTMUnitLayer(RecurrentUnit):
         dc, dh = tops[0].diff, tops[1].diff
         dc_prev = bottoms[0].diff if propagate_down[0] else None
         dx = bottoms[1].diff if propagate_down[1] else None
-        wanted = [a for a in (dc_prev, dx) if a is not None]
-        kernels = self.kernels(c_prev, cont, dc, dh, *wanted)
+        kernels = self.kernels(c_prev, cont, dc, dh, *written(dc_prev, dx))
         if kernels is not None:
-            kernels.lstm_unit_backward(rows(c_prev), cont.reshape(-1), self.acts, self.tanh_c,
-                                       rows(dc), rows(dh), dc_prev if dc_prev is None
-                                       else rows(dc_prev), dx if dx is None else rows(dx))
+            kernels.lstm_unit_backward(c_prev, cont, self.acts, self.tanh_c, dc, dh, dc_prev, dx)
             return
         # every product below writes into a saved buffer or the bottom diff: no temporaries
         xp, H = self.xp, self.H
@@ -184,8 +184,7 @@ class GRUUnitLayer(RecurrentUnit):
         h = tops[0].data
         kernels = self.kernels(h_prev, x, hh, cont, h)
         if kernels is not None:
-            kernels.gru_unit_forward(rows(h_prev), rows(x), rows(hh), cont.reshape(-1),
-                                     self.acts, rows(h))
+            kernels.gru_unit_forward(h_prev, x, hh, cont, self.acts, h)
             return
         xp, H2 = self.xp, 2 * self.H
         a = self.acts.reshape(x.shape)
@@ -204,16 +203,15 @@ class GRUUnitLayer(RecurrentUnit):
     def backward(self, tops, propagate_down, bottoms):
         h_prev, hh, cont = bottoms[0].data, bottoms[2].data, bottoms[3].data
         dh = tops[0].diff
-        dh_prev, dx, dhh = (b.diff if down else None
-                            for b, down in zip(bottoms[:3], propagate_down))
-        wanted = [a for a in (dh_prev, dx, dhh) if a is not None]
-        if not wanted:
+        dh_prev = bottoms[0].diff if propagate_down[0] else None
+        dx = bottoms[1].diff if propagate_down[1] else None
+        dhh = bottoms[2].diff if propagate_down[2] else None
+        diffs = written(dh_prev, dx, dhh)
+        if not diffs:
             return
-        kernels = self.kernels(h_prev, hh, cont, dh, *wanted)
+        kernels = self.kernels(h_prev, hh, cont, dh, *diffs)
         if kernels is not None:
-            kernels.gru_unit_backward(rows(h_prev), rows(hh), cont.reshape(-1), self.acts,
-                                      rows(dh), *(a if a is None else rows(a)
-                                                  for a in (dh_prev, dx, dhh)))
+            kernels.gru_unit_backward(h_prev, hh, cont, self.acts, dh, dh_prev, dx, dhh)
             return
         H = self.H
         r, z, n = self.split(self.acts.reshape(hh.shape))
