@@ -94,46 +94,48 @@ def gates4(row, H):
     return row[:H], row[H:2 * H], row[2 * H:3 * H], row[3 * H:]
 
 
+# The gate expressions are written out in each kernel: behind an inlined helper
+# taking the row views, numba's loops no longer vectorize (6-7x slower).
+
+
 @njit(**KERNEL)
-def lstm_unit_forward(c_prev, x, cont, acts, tanh_c, c, h):
-    """LSTMUnit forward; saves the gates [i f o g] in ``acts`` and tanh(c) in ``tanh_c``."""
+def lstm_unit_forward(c_prev, x, cont, c, h):
+    """LSTMUnit forward. Nothing is saved: backward recomputes the gates from x, as fast
+    as writing them out and reading them back, and without their memory."""
     T = c.dtype.type
-    rows, H = tanh_c.shape
-    c_prev, x, c, h = c_prev.reshape((rows, H)), x.reshape((rows, 4 * H)), c.reshape(
-        (rows, H)), h.reshape((rows, H))
-    cont = cont.reshape(rows)
+    rows, H = cont.size, c.shape[-1]
+    c_prev, c, h = c_prev.reshape((rows, H)), c.reshape((rows, H)), h.reshape((rows, H))
+    x, cont = x.reshape((rows, 4 * H)), cont.reshape(rows)
     for m in range(rows):
         keep = cont[m]
         xi, xf, xo, xg = gates4(x[m], H)
-        ai, af, ao, ag = gates4(acts[m], H)
-        c_prev_m, c_m, tanh_c_m, h_m = c_prev[m], c[m], tanh_c[m], h[m]
+        c_prev_m, c_m, h_m = c_prev[m], c[m], h[m]
         for j in range(H):
             i, f, o, g = sigmoid(xi[j], T), sigmoid(xf[j], T), sigmoid(xo[j], T), tanh(xg[j], T)
-            ai[j], af[j], ao[j], ag[j] = i, f, o, g
             c_new = f * c_prev_m[j] * keep + i * g
-            t = tanh(c_new, T)
-            c_m[j], tanh_c_m[j], h_m[j] = c_new, t, o * t
+            c_m[j], h_m[j] = c_new, o * tanh(c_new, T)
 
 
 @njit(**KERNEL)
-def lstm_unit_backward(c_prev, cont, acts, tanh_c, dc, dh, dc_prev, dx):
-    """LSTMUnit backward from the saved ``acts`` and ``tanh_c``; ``dc_prev`` or ``dx``
-    may be None (not propagated), and numba compiles that branch away."""
+def lstm_unit_backward(c_prev, x, cont, dc, dh, dc_prev, dx):
+    """LSTMUnit backward; ``dc_prev`` or ``dx`` may be None (not propagated), and numba
+    compiles that branch away."""
     T = dc.dtype.type
     one = T(1.0)
-    rows, H = tanh_c.shape
-    c_prev, dc, dh, cont = c_prev.reshape((rows, H)), dc.reshape((rows, H)), dh.reshape(
-        (rows, H)), cont.reshape(rows)
+    rows, H = cont.size, dc.shape[-1]
+    c_prev, dc, dh = c_prev.reshape((rows, H)), dc.reshape((rows, H)), dh.reshape((rows, H))
+    x, cont = x.reshape((rows, 4 * H)), cont.reshape(rows)
     for m in range(rows):
         keep = cont[m]
-        ai, af, ao, ag = gates4(acts[m], H)
-        c_prev_m, tanh_c_m, dc_m, dh_m = c_prev[m], tanh_c[m], dc[m], dh[m]
+        xi, xf, xo, xg = gates4(x[m], H)
+        c_prev_m, dc_m, dh_m = c_prev[m], dc[m], dh[m]
         if dc_prev is not None:
             dc_prev_m = dc_prev.reshape((rows, H))[m]
         if dx is not None:
             dxi, dxf, dxo, dxg = gates4(dx.reshape((rows, 4 * H))[m], H)
         for j in range(H):
-            i, f, o, g, t = ai[j], af[j], ao[j], ag[j], tanh_c_m[j]
+            i, f, o, g = sigmoid(xi[j], T), sigmoid(xf[j], T), sigmoid(xo[j], T), tanh(xg[j], T)
+            t = tanh(f * c_prev_m[j] * keep + i * g, T)
             # all the gradient reaching c: from c itself and through h = o tanh(c)
             dc_total = dc_m[j] + dh_m[j] * o * (one - t * t)
             if dc_prev is not None:
@@ -146,38 +148,35 @@ def lstm_unit_backward(c_prev, cont, acts, tanh_c, dc, dh, dc_prev, dx):
 
 
 @njit(**KERNEL)
-def gru_unit_forward(h_prev, x, hh, cont, acts, h):
-    """GRUUnit forward; saves [r z n] in ``acts``."""
+def gru_unit_forward(h_prev, x, hh, cont, h):
+    """GRUUnit forward; nothing saved (see :func:`lstm_unit_forward`)."""
     T = h.dtype.type
-    rows, H = acts.shape[0], h.shape[-1]
-    h_prev, x, hh, h = h_prev.reshape((rows, H)), x.reshape((rows, 3 * H)), hh.reshape(
-        (rows, 3 * H)), h.reshape((rows, H))
-    cont = cont.reshape(rows)
+    rows, H = cont.size, h.shape[-1]
+    h_prev, h, cont = h_prev.reshape((rows, H)), h.reshape((rows, H)), cont.reshape(rows)
+    x, hh = x.reshape((rows, 3 * H)), hh.reshape((rows, 3 * H))
     for m in range(rows):
         keep = cont[m]
         xr, xz, xn = gates3(x[m], H)
         hr, hz, hn = gates3(hh[m], H)
-        ar, az, an = gates3(acts[m], H)
         h_prev_m, h_m = h_prev[m], h[m]
         for j in range(H):
             r, z = sigmoid(xr[j] + hr[j], T), sigmoid(xz[j] + hz[j], T)
             n = tanh(xn[j] + r * hn[j], T)
-            ar[j], az[j], an[j] = r, z, n
             h_m[j] = n + z * (h_prev_m[j] * keep - n)
 
 
 @njit(**KERNEL)
-def gru_unit_backward(h_prev, hh, cont, acts, dh, dh_prev, dx, dhh):
-    """GRUUnit backward from the saved ``acts``; ``dh_prev``, ``dx`` or ``dhh`` may be None."""
+def gru_unit_backward(h_prev, x, hh, cont, dh, dh_prev, dx, dhh):
+    """GRUUnit backward; ``dh_prev``, ``dx`` or ``dhh`` may be None."""
     T = dh.dtype.type
     one = T(1.0)
-    rows, H = acts.shape[0], dh.shape[-1]
-    h_prev, hh, dh, cont = h_prev.reshape((rows, H)), hh.reshape((rows, 3 * H)), dh.reshape(
-        (rows, H)), cont.reshape(rows)
+    rows, H = cont.size, dh.shape[-1]
+    h_prev, dh, cont = h_prev.reshape((rows, H)), dh.reshape((rows, H)), cont.reshape(rows)
+    x, hh = x.reshape((rows, 3 * H)), hh.reshape((rows, 3 * H))
     for m in range(rows):
         keep = cont[m]
-        ar, az, an = gates3(acts[m], H)
-        hn = hh[m, 2 * H:]
+        xr, xz, xn = gates3(x[m], H)
+        hr, hz, hn = gates3(hh[m], H)
         h_prev_m, dh_m = h_prev[m], dh[m]
         if dh_prev is not None:
             dh_prev_m = dh_prev.reshape((rows, H))[m]
@@ -186,7 +185,9 @@ def gru_unit_backward(h_prev, hh, cont, acts, dh, dh_prev, dx, dhh):
         if dhh is not None:
             dhr, dhz, dhn = gates3(dhh.reshape((rows, 3 * H))[m], H)
         for j in range(H):
-            r, z, n, d = ar[j], az[j], an[j], dh_m[j]
+            r, z = sigmoid(xr[j] + hr[j], T), sigmoid(xz[j] + hz[j], T)
+            n = tanh(xn[j] + r * hn[j], T)
+            d = dh_m[j]
             dn = d * (one - z) * (one - n * n)
             dz = d * (h_prev_m[j] * keep - n) * z * (one - z)
             dr = dn * hn[j] * r * (one - r)

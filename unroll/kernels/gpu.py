@@ -18,29 +18,39 @@ template <typename T> __device__ T unroll_sigmoid(T v) {
 }
 """
 
-# name: (input parameters, output parameters, body); ``i`` is the flat index of (m, j)
+# the gates of entry (m, j) from the projections: g0 is the flat index of gate 0's column j
+LSTM_GATES = r"""
+const ptrdiff_t m = i / H, j = i % H, g0 = m * 4 * H + j;
+const T gi = unroll_sigmoid(x[g0]), gf = unroll_sigmoid(x[g0 + H]);
+const T go = unroll_sigmoid(x[g0 + 2 * H]), gg = tanh(x[g0 + 3 * H]);
+const T keep = cont[m];
+const T c_new = gf * c_prev[i] * keep + gi * gg;
+"""
+GRU_GATES = r"""
+const ptrdiff_t m = i / H, j = i % H, g0 = m * 3 * H + j;
+const T r = unroll_sigmoid(x[g0] + hh[g0]);
+const T z = unroll_sigmoid(x[g0 + H] + hh[g0 + H]);
+const T n = tanh(x[g0 + 2 * H] + r * hh[g0 + 2 * H]);
+const T keep = cont[m];
+"""
+
+# name: (input parameters, output parameters, body); ``i`` is the flat index of (m, j).
+# As on the CPU, nothing is saved: backward recomputes the gates.
 SOURCES = {
     "lstm_unit_forward": (
         "raw T c_prev, raw T x, raw T cont, int64 H",
-        "raw T acts, raw T tanh_c, raw T c, raw T h",
-        r"""
-        const ptrdiff_t m = i / H, j = i % H, g0 = m * 4 * H + j;
-        const T gi = unroll_sigmoid(x[g0]), gf = unroll_sigmoid(x[g0 + H]);
-        const T go = unroll_sigmoid(x[g0 + 2 * H]), gg = tanh(x[g0 + 3 * H]);
-        acts[g0] = gi; acts[g0 + H] = gf; acts[g0 + 2 * H] = go; acts[g0 + 3 * H] = gg;
-        const T c_new = gf * c_prev[i] * cont[m] + gi * gg;
-        const T t = tanh(c_new);
-        c[i] = c_new; tanh_c[i] = t; h[i] = go * t;
+        "raw T c, raw T h",
+        LSTM_GATES + r"""
+        c[i] = c_new;
+        h[i] = go * tanh(c_new);
         """,
     ),
     "lstm_unit_backward": (
-        "raw T c_prev, raw T cont, raw T acts, raw T tanh_c, raw T dc, raw T dh, "
+        "raw T c_prev, raw T x, raw T cont, raw T dc, raw T dh, "
         "bool want_dc_prev, bool want_dx, int64 H",
         "raw T dc_prev, raw T dx",
-        r"""
-        const ptrdiff_t m = i / H, j = i % H, g0 = m * 4 * H + j;
-        const T gi = acts[g0], gf = acts[g0 + H], go = acts[g0 + 2 * H], gg = acts[g0 + 3 * H];
-        const T t = tanh_c[i], keep = cont[m];
+        LSTM_GATES + r"""
+        const T t = tanh(c_new);
         const T dc_total = dc[i] + dh[i] * go * (T(1) - t * t);
         if (want_dc_prev) dc_prev[i] = dc_total * gf * keep;
         if (want_dx) {
@@ -53,24 +63,17 @@ SOURCES = {
     ),
     "gru_unit_forward": (
         "raw T h_prev, raw T x, raw T hh, raw T cont, int64 H",
-        "raw T acts, raw T h",
-        r"""
-        const ptrdiff_t m = i / H, j = i % H, g0 = m * 3 * H + j;
-        const T r = unroll_sigmoid(x[g0] + hh[g0]);
-        const T z = unroll_sigmoid(x[g0 + H] + hh[g0 + H]);
-        const T n = tanh(x[g0 + 2 * H] + r * hh[g0 + 2 * H]);
-        acts[g0] = r; acts[g0 + H] = z; acts[g0 + 2 * H] = n;
-        h[i] = n + z * (h_prev[i] * cont[m] - n);
+        "raw T h",
+        GRU_GATES + r"""
+        h[i] = n + z * (h_prev[i] * keep - n);
         """,
     ),
     "gru_unit_backward": (
-        "raw T h_prev, raw T hh, raw T cont, raw T acts, raw T dh, "
+        "raw T h_prev, raw T x, raw T hh, raw T cont, raw T dh, "
         "bool want_dh_prev, bool want_dx, bool want_dhh, int64 H",
         "raw T dh_prev, raw T dx, raw T dhh",
-        r"""
-        const ptrdiff_t m = i / H, j = i % H, g0 = m * 3 * H + j;
-        const T r = acts[g0], z = acts[g0 + H], n = acts[g0 + 2 * H];
-        const T d = dh[i], keep = cont[m];
+        GRU_GATES + r"""
+        const T d = dh[i];
         const T dn = d * (T(1) - z) * (T(1) - n * n);
         const T dz = d * (h_prev[i] * keep - n) * z * (T(1) - z);
         const T dr = dn * hh[g0 + 2 * H] * r * (T(1) - r);
@@ -102,24 +105,23 @@ def optional(diffs, like):
     return [d is not None for d in diffs], flat(empty if d is None else d for d in diffs)
 
 
-def lstm_unit_forward(c_prev, x, cont, acts, tanh_c, c, h):
-    H = c.shape[-1]
-    kernel("lstm_unit_forward")(*flat((c_prev, x, cont)), H, *flat((acts, tanh_c, c, h)),
+def lstm_unit_forward(c_prev, x, cont, c, h):
+    kernel("lstm_unit_forward")(*flat((c_prev, x, cont)), c.shape[-1], *flat((c, h)),
                                 size=c.size)
 
 
-def lstm_unit_backward(c_prev, cont, acts, tanh_c, dc, dh, dc_prev, dx):
+def lstm_unit_backward(c_prev, x, cont, dc, dh, dc_prev, dx):
     wanted, outputs = optional((dc_prev, dx), dc)
-    kernel("lstm_unit_backward")(*flat((c_prev, cont, acts, tanh_c, dc, dh)), *wanted,
-                                 dc.shape[-1], *outputs, size=dc.size)
+    kernel("lstm_unit_backward")(*flat((c_prev, x, cont, dc, dh)), *wanted, dc.shape[-1],
+                                 *outputs, size=dc.size)
 
 
-def gru_unit_forward(h_prev, x, hh, cont, acts, h):
-    kernel("gru_unit_forward")(*flat((h_prev, x, hh, cont)), h.shape[-1], *flat((acts, h)),
+def gru_unit_forward(h_prev, x, hh, cont, h):
+    kernel("gru_unit_forward")(*flat((h_prev, x, hh, cont)), h.shape[-1], *flat((h,)),
                                size=h.size)
 
 
-def gru_unit_backward(h_prev, hh, cont, acts, dh, dh_prev, dx, dhh):
+def gru_unit_backward(h_prev, x, hh, cont, dh, dh_prev, dx, dhh):
     wanted, outputs = optional((dh_prev, dx, dhh), dh)
-    kernel("gru_unit_backward")(*flat((h_prev, hh, cont, acts, dh)), *wanted, dh.shape[-1],
+    kernel("gru_unit_backward")(*flat((h_prev, x, hh, cont, dh)), *wanted, dh.shape[-1],
                                 *outputs, size=dh.size)

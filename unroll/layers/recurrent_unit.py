@@ -4,11 +4,12 @@ Each unit runs as one fused kernel (numba on the CPU, CuPy on the GPU; see
 ``unroll.kernels``) or as its ``xp`` reference, which the tests hold the
 kernels to. The ``engine`` attribute, set from ``$UNROLL_ENGINE`` (default
 "fused"), picks one; the reference also runs when a blob is not C-contiguous.
+Nothing is saved between forward and backward: backward recomputes the gates
+from its bottoms, which in a fused kernel costs no more than writing them out
+and reading them back, and keeps no per-step memory.
 """
 
 from __future__ import annotations
-
-from math import prod
 
 from unroll.kernels import default_engine, fused_kernels
 from unroll.layer import Layer, register_layer
@@ -20,15 +21,15 @@ def written(*diffs):
 
 
 class RecurrentUnit(Layer):
-    """Bottoms: a state (..., H), ``len(num_bottoms) - 2`` projections (..., gates * H) and
-    cont (...); tops of the state's shape. Saves ``saved`` (name: width in H) per row."""
+    """Bottoms: a state (..., H), projections (..., gates * H) and cont (...); tops of the
+    state's shape."""
 
     #: the bottoms' names in messages: state, projections, cont
     roles: tuple = ()
     #: width of each projection bottom, in units of H
     gates = 1
-    #: the arrays forward saves for backward (and the reference's scratch): name -> width / H
-    saved: dict = {}
+    #: the reference's working arrays: name -> width in units of H
+    buffers: dict = {}
 
     def allow_force_backward(self, bottom_index):
         return bottom_index != self.num_bottoms[0] - 1  # cont, the last bottom
@@ -39,7 +40,7 @@ class RecurrentUnit(Layer):
         except ValueError as e:
             raise self.error(str(e)) from None
         self.fused = fused_kernels(self.xp)
-        self.state_shape = None
+        self.working = {}
 
     def reshape(self, bottoms, tops):
         state, *projections, cont = bottoms
@@ -52,11 +53,14 @@ class RecurrentUnit(Layer):
         self.H = hidden[0]
         for top in tops:
             top.reshape(state.shape)
-        if self.state_shape != state.shape:
-            self.state_shape = state.shape
-            n = prod(lead)
-            for name, width in self.saved.items():
-                setattr(self, name, self.xp.zeros((n, width * self.H), self.dtype))
+
+    def reference_buffers(self, lead) -> dict:
+        """The reference's working arrays (``buffers``) for states of lead shape ``lead``,
+        allocated here only, on the reference's first run at that shape."""
+        shapes = {name: (*lead, width * self.H) for name, width in self.buffers.items()}
+        if {name: a.shape for name, a in self.working.items()} != shapes:
+            self.working = {name: self.xp.zeros(s, self.dtype) for name, s in shapes.items()}
+        return self.working
 
     def kernels(self, *arrays):
         """The fused kernel module, or None where the reference must run."""
@@ -90,21 +94,26 @@ class LSTMUnitLayer(RecurrentUnit):
 
     num_bottoms = (3, 3)
     num_tops = (2, 2)
-    # the gates and tanh(c) are saved by forward; backward reads c_prev and cont
+    # backward recomputes the gates from c_prev, x and cont
     backward_reads = ("bottom",)
     roles = ("c_prev", "x", "cont")
     gates = 4
-    saved = {"acts": 4, "tanh_c": 1, "dc_total": 1}
+    buffers = {"acts": 4, "tanh_c": 1, "c": 1, "h": 1, "dc_total": 1}
 
     def forward(self, bottoms, tops):
         c_prev, x, cont = (b.data for b in bottoms)
         c, h = tops[0].data, tops[1].data
         kernels = self.kernels(c_prev, x, cont, c, h)
         if kernels is not None:
-            kernels.lstm_unit_forward(c_prev, x, cont, self.acts, self.tanh_c, c, h)
-            return
+            kernels.lstm_unit_forward(c_prev, x, cont, c, h)
+        else:
+            self.reference_forward(c_prev, x, cont, c, h)
+
+    def reference_forward(self, c_prev, x, cont, c, h):
+        """c and h by ``xp`` operations; returns the gates and tanh(c) (working arrays)."""
         xp, H3 = self.xp, 3 * self.H
-        a, tanh_c = self.acts.reshape(x.shape), self.tanh_c.reshape(c.shape)
+        work = self.reference_buffers(c_prev.shape[:-1])
+        a, tanh_c = work["acts"], work["tanh_c"]
         self.sigmoid(x[..., :H3], a[..., :H3])
         xp.tanh(x[..., H3:], out=a[..., H3:])
         i, f, o, g = self.split(a)
@@ -114,24 +123,24 @@ class LSTMUnitLayer(RecurrentUnit):
         c += h
         xp.tanh(c, out=tanh_c)
         xp.multiply(o, tanh_c, out=h)
+        return a, tanh_c
 
     def backward(self, tops, propagate_down, bottoms):
         if not (propagate_down[0] or propagate_down[1]):
             return
-        c_prev, cont = bottoms[0].data, bottoms[2].data
+        c_prev, x, cont = (b.data for b in bottoms)
         dc, dh = tops[0].diff, tops[1].diff
         dc_prev = bottoms[0].diff if propagate_down[0] else None
         dx = bottoms[1].diff if propagate_down[1] else None
-        kernels = self.kernels(c_prev, cont, dc, dh, *written(dc_prev, dx))
+        kernels = self.kernels(c_prev, x, cont, dc, dh, *written(dc_prev, dx))
         if kernels is not None:
-            kernels.lstm_unit_backward(c_prev, cont, self.acts, self.tanh_c, dc, dh, dc_prev, dx)
+            kernels.lstm_unit_backward(c_prev, x, cont, dc, dh, dc_prev, dx)
             return
-        # every product below writes into a saved buffer or the bottom diff: no temporaries
-        xp, H = self.xp, self.H
-        a = self.acts.reshape((*c_prev.shape[:-1], 4 * H))
-        tanh_c, dct = self.tanh_c.reshape(c_prev.shape), self.dc_total.reshape(c_prev.shape)
-        cont = cont[..., None]
+        # every product below writes into a working array or the bottom diff
+        xp, H, work = self.xp, self.H, self.reference_buffers(c_prev.shape[:-1])
+        a, tanh_c = self.reference_forward(c_prev, x, cont, work["c"], work["h"])
         i, f, o, g = self.split(a)
+        cont, dct = cont[..., None], work["dc_total"]
         # dc + dh * o * (1 - tanh(c)^2): all the gradient reaching c
         xp.multiply(tanh_c, tanh_c, out=dct)
         xp.subtract(1, dct, out=dct)
@@ -173,21 +182,25 @@ class GRUUnitLayer(RecurrentUnit):
 
     num_bottoms = (4, 4)
     num_tops = (1, 1)
-    # the gates are saved by forward; backward reads h_prev, hh and cont
+    # backward recomputes the gates from h_prev, x, hh and cont
     backward_reads = ("bottom",)
     roles = ("h_prev", "x", "hh", "cont")
     gates = 3
-    saved = {"acts": 3}
+    buffers = {"acts": 3, "h": 1}
 
     def forward(self, bottoms, tops):
         h_prev, x, hh, cont = (b.data for b in bottoms)
         h = tops[0].data
         kernels = self.kernels(h_prev, x, hh, cont, h)
         if kernels is not None:
-            kernels.gru_unit_forward(h_prev, x, hh, cont, self.acts, h)
-            return
+            kernels.gru_unit_forward(h_prev, x, hh, cont, h)
+        else:
+            self.reference_forward(h_prev, x, hh, cont, h)
+
+    def reference_forward(self, h_prev, x, hh, cont, h):
+        """h by ``xp`` operations; returns the gates [r z n] (a working array)."""
         xp, H2 = self.xp, 2 * self.H
-        a = self.acts.reshape(x.shape)
+        a = self.reference_buffers(h_prev.shape[:-1])["acts"]
         rz, n = a[..., :H2], a[..., H2:]
         xp.add(x[..., :H2], hh[..., :H2], out=rz)
         self.sigmoid(rz, rz)
@@ -199,9 +212,10 @@ class GRUUnitLayer(RecurrentUnit):
         h -= n
         h *= z
         h += n
+        return a
 
     def backward(self, tops, propagate_down, bottoms):
-        h_prev, hh, cont = bottoms[0].data, bottoms[2].data, bottoms[3].data
+        h_prev, x, hh, cont = (b.data for b in bottoms)
         dh = tops[0].diff
         dh_prev = bottoms[0].diff if propagate_down[0] else None
         dx = bottoms[1].diff if propagate_down[1] else None
@@ -209,12 +223,13 @@ class GRUUnitLayer(RecurrentUnit):
         diffs = written(dh_prev, dx, dhh)
         if not diffs:
             return
-        kernels = self.kernels(h_prev, hh, cont, dh, *diffs)
+        kernels = self.kernels(h_prev, x, hh, cont, dh, *diffs)
         if kernels is not None:
-            kernels.gru_unit_backward(h_prev, hh, cont, self.acts, dh, dh_prev, dx, dhh)
+            kernels.gru_unit_backward(h_prev, x, hh, cont, dh, dh_prev, dx, dhh)
             return
         H = self.H
-        r, z, n = self.split(self.acts.reshape(hh.shape))
+        work = self.reference_buffers(h_prev.shape[:-1])
+        r, z, n = self.split(self.reference_forward(h_prev, x, hh, cont, work["h"]))
         keep = cont[..., None]
         dn = dh * (1 - z) * (1 - n * n)
         dz = dh * (h_prev * keep - n) * z * (1 - z)
