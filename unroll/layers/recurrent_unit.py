@@ -15,15 +15,15 @@ from unroll.kernels import default_engine, fused_kernels
 from unroll.layer import Layer, register_layer
 
 
-def written(*diffs):
-    """The bottom diffs a backward writes: those propagated (not None)."""
-    return [d for d in diffs if d is not None]
-
-
 class RecurrentUnit(Layer):
     """Bottoms: a state (..., H), projections (..., gates * H) and cont (...); tops of the
-    state's shape."""
+    state's shape. Forward calls ``<kernel>_forward(*bottoms, *tops)`` (data) of the kernel
+    module for the device, or ``reference_forward`` with the same arrays; backward calls
+    ``<kernel>_backward`` or ``reference_backward`` with the bottoms' data, the tops' diffs
+    and the diffs of the bottoms but cont (None where not propagated)."""
 
+    #: the kernels' name in ``unroll.kernels``
+    kernel = ""
     #: the bottoms' names in messages: state, projections, cont
     roles: tuple = ()
     #: width of each projection bottom, in units of H
@@ -39,7 +39,9 @@ class RecurrentUnit(Layer):
             self.engine = default_engine()
         except ValueError as e:
             raise self.error(str(e)) from None
-        self.fused = fused_kernels(self.xp)
+        kernels = fused_kernels(self.xp)
+        self.fused_forward = getattr(kernels, f"{self.kernel}_forward")
+        self.fused_backward = getattr(kernels, f"{self.kernel}_backward")
         self.working = {}
 
     def reshape(self, bottoms, tops):
@@ -62,14 +64,33 @@ class RecurrentUnit(Layer):
             self.working = {name: self.xp.zeros(s, self.dtype) for name, s in shapes.items()}
         return self.working
 
-    def kernels(self, *arrays):
-        """The fused kernel module, or None where the reference must run."""
+    def forward(self, bottoms, tops):
+        arrays = [b.data for b in bottoms] + [t.data for t in tops]
+        if self.fusable(arrays):
+            self.fused_forward(*arrays)
+        else:
+            self.reference_forward(*arrays)
+
+    def backward(self, tops, propagate_down, bottoms):
+        # cont, the last bottom, has no diff
+        diffs = [b.diff if down else None for b, down in zip(bottoms[:-1], propagate_down)]
+        written = [d for d in diffs if d is not None]
+        if not written:
+            return
+        arrays = [b.data for b in bottoms] + [t.diff for t in tops]
+        if self.fusable(arrays + written):
+            self.fused_backward(*arrays, *diffs)
+        else:
+            self.reference_backward(*arrays, *diffs)
+
+    def fusable(self, arrays) -> bool:
+        """Whether the fused kernels run: engine "fused" and every array C-contiguous."""
         if self.engine != "fused":
-            return None
+            return False
         for a in arrays:
             if not a.flags.c_contiguous:
-                return None
-        return self.fused
+                return False
+        return True
 
     def split(self, gates):
         """The per-gate views (..., H) of a (..., gates * H) array."""
@@ -96,18 +117,10 @@ class LSTMUnitLayer(RecurrentUnit):
     num_tops = (2, 2)
     # backward recomputes the gates from c_prev, x and cont
     backward_reads = ("bottom",)
+    kernel = "lstm_unit"
     roles = ("c_prev", "x", "cont")
     gates = 4
     buffers = {"acts": 4, "tanh_c": 1, "c": 1, "h": 1, "dc_total": 1}
-
-    def forward(self, bottoms, tops):
-        c_prev, x, cont = (b.data for b in bottoms)
-        c, h = tops[0].data, tops[1].data
-        kernels = self.kernels(c_prev, x, cont, c, h)
-        if kernels is not None:
-            kernels.lstm_unit_forward(c_prev, x, cont, c, h)
-        else:
-            self.reference_forward(c_prev, x, cont, c, h)
 
     def reference_forward(self, c_prev, x, cont, c, h):
         """c and h by ``xp`` operations; returns the gates and tanh(c) (working arrays)."""
@@ -125,17 +138,7 @@ class LSTMUnitLayer(RecurrentUnit):
         xp.multiply(o, tanh_c, out=h)
         return a, tanh_c
 
-    def backward(self, tops, propagate_down, bottoms):
-        if not (propagate_down[0] or propagate_down[1]):
-            return
-        c_prev, x, cont = (b.data for b in bottoms)
-        dc, dh = tops[0].diff, tops[1].diff
-        dc_prev = bottoms[0].diff if propagate_down[0] else None
-        dx = bottoms[1].diff if propagate_down[1] else None
-        kernels = self.kernels(c_prev, x, cont, dc, dh, *written(dc_prev, dx))
-        if kernels is not None:
-            kernels.lstm_unit_backward(c_prev, x, cont, dc, dh, dc_prev, dx)
-            return
+    def reference_backward(self, c_prev, x, cont, dc, dh, dc_prev, dx):
         # every product below writes into a working array or the bottom diff
         xp, H, work = self.xp, self.H, self.reference_buffers(c_prev.shape[:-1])
         a, tanh_c = self.reference_forward(c_prev, x, cont, work["c"], work["h"])
@@ -184,18 +187,10 @@ class GRUUnitLayer(RecurrentUnit):
     num_tops = (1, 1)
     # backward recomputes the gates from h_prev, x, hh and cont
     backward_reads = ("bottom",)
+    kernel = "gru_unit"
     roles = ("h_prev", "x", "hh", "cont")
     gates = 3
     buffers = {"acts": 3, "h": 1}
-
-    def forward(self, bottoms, tops):
-        h_prev, x, hh, cont = (b.data for b in bottoms)
-        h = tops[0].data
-        kernels = self.kernels(h_prev, x, hh, cont, h)
-        if kernels is not None:
-            kernels.gru_unit_forward(h_prev, x, hh, cont, h)
-        else:
-            self.reference_forward(h_prev, x, hh, cont, h)
 
     def reference_forward(self, h_prev, x, hh, cont, h):
         """h by ``xp`` operations; returns the gates [r z n] (a working array)."""
@@ -214,19 +209,7 @@ class GRUUnitLayer(RecurrentUnit):
         h += n
         return a
 
-    def backward(self, tops, propagate_down, bottoms):
-        h_prev, x, hh, cont = (b.data for b in bottoms)
-        dh = tops[0].diff
-        dh_prev = bottoms[0].diff if propagate_down[0] else None
-        dx = bottoms[1].diff if propagate_down[1] else None
-        dhh = bottoms[2].diff if propagate_down[2] else None
-        diffs = written(dh_prev, dx, dhh)
-        if not diffs:
-            return
-        kernels = self.kernels(h_prev, x, hh, cont, dh, *diffs)
-        if kernels is not None:
-            kernels.gru_unit_backward(h_prev, x, hh, cont, dh, dh_prev, dx, dhh)
-            return
+    def reference_backward(self, h_prev, x, hh, cont, dh, dh_prev, dx, dhh):
         H = self.H
         work = self.reference_buffers(h_prev.shape[:-1])
         r, z, n = self.split(self.reference_forward(h_prev, x, hh, cont, work["h"]))
