@@ -1,11 +1,12 @@
 """The recurrent units as single compiled passes on the CPU (numba).
 
 Every kernel takes the layer's arrays as they are (C-contiguous, any leading
-axes), sees them as ``(rows, width)`` and walks the block once and computes in the dtype of
-its arrays (float32 or float64). Two choices keep the inner loops vectorized:
+axes), sees them as ``(rows, width)``, walks them once and computes in their
+dtype (float32 or float64). Two choices keep the inner loops vectorized:
 
 - ``error_model="numpy"``: no zero-division checks, whose branches would stop
-  LLVM from vectorizing;
+  LLVM from vectorizing; ``fastmath={"contract"}``: a * b + c may become one fused
+  multiply-add (a third fewer instructions, no less accurate; NaN and inf rules kept);
 - our own :func:`tanh`: the C library's is scalar and, called per element,
   costs more than the dozen NumPy passes it replaces.
 
@@ -34,7 +35,8 @@ TAYLOR = tuple((1.0 / factorial(n), HALF_LN2 ** (n - 1) / factorial(n)) for n in
 # tanh(20) is 1 to float64 precision
 TANH_SATURATES = 20.0
 
-KERNEL = dict(cache=True, error_model="numpy")
+FAST = dict(error_model="numpy", fastmath={"contract"})
+KERNEL = dict(cache=True, **FAST)
 
 
 @intrinsic
@@ -52,7 +54,7 @@ def exp2(typingctx, k):
     return k(k), codegen
 
 
-@njit(inline="always", error_model="numpy")
+@njit(inline="always", **FAST)
 def tanh(v, T):
     """tanh(v) in the precision of the float type ``T``, without branches or calls.
 
@@ -75,7 +77,7 @@ def tanh(v, T):
     return -t if v < T(0.0) else t
 
 
-@njit(inline="always", error_model="numpy")
+@njit(inline="always", **FAST)
 def sigmoid(v, T):
     """1 / (1 + exp(-v)) as 0.5 tanh(v / 2) + 0.5, the form the reference uses."""
     return T(0.5) * tanh(T(0.5) * v, T) + T(0.5)
