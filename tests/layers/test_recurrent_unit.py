@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from unroll import NetError
 from unroll.backend import to_numpy
-from unroll.kernels import ENGINE_VARIABLE, ENGINES
+from unroll.kernels import ENGINE_VARIABLE, ENGINES, KERNEL_MODULES
 from unroll.testing import arrays, check_layer_gradient, run_layer
 
 SPEC = 'name: "lstm" type: "LSTMUnit" top: "c" top: "h"'
@@ -174,3 +174,12 @@ def test_engine_from_the_environment():
     assert layer.engine == "reference"
     with engine("fast"), pytest.raises(NetError, match=r"'lstm'.*UNROLL_ENGINE='fast'.*fused"):
         run_layer(SPEC, [np.zeros((1, 1, 2)), np.zeros((1, 1, 8)), np.ones((1, 1))], n_tops=2)
+
+
+def test_a_device_without_kernels_runs_the_reference():
+    values = [np.ones((1, 2, 3)), np.zeros((1, 2, 12)), np.ones((1, 2))]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delitem(KERNEL_MODULES, "cpu")
+        layer, _, (c, h) = run_layer(SPEC, values, n_tops=2)
+    assert layer.engine == "reference"
+    np.testing.assert_allclose(c.data, 0.5)  # f * c_prev + i * g = 0.5 * 1 + 0.5 * 0

@@ -23,8 +23,9 @@ from __future__ import annotations
 import importlib
 import os
 
-import numpy as np
+from unroll.backend import device_of
 
+KERNEL_MODULES = {"cpu": "unroll.kernels.cpu", "gpu": "unroll.kernels.gpu"}
 ENGINES = ("fused", "reference")
 ENGINE_VARIABLE = "UNROLL_ENGINE"
 
@@ -38,6 +39,8 @@ def default_engine() -> str:
 
 
 def fused_kernels(xp):
-    """The kernel module for the device of ``xp``, imported on first use (numba and the
-    CuPy compiler cost start-up time that a net without recurrent units never pays)."""
-    return importlib.import_module("unroll.kernels.cpu" if xp is np else "unroll.kernels.gpu")
+    """The kernel module for the device of ``xp`` (None for an array module with no
+    kernels: its units run the reference), imported on first use, so that numba's start-up
+    time is paid by nets with recurrent units only."""
+    module = KERNEL_MODULES.get(device_of(xp))
+    return None if module is None else importlib.import_module(module)

@@ -40,8 +40,11 @@ class RecurrentUnit(Layer):
         except ValueError as e:
             raise self.error(str(e)) from None
         kernels = fused_kernels(self.xp)
-        self.fused_forward = getattr(kernels, f"{self.kernel}_forward")
-        self.fused_backward = getattr(kernels, f"{self.kernel}_backward")
+        if kernels is None:
+            self.engine = "reference"
+        else:
+            self.fused_forward = getattr(kernels, f"{self.kernel}_forward")
+            self.fused_backward = getattr(kernels, f"{self.kernel}_backward")
         self.working = {}
 
     def reshape(self, bottoms, tops):
