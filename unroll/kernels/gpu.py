@@ -30,7 +30,7 @@ GRU_GATES = r"""
 const ptrdiff_t m = i / H, j = i % H, g0 = m * 3 * H + j;
 const T r = unroll_sigmoid(x[g0] + hh[g0]);
 const T z = unroll_sigmoid(x[g0 + H] + hh[g0 + H]);
-const T n = tanh(x[g0 + 2 * H] + r * hh[g0 + 2 * H]);
+const T cand = tanh(x[g0 + 2 * H] + r * hh[g0 + 2 * H]);  // n: a reserved name
 const T keep = cont[m];
 """
 
@@ -65,7 +65,7 @@ SOURCES = {
         "raw T h_prev, raw T x, raw T hh, raw T cont, int64 H",
         "raw T h",
         GRU_GATES + r"""
-        h[i] = n + z * (h_prev[i] * keep - n);
+        h[i] = cand + z * (h_prev[i] * keep - cand);
         """,
     ),
     "gru_unit_backward": (
@@ -74,8 +74,8 @@ SOURCES = {
         "raw T dh_prev, raw T dx, raw T dhh",
         GRU_GATES + r"""
         const T d = dh[i];
-        const T dn = d * (T(1) - z) * (T(1) - n * n);
-        const T dz = d * (h_prev[i] * keep - n) * z * (T(1) - z);
+        const T dn = d * (T(1) - z) * (T(1) - cand * cand);
+        const T dz = d * (h_prev[i] * keep - cand) * z * (T(1) - z);
         const T dr = dn * hh[g0 + 2 * H] * r * (T(1) - r);
         if (want_dh_prev) dh_prev[i] = d * z * keep;
         if (want_dx) { dx[g0] = dr; dx[g0 + H] = dz; dx[g0 + 2 * H] = dn; }
