@@ -1,0 +1,140 @@
+"""One training step of a recurrent layer: unroll against PyTorch's fused nn.LSTM / nn.GRU.
+
+The unroll side is ``unroll.expand("lstm")`` (or "gru") plus an EuclideanLoss on
+h, trained by SGD; the PyTorch side is ``nn.LSTM`` (``nn.GRU``) with the same
+loss sum((h - target)^2) / 2N and SGD. A step is forward, backward and update,
+float32, time-major (T, N, D) input with T=25, N=32, D=100, H=128 unless told
+otherwise. Each side runs in its own process with the same number of threads;
+unroll runs twice, with its fused recurrent units and with their reference
+(``UNROLL_ENGINE=reference``), so the units' share shows. Prints the median
+milliseconds per step over several rounds and the ratios. A benchmark, not a
+test: run it on an idle machine.
+
+    python -m bench.bench_lstm                                 (from the repository root)
+    python -m bench.bench_lstm --torch-python PATH/TO/venv/bin/python --steps 100
+    python -m bench.bench_lstm --cell gru --hidden 512
+
+PyTorch runs under ``--torch-python`` (default: this interpreter); without it
+that side is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def median_ms(step, iters: int, rounds: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(iters):
+            step()
+        times.append((time.perf_counter() - start) / iters * 1e3)
+    return statistics.median(times)
+
+
+def data(args):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((args.steps, args.batch, args.input_dim)).astype(np.float32)
+    target = rng.uniform(-1, 1, (args.steps, args.batch, args.hidden)).astype(np.float32)
+    return x, target
+
+
+def unroll_side(args) -> float:
+    from unroll.net import Net
+    from unroll.solver import Solver
+    from unroll.unroller import expand
+
+    T, N, H = args.steps, args.batch, args.hidden
+    net_param = expand(args.cell, steps=T, batch=N, input_dim=args.input_dim, hidden=H)
+    target = net_param.layer.add(name="target", type="Input", top=["target"])
+    target.input_param.shape.add(dim=[T, N, H])
+    net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "target"], top=["loss"])
+    solver = Solver(Net(net_param), type="SGD", base_lr=0.01)
+    x, y = data(args)
+    cont = np.ones((T, N), np.float32)
+    cont[0] = 0
+    feed = {"x": x, "cont": cont, "target": y}
+    return median_ms(lambda: solver.step(1, feed=feed), args.iters, args.rounds)
+
+
+def torch_side(args) -> float:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    cell = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[args.cell](args.input_dim, args.hidden)
+    optimizer = torch.optim.SGD(cell.parameters(), lr=0.01)
+    x, y = (torch.from_numpy(a) for a in data(args))
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        h, _ = cell(x)
+        loss = ((h - y) ** 2).sum() / (2 * args.batch)
+        loss.backward()
+        optimizer.step()
+
+    return median_ms(step, args.iters, args.rounds)
+
+
+def run_side(side: str, python: str, args, engine: str = "fused") -> float | None:
+    """Milliseconds per step of one side, measured in a fresh process; None if it failed."""
+    env = {**os.environ, "UNROLL_ENGINE": engine, "PYTHONPATH": str(ROOT)}
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(args.threads)
+    command = [python, str(Path(__file__).resolve()), "--side", side, *sys.argv[1:]]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        print(f"{side} ({python}) failed:\n{done.stderr.strip()}", file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])["ms"]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cell", default="lstm", choices=["lstm", "gru"])
+    parser.add_argument("--steps", type=int, default=25, help="T (default 25)")
+    parser.add_argument("--batch", type=int, default=32, help="N (default 32)")
+    parser.add_argument("--input-dim", type=int, default=100, help="D (default 100)")
+    parser.add_argument("--hidden", type=int, default=128, help="H (default 128)")
+    parser.add_argument("--threads", type=int, default=2, help="threads per side (default 2)")
+    parser.add_argument("--iters", type=int, default=20, help="steps per round")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--torch-python", default=sys.executable,
+                        help="a Python with torch (default: this one)")
+    parser.add_argument("--side", choices=["unroll", "torch"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.side:
+        ms = (unroll_side if args.side == "unroll" else torch_side)(args)
+        print(json.dumps({"ms": ms}))
+        return
+
+    print(f"{args.cell}: T={args.steps} N={args.batch} D={args.input_dim} H={args.hidden}, "
+          f"float32, {args.threads} threads, median of {args.rounds} x {args.iters} steps")
+    fused = run_side("unroll", sys.executable, args)
+    reference = run_side("unroll", sys.executable, args, engine="reference")
+    torch = run_side("torch", args.torch_python, args)
+    for name, ms in [("unroll, fused units", fused), ("unroll, reference units", reference),
+                     (f"torch nn.{args.cell.upper()}", torch)]:
+        print(f"{name:24s} {'-' if ms is None else f'{ms:8.2f} ms/step'}")
+    if fused and reference:
+        print(f"reference / fused units: {reference / fused:.2f}x")
+    if fused and torch:
+        print(f"unroll / torch time: {fused / torch:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
