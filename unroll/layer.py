@@ -119,6 +119,10 @@ class Layer:
         self._host_rng = np.random.default_rng(0)
         self._make_param = make_param
         self.blobs: list[Blob] = []
+        #: scratch name -> (shape, dtype, lives), as sized by :meth:`reserve`
+        self.scratch_specs: dict[str, tuple] = {}
+        #: scratch name -> its array (a net puts views of its workspace here)
+        self.scratch_memory: dict = {}
 
     # -- the contract ------------------------------------------------------
     def setup(self, bottoms, tops):
@@ -148,6 +152,28 @@ class Layer:
             blob.data[...] = self.xp.asarray(fill(filler, shape, self._host_rng, self.dtype))
         self.blobs.append(blob)
         return blob
+
+    def reserve(self, name: str, shape, dtype=None, lives: str = "both") -> None:
+        """Size scratch array ``name`` (call in ``reshape``); :meth:`scratch` returns it.
+
+        Inside a net the memory comes from the shared workspace and lives as
+        ``lives`` says: ``"forward"`` (within this layer's forward),
+        ``"backward"`` (within its backward) or ``"both"`` (from its forward to
+        its backward, e.g. saved gate values). Contents are undefined until
+        written.
+        """
+        spec = (tuple(int(d) for d in shape), np.dtype(dtype or self.dtype), lives)
+        if self.scratch_specs.get(name) != spec:
+            self.scratch_specs[name] = spec
+            self.scratch_memory.pop(name, None)
+
+    def scratch(self, name: str):
+        """The scratch array ``name`` sized by :meth:`reserve`."""
+        array = self.scratch_memory.get(name)
+        if array is None:  # outside a net, or a net that keeps everything: memory of its own
+            shape, dtype, _ = self.scratch_specs[name]
+            array = self.scratch_memory[name] = self.xp.zeros(shape, dtype)
+        return array
 
     def error(self, message: str) -> NetError:
         """A NetError that names this layer and its type."""

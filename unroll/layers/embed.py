@@ -25,7 +25,6 @@ class EmbedLayer(Layer):
         self.param_blob((self.input_dim, self.num_output), p.weight_filler)
         if self.bias_term:
             self.param_blob((self.num_output,), p.bias_filler)
-        self.index = None
 
     def allow_force_backward(self, bottom_index):
         return False
@@ -33,8 +32,7 @@ class EmbedLayer(Layer):
     def reshape(self, bottoms, tops):
         shape = bottoms[0].shape
         tops[0].reshape(shape + (self.num_output,))
-        if self.index is None or self.index.size != bottoms[0].count:
-            self.index = self.xp.zeros(bottoms[0].count, self.xp.intp)
+        self.reserve("index", (bottoms[0].count,), self.xp.intp)
 
     def forward(self, bottoms, tops):
         xp, x = self.xp, bottoms[0].data.reshape(-1)
@@ -46,9 +44,10 @@ class EmbedLayer(Layer):
                 f"bottom '{bottoms[0].name}' holds {float(x[i])!r} at index {at}; "
                 f"expected an integer in [0, {self.input_dim})"
             )
-        xp.copyto(self.index, x, casting="unsafe")
+        index = self.scratch("index")
+        xp.copyto(index, x, casting="unsafe")
         y = tops[0].data.reshape(-1, self.num_output)
-        xp.take(self.blobs[0].data, self.index, axis=0, out=y)
+        xp.take(self.blobs[0].data, index, axis=0, out=y)
         if self.bias_term:
             y += self.blobs[1].data
 
@@ -56,9 +55,10 @@ class EmbedLayer(Layer):
         xp, gy = self.xp, tops[0].diff.reshape(-1, self.num_output)
         # rows sorted by index, then one sum per distinct index: several times faster
         # than add.at when many rows repeat a few indices (characters, affixes)
-        if self.index.size:
-            order = xp.argsort(self.index, kind="stable")
-            ids = self.index[order]
+        index = self.scratch("index")
+        if index.size:
+            order = xp.argsort(index, kind="stable")
+            ids = index[order]
             starts = xp.flatnonzero(xp.concatenate((xp.ones(1, bool), ids[1:] != ids[:-1])))
             self.blobs[0].diff[ids[starts]] += xp.add.reduceat(gy[order], starts, axis=0)
         if self.bias_term:

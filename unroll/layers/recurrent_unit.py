@@ -21,9 +21,6 @@ class LSTMUnitLayer(Layer):
     def allow_force_backward(self, bottom_index):
         return bottom_index != 2
 
-    def setup(self, bottoms, tops):
-        self.acts = self.tanh_c = None
-
     def reshape(self, bottoms, tops):
         c_prev, x, cont = bottoms
         lead, hidden = c_prev.shape[:-1], c_prev.shape[-1:]
@@ -35,17 +32,16 @@ class LSTMUnitLayer(Layer):
         self.H = hidden[0]
         for top in tops:
             top.reshape(c_prev.shape)
-        if self.acts is None or self.acts.shape != x.shape:
-            self.acts = self.xp.zeros(x.shape, self.dtype)
-            self.tanh_c = self.xp.zeros(c_prev.shape, self.dtype)
-            self.dc_total = self.xp.zeros(c_prev.shape, self.dtype)
+        self.reserve("acts", x.shape)
+        self.reserve("tanh_c", c_prev.shape)
+        self.reserve("dc_total", c_prev.shape, lives="backward")
 
     def gates(self):
-        H, a = self.H, self.acts
+        H, a = self.H, self.scratch("acts")
         return a[..., :H], a[..., H:2 * H], a[..., 2 * H:3 * H], a[..., 3 * H:]
 
     def forward(self, bottoms, tops):
-        xp, H3, a = self.xp, 3 * self.H, self.acts
+        xp, H3, a = self.xp, 3 * self.H, self.scratch("acts")
         c_prev, x, cont = (b.data for b in bottoms)
         c, h = tops[0].data, tops[1].data
         # sigmoid(v) = 0.5 * tanh(0.5 v) + 0.5, free of overflow
@@ -59,8 +55,9 @@ class LSTMUnitLayer(Layer):
         c *= cont[..., None]
         xp.multiply(i, g, out=h)
         c += h
-        xp.tanh(c, out=self.tanh_c)
-        xp.multiply(o, self.tanh_c, out=h)
+        tanh_c = self.scratch("tanh_c")
+        xp.tanh(c, out=tanh_c)
+        xp.multiply(o, tanh_c, out=h)
 
     def backward(self, tops, propagate_down, bottoms):
         if not (propagate_down[0] or propagate_down[1]):
@@ -69,9 +66,9 @@ class LSTMUnitLayer(Layer):
         # unit runs once per step, so temporaries would cost more than the math
         xp, H = self.xp, self.H
         c_prev, cont = bottoms[0].data, bottoms[2].data[..., None]
-        dc, dh, tanh_c = tops[0].diff, tops[1].diff, self.tanh_c
+        dc, dh, tanh_c = tops[0].diff, tops[1].diff, self.scratch("tanh_c")
         i, f, o, g = self.gates()
-        dct = self.dc_total  # dc + dh * o * (1 - tanh(c)^2): all the gradient reaching c
+        dct = self.scratch("dc_total")  # dc + dh * o * (1 - tanh(c)^2): all the gradient reaching c
         xp.multiply(tanh_c, tanh_c, out=dct)
         xp.subtract(1, dct, out=dct)
         dct *= o
@@ -83,8 +80,9 @@ class LSTMUnitLayer(Layer):
         if propagate_down[1]:
             gx = bottoms[1].diff
             sig, gi, gf, go, gg = gx[..., :3 * H], *(gx[..., k * H:(k + 1) * H] for k in range(4))
-            xp.subtract(1, self.acts[..., :3 * H], out=sig)  # sigmoid' = s (1 - s)
-            sig *= self.acts[..., :3 * H]
+            acts = self.scratch("acts")
+            xp.subtract(1, acts[..., :3 * H], out=sig)  # sigmoid' = s (1 - s)
+            sig *= acts[..., :3 * H]
             gi *= dct
             gi *= g
             gf *= dct
