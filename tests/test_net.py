@@ -86,8 +86,6 @@ def test_build_from_text_path_and_message(tmp_path):
         f64(str(path)),
         f64(path),
         f64(message),
-        Net.from_prototxt(path, dtype="float64"),
-        Net.from_prototxt(SIMPLE, dtype="float64"),
     ]
     losses = [net.forward(x=X, t=T2)["loss"] for net in nets]
     assert all(float(v) == float(losses[0]) for v in losses)

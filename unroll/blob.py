@@ -49,7 +49,8 @@ class Blob:
         if self._source is not None:
             array = self._source.data
             if array is not self._seen:
-                self._data, self._seen = array.reshape(self._shape), array
+                same = array.shape == self._shape
+                self._data, self._seen = array if same else array.reshape(self._shape), array
         elif self._data is None:
             self._data = self.xp.zeros(self._shape, self.dtype)
         return self._data
@@ -69,7 +70,9 @@ class Blob:
         if self._source_diff:
             array = self._source.diff
             if array is not self._seen_diff:
-                self._diff, self._seen_diff = array.reshape(self._shape), array
+                same = array.shape == self._shape
+                self._diff = array if same else array.reshape(self._shape)
+                self._seen_diff = array
         elif self._diff is None:
             self._diff = self.xp.zeros(self._shape, self.dtype)
         return self._diff

@@ -355,8 +355,9 @@ class Net:
             host = data_host if kind == "data" else diff_host
             if r in host:
                 whole, offset = host[r]
-                flat = array(kind, whole).reshape(-1)
-                a = flat[offset : offset + blob.count].reshape(blob.shape)
+                flat = array(kind, whole)
+                a = None if flat is None else (
+                    flat.reshape(-1)[offset : offset + blob.count].reshape(blob.shape))
             elif (kind, r) in offsets:
                 a = ws.view(offsets[(kind, r)], blob.shape, self.dtype)
             elif r in self.memory_plan.private:

@@ -2,7 +2,8 @@
 
 As in Caffe, the top's data and diff are reshaped views of the bottom's, so
 forward and backward move no memory. The top follows the bottom's memory
-wherever a net places it (:meth:`unroll.blob.Blob.view_of`).
+wherever a net places it (:meth:`unroll.blob.Blob.view_of`); only a bottom
+made non-contiguous from outside is copied instead.
 """
 
 from __future__ import annotations
@@ -31,11 +32,17 @@ class ViewLayer(Layer):
         y.reshape(shape)
         y.view_of(x)  # follows x's memory wherever the net puts it
 
+    # a non-contiguous bottom (set from outside) cannot be viewed: the top's arrays
+    # are then copies, refreshed here
     def forward(self, bottoms, tops):
-        pass
+        x, y = bottoms[0], tops[0]
+        if not x.data.flags.c_contiguous:
+            y.data[...] = x.data.reshape(y.shape)
 
     def backward(self, tops, propagate_down, bottoms):
-        pass
+        x, y = bottoms[0], tops[0]
+        if propagate_down[0] and not x.diff.flags.c_contiguous:
+            x.diff[...] = y.diff.reshape(x.shape)
 
 
 @register_layer("Reshape")
