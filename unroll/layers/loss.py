@@ -132,7 +132,8 @@ class SoftmaxWithLossLayer(ClassScores):
         if propagate_down[0]:
             onehot = self.xp.arange(self.dims[1])[:, None] == self.label[:, None]
             scale = (self.weight * tops[0].diff)[:, None]
-            bottoms[0].diff[...] = ((self.scratch("prob") - onehot) * scale).reshape(bottoms[0].shape)
+            gx = (self.scratch("prob") - onehot) * scale
+            bottoms[0].diff[...] = gx.reshape(bottoms[0].shape)
 
 
 @register_layer("EuclideanLoss")
