@@ -46,14 +46,7 @@ class Blob:
     def data(self):
         if self.guard is not None and not self.guard.open:
             raise self.guard.closed_error(self)
-        if self._source is not None:
-            array = self._source.data
-            if array is not self._seen:
-                same = array.shape == self._shape
-                self._data, self._seen = array if same else array.reshape(self._shape), array
-        elif self._data is None:
-            self._data = self.xp.zeros(self._shape, self.dtype)
-        return self._data
+        return self._data_array()
 
     @data.setter
     def data(self, array) -> None:
@@ -67,8 +60,25 @@ class Blob:
         never runs backward (a test-phase net) holds no gradient memory."""
         if self.guard is not None and not self.guard.open:
             raise self.guard.closed_error(self)
+        return self._diff_array()
+
+    @diff.setter
+    def diff(self, array) -> None:
+        self._diff, self._source_diff = array, False
+
+    def _data_array(self):
+        if self._source is not None:
+            array = self._source._data_array()
+            if array is not self._seen:
+                same = array.shape == self._shape
+                self._data, self._seen = array if same else array.reshape(self._shape), array
+        elif self._data is None:
+            self._data = self.xp.zeros(self._shape, self.dtype)
+        return self._data
+
+    def _diff_array(self):
         if self._source_diff:
-            array = self._source.diff
+            array = self._source._diff_array()
             if array is not self._seen_diff:
                 same = array.shape == self._shape
                 self._diff = array if same else array.reshape(self._shape)
@@ -76,10 +86,6 @@ class Blob:
         elif self._diff is None:
             self._diff = self.xp.zeros(self._shape, self.dtype)
         return self._diff
-
-    @diff.setter
-    def diff(self, array) -> None:
-        self._diff, self._source_diff = array, False
 
     @property
     def shape(self) -> tuple:

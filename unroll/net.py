@@ -289,9 +289,14 @@ class Net:
         g = self.graph
         private = (set(range(len(self._blob_list))) if not self.plan_memory
                    else self._private_blobs())
+        # a test-phase net runs backward only when asked to (force_backward): inference
+        # memory must not hold what only a backward would read
+        self._plans_backward = self.phase == "train" or self.net_param.force_backward
+        need = (self.layer_need_backward if self._plans_backward
+                else [False] * len(self.layer_need_backward))
         self.memory_plan = graph.plan_memory(
-            g.steps, self.layers_run, len(self._blob_list), private,
-            self.layer_need_backward, self._bottom_need, self._loss_blobs)
+            g.steps, self.layers_run, len(self._blob_list), private, need,
+            self._bottom_need, self._loss_blobs)
         plan = self.memory_plan
         for b, blob in enumerate(self._blob_list):
             planned = plan.data_root[b] not in plan.private or plan.diff_root[b] not in plan.private
@@ -598,6 +603,12 @@ class Net:
 
     def backward(self) -> None:
         """Backpropagate the loss: writes blob diffs and ADDS into param diffs."""
+        if self._placement is not None and not self._plans_backward:
+            raise NetError(
+                f"net '{self.name}' was built for phase 'test' without force_backward, so its "
+                f"memory plan keeps nothing for a backward; build it with phase='train', "
+                f"force_backward: true, or plan_memory=False"
+            )
         if self._placement is not None and self.workspace.holder is not self:
             raise NetError(
                 f"net '{self.name}': backward must follow this net's own forward; another "
