@@ -240,7 +240,7 @@ def test_reading_a_reused_blob_names_keep():
     run(net, x=X, t=T2)
     for name in ("h", "a"):
         with pytest.raises(NetError, match=rf"keep=\['{name}'\]"):
-            net.blobs[name].data
+            _ = net.blobs[name].data
     assert net.blobs["h"].shape == (N, 5)  # shapes stay readable
     np.testing.assert_array_equal(net.blobs["x"].data, X)  # inputs, outputs, losses are kept
     assert float(net.blobs["loss"].data) == net.loss
