@@ -386,3 +386,26 @@ def test_place_never_overlaps_live_buffers():
             f2, l2, n2 = buffers[j]
             if f1 <= l2 and f2 <= l1:
                 assert offsets[i] + n1 <= offsets[j] or offsets[j] + n2 <= offsets[i]
+
+
+# -- the report and its command ------------------------------------------------------------------
+def test_memory_report_and_the_cli_view(tmp_path, capsys):
+    from unroll import cli
+    from unroll.unroller import to_prototxt
+
+    path = tmp_path / "lstm.prototxt"
+    net_param = expand("lstm", steps=20, batch=2, input_dim=3, hidden=4)
+    net_param.force_backward = True  # no loss here: gradients for the inputs' sake
+    path.write_text(to_prototxt(net_param))
+    report = Net(str(path)).memory_report()
+    assert report.planned < report.unplanned
+    assert report.activations > 0 and report.diffs > 0 and report.scratch > 0
+    assert report.largest[0][2] == max(n for _, _, n, _ in report.largest)
+    assert cli.main(["memory", str(path), "--solver", "Adam", "--largest", "3"]) == 0
+    out = capsys.readouterr().out
+    for part in ("params", "solver history", "activations", "diffs", "scratch", "planned",
+                 "largest blobs"):
+        assert part in out
+    history = next(line for line in out.splitlines() if line.startswith("solver history"))
+    assert float(history.split()[2]) > 0
+    assert len([line for line in out.splitlines() if line.startswith("  ")]) == 3
