@@ -137,19 +137,19 @@ class MemoryReport:
         return self.kept + self.workspace
 
     def __str__(self) -> str:
-        mib = 2.0**20
+        kib = 1024.0
         lines = [
-            f"params         {self.params / mib:10.2f} MiB",
-            f"solver history {self.history / mib:10.2f} MiB",
-            f"activations    {self.activations / mib:10.2f} MiB  (unplanned)",
-            f"diffs          {self.diffs / mib:10.2f} MiB  (unplanned)",
-            f"scratch        {self.scratch / mib:10.2f} MiB  (unplanned)",
-            f"unplanned      {self.unplanned / mib:10.2f} MiB",
-            f"planned        {self.planned / mib:10.2f} MiB  = kept {self.kept / mib:.2f} "
-            f"+ workspace {self.workspace / mib:.2f}",
+            f"params         {self.params / kib:12.1f} KiB",
+            f"solver history {self.history / kib:12.1f} KiB",
+            f"activations    {self.activations / kib:12.1f} KiB  (unplanned)",
+            f"diffs          {self.diffs / kib:12.1f} KiB  (unplanned)",
+            f"scratch        {self.scratch / kib:12.1f} KiB  (unplanned)",
+            f"unplanned      {self.unplanned / kib:12.1f} KiB",
+            f"planned        {self.planned / kib:12.1f} KiB  = kept {self.kept / kib:.1f} "
+            f"+ workspace {self.workspace / kib:.1f}",
             "largest blobs:",
         ]
-        lines += [f"  {name:<32} {str(shape):<18} {n / mib:8.2f} MiB  {where}"
+        lines += [f"  {name:<32} {str(shape):<18} {n / kib:10.1f} KiB  {where}"
                   for name, shape, n, where in self.largest]
         return "\n".join(lines)
 
