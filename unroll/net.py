@@ -159,7 +159,8 @@ class Net:
 
     ``source`` is a NetParameter, a path to a prototxt file or prototxt text.
     ``keep`` names blobs that stay readable after a run (and that in-place
-    layers must not overwrite). Nets built over one ``param_store`` share
+    layers must not overwrite); so do inputs, outputs, losses and, in the test
+    phase, the bottoms of losses and accuracies (the predictions). Nets built over one ``param_store`` share
     every named param and one workspace (bucketed models). ``plan_memory=False``
     gives every blob memory of its own, as pycaffe does, for debugging.
 
@@ -274,13 +275,16 @@ class Net:
 
     # -- the memory plan -----------------------------------------------------------
     def _private_blobs(self) -> set[int]:
-        """Blobs readable after a run: inputs, outputs, losses, keep=."""
+        """Blobs readable after a run: inputs, outputs, losses, keep=, and in the test
+        phase what losses and accuracies read (the predictions, as pycaffe users read them)."""
         g = self.graph
         named = set(self.outputs) | self.keep
         private = {b for name, b in g.table if name in named}
         for step, layer in zip(g.steps, self.layers_run):
             if layer.type == "Input":
                 private.update(step.tops)
+            elif self.phase == "test" and (layer.is_loss or layer.type == "Accuracy"):
+                private.update(step.bottoms)
         private.update(self._loss_blobs)
         return private
 
