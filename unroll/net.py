@@ -53,6 +53,17 @@ def _layer_failure(layer, what: str, error: Exception, bottoms) -> NetError:
     return NetError(f"layer '{layer.name}' ({layer.type}) {what}: {error}; bottoms: {shapes}")
 
 
+def _call(layer, what: str, method, *args) -> None:
+    """``method(*args)`` of ``layer``; an unexpected exception becomes a NetError."""
+    try:
+        method(*args)
+    except NetError:
+        raise
+    except Exception as e:
+        bottoms = args[0] if method.__name__ != "backward" else args[2]
+        raise _layer_failure(layer, what, e, bottoms) from e
+
+
 class BlobTable(Mapping):
     """``net.blobs``: a name gives its latest version (as in pycaffe), ``"name@k"`` version k.
 
@@ -160,9 +171,10 @@ class Net:
     ``source`` is a NetParameter, a path to a prototxt file or prototxt text.
     ``keep`` names blobs that stay readable after a run (and that in-place
     layers must not overwrite); so do inputs, outputs, losses and, in the test
-    phase, the bottoms of losses and accuracies (the predictions). Nets built over one ``param_store`` share
-    every named param and one workspace (bucketed models). ``plan_memory=False``
-    gives every blob memory of its own, as pycaffe does, for debugging.
+    phase, the bottoms of losses and accuracies (the predictions). Nets built
+    over one ``param_store`` share every named param and one workspace
+    (bucketed models). ``plan_memory=False`` gives every blob memory of its
+    own, as pycaffe does, for debugging.
 
     >>> net = Net('''
     ...   layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
@@ -537,12 +549,7 @@ class Net:
         opened, self._gate.open = self._gate.open, True
         try:
             for layer, bottoms, tops in self._fwd:
-                try:
-                    layer.reshape(bottoms, tops)
-                except NetError:
-                    raise
-                except Exception as e:
-                    raise _layer_failure(layer, "cannot reshape", e, bottoms) from e
+                _call(layer, "cannot reshape", layer.reshape, bottoms, tops)
         finally:
             self._gate.open = opened
         self._input_shapes = [b.shape for b in self._input_blobs]
@@ -588,12 +595,7 @@ class Net:
             if not self._bound and self._placement is not None:
                 self._bind()
             for layer, bottoms, tops in self._fwd:
-                try:
-                    layer.forward(bottoms, tops)
-                except NetError:
-                    raise
-                except Exception as e:
-                    raise _layer_failure(layer, "failed in forward", e, bottoms) from e
+                _call(layer, "failed in forward", layer.forward, bottoms, tops)
         finally:
             self._gate.open = False
         self.workspace.holder = self
@@ -625,12 +627,7 @@ class Net:
             for s, layer, tops, prop, bottoms in self._bwd:
                 for blob in self._zero_before.get(s, ()):
                     blob.diff.fill(0)
-                try:
-                    layer.backward(tops, prop, bottoms)
-                except NetError:
-                    raise
-                except Exception as e:
-                    raise _layer_failure(layer, "failed in backward", e, bottoms) from e
+                _call(layer, "failed in backward", layer.backward, tops, prop, bottoms)
         finally:
             self._gate.open = False
 
