@@ -417,3 +417,14 @@ def test_memory_report_and_the_cli_view(tmp_path, capsys):
     history = next(line for line in out.splitlines() if line.startswith("solver history"))
     assert float(history.split()[2]) > 0
     assert len([line for line in out.splitlines() if line.startswith("  ")]) == 3
+
+
+def test_new_input_shapes_lay_the_plan_out_anew():
+    net_param = expand("lstm", steps=4, batch=2, input_dim=3, hidden=5)
+    nets = [Net(net_param, dtype="float64", plan_memory=plan) for plan in (True, False)]
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 1, 3):
+        feed = dict(x=rng.normal(size=(4, n, 3)), cont=cont_from_lengths([4] * n, 4),
+                    h_0=np.zeros((1, n, 5)), c_0=np.zeros((1, n, 5)))
+        outs = [host(net.forward(**feed)["h"]) for net in nets]
+        np.testing.assert_allclose(outs[0], outs[1], rtol=1e-14)

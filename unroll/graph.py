@@ -450,7 +450,8 @@ def group_parts(steps: list[Step], layers, plan: MemoryPlan, shapes, rewritten) 
     then hosted at its element offset in the whole's root, data and diff
     alike, and the layer skips its copy. Not for memory written in place
     (``rewritten``: a write through the whole would change a part a backward
-    still reads), nor for a private part inside a workspace whole.
+    still reads), nor for a part that keeps memory of its own (an input, say,
+    which the user may reshape and fill between runs).
 
     Returns ``(data_host, diff_host, flags)``: root -> (host root, element
     offset), and step -> (data in whole, diff in whole) per part.
@@ -476,8 +477,7 @@ def group_parts(steps: list[Step], layers, plan: MemoryPlan, shapes, rewritten) 
             for roots, host, fl in ((plan.data_root, data_host, data_flags),
                                     (plan.diff_root, diff_host, diff_flags)):
                 r, w = roots[part], roots[whole]
-                if (r == w or r in host or r in written or w in written
-                        or (r in plan.private and w not in plan.private)):
+                if r == w or r in host or r in written or w in written or r in plan.private:
                     continue
                 host[r] = (w, offset)
                 fl[k] = True

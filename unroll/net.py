@@ -392,14 +392,10 @@ class Net:
         for r in set(plan.data_root) | set(plan.diff_root):
             if r in plan.private:
                 continue
-            data = array("data", r) if r in plan.data_life or r in data_host else None
-            diff = array("diff", r) if r in plan.diff_life or r in diff_host else None
+            # a root no step touches (a diff where nothing runs backward) gets no memory
+            data = array("data", r) if r in plan.data_life else None
+            diff = array("diff", r) if r in plan.diff_life else None
             self._blob_list[r].bind(data, diff)
-        for r in list(data_host) + list(diff_host):
-            if r in plan.private:
-                blob = self._blob_list[r]
-                blob.bind(array("data", r) if r in data_host else blob._data,
-                          array("diff", r) if r in diff_host else blob._diff)
         for s, layer in enumerate(self.layers_run):
             for name, (shape, dtype, _) in layer.scratch_specs.items():
                 if ("scratch", (s, name)) in offsets:
