@@ -384,7 +384,9 @@ def plan_memory(steps: list[Step], layers, n_blobs: int, private_blobs, layer_ne
 
     A value's data lives from its producer's forward until its last reader:
     forward readers, and backward readers as the layers' ``backward_reads``
-    declare (``"bottom"``: a reader's backward; ``"top"``: the producer's). A
+    declare (``"bottom"``: a reader's backward, only of the bottoms listed in
+    ``backward_reads_bottoms`` where a layer gives it; ``"top"``: the
+    producer's). A
     diff lives from the first backward that writes it to the backward of its
     producer, which consumes it.
     """
@@ -413,9 +415,11 @@ def plan_memory(steps: list[Step], layers, n_blobs: int, private_blobs, layer_ne
             touch(data_life, data_root[b], s)
             if runs_backward and "top" in layer.backward_reads:
                 touch(data_life, data_root[b], back)
-        for b in step.bottoms:
+        reads_bottoms = layer.backward_reads_bottoms
+        for k, b in enumerate(step.bottoms):
             touch(data_life, data_root[b], s)
-            if runs_backward and "bottom" in layer.backward_reads:
+            if (runs_backward and "bottom" in layer.backward_reads
+                    and (reads_bottoms is None or k in reads_bottoms)):
                 touch(data_life, data_root[b], back)
         if not runs_backward or "diff" in layer.shares_bottom:
             continue  # a view's diff is its bottom's: its backward moves nothing

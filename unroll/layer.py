@@ -101,6 +101,9 @@ class Layer:
     in_place = False
     #: what backward reads besides top diffs: "bottom" data, "top" data, neither
     backward_reads: tuple = ("bottom",)
+    #: with "bottom" above: the indices of the bottoms backward reads (None: all), so
+    #: the memory plan can reuse the others once forward has read them
+    backward_reads_bottoms: tuple | None = None
     #: a loss layer: top 0 gets loss_weight 1 unless the prototxt says otherwise
     is_loss = False
     #: what of bottom 0 the tops alias ("data", "diff"): their memory is the bottom's

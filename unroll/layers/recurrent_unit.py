@@ -17,6 +17,7 @@ class LSTMUnitLayer(Layer):
     num_tops = (2, 2)
     # the gate activations and tanh(c) are saved by forward; backward reads c_prev and cont
     backward_reads = ("bottom",)
+    backward_reads_bottoms = (0, 2)
 
     def allow_force_backward(self, bottom_index):
         return bottom_index != 2
