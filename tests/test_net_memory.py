@@ -268,6 +268,13 @@ def test_forward_blobs_returns_and_keeps_them():
     np.testing.assert_allclose(net.blobs["a"].data, full.blobs["a"].data, rtol=1e-14)
     with pytest.raises(NetError, match="no blob 'nope'"):
         net.forward(blobs=["nope"])
+    in_place = f64(BN_RELU_T)
+    out = in_place.forward(blobs=["bn@0"], x=X, t=X)
+    np.testing.assert_array_equal(out["bn@0"], in_place.blobs["bn"].data)  # one memory
+
+
+BN_RELU_T = inputs(x=(N, D), t=(N, D)) + layer("bn", "BatchNorm", "x", "bn") \
+    + layer("relu", "ReLU", "bn", "bn") + loss("bn")
 
 
 def test_bucketed_forward_blobs():

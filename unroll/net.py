@@ -215,6 +215,7 @@ class Net:
         self.workspace = workspace if workspace is not None else workspace_for(self.store, self.xp)
         self.workspace.attach(self)
         self._gate = _Gate(self)
+        self._kept_blobs: set[int] = set()  # asked for by forward(blobs=...)
         self.learnable_params: list[LearnableParam] = []
         self._first_holders: set[tuple[str, int]] = set()  # (layer, index) first to hold a param
         self.loss = 0.0
@@ -298,7 +299,7 @@ class Net:
             elif self.phase == "test" and (layer.is_loss or layer.type == "Accuracy"):
                 private.update(step.bottoms)
         private.update(self._loss_blobs)
-        return private
+        return private | self._kept_blobs
 
     def _plan(self) -> None:
         """The lifetimes (from the graph), then the layout (from the shapes)."""
@@ -568,9 +569,10 @@ class Net:
         for name in names:
             if name not in self.blobs:
                 raise NetError(f"forward(blobs=...): net '{self.name}' has no blob '{name}'")
-        wanted = set(names) - self.keep
+        index = {id(blob): b for b, blob in enumerate(self._blob_list)}
+        wanted = {index[id(self.blobs[name])] for name in names} - self._kept_blobs
         if wanted:
-            self.keep |= wanted
+            self._kept_blobs |= wanted
             self.release_memory()
             self._plan()
 
