@@ -4,18 +4,24 @@ Trains the word-level BiLSTM tagger (Embed 100 -> BiLSTM 128 -> InnerProduct
 17, the architecture of ../shared/bench/torch_tagger.py) for a fixed number of
 batches and prints real tokens per second (padding excluded), peak memory and
 the padding fraction. Each configuration runs in a fresh process so that its
-peak RSS is its own. Where PyTorch is installed, the same model trains on the
-same batches in PyTorch (fused nn.LSTM on packed sequences) and the ratio is
-printed. A benchmark, not a test: run it on an idle machine.
+peak RSS is its own. Where PyTorch is installed (in this interpreter or the
+one ``--torch-python`` names), the same model trains on the same batches in
+PyTorch (fused nn.LSTM on packed sequences) and the ratios of throughput and
+peak RSS are printed. A benchmark, not a test: run it on an idle machine.
 
     python -m bench.bench_tagger --batches 200      (from the repository root)
+    python -m bench.bench_tagger --torch-python ../torchenv/bin/python
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import resource
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -84,22 +90,40 @@ def run_unroll(mode: str, args, queue) -> None:
     })
 
 
-def run_torch(mode: str, args, queue) -> None:
+def torch_batches(mode: str, args, path: Path) -> None:
+    """Write the batches of ``mode`` for the PyTorch run as arrays (NumPy only to read)."""
+    sents, featurizer, gold = load(args.data)
+    encoded = [featurizer.encode(f)["word"] for f, _ in sents]
+    lengths = [len(f) for f, _ in sents]
+    arrays = {"vocab": np.array(len(featurizer.vocabs["word"]))}
+    for k, (b, T) in enumerate(batches_for(mode, lengths, args.batch_size, args.seed)
+                               [: args.batches]):
+        words = np.zeros((len(b), T), np.int64)
+        tags = np.full((len(b), T), -1, np.int64)
+        for row, i in enumerate(b):
+            words[row, : lengths[i]] = encoded[i]
+            tags[row, : lengths[i]] = gold[i]
+        arrays[f"words{k}"], arrays[f"tags{k}"] = words, tags
+        arrays[f"lens{k}"] = np.array([lengths[i] for i in b])
+    np.savez(path, **arrays)
+
+
+def torch_worker(path: Path, warmup: int, seed: int) -> dict:
+    """Train the PyTorch twin on the batches in ``path``; runs in PyTorch's interpreter."""
     import torch
     from torch import nn
     from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-    torch.manual_seed(args.seed)
-    sents, featurizer, gold = load(args.data)
-    vocab = featurizer.vocabs["word"]
-    encoded = [torch.as_tensor(featurizer.encode(f)["word"]) for f, _ in sents]
-    lengths = [len(f) for f, _ in sents]
-    plan = batches_for(mode, lengths, args.batch_size, args.seed)[: args.batches]
+    torch.manual_seed(seed)
+    data = np.load(path)
+    n = sum(1 for k in data.files if k.startswith("words"))
+    feeds = [tuple(torch.as_tensor(data[f"{what}{k}"]) for what in ("words", "tags", "lens"))
+             for k in range(n)]
 
     class Model(nn.Module):
         def __init__(self):
             super().__init__()
-            self.embed = nn.Embedding(len(vocab), 100)
+            self.embed = nn.Embedding(int(data["vocab"]), 100)
             self.lstm = nn.LSTM(100, 128, bidirectional=True, batch_first=True)
             self.out = nn.Linear(256, 17)
 
@@ -113,31 +137,32 @@ def run_torch(mode: str, args, queue) -> None:
     model = Model()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     loss_fn = nn.CrossEntropyLoss(ignore_index=-1)
-    feeds = []
-    for b, T in plan:
-        words = torch.zeros((len(b), T), dtype=torch.long)
-        tags = torch.full((len(b), T), -1, dtype=torch.long)
-        for row, i in enumerate(b):
-            words[row, : lengths[i]] = encoded[i]
-            tags[row, : lengths[i]] = torch.as_tensor(gold[i])
-        feeds.append((words, tags, torch.as_tensor([lengths[i] for i in b])))
     start = None
     for k, (words, tags, lens) in enumerate(feeds):
-        if k == args.warmup:
+        if k == warmup:
             start = time.perf_counter()
         opt.zero_grad()
         loss = loss_fn(model(words, lens).reshape(-1, 17), tags.reshape(-1))
         loss.backward()
         opt.step()
     seconds = time.perf_counter() - start
-    timed = plan[args.warmup :]
-    tokens = sum(lengths[i] for b, _ in timed for i in b)
-    padded = sum(T * len(b) for b, T in timed)
-    queue.put({
-        "name": f"torch {mode}", "tokens_per_s": tokens / seconds, "padding": 1 - tokens / padded,
-        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "threads": torch.get_num_threads(),
-    })
+    tokens = sum(int(lens.sum()) for _, _, lens in feeds[warmup:])
+    padded = sum(words.numel() for words, _, _ in feeds[warmup:])
+    return {"tokens_per_s": tokens / seconds, "padding": 1 - tokens / padded,
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "threads": torch.get_num_threads()}
+
+
+def run_torch(mode: str, args) -> dict:
+    """The PyTorch twin on the same batches, in a fresh ``args.torch_python`` process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "batches.npz"
+        torch_batches(mode, args, path)
+        done = subprocess.run(
+            [args.torch_python, "-m", "bench.bench_tagger", "--torch-worker", str(path),
+             "--warmup", str(args.warmup), "--seed", str(args.seed)],
+            capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+    return {"name": f"torch {mode}", **json.loads(done.stdout.strip().splitlines()[-1])}
 
 
 def in_process(target, mode, args) -> dict:
@@ -159,18 +184,23 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--torch-python", default=sys.executable, metavar="PYTHON",
+                        help="the interpreter that has PyTorch (default: this one)")
+    parser.add_argument("--modes", nargs="+", choices=["bucketed", "unbucketed"],
+                        default=["bucketed", "unbucketed"])
+    parser.add_argument("--torch-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    try:
-        import torch  # noqa: F401
-
-        have_torch = not args.no_torch
-    except ImportError:
-        have_torch = False
+    if args.torch_worker:
+        print(json.dumps(torch_worker(args.torch_worker, args.warmup, args.seed)))
+        return 0
+    have_torch = not args.no_torch and subprocess.run(
+        [args.torch_python, "-c", "import torch"], capture_output=True, check=False
+    ).returncode == 0
     results = []
-    for mode in ("bucketed", "unbucketed"):
+    for mode in args.modes:
         results.append(in_process(run_unroll, mode, args))
         if have_torch:
-            results.append(in_process(run_torch, mode, args))
+            results.append(run_torch(mode, args))
     print(f"{'run':<20} {'tokens/s':>9} {'padding':>8} {'peak MB':>8}  notes")
     for r in results:
         notes = (f"{r['nets']} nets built in {r['build_s']:.1f} s (excluded), params "
@@ -178,12 +208,15 @@ def main(argv=None) -> int:
         print(f"{r['name']:<20} {r['tokens_per_s']:9.0f} {100 * r['padding']:7.1f}% "
               f"{r['peak_mb']:8.0f}  {notes}")
     by = {r["name"]: r for r in results}
-    for mode in ("bucketed", "unbucketed"):
+    for mode in args.modes:
         if f"torch {mode}" in by:
-            ratio = by[f"unroll {mode}"]["tokens_per_s"] / by[f"torch {mode}"]["tokens_per_s"]
-            print(f"unroll / torch tokens/s, {mode}: {ratio:.2f}")
-    speedup = by["unroll bucketed"]["tokens_per_s"] / by["unroll unbucketed"]["tokens_per_s"]
-    print(f"unroll bucketed / unbucketed tokens/s: {speedup:.2f}")
+            mine, theirs = by[f"unroll {mode}"], by[f"torch {mode}"]
+            print(f"unroll / torch, {mode}: tokens/s "
+                  f"{mine['tokens_per_s'] / theirs['tokens_per_s']:.2f}, peak RSS "
+                  f"{mine['peak_mb'] / theirs['peak_mb']:.2f}")
+    if len(args.modes) == 2:
+        speedup = by["unroll bucketed"]["tokens_per_s"] / by["unroll unbucketed"]["tokens_per_s"]
+        print(f"unroll bucketed / unbucketed tokens/s: {speedup:.2f}")
     return 0
 
 

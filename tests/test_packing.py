@@ -136,7 +136,7 @@ def test_tagger_with_characters_scores_packed_as_alone(case):
             "tagger", steps=T, batch=N, vocab=VOCAB, tags=TAGS, embed=3, hidden=2, layers=2,
             features={"suffix": [9, 2]},
             chars={"vocab": CHAR_VOCAB, "embed": 2, "hidden": 2, "length": C})
-        return unroll.Net(net_param, dtype="float64", param_store=store)
+        return unroll.Net(net_param, dtype="float64", param_store=store, keep=["scores"])
 
     rows, T = case["rows"], case["T"]
     packed = net(T, len(rows))

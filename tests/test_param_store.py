@@ -39,8 +39,7 @@ def inputs(k: int = 0) -> dict:
 
 
 def run(net: Net) -> tuple:
-    net.forward(**inputs())
-    out = net.blobs["p"].data.copy()
+    out = net.forward(blobs=["p"], **inputs())["p"].copy()
     net.backward()
     return out, {p.name: p.blob.diff.copy() for p in net.learnable_params}
 

@@ -524,6 +524,30 @@ def test_caffe_fields_without_meaning_here_warn():
         Solver(FakeNet(), base_lr=0.1)
 
 
+DROPOUT_NET = """
+layer { name: "in" type: "Input" top: "x" top: "t" input_param { shape { dim: 4 dim: 3 } } }
+layer { name: "ip" type: "InnerProduct" bottom: "x" top: "h" param { name: "W" }
+        param { name: "b" } inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "drop" type: "Dropout" bottom: "h" top: "h" dropout_param { dropout_ratio: 0.5 } }
+layer { name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "t" top: "loss" }
+"""
+
+
+def test_random_seed_makes_two_runs_identical():
+    x = np.random.default_rng(0).normal(size=(4, 3))
+
+    def train(seed):
+        net = Net(DROPOUT_NET, dtype="float64", seed=11)  # same weights; masks from the solver
+        solver = Solver(net, base_lr=0.1, random_seed=seed)
+        losses = [solver.step(1, feed=lambda _: {"x": x, "t": x}) for _ in range(4)]
+        return losses, net.params["ip"][0].data.copy()
+
+    (losses_a, w_a), (losses_b, w_b) = train(3), train(3)
+    assert losses_a == losses_b
+    np.testing.assert_array_equal(w_a, w_b)
+    assert train(4)[0] != losses_a
+
+
 @pytest.mark.parametrize(
     "fields, error, message",
     [

@@ -25,8 +25,13 @@ class BucketedModel:
     words (T, N) beside its characters (C, T * N)).
 
     The model is a :class:`~unroll.solver.TrainableNet`, the interface the
-    Solver drives. A test-phase model shares the training
-    model's params with ``BucketedModel(make, phase="test", store=train.store)``.
+    Solver drives. A test-phase model shares the
+    training model's params, its workspace and its unrolled NetParameters with
+    ``BucketedModel(make, phase="test", store=train.store,
+    net_params=train.net_params)``: ``net_params`` is a dict T -> NetParameter
+    that both fill and read, so each T is expanded once for both phases. All
+    nets over one store run in one workspace (:mod:`unroll.workspace`), sized
+    by the largest net that has run.
 
     >>> import unroll, numpy as np
     >>> make = lambda T: unroll.expand("rnn", steps=T, batch=2, input_dim=3, hidden=4)
@@ -40,15 +45,18 @@ class BucketedModel:
     """
 
     def __init__(self, make_net_param, phase="train", device="cpu", dtype="float32", seed=0,
-                 store=None, steps_from=None):
+                 store=None, steps_from=None, net_params=None, plan_memory=True):
         self.make_net_param = make_net_param
         self.steps_from = steps_from
-        self._built: dict[int, dict] = {}  # id(net) -> input shapes as built
+        self._built: dict[int, dict] = {}  # T -> input shapes as built
         self.phase = phase
         self.device = device
         self.dtype = dtype
-        self.seed = seed
+        self._seed = seed
+        self.plan_memory = plan_memory
         self.store = store if store is not None else ParamStore()
+        #: T -> the unrolled NetParameter; pass it to a twin model to expand each T once
+        self.net_params: dict = net_params if net_params is not None else {}
         self.nets: dict[int, Net] = {}
         self.active: Net | None = None
         # the T = 1 net creates every param now, so learnable_params is complete
@@ -59,13 +67,27 @@ class BucketedModel:
         """The net unrolled to ``steps``, built on first use and cached."""
         steps = int(steps)
         if steps not in self.nets:
+            if steps not in self.net_params:
+                self.net_params[steps] = self.make_net_param(steps)
             net = Net(
-                self.make_net_param(steps), phase=self.phase, device=self.device,
-                dtype=self.dtype, seed=self.seed + steps, param_store=self.store,
+                self.net_params[steps], phase=self.phase, device=self.device,
+                dtype=self.dtype, seed=self._seed + steps, param_store=self.store,
+                plan_memory=self.plan_memory,
             )
-            self._built[id(net)] = {name: net.blobs[f"{name}@0"].shape for name in net.inputs}
+            self._built[steps] = {name: net.blobs[f"{name}@0"].shape for name in net.inputs}
             self.nets[steps] = net
         return self.nets[steps]
+
+    @property
+    def workspace(self):
+        """The workspace every net of this model (and of its twins over the store) runs in."""
+        return self._canonical().workspace
+
+    def seed(self, seed: int) -> None:
+        """Reseed run-time randomness (Dropout): net T draws from ``seed + T``, built or not."""
+        self._seed = int(seed)
+        for steps, net in self.nets.items():
+            net.seed(self._seed + steps)
 
     @property
     def learnable_params(self):
@@ -81,8 +103,9 @@ class BucketedModel:
         """The last forward's loss on the device, not read back (see :attr:`Net.device_loss`)."""
         return self._canonical().device_loss if self.active is None else self.active.device_loss
 
-    def forward(self, **inputs) -> dict:
-        """Run the net whose T is axis 0 of the inputs (of ``steps_from``); returns its outputs.
+    def forward(self, blobs=(), **inputs) -> dict:
+        """Run the net whose T is axis 0 of the inputs (of ``steps_from``); returns its outputs
+        and the blobs named in ``blobs`` (kept from now on, as :meth:`Net.forward` does).
 
         An input not given (an initial recurrent state, say) follows the batch
         size of the given inputs that had the same batch size (axis 1) when
@@ -99,8 +122,9 @@ class BucketedModel:
             steps = {s[0] for s in shapes.values() if len(s) >= 1}
         if len(steps) != 1:
             raise ValueError(f"inputs must agree on T (axis 0); found {shapes}")
-        net = self.net(steps.pop())
-        built = self._built[id(net)]
+        net_steps = int(steps.pop())
+        net = self.net(net_steps)
+        built = self._built[net_steps]
         batch = {}
         for name, shape in shapes.items():
             if name not in built:
@@ -113,7 +137,7 @@ class BucketedModel:
             if name not in inputs and len(shape) >= 2 and shape[1] in batch:
                 net.blobs[f"{name}@0"].reshape((shape[0], batch[shape[1]]) + shape[2:])
         self.active = net
-        return net.forward(**inputs)
+        return net.forward(blobs=blobs, **inputs)
 
     def backward(self) -> None:
         if self.active is None:

@@ -229,6 +229,18 @@ def draw_command(args) -> int:
     return 0
 
 
+def memory_command(args) -> int:
+    """``unroll memory``: what a net's memory costs, planned against unplanned."""
+    from unroll.net import Net
+    from unroll.solver import Solver
+
+    net_param = parse_text(read_prototxt(args.net), NetParameter(), args.net)
+    net = Net(net_param, phase=args.phase, dtype=args.dtype)
+    solver = Solver(net, type=args.solver, base_lr=0.01) if args.solver else None
+    print(net.memory_report(solver=solver, largest=args.largest))
+    return 0
+
+
 # -- the command ---------------------------------------------------------------------
 
 
@@ -281,7 +293,22 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--rankdir", choices=["LR", "TB", "RL", "BT"], default="LR",
                     help="graph direction (default LR: left to right)")
     dr.set_defaults(run=draw_command)
-    for command in (ex, dr):
+
+    me = sub.add_parser(
+        "memory", help="print what a net's memory costs, planned against unplanned",
+        description="Build NET (a prototxt file) and print the bytes of its params, solver "
+                    "history, activations, diffs and layer scratch, with and without the "
+                    "memory plan, and its largest blobs.",
+    )
+    me.add_argument("net", metavar="NET", help="a net prototxt file")
+    me.add_argument("--phase", choices=["train", "test"], default="train")
+    me.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    me.add_argument("--solver", metavar="TYPE",
+                    help="count this solver's history too (SGD, Adam, ...)")
+    me.add_argument("--largest", type=int, default=10, metavar="K",
+                    help="list the K largest blobs (default 10)")
+    me.set_defaults(run=memory_command)
+    for command in (ex, dr, me):
         command.add_argument("--debug", action="store_true",
                              help="show the traceback of an error, not one line")
     return parser

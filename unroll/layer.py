@@ -140,6 +140,9 @@ class Layer:
     #: what backward reads besides top diffs and what it saved itself: "bottom" data (so the
     #: layer may not overwrite its bottom in place), "top" data (so no later layer may)
     backward_reads: tuple = ("bottom",)
+    #: with "bottom" above: the indices of the bottoms backward reads (None: all), so
+    #: the memory plan can reuse the others once forward has read them
+    backward_reads_bottoms: tuple | None = None
     #: a loss layer: top 0 gets loss_weight 1 unless the prototxt says otherwise
     is_loss = False
     #: what of bottom 0 the tops alias ("data", "diff"): their memory is the bottom's
@@ -158,6 +161,10 @@ class Layer:
         self._host_rng = np.random.default_rng(0)
         self._make_param = make_param
         self.blobs: list[Blob] = []
+        #: scratch name -> (shape, dtype, lives), as sized by :meth:`reserve`
+        self.scratch_specs: dict[str, tuple] = {}
+        #: scratch name -> its array (a net puts views of its workspace here)
+        self.scratch_memory: dict = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -227,9 +234,38 @@ class Layer:
         self.blobs.append(blob)
         return blob
 
+    def reserve(self, name: str, shape, dtype=None, lives: str = "both") -> None:
+        """Size scratch array ``name`` (call in ``reshape``); :meth:`scratch` returns it.
+
+        Inside a net the memory comes from the shared workspace and lives as
+        ``lives`` says: ``"forward"`` (within this layer's forward),
+        ``"backward"`` (within its backward) or ``"both"`` (from its forward to
+        its backward, e.g. saved gate values). Contents are undefined until
+        written.
+        """
+        spec = (tuple(int(d) for d in shape), np.dtype(dtype or self.dtype), lives)
+        if self.scratch_specs.get(name) != spec:
+            self.scratch_specs[name] = spec
+            self.scratch_memory.pop(name, None)
+
+    def scratch(self, name: str):
+        """The scratch array ``name`` sized by :meth:`reserve`."""
+        array = self.scratch_memory.get(name)
+        if array is None:  # outside a net, or a net that keeps everything: memory of its own
+            shape, dtype, _ = self.scratch_specs[name]
+            array = self.scratch_memory[name] = self.xp.zeros(shape, dtype)
+        return array
+
     def error(self, message: str) -> NetError:
         """A NetError that names this layer and its type."""
         return NetError(f"layer '{self.name}' ({self.type}): {message}")
+
+    def reads_in_backward(self, k: int, bottom_need) -> bool:
+        """Whether backward reads bottom ``k``'s data, given which bottoms get a gradient
+        (``bottom_need``): the memory plan keeps that value until this layer's backward.
+        By default what ``backward_reads`` and ``backward_reads_bottoms`` declare."""
+        return "bottom" in self.backward_reads and (
+            self.backward_reads_bottoms is None or k in self.backward_reads_bottoms)
 
     def counts(self) -> tuple:
         """((min, max) bottoms, (min, max) tops): the class attributes, unless a layer's counts

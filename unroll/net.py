@@ -1,22 +1,29 @@
 """Net: a Caffe NetParameter built into layers and blobs, run forward and backward.
 
-Caffe's semantics, deliberately: a bottom names the most recent top of that
-name above it; a blob read by several layers gets a split so that each reader
-has its own diff; a top named like its bottom runs in place when that is safe;
-``param { name: "W" }`` shares one weight between every layer that names it
-(the first owns it, the others point at its data and diff), so backward
-accumulates the gradient of every timestep of an unrolled net into one blob.
+:mod:`unroll.graph` plans the net (Caffe's name resolution, in-place rules,
+splits, which layers run backward, and the memory plan); ``Net`` builds the
+blobs and layers of that plan and runs them. ``param { name: "W" }`` shares
+one weight between every layer that names it (the first owns it, the others
+point at its data and diff), so backward accumulates the gradient of every
+timestep of an unrolled net into one blob.
+
+Memory (DESIGN.md section 6): params live in the :class:`ParamStore`; every
+other buffer comes from the :class:`~unroll.workspace.Workspace` of all nets
+over that store, reused as the memory plan allows. After a run, inputs,
+outputs, losses and ``keep=`` blobs are readable; reading another blob is an
+error that names ``keep=``.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from unroll import graph
 from unroll.atomic import write_atomic
 from unroll.backend import get_array_module, make_rng, to_numpy
 from unroll.blob import Blob
@@ -26,8 +33,8 @@ from unroll.host_checks import check_host_input, input_readers
 from unroll.layer import layer_class
 from unroll.param_store import LearnableParam, ParamStore
 from unroll.proto import (
+    TEST,
     TRAIN,
-    LayerParameter,
     NetParameter,
     ParamSpec,
     array_from_blob_proto,
@@ -35,26 +42,29 @@ from unroll.proto import (
     read_binary,
     read_message,
 )
+from unroll.workspace import Workspace, place, workspace_for
 
-PHASES = {"train": TRAIN, "test": 1}
+PHASES = {"train": TRAIN, "test": TEST}
 
-
-@dataclass
-class _Value:
-    """One version of a named blob: what produced it and who reads it."""
-
-    name: str
-    version: int
-    producer: int  # layer index; -1 for none
-    top_index: int
-    consumers: list = field(default_factory=list)  # (layer index, bottom index)
-    blob: Blob | None = None
+# kept importable from here, where they lived before unroll.graph
+filter_layers = graph.filter_layers
 
 
 def _layer_failure(layer, what: str, error: Exception, bottoms) -> NetError:
     """A layer's unexpected exception as a NetError naming the layer and its bottoms."""
     shapes = ", ".join(f"'{b.name}' {b.shape}" for b in bottoms) or "none"
     return NetError(f"layer '{layer.name}' ({layer.type}) {what}: {error}; bottoms: {shapes}")
+
+
+def _call(layer, what: str, method, *args) -> None:
+    """``method(*args)`` of ``layer``; an unexpected exception becomes a NetError."""
+    try:
+        method(*args)
+    except NetError:
+        raise
+    except Exception as e:
+        bottoms = args[0] if method.__name__ != "backward" else args[2]
+        raise _layer_failure(layer, what, e, bottoms) from e
 
 
 class BlobTable(Mapping):
@@ -94,60 +104,80 @@ class BlobTable(Mapping):
         return list(self._versions[name])
 
 
-def _state_meets_rule(phase: int, level: int, stages: set, rule) -> bool:
-    if rule.HasField("phase") and rule.phase != phase:
-        return False
-    if rule.HasField("min_level") and level < rule.min_level:
-        return False
-    if rule.HasField("max_level") and level > rule.max_level:
-        return False
-    if any(s not in stages for s in rule.stage):
-        return False
-    return not any(s in stages for s in rule.not_stage)
+class _Gate:
+    """Open while the net runs: a planned blob's memory is the net's only then."""
+
+    __slots__ = ("open", "net")
+
+    def __init__(self, net):
+        self.open, self.net = False, net
+
+    def closed_error(self, blob) -> NetError:
+        return NetError(
+            f"blob '{blob.name}' of net '{self.net.name}' is not kept: the memory plan reuses "
+            f"its memory once its last reader has run; build the net with keep=['{blob.name}'] "
+            f"(or forward(blobs=['{blob.name}'])) to read it after a run, or with "
+            f"plan_memory=False to keep every blob"
+        )
 
 
-def filter_layers(net_param: NetParameter, phase: int) -> list[LayerParameter]:
-    """The layers of ``net_param`` included in ``phase`` (Caffe's FilterNet)."""
-    level = net_param.state.level
-    stages = set(net_param.state.stage)
-    kept = []
-    for lp in net_param.layer:
-        if lp.include and lp.exclude:
-            raise NetError(f"layer '{lp.name}': specify include or exclude rules, not both")
-        if lp.include:
-            ok = any(_state_meets_rule(phase, level, stages, r) for r in lp.include)
-        else:
-            ok = not any(_state_meets_rule(phase, level, stages, r) for r in lp.exclude)
-        if ok:
-            kept.append(lp)
-    return kept
+@dataclass
+class MemoryReport:
+    """Bytes a net needs, planned against unplanned (every blob its own memory).
 
+    ``activations``, ``diffs`` and ``scratch`` are the unplanned sizes;
+    ``kept`` is the private part (inputs, outputs, losses, ``keep=``),
+    ``workspace`` this net's share of the shared workspace, so ``planned =
+    kept + workspace``. ``params`` counts the parameter store (data and diff
+    of every param, shared by every net over it), ``history`` the solver's.
+    ``largest`` lists ``(blob, shape, bytes, where)`` for the biggest blobs.
+    """
 
-def _legacy_inputs(net_param: NetParameter) -> list[LayerParameter]:
-    """NetParameter.input / input_shape / input_dim as one Input layer (as Caffe upgrades)."""
-    if not net_param.input:
-        return []
-    lp = LayerParameter(name="input", type="Input", top=list(net_param.input))
-    if net_param.input_shape:
-        for s in net_param.input_shape:
-            lp.input_param.shape.add().CopyFrom(s)
-    elif net_param.input_dim:
-        dims = list(net_param.input_dim)
-        if len(dims) != 4 * len(net_param.input):
-            raise NetError(f"input_dim must give 4 dims per input, found {len(dims)}")
-        for i in range(len(net_param.input)):
-            lp.input_param.shape.add().dim.extend(dims[4 * i : 4 * i + 4])
-    else:
-        raise NetError("net inputs given without input_shape or input_dim")
-    return [lp]
+    params: int
+    history: int
+    activations: int
+    diffs: int
+    scratch: int
+    kept: int
+    workspace: int
+    largest: list
+
+    @property
+    def unplanned(self) -> int:
+        return self.activations + self.diffs + self.scratch
+
+    @property
+    def planned(self) -> int:
+        return self.kept + self.workspace
+
+    def __str__(self) -> str:
+        kib = 1024.0
+        lines = [
+            f"params         {self.params / kib:12.1f} KiB",
+            f"solver history {self.history / kib:12.1f} KiB",
+            f"activations    {self.activations / kib:12.1f} KiB  (unplanned)",
+            f"diffs          {self.diffs / kib:12.1f} KiB  (unplanned)",
+            f"scratch        {self.scratch / kib:12.1f} KiB  (unplanned)",
+            f"unplanned      {self.unplanned / kib:12.1f} KiB",
+            f"planned        {self.planned / kib:12.1f} KiB  = kept {self.kept / kib:.1f} "
+            f"+ workspace {self.workspace / kib:.1f}",
+            "largest blobs:",
+        ]
+        lines += [f"  {name:<32} {str(shape):<18} {n / kib:10.1f} KiB  {where}"
+                  for name, shape, n, where in self.largest]
+        return "\n".join(lines)
 
 
 class Net:
     """A net built from a NetParameter, run with Caffe's semantics.
 
     ``source`` is a NetParameter, a path to a prototxt file or prototxt text.
-    ``keep`` names blobs that in-place layers must not overwrite. Nets built
-    over one ``param_store`` share every named param (bucketed models).
+    ``keep`` names blobs that stay readable after a run (and that in-place
+    layers must not overwrite); so do inputs, outputs, losses and, in the test
+    phase, the bottoms of losses and accuracies (the predictions). Nets built
+    over one ``param_store`` share every named param and one workspace
+    (bucketed models). ``plan_memory=False`` gives every blob memory of its
+    own, as pycaffe does, for debugging.
 
     >>> net = Net('''
     ...   layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
@@ -169,6 +199,8 @@ class Net:
         seed: int = 0,
         param_store: ParamStore | None = None,
         allow_python_layers: bool = False,
+        plan_memory: bool = True,
+        workspace: Workspace | None = None,
     ):
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {list(PHASES)}, found {phase!r}")
@@ -186,25 +218,26 @@ class Net:
         self._rng = make_rng(self.xp, seed)
         self._shared_store = param_store is not None
         self.store = param_store if param_store is not None else ParamStore()
+        self.plan_memory = plan_memory
+        self.workspace = workspace if workspace is not None else workspace_for(self.store, self.xp)
+        self.workspace.attach(self)
+        self._gate = _Gate(self)
+        self._kept_blobs: set[int] = set()  # asked for by forward(blobs=...)
         self.learnable_params: list[LearnableParam] = []
         self._first_holders: set[tuple[str, int]] = set()  # (layer, index) first to hold a param
         self._loss: float | None = 0.0  # read back on first access (see loss)
         self._device_loss = None
         self._borrowed: dict = {}  # input name -> the caller's device array it holds
-        self.in_place_fallbacks: list[str] = []
-        self._build(_legacy_inputs(self.net_param) + filter_layers(self.net_param, PHASES[phase]))
-
-    @classmethod
-    def from_prototxt(cls, path_or_text, **kwargs) -> Net:
-        """A Net from a prototxt path or text (same keywords as the constructor)."""
-        return cls(read_message(path_or_text, NetParameter), **kwargs)
+        self._bound_wholes: set[int] = set()
+        self._gate.open = True
+        try:
+            self._build(graph.legacy_inputs(self.net_param)
+                        + graph.filter_layers(self.net_param, PHASES[phase]))
+        finally:
+            self._gate.open = False
 
     # -- building -------------------------------------------------------------
-    def _build(self, layer_params: list[LayerParameter]) -> None:
-        names = [lp.name for lp in layer_params]
-        for i, n in enumerate(names):
-            if names.index(n) != i:
-                raise NetError(f"two layers are named '{n}'; layer names must be unique")
+    def _build(self, layer_params) -> None:
         self.layers = [
             layer_class(lp, self.allow_python_layers)(
                 lp, xp=self.xp, dtype=self.dtype, phase=self.phase, rng=self._rng,
@@ -213,143 +246,225 @@ class Net:
         ]
         for layer, lp in zip(self.layers, layer_params):
             layer.check_counts(len(lp.bottom), len(lp.top))
-        values, bottoms_of, tops_of = self._resolve_names(layer_params)
-        self._allocate(values, bottoms_of, tops_of, layer_params)
-        self._insert_splits(values, bottoms_of, tops_of, layer_params)
-        for name in self.keep:
-            if name not in self.blobs:
-                raise NetError(f"keep names blob '{name}', which no layer produces")
-        self.outputs = [v.name for v in values if not v.consumers]
-        self._setup_layers()
-        self._compute_need_backward()
-        self._schedule()
-
-    def _resolve_names(self, layer_params):
-        """Bottoms to the latest version of their name; tops to new versions."""
-        current: dict[str, _Value] = {}
-        values: list[_Value] = []
-        bottoms_of, tops_of = [], []
-        for li, lp in enumerate(layer_params):
-            bvals = []
-            for bi, b in enumerate(lp.bottom):
-                if b not in current:
-                    raise NetError(
-                        f"layer '{lp.name}' ({lp.type}): bottom '{b}' is not produced by any "
-                        f"layer above it"
-                    )
-                current[b].consumers.append((li, bi))
-                bvals.append(current[b])
-            tvals = []
-            for ti, t in enumerate(lp.top):
-                in_place = ti < len(lp.bottom) and lp.bottom[ti] == t
-                if t in current and not in_place:
-                    raise NetError(
-                        f"layer '{lp.name}' ({lp.type}): top '{t}' is already produced by layer "
-                        f"'{layer_params[current[t].producer].name}'; a top may reuse a name "
-                        f"only in place (as the same layer's bottom at the same position)"
-                    )
-                if t in (v.name for v in tvals):
-                    raise NetError(f"layer '{lp.name}' ({lp.type}): top '{t}' is listed twice")
-                version = current[t].version + 1 if in_place else 0
-                v = _Value(t, version, li, ti)
-                values.append(v)
-                tvals.append(v)
-            for v in tvals:
-                current[v.name] = v
-            bottoms_of.append(bvals)
-            tops_of.append(tvals)
-        return values, bottoms_of, tops_of
-
-    def _allocate(self, values, bottoms_of, tops_of, layer_params) -> None:
-        """A Blob per value; in-place values share their bottom's Blob when that is safe."""
+        g = graph.build_graph(layer_params, self.layers, self.keep)
+        self.graph = g
+        self.in_place_fallbacks = g.in_place_fallbacks
+        self._blob_list = [Blob((), self.xp, self.dtype, name) for name in g.names]
         self.blobs = BlobTable()
-        for v in values:
-            lp = layer_params[v.producer]
-            if v.version > 0:
-                prev = bottoms_of[v.producer][v.top_index]
-                reason = self._in_place_hazard(v.producer, prev, bottoms_of, layer_params)
-                if reason is None:
-                    v.blob = prev.blob
-                else:
-                    self.in_place_fallbacks.append(
-                        f"layer '{lp.name}' writes '{v.name}' out of place: {reason}"
-                    )
-            if v.blob is None:
-                v.blob = Blob((), self.xp, self.dtype, v.name)
-            self.blobs._add(v.name, v.blob)
+        for name, b in g.table:
+            self.blobs._add(name, self._blob_list[b])
+        self.outputs = g.outputs
+        splits = [layer_class(lp)(lp, xp=self.xp, dtype=self.dtype, phase=self.phase)
+                  for lp in g.layer_params[len(layer_params):]]
+        everyone = self.layers + splits
+        self.layers_run = [everyone[step.layer] for step in g.steps]
+        self._bottoms = [[self._blob_list[b] for b in step.bottoms] for step in g.steps]
+        self._tops = [[self._blob_list[b] for b in step.tops] for step in g.steps]
+        self._setup_layers()
+        self.layer_need_backward, self._bottom_need, loss_tops = graph.backward_needs(
+            g.steps, self.layers_run, self.net_param.force_backward, self._learns)
+        self._loss_tops = [(self._blob_list[b], w) for b, w in loss_tops]
+        self._loss_blobs = [b for b, _ in loss_tops]
+        self._fwd = list(zip(self.layers_run, self._bottoms, self._tops))
+        self._bwd = [
+            (s, layer, tops, prop, bottoms)
+            for s, (layer, bottoms, tops, prop, need) in enumerate(zip(
+                self.layers_run, self._bottoms, self._tops, self._bottom_need,
+                self.layer_need_backward))
+            if need
+        ][::-1]
+        # run order, splits included (as pycaffe's): aligned with layer_need_backward
+        self.layer_names = [layer.name for layer in self.layers_run]
+        self.inputs = [b.name for b in self._input_blobs]
+        self._plan()
 
-    def _in_place_hazard(self, li: int, prev: _Value, bottoms_of, layer_params) -> str | None:
-        """Why layer ``li`` may not overwrite ``prev`` in place (None if it may).
+    def _setup_layers(self) -> None:
+        for layer, bottoms, tops in zip(self.layers_run, self._bottoms, self._tops):
+            try:
+                layer.set_up(bottoms, tops)
+            except NetError:
+                raise
+            except Exception as e:
+                raise _layer_failure(layer, "cannot set up", e, bottoms) from e
+        self._input_blobs = [t for layer, t in zip(self.layers_run, self._tops)
+                             if layer.type == "Input" for t in t]
+        self._input_shapes = [b.shape for b in self._input_blobs]
 
-        The write also lands in every value ``prev`` is a view of (a Reshape,
-        Flatten or Split top shares its bottom's data), so those are checked too.
+    def _learns(self, step: int) -> bool:
+        layer = self.layers_run[step]
+        return layer.learnable and any(
+            (layer.param.param[k].lr_mult if k < len(layer.param.param) else 1.0) != 0
+            for k in range(len(layer.blobs)))
+
+    # -- the memory plan -----------------------------------------------------------
+    def _private_blobs(self) -> set[int]:
+        """Blobs readable after a run: inputs, outputs, losses, keep=, and in the test
+        phase what losses and accuracies read (the predictions, as pycaffe users read them)."""
+        g = self.graph
+        named = set(self.outputs) | self.keep
+        private = {b for name, b in g.table if name in named}
+        for step, layer in zip(g.steps, self.layers_run):
+            if layer.type == "Input":
+                private.update(step.tops)
+            elif self.phase == "test" and (layer.is_loss or layer.type == "Accuracy"):
+                private.update(step.bottoms)
+        private.update(self._loss_blobs)
+        return private | self._kept_blobs
+
+    def _plan(self) -> None:
+        """The lifetimes (from the graph), then the layout (from the shapes)."""
+        g = self.graph
+        private = (set(range(len(self._blob_list))) if not self.plan_memory
+                   else self._private_blobs())
+        # a test-phase net runs backward only when asked to (force_backward): inference
+        # memory must not hold what only a backward would read
+        self._plans_backward = self.phase == "train" or self.net_param.force_backward
+        need = (self.layer_need_backward if self._plans_backward
+                else [False] * len(self.layer_need_backward))
+        self.memory_plan = graph.plan_memory(
+            g.steps, self.layers_run, len(self._blob_list), private, need,
+            self._bottom_need, self._loss_blobs)
+        plan = self.memory_plan
+        for b, blob in enumerate(self._blob_list):
+            planned = plan.data_root[b] not in plan.private or plan.diff_root[b] not in plan.private
+            blob.guard = self._gate if planned else None
+        self._zero_before = {s: [self._blob_list[r] for r in roots]
+                             for s, roots in plan.zero_before.items()}
+        self._layout()
+
+    def _layout(self) -> None:
+        """Where every planned buffer sits in the workspace, for the current shapes.
+
+        Computes offsets only: the workspace grows, and the blobs get their
+        memory, when the net next runs.
         """
-        layer = self.layers[li]
-        if not layer.in_place:
-            raise NetError(
-                f"layer '{layer.name}' ({layer.type}): cannot run in place (top '{prev.name}' "
-                f"== bottom '{prev.name}'); {layer.type} needs a top of its own"
-            )
-        if "bottom" in layer.backward_reads:
-            raise NetError(
-                f"layer '{layer.name}' ({layer.type}): cannot run in place on '{prev.name}': "
-                f"its backward reads its bottom, which the in-place write destroys"
-            )
-        value, reader, via = prev, li, ""
-        while True:
-            if value.name in self.keep:
-                return f"keep=[{value.name!r}] asks to preserve it{via}"
-            readers = [c for c, _ in value.consumers]
-            readers.remove(reader)
-            if readers:
-                others = [layer_params[c].name for c in readers]
-                return f"layer(s) {others} also read the value it would overwrite{via}"
-            if value.producer < 0:
-                return None
-            producer = self.layers[value.producer]
-            if "top" in producer.backward_reads:
-                return (
-                    f"the backward of its producer '{producer.name}' ({producer.type}) reads "
-                    f"that top{via}"
-                )
-            if "data" not in producer.shares_bottom:
-                return None
-            # the value is a view of the producer's bottom: the write lands there as well
-            reader, value = value.producer, bottoms_of[value.producer][0]
-            via = f" (through '{producer.name}', a view of '{value.name}')"
+        self._bound = False
+        if not self.plan_memory:
+            self._placement = None
+            return
+        plan, g = self.memory_plan, self.graph
+        shapes = [blob.shape for blob in self._blob_list]
+        data_host, diff_host, flags = graph.group_parts(
+            g.steps, self.layers_run, plan, shapes, g.rewritten)
+        for s, (data_flags, diff_flags) in flags.items():
+            self.layers_run[s].parts_in_whole = (data_flags, diff_flags)
+        buffers, keys = [], []
+        for kind, life, host in (("data", plan.data_life, data_host),
+                                 ("diff", plan.diff_life, diff_host)):
+            spans = {r: list(span) for r, span in life.items()}
+            for r in list(host):
+                top = r
+                while top in host:
+                    top = host[top][0]
+                if r in spans:
+                    span = spans.setdefault(top, list(spans[r]))
+                    span[0], span[1] = min(span[0], spans[r][0]), max(span[1], spans[r][1])
+            for r, (first, last) in spans.items():
+                if r not in host and r not in plan.private:
+                    buffers.append((first, last, self._blob_list[r].nbytes))
+                    keys.append((kind, r))
+        for s, layer in enumerate(self.layers_run):
+            for name, (shape, dtype, lives) in layer.scratch_specs.items():
+                span = plan.scratch_life(s, lives)
+                if span is not None:
+                    n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                    buffers.append((span[0], span[1], n))
+                    keys.append(("scratch", (s, name)))
+        offsets, total = place(buffers)
+        self._placement = (dict(zip(keys, offsets)), data_host, diff_host, total)
 
-    def _insert_splits(self, values, bottoms_of, tops_of, layer_params) -> None:
-        """Give each reader of a multiply-read value its own diff (Caffe's InsertSplits).
+    def _bind(self) -> None:
+        """Give every planned blob and scratch buffer its memory in the workspace."""
+        offsets, data_host, diff_host, total = self._placement
+        ws = self.workspace
+        ws.grow(total)
+        arrays: dict = {}
+        # blobs that other blobs are views into (Slice parts of an input, say): a new array
+        # for one of them (a borrowed input) must re-bind its parts
+        self._bound_wholes = {id(self._blob_list[whole]) for whole, _ in data_host.values()}
 
-        Sets the run order: every layer with its bottom and top blobs, each
-        split right after the layer that produced the value it splits.
-        """
-        bottoms = [[v.blob for v in bvals] for bvals in bottoms_of]
-        tops = [[v.blob for v in tvals] for tvals in tops_of]
-        splits_after: dict[int, list] = {}
-        for v in values:
-            if len(v.consumers) < 2:
+        def array(kind, r):
+            if (kind, r) in arrays:
+                return arrays[(kind, r)]
+            blob = self._blob_list[r]
+            host = data_host if kind == "data" else diff_host
+            if r in host:
+                whole, offset = host[r]
+                flat = array(kind, whole)
+                a = None if flat is None else (
+                    flat.reshape(-1)[offset : offset + blob.count].reshape(blob.shape))
+            elif (kind, r) in offsets:
+                a = ws.view(offsets[(kind, r)], blob.shape, self.dtype)
+            elif r in self.memory_plan.private:
+                a = getattr(blob, kind)  # its own memory
+            else:
+                a = None  # never used by this net (no backward: no diff)
+            arrays[(kind, r)] = a
+            return a
+
+        plan = self.memory_plan
+        for r in set(plan.data_root) | set(plan.diff_root):
+            if r in plan.private:
                 continue
-            base = f"{v.name}_{layer_params[v.producer].name}_{v.top_index}_split"
-            split_tops = []
-            for k, (li, bi) in enumerate(v.consumers):
-                top = Blob((), self.xp, self.dtype, f"{base}_{k}")
-                self.blobs._add(top.name, top)
-                bottoms[li][bi] = top
-                split_tops.append(top)
-            lp = LayerParameter(name=base, type="Split", bottom=[v.name],
-                                top=[t.name for t in split_tops])
-            split = layer_class(lp)(lp, xp=self.xp, dtype=self.dtype, phase=self.phase)
-            splits_after.setdefault(v.producer, []).append((split, [v.blob], split_tops))
-        self.layers_run, self._bottoms, self._tops = [], [], []
-        for li, layer in enumerate(self.layers):
-            self.layers_run.append(layer)
-            self._bottoms.append(bottoms[li])
-            self._tops.append(tops[li])
-            for split, b, t in splits_after.get(li, []):
-                self.layers_run.append(split)
-                self._bottoms.append(b)
-                self._tops.append(t)
+            # a root no step touches (a diff where nothing runs backward) gets no memory
+            data = array("data", r) if r in plan.data_life else None
+            diff = array("diff", r) if r in plan.diff_life else None
+            self._blob_list[r].bind(data, diff)
+        for s, layer in enumerate(self.layers_run):
+            for name, (shape, dtype, _) in layer.scratch_specs.items():
+                if ("scratch", (s, name)) in offsets:
+                    layer.scratch_memory[name] = ws.view(offsets[("scratch", (s, name))],
+                                                         shape, dtype)
+        self._bound = True
+
+    def release_memory(self) -> None:
+        """Drop every view of the workspace (it is about to move); the next run re-binds."""
+        if not self._bound:
+            return
+        plan = self.memory_plan
+        for r in set(plan.data_root) | set(plan.diff_root):
+            if r not in plan.private:
+                self._blob_list[r].bind(None, None)
+        for layer in self.layers_run:
+            layer.scratch_memory.clear()
+        self._bound = False
+
+    def memory_report(self, solver=None, largest: int = 10) -> MemoryReport:
+        """What the net's memory costs, planned against unplanned (see :class:`MemoryReport`).
+
+        >>> net = Net('layer { name: "in" type: "Input" top: "x" '
+        ...           'input_param { shape { dim: 4 dim: 8 } } }')
+        >>> net.memory_report().activations
+        128
+        """
+        plan = self.memory_plan
+        roots = sorted(set(plan.data_root))
+        blobs = self._blob_list
+        activations = sum(blobs[r].nbytes for r in roots)
+        diffs = sum(blobs[r].nbytes for r in set(plan.diff_root)
+                    if r in plan.diff_life or (r in plan.private and blobs[r]._diff is not None))
+        scratch = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                      for layer in self.layers_run
+                      for shape, dtype, _ in layer.scratch_specs.values())
+        kept = sum(blobs[r].nbytes for r in roots if r in plan.private)
+        kept += sum(blobs[r].nbytes for r in set(plan.diff_root)
+                    if r in plan.private and blobs[r]._diff is not None)
+        if self._placement is None:
+            kept, workspace = activations + diffs + scratch, 0
+        else:
+            workspace = self._placement[3]
+        history = sum(int(h.nbytes) for h in solver.history) if solver is not None else 0
+        data_host = self._placement[1] if self._placement else {}
+
+        def where(r):
+            if r in plan.private:
+                return "kept"
+            return "inside another blob" if r in data_host else "workspace"
+
+        big = sorted(roots, key=lambda r: -blobs[r].nbytes)[:largest]
+        return MemoryReport(self.store.nbytes, history, activations, diffs, scratch, kept,
+                            workspace, [(blobs[r].name, blobs[r].shape, blobs[r].nbytes,
+                                         where(r)) for r in big])
 
     # -- params and sharing ---------------------------------------------------
     def _make_param(self, layer, index: int, shape: tuple, filler) -> Blob:
@@ -432,111 +547,25 @@ class Net:
         """Layer name -> its param blobs (shared ones are the owner's memory), as pycaffe."""
         return {layer.name: layer.blobs for layer in self.layers if layer.blobs}
 
-    # -- setup, need_backward, schedule -----------------------------------------
-    def _setup_layers(self) -> None:
-        for layer, bottoms, tops in zip(self.layers_run, self._bottoms, self._tops):
-            try:
-                layer.set_up(bottoms, tops)
-            except NetError:
-                raise
-            except Exception as e:
-                raise _layer_failure(layer, "cannot set up", e, bottoms) from e
-        self._input_blobs = [t for layer, t in zip(self.layers_run, self._tops)
-                             if layer.type == "Input" for t in t]
-        self._input_shapes = [b.shape for b in self._input_blobs]
-
-    def _loss_weights(self, layer) -> list[float]:
-        n = len(layer.param.top)
-        weights = list(layer.param.loss_weight)
-        if weights and len(weights) != n:
-            raise NetError(
-                f"layer '{layer.name}' ({layer.type}): loss_weight gives {len(weights)} values "
-                f"for {n} tops"
-            )
-        if not weights:
-            weights = [1.0 if (layer.is_loss and i == 0) else 0.0 for i in range(n)]
-        return weights
-
-    def _compute_need_backward(self) -> None:
-        force = self.net_param.force_backward
-        need: dict[int, bool] = {}
-        layer_need, bottom_need, loss_tops = [], [], []
-        consumed = {id(b) for bottoms in self._bottoms for b in bottoms}
-        for layer, bottoms, tops in zip(self.layers_run, self._bottoms, self._tops):
-            pd = list(layer.param.propagate_down)
-            if pd and len(pd) != len(bottoms):
-                raise NetError(
-                    f"layer '{layer.name}' ({layer.type}): propagate_down gives {len(pd)} values "
-                    f"for {len(bottoms)} bottoms"
-                )
-            bneed = []
-            for i, b in enumerate(bottoms):
-                wanted = need.get(id(b), False) or (force and not pd)
-                if pd:
-                    wanted = pd[i] and (need.get(id(b), False) or force)
-                bneed.append(bool(wanted) and layer.allow_force_backward(i))
-            params_learn = any(self._lr_of(layer, k) != 0 for k in range(len(layer.blobs)))
-            lneed = any(bneed) or params_learn or (force and bool(bottoms))
-            for t in tops:
-                need[id(t)] = lneed
-            layer_need.append(lneed)
-            bottom_need.append(bneed)
-            if layer.type != "Split":
-                for t, w in zip(tops, self._loss_weights(layer)):
-                    if w == 0:
-                        continue
-                    if id(t) in consumed and t not in bottoms:
-                        raise NetError(
-                            f"layer '{layer.name}' ({layer.type}): top '{t.name}' has loss_weight "
-                            f"{w} and is also read by another layer; give the reader its own copy"
-                        )
-                    loss_tops.append((t, float(w)))
-        # Caffe: a layer whose tops reach no loss, or whose every top is refused by its
-        # readers (propagate_down: false; Caffe's blobs_skip_backp), needs no backward
-        under_loss = {id(t) for t, _ in loss_tops}
-        refused = set()
-        for i in reversed(range(len(self.layers_run))):
-            tops, bottoms = self._tops[i], self._bottoms[i]
-            skip = bool(tops) and all(id(t) in refused for t in tops)
-            if any(id(t) in under_loss for t in tops) and not skip:
-                under_loss.update(id(b) for b in bottoms)
-            elif not force:
-                layer_need[i] = False
-                bottom_need[i] = [False] * len(bottoms)
-            refused.update(id(b) for b, n in zip(bottoms, bottom_need[i]) if not n)
-        self.layer_need_backward = layer_need
-        self._bottom_need = bottom_need
-        self._loss_tops = loss_tops
-
-    def _lr_of(self, layer, k: int) -> float:
-        spec = layer.param.param[k] if k < len(layer.param.param) else ParamSpec()
-        return spec.lr_mult if layer.learnable else 0.0
-
-    def _schedule(self) -> None:
-        self._fwd = list(zip(self.layers_run, self._bottoms, self._tops))
-        self._bwd = [
-            (layer, tops, prop, bottoms)
-            for layer, bottoms, tops, prop, need in zip(
-                self.layers_run, self._bottoms, self._tops, self._bottom_need,
-                self.layer_need_backward,
-            )
-            if need
-        ][::-1]
-        # run order, splits included (as pycaffe's): aligned with layer_need_backward
-        self.layer_names = [layer.name for layer in self.layers_run]
-        self.inputs = [b.name for b in self._input_blobs]
-
     # -- running ----------------------------------------------------------------
+    def seed(self, seed: int) -> None:
+        """Reseed what draws randomness at run time (Dropout masks), so runs repeat."""
+        self._rng = make_rng(self.xp, seed)
+        for layer in self.layers_run:
+            layer.rng = self._rng
+
     def reshape(self) -> None:
-        """Propagate new input shapes through every layer (allocates only what changed)."""
-        for layer, bottoms, tops in self._fwd:
-            try:
-                layer.reshape(bottoms, tops)
-            except NetError:
-                raise
-            except Exception as e:
-                raise _layer_failure(layer, "cannot reshape", e, bottoms) from e
+        """Propagate new input shapes through every layer, then lay out memory anew."""
+        self._input_shapes = None  # until every layer has taken the new shapes
+        opened, self._gate.open = self._gate.open, True
+        try:
+            for layer, bottoms, tops in self._fwd:
+                _call(layer, "cannot reshape", layer.reshape, bottoms, tops)
+        finally:
+            self._gate.open = opened
         self._input_shapes = [b.shape for b in self._input_blobs]
+        self.release_memory()
+        self._layout()
 
     def set_input(self, name: str, value) -> None:
         """Put ``value`` into input blob ``name``, reshaping it if needed.
@@ -560,6 +589,8 @@ class Net:
             if value.shape != blob.shape:
                 blob.diff = None  # allocated again, in the new shape, when first used
             blob.data = self._borrowed[name] = value
+            if id(blob) in self._bound_wholes:  # its parts still view the array it had
+                self._bound = False
             return
         if self._borrowed.pop(name, None) is blob.data:  # never write into the caller's array
             blob.data = self.xp.empty(blob.shape, self.dtype)
@@ -576,21 +607,43 @@ class Net:
     def _input_readers(self) -> dict:
         return input_readers(self._fwd, self.inputs)
 
-    def forward(self, **inputs) -> dict:
-        """Run forward; returns {output blob name: data}. Keywords fill input blobs first."""
+    def _keep_also(self, names) -> None:
+        """Make blobs ``names`` readable after a run from now on (forward(blobs=...))."""
+        for name in names:
+            if name not in self.blobs:
+                raise NetError(f"forward(blobs=...): net '{self.name}' has no blob '{name}'")
+        index = {id(blob): b for b, blob in enumerate(self._blob_list)}
+        wanted = {index[id(self.blobs[name])] for name in names} - self._kept_blobs
+        if wanted:
+            self._kept_blobs |= wanted
+            self.release_memory()
+            self._plan()
+
+    def forward(self, blobs=(), **inputs) -> dict:
+        """Run forward; returns {output blob name: data}, and the blobs named in ``blobs``.
+
+        Keywords fill input blobs first. Blobs named in ``blobs`` are kept from
+        now on (as if given to ``keep=``), so they are readable after the run.
+        """
+        if blobs:
+            self._keep_also(blobs)
         for name, value in inputs.items():
             self.set_input(name, value)
         if [b.shape for b in self._input_blobs] != self._input_shapes:
             self.reshape()
-        for layer, bottoms, tops in self._fwd:
-            try:
-                layer.forward(bottoms, tops)
-            except NetError:
-                raise
-            except Exception as e:
-                raise _layer_failure(layer, "failed in forward", e, bottoms) from e
+        self._gate.open = True
+        try:
+            if not self._bound and self._placement is not None:
+                self._bind()
+            for layer, bottoms, tops in self._fwd:
+                _call(layer, "failed in forward", layer.forward, bottoms, tops)
+        finally:
+            self._gate.open = False
+        self.workspace.holder = self
         self._loss = self._device_loss = None
-        return {name: self.blobs[name].data for name in self.outputs}
+        out = {name: self.blobs[name].data for name in self.outputs}
+        out.update((name, self.blobs[name].data) for name in blobs)
+        return out
 
     @property
     def loss(self) -> float:
@@ -624,15 +677,27 @@ class Net:
 
     def backward(self) -> None:
         """Backpropagate the loss: writes blob diffs and ADDS into param diffs."""
+        if self._placement is not None and not self._plans_backward:
+            raise NetError(
+                f"net '{self.name}' was built for phase 'test' without force_backward, so its "
+                f"memory plan keeps nothing for a backward; build it with phase='train', "
+                f"force_backward: true, or plan_memory=False"
+            )
+        if self._placement is not None and self.workspace.holder is not self:
+            raise NetError(
+                f"net '{self.name}': backward must follow this net's own forward; another "
+                f"net on the shared workspace has run since (or this net never ran forward)"
+            )
         for blob, weight in self._loss_tops:
             blob.diff.fill(weight)
-        for layer, tops, prop, bottoms in self._bwd:
-            try:
-                layer.backward(tops, prop, bottoms)
-            except NetError:
-                raise
-            except Exception as e:
-                raise _layer_failure(layer, "failed in backward", e, bottoms) from e
+        self._gate.open = True
+        try:
+            for s, layer, tops, prop, bottoms in self._bwd:
+                for blob in self._zero_before.get(s, ()):
+                    blob.diff.fill(0)
+                _call(layer, "failed in backward", layer.backward, tops, prop, bottoms)
+        finally:
+            self._gate.open = False
 
     def clear_param_diffs(self) -> None:
         """Zero every owner's diff (once per iteration; backward accumulates into them)."""

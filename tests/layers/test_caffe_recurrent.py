@@ -278,7 +278,7 @@ def test_caffemodel_round_trip():
 
 def test_T_changes_between_batches():
     rng = np.random.default_rng(4)
-    net = Net(NET, dtype="float64")
+    net = Net(NET, dtype="float64", keep=["h"])
     layer = net.layers[1]
     W = [b.data for b in layer.blobs]
     for T in (4, 7, 1, 4):

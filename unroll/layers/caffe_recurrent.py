@@ -200,8 +200,10 @@ class RecurrentLayer(Layer):
                 if conts & set(lp.bottom):
                     del lp.propagate_down[:]
                     lp.propagate_down.extend(b not in conts for b in lp.bottom)
+            # debug_info logs every hidden blob after a run: only an unplanned net keeps them
             net = Net(param, phase=self.phase, device=device_of(self.xp), dtype=self.dtype,
-                      param_store=self.store)
+                      param_store=self.store,
+                      plan_memory=not self.param.recurrent_param.debug_info)
             extra = [p.name for p in self.store][len(self.blobs):]
             if extra:
                 raise self.error(f"template '{self.template}' has params {extra} beyond "

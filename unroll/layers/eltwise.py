@@ -35,7 +35,6 @@ class EltwiseLayer(Layer):
         if coeff and len(coeff) != len(bottoms):
             raise self.error(f"{len(coeff)} coeff given for {len(bottoms)} bottoms; give one each")
         self.coeff = coeff or [1.0] * len(bottoms)
-        self.mask = None
 
     def reshape(self, bottoms, tops):
         shape = bottoms[0].shape
@@ -46,8 +45,8 @@ class EltwiseLayer(Layer):
                     f"'{b.name}' is {b.shape}"
                 )
         tops[0].reshape(shape)
-        if self.op == MAX and (self.mask is None or self.mask.shape != shape):
-            self.mask = self.xp.zeros(shape, self.xp.int32)
+        if self.op == MAX:
+            self.reserve("mask", shape, self.xp.int32)
 
     def forward(self, bottoms, tops):
         xp, y = self.xp, tops[0].data
@@ -68,9 +67,10 @@ class EltwiseLayer(Layer):
         else:
             # the first maximum wins; its bottom alone gets the gradient
             xp.copyto(y, bottoms[0].data)
-            self.mask.fill(0)
+            mask = self.scratch("mask")
+            mask.fill(0)
             for i, b in enumerate(bottoms[1:], 1):
-                self.mask[b.data > y] = i
+                mask[b.data > y] = i
                 xp.maximum(y, b.data, out=y)
 
     def backward(self, tops, propagate_down, bottoms):
@@ -82,7 +82,7 @@ class EltwiseLayer(Layer):
             if self.op == SUM:
                 xp.multiply(gy, self.coeff[i], out=gx)
             elif self.op == MAX:
-                xp.multiply(gy, self.mask == i, out=gx)
+                xp.multiply(gy, self.scratch("mask") == i, out=gx)
             elif self.stable:
                 others = [o.data for j, o in enumerate(bottoms) if j != i]
                 xp.multiply(gy, others[0], out=gx)

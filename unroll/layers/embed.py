@@ -30,7 +30,6 @@ class EmbedLayer(Layer):
         self.param_blob((self.input_dim, self.num_output), p.weight_filler)
         if self.bias_term:
             self.param_blob((self.num_output,), p.bias_filler)
-        self.index = None
 
     def allow_force_backward(self, bottom_index):
         return False
@@ -59,24 +58,25 @@ expected an integer in [0, 3)
     def reshape(self, bottoms, tops):
         shape = bottoms[0].shape
         tops[0].reshape(shape + (self.num_output,))
-        if self.index is None or self.index.size != bottoms[0].count:
-            self.index = self.xp.zeros(bottoms[0].count, self.xp.intp)
+        self.reserve("index", (bottoms[0].count,), self.xp.intp)
 
     def forward(self, bottoms, tops):
         xp, x = self.xp, bottoms[0].data
         if xp is np:
             self.check_host_bottom(0, x, bottoms[0].name)
-        xp.copyto(self.index, x.reshape(-1), casting="unsafe")
+        index = self.scratch("index")
+        xp.copyto(index, x.reshape(-1), casting="unsafe")
         y = tops[0].data.reshape(-1, self.num_output)
-        xp.take(self.blobs[0].data, self.index, axis=0, out=y)
+        xp.take(self.blobs[0].data, index, axis=0, out=y)
         if self.bias_term:
             y += self.blobs[1].data
 
     def backward(self, tops, propagate_down, bottoms):
         gy = tops[0].diff.reshape(-1, self.num_output)
-        if self.index.size:
+        index = self.scratch("index")
+        if index.size:
             add_rows = sorted_add_rows if self.xp is np else scatter_add_rows
-            add_rows(self.xp, self.blobs[0].diff, self.index, gy)
+            add_rows(self.xp, self.blobs[0].diff, index, gy)
         if self.bias_term:
             self.blobs[1].diff += gy.sum(axis=0)
         if propagate_down[0]:

@@ -116,15 +116,13 @@ class SoftmaxWithLossLayer(ClassScores):
         self.mode = p.normalization
         if not p.HasField("normalization") and p.HasField("normalize"):
             self.mode = Norm.VALID if p.normalize else Norm.BATCH_SIZE
-        self.prob = None
 
     def reshape(self, bottoms, tops):
         self.split_axes(bottoms, self.param.softmax_param.axis)
         tops[0].reshape(())
         if len(tops) > 1:
             tops[1].reshape(bottoms[0].shape)
-        if self.prob is None or self.prob.shape != self.dims:
-            self.prob = self.xp.zeros(self.dims, self.dtype)
+        self.reserve("prob", self.dims)
 
     def normalizer(self, valid):
         outer, _, inner = self.dims
@@ -134,7 +132,7 @@ class SoftmaxWithLossLayer(ClassScores):
                        Norm.BATCH_SIZE: outer, Norm.NONE: 1}[self.mode])
 
     def forward(self, bottoms, tops):
-        xp, p = self.xp, self.prob
+        xp, p = self.xp, self.scratch("prob")
         self.label, valid = self.labels(bottoms)
         x = bottoms[0].data.reshape(self.dims)
         xp.subtract(x, x.max(axis=1, keepdims=True), out=p)
@@ -154,7 +152,8 @@ class SoftmaxWithLossLayer(ClassScores):
         if propagate_down[0]:
             onehot = self.xp.arange(self.dims[1])[:, None] == self.label[:, None]
             scale = (self.weight * tops[0].diff)[:, None]
-            bottoms[0].diff[...] = ((self.prob - onehot) * scale).reshape(bottoms[0].shape)
+            gx = (self.scratch("prob") - onehot) * scale
+            bottoms[0].diff[...] = gx.reshape(bottoms[0].shape)
 
 
 @register_layer("EuclideanLoss")
@@ -165,30 +164,27 @@ class EuclideanLossLayer(Layer):
     backward_reads = ()
     is_loss = True
 
-    def layer_setup(self, bottoms, tops):
-        self.diff = None
-
     def reshape(self, bottoms, tops):
         a, b = bottoms
         if a.count != b.count or a.ndim < 1 or b.ndim < 1 or a.shape[0] != b.shape[0]:
             raise self.error(f"bottoms '{a.name}' {a.shape} and '{b.name}' {b.shape} must "
                              f"have the same count and first dimension")
         tops[0].reshape(())
-        if self.diff is None or self.diff.shape != a.shape:
-            self.diff = self.xp.zeros(a.shape, self.dtype)
+        self.reserve("diff", a.shape)
 
     def forward(self, bottoms, tops):
         a, b = bottoms
-        self.xp.subtract(a.data, b.data.reshape(a.shape), out=self.diff)
-        tops[0].data[...] = self.xp.vdot(self.diff, self.diff) / (2 * a.shape[0])
+        d = self.scratch("diff")
+        self.xp.subtract(a.data, b.data.reshape(a.shape), out=d)
+        tops[0].data[...] = self.xp.vdot(d, d) / (2 * a.shape[0])
 
     def backward(self, tops, propagate_down, bottoms):
         a, b = bottoms
-        scale = tops[0].diff / a.shape[0]
+        scale, d = tops[0].diff / a.shape[0], self.scratch("diff")
         if propagate_down[0]:
-            self.xp.multiply(self.diff, scale, out=a.diff)
+            self.xp.multiply(d, scale, out=a.diff)
         if propagate_down[1]:
-            b.diff[...] = (self.diff * -scale).reshape(b.shape)
+            b.diff[...] = (d * -scale).reshape(b.shape)
 
 
 @register_layer("Accuracy")

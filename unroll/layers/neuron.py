@@ -87,26 +87,31 @@ class DropoutLayer(NeuronLayer):
         self.ratio = self.param.dropout_param.dropout_ratio
         if not 0 <= self.ratio < 1:
             raise self.error(f"dropout_ratio must be in [0, 1), found {self.ratio}")
-        self.mask = None
+        self.masked = self.phase == "train" and self.ratio > 0
+
+    def reshape(self, bottoms, tops):
+        super().reshape(bottoms, tops)
+        if self.masked:
+            self.reserve("mask", bottoms[0].shape)
 
     def forward(self, bottoms, tops):
         x = bottoms[0].data
-        if self.phase != "train" or self.ratio == 0:
+        if not self.masked:
             if tops[0].data is not x:
                 tops[0].data[...] = x
-            self.mask = None
             return
-        keep = self.rng.random(x.shape, dtype=x.dtype) >= self.ratio
-        self.mask = keep.astype(x.dtype) * (1.0 / (1.0 - self.ratio))
-        self.xp.multiply(x, self.mask, out=tops[0].data)
+        mask = self.scratch("mask")
+        self.xp.greater_equal(self.rng.random(x.shape, dtype=x.dtype), self.ratio, out=mask)
+        mask *= 1.0 / (1.0 - self.ratio)
+        self.xp.multiply(x, mask, out=tops[0].data)
 
     def backward(self, tops, propagate_down, bottoms):
         if propagate_down[0]:
-            if self.mask is None:
+            if not self.masked:
                 if bottoms[0].diff is not tops[0].diff:
                     bottoms[0].diff[...] = tops[0].diff
             else:
-                self.xp.multiply(tops[0].diff, self.mask, out=bottoms[0].diff)
+                self.xp.multiply(tops[0].diff, self.scratch("mask"), out=bottoms[0].diff)
 
 
 @register_layer("Power")

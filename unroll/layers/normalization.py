@@ -94,9 +94,15 @@ class ScaleLayer(Layer):
 
     num_bottoms = (1, 2)
     in_place = True
-    # backward reads x, but never an overwritten one: in place, forward keeps a copy of x; out
-    # of place, Scale is a reader of x, so the net lets no later layer overwrite x in place
+    # backward reads x for the scale's gradient, but never an overwritten x: in place, forward
+    # keeps a copy of x; out of place it reads the bottom (see reads_in_backward)
     backward_reads = ()
+
+    def reads_in_backward(self, k: int, bottom_need) -> bool:
+        if k == 0:  # x, when the scale takes a gradient: a learned scale, or a scale bottom
+            # that needs one (a cont mask needs none, so its x is not kept for backward)
+            return len(bottom_need) == 1 or bool(bottom_need[1])
+        return bool(bottom_need[0])  # the scale bottom, for x's gradient
 
     def layer_setup(self, bottoms, tops):
         p = self.param.scale_param

@@ -1,9 +1,9 @@
 """Reshape and Flatten: a new shape over the same values, without a copy.
 
 As in Caffe, the top's data and diff are reshaped views of the bottom's, so
-forward and backward move no memory. Should the bottom not be contiguous, or
-an array of either blob be replaced behind the layer's back, it re-views (or,
-when a view is impossible, copies) instead of reading stale memory.
+forward and backward move no memory. The top follows the bottom's memory
+wherever a net places it (:meth:`unroll.blob.Blob.view_of`); only a bottom
+made non-contiguous from outside is copied instead.
 """
 
 from __future__ import annotations
@@ -29,27 +29,19 @@ class ViewLayer(Layer):
         if math.prod(shape) != x.count:
             raise self.error(f"top shape {shape} does not hold the {x.count} values of "
                              f"bottom '{x.name}' {x.shape}")
-        self.views = x.data.flags.c_contiguous and x.diff.flags.c_contiguous
-        if self.views:
-            y.data, y.diff = x.data.reshape(shape), x.diff.reshape(shape)
-        else:  # own arrays, copied in forward and backward
-            y.data, y.diff = self.xp.zeros(shape, y.dtype), self.xp.zeros(shape, y.dtype)
-        self.bound = (x.data, x.diff, y.data, y.diff)
+        y.reshape(shape)
+        y.view_of(x)  # follows x's memory wherever the net puts it
 
-    def _unchanged(self, x, y) -> bool:
-        b = self.bound
-        return x.data is b[0] and x.diff is b[1] and y.data is b[2] and y.diff is b[3]
-
+    # a non-contiguous bottom (set from outside) cannot be viewed: the top's arrays
+    # are then copies, refreshed here
     def forward(self, bottoms, tops):
         x, y = bottoms[0], tops[0]
-        if self.views and not self._unchanged(x, y):
-            self.reshape(bottoms, tops)  # an array was replaced: view the new one
-        if not self.views:
+        if not x.data.flags.c_contiguous:
             y.data[...] = x.data.reshape(y.shape)
 
     def backward(self, tops, propagate_down, bottoms):
         x, y = bottoms[0], tops[0]
-        if propagate_down[0] and not (self.views and self._unchanged(x, y)):
+        if propagate_down[0] and not x.diff.flags.c_contiguous:
             x.diff[...] = y.diff.reshape(x.shape)
 
 

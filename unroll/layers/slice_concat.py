@@ -35,6 +35,8 @@ class ConcatLayer(Layer):
 
     num_bottoms = (1, None)
     backward_reads = ()
+    #: the bottoms are consecutive parts of the top: a net may place them inside it
+    parts_of_whole = "bottoms"
 
     def reshape(self, bottoms, tops):
         first = bottoms[0].shape
@@ -53,15 +55,24 @@ class ConcatLayer(Layer):
             bounds.append(bounds[-1] + b.shape[axis])
         self.axis = axis
         self.cuts = _cuts(axis, bounds)
+        self.parts_in_whole = ([False] * len(bottoms), [False] * len(bottoms))
         tops[0].reshape(first[:axis] + (bounds[-1],) + first[axis + 1:])
 
     def forward(self, bottoms, tops):
-        self.xp.concatenate([b.data for b in bottoms], axis=self.axis, out=tops[0].data)
+        placed = self.parts_in_whole[0]
+        if not any(placed):
+            self.xp.concatenate([b.data for b in bottoms], axis=self.axis, out=tops[0].data)
+            return
+        y = tops[0].data
+        for b, cut, inside in zip(bottoms, self.cuts, placed):
+            if not inside:  # a part placed inside the top is there already
+                y[cut] = b.data
 
     def backward(self, tops, propagate_down, bottoms):
         gy = tops[0].diff
-        for down, b, cut in zip(propagate_down, bottoms, self.cuts):
-            if down:
+        for down, b, cut, inside in zip(propagate_down, bottoms, self.cuts,
+                                        self.parts_in_whole[1]):
+            if down and not inside:
                 b.diff[...] = gy[cut]
 
 
@@ -71,6 +82,8 @@ class SliceLayer(Layer):
 
     num_tops = (1, None)
     backward_reads = ()
+    #: the tops are consecutive parts of the bottom: a net may place them inside it
+    parts_of_whole = "tops"
 
     def reshape(self, bottoms, tops):
         shape = bottoms[0].shape
@@ -98,17 +111,27 @@ class SliceLayer(Layer):
             bounds = list(range(0, size + 1, size // k)) if size else [0] * (k + 1)
         self.axis = axis
         self.cuts = _cuts(axis, bounds)
+        self.parts_in_whole = ([False] * len(tops), [False] * len(tops))
         for top, a, b in zip(tops, bounds[:-1], bounds[1:]):
             top.reshape(shape[:axis] + (b - a,) + shape[axis + 1:])
 
     def forward(self, bottoms, tops):
         x = bottoms[0].data
-        for top, cut in zip(tops, self.cuts):
-            top.data[...] = x[cut]
+        for top, cut, inside in zip(tops, self.cuts, self.parts_in_whole[0]):
+            if not inside:  # a part placed inside the bottom is there already
+                top.data[...] = x[cut]
 
     def backward(self, tops, propagate_down, bottoms):
-        if propagate_down[0]:
+        if not propagate_down[0]:
+            return
+        placed = self.parts_in_whole[1]
+        if not any(placed):
             self.xp.concatenate([t.diff for t in tops], axis=self.axis, out=bottoms[0].diff)
+            return
+        gx = bottoms[0].diff
+        for top, cut, inside in zip(tops, self.cuts, placed):
+            if not inside:
+                gx[cut] = top.diff
 
 
 @register_layer("Split")
@@ -123,11 +146,10 @@ class SplitLayer(Layer):
     def reshape(self, bottoms, tops):
         for top in tops:
             top.reshape(bottoms[0].shape)
-            top.share_data(bottoms[0])
+            top.share_data(bottoms[0])  # follows the bottom's memory wherever it is placed
 
     def forward(self, bottoms, tops):
-        if tops[0].data is not bottoms[0].data:  # the bottom got a new array: follow it
-            self.reshape(bottoms, tops)
+        pass
 
     def backward(self, tops, propagate_down, bottoms):
         if not propagate_down[0]:

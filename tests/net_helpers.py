@@ -1,0 +1,74 @@
+"""Small prototxt builders and run helpers shared by the tests/test_net_*.py files."""
+
+import numpy as np
+
+from unroll.backend import to_numpy
+from unroll.net import Net
+
+GAUSS = 'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 }'
+
+
+def ip(name, bottom, top, n, extra=""):
+    """An InnerProduct layer with random weights and bias."""
+    return (
+        f'layer {{ name: "{name}" type: "InnerProduct" bottom: "{bottom}" top: "{top}" {extra}\n'
+        f"  inner_product_param {{ num_output: {n} {GAUSS} }} }}\n"
+    )
+
+
+def inputs(**shapes):
+    """One Input layer named "in" with a top per keyword, of the given shapes."""
+    tops = " ".join(f'top: "{n}"' for n in shapes)
+    dims = " ".join("shape { " + " ".join(f"dim: {d}" for d in s) + " }" for s in shapes.values())
+    return f'layer {{ name: "in" type: "Input" {tops} input_param {{ {dims} }} }}\n'
+
+
+def layer(name, type_, bottom, top, extra=""):
+    return f'layer {{ name: "{name}" type: "{type_}" bottom: "{bottom}" top: "{top}" {extra} }}\n'
+
+
+def loss(bottom, target="t", name="loss"):
+    return (
+        f'layer {{ name: "{name}" type: "EuclideanLoss" bottom: "{bottom}" bottom: "{target}" '
+        f'top: "{name}" }}\n'
+    )
+
+
+def f64(text, **kwargs):
+    return Net(text, dtype="float64", **kwargs)
+
+
+def host(array):
+    return to_numpy(array).copy()
+
+
+def param_diffs(net):
+    return {p.name: host(p.blob.diff) for p in net.learnable_params}
+
+
+def run(net, **values):
+    """One iteration: clear param diffs, forward, backward; returns the loss."""
+    net.clear_param_diffs()
+    net.forward(**values)
+    net.backward()
+    return net.loss
+
+
+rng = np.random.default_rng(0)
+X = rng.normal(size=(4, 3))
+T2 = rng.normal(size=(4, 2))
+
+
+SIMPLE = inputs(x=(4, 3), t=(4, 2)) + ip("ip", "x", "y", 2) + loss("y")
+
+BN_RELU = (
+    inputs(x=(4, 3))
+    + layer("bn", "BatchNorm", "x", "bn")
+    + layer("relu", "ReLU", "bn", "bn")
+    + layer("out", "Scale", "bn", "y", "param { lr_mult: 0 }")
+)
+
+
+def assert_names(error, *names):
+    for name in names:
+        assert f"'{name}'" in str(error.value), (name, str(error.value))

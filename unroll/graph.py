@@ -1,0 +1,494 @@
+"""Planning a net: pure functions from layers to a run order, gradients and a memory plan.
+
+Caffe's semantics, deliberately: a bottom names the most recent top of that
+name above it; a blob read by several layers gets a split so that each reader
+has its own diff; a top named like its bottom runs in place when that is safe.
+Nothing here allocates or runs anything: :class:`unroll.net.Net` builds the
+blobs and layers these functions describe, and runs them.
+
+Blobs are numbered: a blob is the memory of one or more values (an in-place
+layer's top is its bottom's blob, a new version of it). A step is one layer
+of the run order, an inserted Split included.
+
+Time, for lifetimes, counts forward steps ``0..S-1``, then ``S`` when loss
+diffs are filled, then backward steps, step ``s`` at ``2S - s``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from unroll.errors import NetError
+from unroll.proto import LayerParameter, NetParameter
+
+__all__ = [
+    "Graph", "MemoryPlan", "Step", "backward_needs", "build_graph", "filter_layers",
+    "group_parts", "legacy_inputs", "plan_memory",
+]
+
+
+# -- which layers: phases, stages, levels ------------------------------------------------
+def _state_meets_rule(phase: int, level: int, stages: set, rule) -> bool:
+    if rule.HasField("phase") and rule.phase != phase:
+        return False
+    if rule.HasField("min_level") and level < rule.min_level:
+        return False
+    if rule.HasField("max_level") and level > rule.max_level:
+        return False
+    if any(s not in stages for s in rule.stage):
+        return False
+    return not any(s in stages for s in rule.not_stage)
+
+
+def filter_layers(net_param: NetParameter, phase: int) -> list[LayerParameter]:
+    """The layers of ``net_param`` included in ``phase`` (Caffe's FilterNet)."""
+    level = net_param.state.level
+    stages = set(net_param.state.stage)
+    kept = []
+    for lp in net_param.layer:
+        if lp.include and lp.exclude:
+            raise NetError(f"layer '{lp.name}': specify include or exclude rules, not both")
+        if lp.include:
+            ok = any(_state_meets_rule(phase, level, stages, r) for r in lp.include)
+        else:
+            ok = not any(_state_meets_rule(phase, level, stages, r) for r in lp.exclude)
+        if ok:
+            kept.append(lp)
+    return kept
+
+
+def legacy_inputs(net_param: NetParameter) -> list[LayerParameter]:
+    """NetParameter.input / input_shape / input_dim as one Input layer (as Caffe upgrades)."""
+    if not net_param.input:
+        return []
+    lp = LayerParameter(name="input", type="Input", top=list(net_param.input))
+    if net_param.input_shape:
+        for s in net_param.input_shape:
+            lp.input_param.shape.add().CopyFrom(s)
+    elif net_param.input_dim:
+        dims = list(net_param.input_dim)
+        if len(dims) != 4 * len(net_param.input):
+            raise NetError(f"input_dim must give 4 dims per input, found {len(dims)}")
+        for i in range(len(net_param.input)):
+            lp.input_param.shape.add().dim.extend(dims[4 * i : 4 * i + 4])
+    else:
+        raise NetError("net inputs given without input_shape or input_dim")
+    return [lp]
+
+
+# -- the graph: names, in place, splits ---------------------------------------------------
+@dataclass
+class _Value:
+    """One version of a named blob: what produced it and who reads it."""
+
+    name: str
+    version: int
+    producer: int  # layer index
+    top_index: int
+    consumers: list = field(default_factory=list)  # (layer index, bottom index)
+    blob: int = -1
+
+
+@dataclass
+class Step:
+    """One layer of the run order: ``layer`` indexes ``Graph.layer_params``."""
+
+    layer: int
+    bottoms: list[int]
+    tops: list[int]
+
+
+@dataclass
+class Graph:
+    """A net's run order over numbered blobs.
+
+    ``layer_params`` holds the net's layers, then the inserted Splits;
+    ``names[b]`` is blob b's table name; ``table`` lists ``(name, blob)`` for
+    every value and split top, in the order ``net.blobs`` adds them;
+    ``outputs`` names the values nobody reads; ``in_place_fallbacks`` says
+    why some in-place tops were written out of place.
+    """
+
+    layer_params: list[LayerParameter]
+    steps: list[Step]
+    names: list[str]
+    table: list[tuple[str, int]]
+    outputs: list[str]
+    rewritten: set[int]
+    in_place_fallbacks: list[str]
+
+
+def _resolve_names(layer_params) -> list[_Value]:
+    """Bottoms to the latest version of their name; tops to new versions (linear)."""
+    seen: set[str] = set()
+    for lp in layer_params:
+        if lp.name in seen:
+            raise NetError(f"two layers are named '{lp.name}'; layer names must be unique")
+        seen.add(lp.name)
+    current: dict[str, _Value] = {}
+    values: list[_Value] = []
+    for li, lp in enumerate(layer_params):
+        for bi, b in enumerate(lp.bottom):
+            if b not in current:
+                raise NetError(
+                    f"layer '{lp.name}' ({lp.type}): bottom '{b}' is not produced by any "
+                    f"layer above it"
+                )
+            current[b].consumers.append((li, bi))
+        tvals, names = [], set()
+        for ti, t in enumerate(lp.top):
+            in_place = ti < len(lp.bottom) and lp.bottom[ti] == t
+            if t in current and not in_place:
+                raise NetError(
+                    f"layer '{lp.name}' ({lp.type}): top '{t}' is already produced by layer "
+                    f"'{layer_params[current[t].producer].name}'; a top may reuse a name "
+                    f"only in place (as the same layer's bottom at the same position)"
+                )
+            if t in names:
+                raise NetError(f"layer '{lp.name}' ({lp.type}): top '{t}' is listed twice")
+            names.add(t)
+            version = current[t].version + 1 if in_place else 0
+            tvals.append(_Value(t, version, li, ti))
+        values.extend(tvals)
+        for v in tvals:
+            current[v.name] = v
+    return values
+
+
+def _bottom_values(values, layer_params) -> list[list[_Value]]:
+    bottoms_of = [[None] * len(lp.bottom) for lp in layer_params]
+    for v in values:
+        for li, bi in v.consumers:
+            bottoms_of[li][bi] = v
+    return bottoms_of
+
+
+def _in_place_hazard(layers, li: int, prev: _Value, bottoms_of, keep) -> str | None:
+    """Why layer ``li`` may not overwrite ``prev`` in place (None if it may).
+
+    The write also lands in every value ``prev`` is a view of (a Reshape,
+    Flatten or Split top shares its bottom's data), so those are checked too.
+    """
+    layer = layers[li]
+    if not layer.in_place:
+        raise NetError(
+            f"layer '{layer.name}' ({layer.type}): cannot run in place (top '{prev.name}' "
+            f"== bottom '{prev.name}'); {layer.type} needs a top of its own"
+        )
+    if "bottom" in layer.backward_reads:
+        raise NetError(
+            f"layer '{layer.name}' ({layer.type}): cannot run in place on '{prev.name}': "
+            f"its backward reads its bottom, which the in-place write destroys"
+        )
+    value, reader, via = prev, li, ""
+    while True:
+        if value.name in keep:
+            return f"keep=[{value.name!r}] asks to preserve it{via}"
+        readers = [c for c, _ in value.consumers]
+        readers.remove(reader)
+        if readers:
+            others = [layers[c].name for c in readers]
+            return f"layer(s) {others} also read the value it would overwrite{via}"
+        producer = layers[value.producer]
+        if "top" in producer.backward_reads:
+            return (
+                f"the backward of its producer '{producer.name}' ({producer.type}) reads "
+                f"that top{via}"
+            )
+        if "data" not in producer.shares_bottom:
+            return None
+        # the value is a view of the producer's bottom: the write lands there as well
+        reader, value = value.producer, bottoms_of[value.producer][0]
+        via = f" (through '{producer.name}', a view of '{value.name}')"
+
+
+def build_graph(layer_params: list[LayerParameter], layers, keep=()) -> Graph:
+    """The run order of ``layer_params`` (``layers``: their Layer objects, for the contract).
+
+    Names are resolved as Caffe does; an in-place top shares its bottom's blob
+    when that is provably safe (else it gets its own, and the reason is kept);
+    every value read by several layers gets a Split right after its producer,
+    one top per reader, so that each reader has its own diff (Caffe's
+    InsertSplits). Linear in the number of layers and blobs.
+    """
+    keep = set(keep)
+    values = _resolve_names(layer_params)
+    bottoms_of = _bottom_values(values, layer_params)
+    names: list[str] = []
+    fallbacks: list[str] = []
+    rewritten: set[int] = set()
+    table = []
+    for v in values:
+        if v.version > 0:
+            prev = bottoms_of[v.producer][v.top_index]
+            reason = _in_place_hazard(layers, v.producer, prev, bottoms_of, keep)
+            if reason is None:
+                v.blob = prev.blob
+                rewritten.add(v.blob)
+            else:
+                fallbacks.append(f"layer '{layer_params[v.producer].name}' writes '{v.name}' "
+                                 f"out of place: {reason}")
+        if v.blob < 0:
+            v.blob = len(names)
+            names.append(v.name)
+        table.append((v.name, v.blob))
+    for name in keep:
+        if not any(v.name == name for v in values):
+            raise NetError(f"keep names blob '{name}', which no layer produces")
+    bottoms = [[v.blob for v in bvals] for bvals in bottoms_of]
+    tops = [[] for _ in layer_params]
+    for v in values:
+        tops[v.producer].append(v.blob)
+    all_params = list(layer_params)
+    splits_after: dict[int, list[Step]] = {}
+    for v in values:
+        if len(v.consumers) < 2:
+            continue
+        base = f"{v.name}_{layer_params[v.producer].name}_{v.top_index}_split"
+        split_tops = []
+        for k, (li, bi) in enumerate(v.consumers):
+            blob = len(names)
+            names.append(f"{base}_{k}")
+            table.append((names[blob], blob))
+            bottoms[li][bi] = blob
+            split_tops.append(blob)
+        all_params.append(LayerParameter(name=base, type="Split", bottom=[v.name],
+                                         top=[names[b] for b in split_tops]))
+        splits_after.setdefault(v.producer, []).append(
+            Step(len(all_params) - 1, [v.blob], split_tops))
+    steps = []
+    for li in range(len(layer_params)):
+        steps.append(Step(li, bottoms[li], tops[li]))
+        steps.extend(splits_after.get(li, ()))
+    outputs = [v.name for v in values if not v.consumers]
+    return Graph(all_params, steps, names, table, outputs, rewritten, fallbacks)
+
+
+# -- which layers run backward ------------------------------------------------------------
+def _loss_weights(layer) -> list[float]:
+    n = len(layer.param.top)
+    weights = list(layer.param.loss_weight)
+    if weights and len(weights) != n:
+        raise NetError(
+            f"layer '{layer.name}' ({layer.type}): loss_weight gives {len(weights)} values "
+            f"for {n} tops"
+        )
+    if not weights:
+        weights = [1.0 if (layer.is_loss and i == 0) else 0.0 for i in range(n)]
+    return weights
+
+
+def backward_needs(steps: list[Step], layers, force: bool, learns):
+    """Which steps run backward, which bottoms get a gradient, and the loss tops.
+
+    ``layers[i]`` is step i's layer; ``learns(i)`` says whether it has a
+    param with a non-zero lr_mult. Returns ``(layer_need, bottom_need,
+    [(blob, loss weight)])``, Caffe's rules: a layer whose tops reach no loss,
+    or whose every top is refused by its readers (propagate_down: false), runs
+    no backward unless ``force_backward``.
+    """
+    need: dict[int, bool] = {}
+    layer_need, bottom_need, loss_tops = [], [], []
+    consumed = {b for step in steps for b in step.bottoms}
+    for i, (step, layer) in enumerate(zip(steps, layers)):
+        bottoms = step.bottoms
+        pd = list(layer.param.propagate_down)
+        if pd and len(pd) != len(bottoms):
+            raise NetError(
+                f"layer '{layer.name}' ({layer.type}): propagate_down gives {len(pd)} values "
+                f"for {len(bottoms)} bottoms"
+            )
+        bneed = []
+        for k, b in enumerate(bottoms):
+            wanted = need.get(b, False) or (force and not pd)
+            if pd:
+                wanted = pd[k] and (need.get(b, False) or force)
+            bneed.append(bool(wanted) and layer.allow_force_backward(k))
+        lneed = any(bneed) or learns(i) or (force and bool(bottoms))
+        for t in step.tops:
+            need[t] = lneed
+        layer_need.append(lneed)
+        bottom_need.append(bneed)
+        if layer.type != "Split":
+            for t, w in zip(step.tops, _loss_weights(layer)):
+                if w == 0:
+                    continue
+                if t in consumed and t not in bottoms:
+                    raise NetError(
+                        f"layer '{layer.name}' ({layer.type}): top has loss_weight {w} and is "
+                        f"also read by another layer; give the reader its own copy"
+                    )
+                loss_tops.append((t, float(w)))
+    under_loss = {t for t, _ in loss_tops}
+    refused: set[int] = set()
+    for i in reversed(range(len(steps))):
+        tops, bottoms = steps[i].tops, steps[i].bottoms
+        skip = bool(tops) and all(t in refused for t in tops)
+        if any(t in under_loss for t in tops) and not skip:
+            under_loss.update(bottoms)
+        elif not force:
+            layer_need[i] = False
+            bottom_need[i] = [False] * len(bottoms)
+        refused.update(b for b, n in zip(bottoms, bottom_need[i]) if not n)
+    return layer_need, bottom_need, loss_tops
+
+
+# -- the memory plan ----------------------------------------------------------------------
+@dataclass
+class MemoryPlan:
+    """Lifetimes of a net's memory, from its graph alone (no shapes).
+
+    ``data_root[b]`` / ``diff_root[b]``: the blob whose memory blob b's data /
+    diff is (a view or Split top shares its bottom's). ``data_life`` and
+    ``diff_life`` map each root placed in the workspace to its (first, last)
+    time; roots in ``private`` keep memory of their own (inputs, outputs,
+    losses, ``keep=``). ``zero_before[s]`` lists diff roots that backward
+    reads before anything writes them: zeroed right before step s's backward.
+    """
+
+    steps: int
+    data_root: list[int]
+    diff_root: list[int]
+    private: set[int]
+    data_life: dict[int, tuple[int, int]]
+    diff_life: dict[int, tuple[int, int]]
+    zero_before: dict[int, list[int]]
+    layer_need: list[bool]
+
+    def backward_time(self, step: int) -> int:
+        return 2 * self.steps - step
+
+    def scratch_life(self, step: int, lives: str) -> tuple[int, int] | None:
+        """When scratch of step ``step`` is live: ``lives`` is "forward", "backward" or "both"."""
+        f, b = step, self.backward_time(step)
+        runs_backward = self.layer_need[step]
+        if lives == "forward":
+            return (f, f)
+        if lives == "backward":
+            return (b, b) if runs_backward else None
+        return (f, b) if runs_backward else (f, f)
+
+
+def _roots(steps, layers, n_blobs: int, what: str) -> list[int]:
+    root = list(range(n_blobs))
+    for step, layer in zip(steps, layers):
+        if what in layer.shares_bottom:
+            for t in step.tops:
+                root[t] = root[step.bottoms[0]]
+    return root
+
+
+def plan_memory(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
+                bottom_need, loss_blobs) -> MemoryPlan:
+    """The lifetime of every buffer of the net, from the graph alone.
+
+    A value's data lives from its producer's forward until its last reader:
+    forward readers, and backward readers as the layers' ``backward_reads``
+    declare (``"bottom"``: a reader's backward, of the bottoms its
+    :meth:`~unroll.layer.Layer.reads_in_backward` names; ``"top"``: the
+    producer's). A
+    diff lives from the first backward that writes it to the backward of its
+    producer, which consumes it.
+    """
+    S = len(steps)
+    data_root = _roots(steps, layers, n_blobs, "data")
+    diff_root = _roots(steps, layers, n_blobs, "diff")
+    private = {data_root[b] for b in private_blobs} | {diff_root[b] for b in private_blobs}
+    data_life: dict[int, list[int]] = {}
+    reads: dict[int, int] = {}
+    writes: dict[int, int] = {}
+    diff_life: dict[int, list[int]] = {}
+
+    def touch(life, root, t):
+        span = life.get(root)
+        if span is None:
+            life[root] = [t, t]
+        elif t < span[0]:
+            span[0] = t
+        elif t > span[1]:
+            span[1] = t
+
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        back = 2 * S - s
+        runs_backward = layer_need[s]
+        for b in step.tops:
+            touch(data_life, data_root[b], s)
+            if runs_backward and "top" in layer.backward_reads:
+                touch(data_life, data_root[b], back)
+        for k, b in enumerate(step.bottoms):
+            touch(data_life, data_root[b], s)
+            if runs_backward and layer.reads_in_backward(k, bottom_need[s]):
+                touch(data_life, data_root[b], back)
+        if not runs_backward or "diff" in layer.shares_bottom:
+            continue  # a view's diff is its bottom's: its backward moves nothing
+        for b in step.tops:
+            r = diff_root[b]
+            touch(diff_life, r, back)
+            reads[r] = min(reads.get(r, back), back)
+        for b, down in zip(step.bottoms, bottom_need[s]):
+            if down:
+                r = diff_root[b]
+                touch(diff_life, r, back)
+                writes[r] = min(writes.get(r, back), back)
+    for b in loss_blobs:
+        writes[diff_root[b]] = S
+    zero_before: dict[int, list[int]] = {}
+    for r, first_read in reads.items():
+        if r not in private and writes.get(r, first_read) >= first_read:
+            zero_before.setdefault(2 * S - first_read, []).append(r)
+    return MemoryPlan(
+        S, data_root, diff_root, private,
+        {r: tuple(v) for r, v in data_life.items() if r not in private},
+        {r: tuple(v) for r, v in diff_life.items() if r not in private},
+        zero_before, list(layer_need),
+    )
+
+
+def group_parts(steps: list[Step], layers, plan: MemoryPlan, shapes, rewritten) -> tuple:
+    """Concat bottoms and Slice tops placed inside their whole, so they move no memory.
+
+    Along axis 0 (or any axis with only 1s before it) the parts of a Concat
+    top or a Slice bottom are consecutive blocks of it: each part's root is
+    then hosted at its element offset in the whole's root, data and diff
+    alike, and the layer skips its copy. Not for memory written in place
+    (``rewritten``: a write through the whole would change a part a backward
+    still reads), nor for a part that keeps memory of its own (an input, say,
+    which the user may reshape and fill between runs).
+
+    Returns ``(data_host, diff_host, flags)``: root -> (host root, element
+    offset), and step -> (data in whole, diff in whole) per part.
+    """
+    data_host: dict[int, tuple[int, int]] = {}
+    diff_host: dict[int, tuple[int, int]] = {}
+    flags: dict[int, tuple[list[bool], list[bool]]] = {}
+    written = {plan.data_root[b] for b in rewritten}
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        kind = getattr(layer, "parts_of_whole", None)
+        if kind is None:
+            continue
+        whole, parts = (step.tops[0], step.bottoms) if kind == "bottoms" else (
+            step.bottoms[0], step.tops)
+        shape = shapes[whole]
+        axis = getattr(layer, "axis", None)
+        data_flags, diff_flags = [False] * len(parts), [False] * len(parts)
+        flags[s] = (data_flags, diff_flags)
+        if axis is None or any(d != 1 for d in shape[:axis]):
+            continue
+        offset = 0
+        for k, part in enumerate(parts):
+            for roots, host, fl in ((plan.data_root, data_host, data_flags),
+                                    (plan.diff_root, diff_host, diff_flags)):
+                r, w = roots[part], roots[whole]
+                if r == w or r in host or r in written or w in written or r in plan.private:
+                    continue
+                host[r] = (w, offset)
+                fl[k] = True
+            offset += _count(shapes[part])
+    return data_host, diff_host, flags
+
+
+def _count(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
