@@ -211,22 +211,23 @@ class Tagger:
         for name in self.config.feature_dims:
             out[name], _ = time_major([e[name] for e in encoded], length)
         if self.config.chars:
-            out.update(self._char_inputs([e["chars"] for e in encoded], length))
+            out.update(self._char_inputs([e["chars"] for e in encoded]))
         if tags is not None:
             out["labels"], _ = time_major(tags, length, pad_value=IGNORE)
         else:
             out["labels"] = np.full(out["cont"].shape, IGNORE)
         return out
 
-    def _char_inputs(self, spelled, length: int) -> dict:
-        """(C, T * N) character inputs, position t * N + n for word t of sentence n."""
-        C, N = self.config.chars["length"], len(spelled)
-        grids = [np.zeros((length, N, C), dtype) for dtype in (np.int64, np.int64, np.float32)]
-        for n, parts in enumerate(spelled):
-            for grid, part in zip(grids, parts):
-                grid[: len(part), n] = part
-        fw, bw, cont = (g.reshape(length * N, C).T for g in grids)
-        return {"chars_fw": fw, "chars_bw": bw, "chars_cont": cont}
+    def _char_inputs(self, spelled) -> dict:
+        """The real words' characters, packed: (C, W) each, and ``chars_at`` (W,), the words'
+        cells t * N + n of the (T, N) grid (word t of sentence n), sentence after sentence.
+
+        Padding cells get no characters: the character nets never run on them.
+        """
+        N = len(spelled)
+        fw, bw, cont = (np.concatenate([parts[k] for parts in spelled]).T for k in range(3))
+        at = np.concatenate([np.arange(len(parts[0])) * N + n for n, parts in enumerate(spelled)])
+        return {"chars_fw": fw, "chars_bw": bw, "chars_cont": cont, "chars_at": at}
 
     def predict_encoded(self, encoded: list[dict], batch_size: int | None = None) -> list:
         """Tag ids per sentence, run in length-sorted batches through the test-phase nets."""
