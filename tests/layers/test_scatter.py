@@ -12,13 +12,14 @@ SCATTER = 'name: "put" type: "Scatter"'
 
 @st.composite
 def scatters(draw):
-    """(x (K, D), positions (K,), like): K distinct cells out of like's, in any order."""
+    """(x (K, D), positions (K,), like): distinct cells out of like's and -1s, in any order."""
     like = np.zeros(draw(testing.shapes(max_dims=2)))
     cells = draw(st.permutations(range(like.size)))
-    k = draw(st.integers(0, like.size))
+    at = cells[: draw(st.integers(0, like.size))] + [-1] * draw(st.integers(0, 3))
+    at = draw(st.permutations(at))
     rows = draw(st.integers(1, 3))
-    x = draw(st.lists(st.floats(-2, 2), min_size=k * rows, max_size=k * rows))
-    return np.array(x).reshape(k, rows), np.array(cells[:k], np.float64), like
+    x = draw(st.lists(st.floats(-2, 2), min_size=len(at) * rows, max_size=len(at) * rows))
+    return np.array(x).reshape(len(at), rows), np.array(at, np.float64), like
 
 
 @given(scatters())
@@ -33,23 +34,25 @@ def test_forward_places_rows_and_zeros_elsewhere(case):
     x, at, like = case
     _, _, tops = run(SCATTER, [x, at, like])
     want = np.zeros((like.size, x.shape[1]))
-    want[at.astype(int)] = x
+    kept = at >= 0
+    want[at[kept].astype(int)] = x[kept]
     np.testing.assert_array_equal(to_numpy(tops[0].data), want.reshape(like.shape + (-1,)))
 
 
 def test_forward_and_backward_on_every_device(xp):
-    x = np.arange(6.0).reshape(1, 3, 2)  # a recurrent layer's final state: (1, K, D)
-    at, like = np.array([4.0, 0.0, 3.0]), np.zeros((3, 2))
+    x = np.arange(8.0).reshape(2, 2, 2)  # a recurrent layer's outputs: (steps, columns, D)
+    at, like = np.array([[-1.0, 4.0], [0.0, 3.0]]), np.zeros((3, 2))
     layer, bs, tops = run(SCATTER, [x, at, like], xp)
     y = to_numpy(tops[0].data)
     assert y.shape == (3, 2, 2)
-    np.testing.assert_array_equal(y.reshape(6, 2)[[4, 0, 3]], x[0])
+    np.testing.assert_array_equal(y.reshape(6, 2)[[4, 0, 3]], x.reshape(4, 2)[1:])
     np.testing.assert_array_equal(y.reshape(6, 2)[[1, 2, 5]], 0)
     gy = np.arange(12.0).reshape(3, 2, 2)
     tops[0].diff[...] = xp.asarray(gy)
-    bs[1].diff[...] = 7
+    bs[0].diff[...] = bs[1].diff[...] = 7
     layer.backward(tops, [True, True, False], bs)
-    np.testing.assert_array_equal(to_numpy(bs[0].diff), gy.reshape(6, 2)[[4, 0, 3]][None])
+    want = np.concatenate([np.zeros((1, 2)), gy.reshape(6, 2)[[4, 0, 3]]]).reshape(2, 2, 2)
+    np.testing.assert_array_equal(to_numpy(bs[0].diff), want)
     np.testing.assert_array_equal(to_numpy(bs[1].diff), 0)
 
 
@@ -64,10 +67,10 @@ def test_new_shapes_reshape_the_top():
     np.testing.assert_array_equal(to_numpy(tops[0].data).reshape(-1), [0, 0, 0, 0, 0, 1])
 
 
-@pytest.mark.parametrize("value", [6.0, -1.0, 0.5, np.nan])
+@pytest.mark.parametrize("value", [6.0, -2.0, 0.5, np.nan])
 def test_bad_position_is_an_error(value):
     with pytest.raises(NetError, match=rf"layer 'put' \(Scatter\).*{value!r} at index \(1,\)"
-                                       rf".*\[0, 6\).*\(2, 3\)"):
+                                       rf".*-1 or .*\[0, 6\).*\(2, 3\)"):
         run(SCATTER, [np.ones((2, 4)), np.array([1.0, value]), np.zeros((2, 3))])
 
 

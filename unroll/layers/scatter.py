@@ -1,8 +1,9 @@
 """Scatter: rows placed at given positions of a zero-filled top (the inverse of a gather).
 
-A tagger's character model reads only a batch's real words, packed as W rows;
-Scatter puts each word's vector back at its cell of the (T, N) word grid,
-with zeros at the padding cells, so the per-word layers after it see the grid.
+A tagger's character model reads only a batch's real words, packed several
+to a column; Scatter takes each word's output at its last character to the
+word's cell of the (T, N) word grid, zeros at padding cells, and drops the
+outputs at every other character.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ class ScatterLayer(Layer):
     """y.reshape(-1, D)[i[k]] = x.reshape(-1, D)[k], zeros elsewhere; y is like.shape + (D,).
 
     Bottoms: ``x`` (..., D) holding K rows of its last axis D, ``i`` the K
-    row positions (any shape; distinct integers in [0, like.count)), and
-    ``like``, whose shape (not values) is the top's leading shape. Backward
-    gathers: x.diff[k] = y.diff[i[k]]. Neither ``i`` nor ``like`` has a gradient.
+    row positions (any shape; distinct integers in [0, like.count), or -1 to
+    drop the row), and ``like``, whose shape (not values) is the top's
+    leading shape. Backward gathers: x.diff[k] = y.diff[i[k]] (0 for a
+    dropped row). Neither ``i`` nor ``like`` has a gradient.
 
     >>> from unroll.testing import run_layer
-    >>> x, i, like = np.array([[1.0, 2], [3, 4]]), np.array([2.0, 0]), np.zeros((2, 2))
+    >>> x, i, like = np.array([[1.0, 2], [3, 4], [5, 6]]), np.array([2.0, -1, 0]), np.zeros((2, 2))
     >>> run_layer('type: "Scatter"', [x, i, like])[2][0].data.tolist()
-    [[[3.0, 4.0], [0.0, 0.0]], [[1.0, 2.0], [0.0, 0.0]]]
+    [[[5.0, 6.0], [0.0, 0.0]], [[1.0, 2.0], [0.0, 0.0]]]
     """
 
     num_bottoms = (3, 3)
@@ -46,34 +48,35 @@ class ScatterLayer(Layer):
             )
         self.cells = like.count
         tops[0].reshape(like.shape + (self.rows,))
-        self.index = self.xp.zeros(i.count, self.xp.intp)
 
     def forward(self, bottoms, tops):
         xp, (x, i, like) = self.xp, bottoms
         at = i.data.reshape(-1)
-        bad = ~((at >= 0) & (at < self.cells) & (at == xp.floor(at)))
+        bad = ~((at >= -1) & (at < self.cells) & (at == xp.floor(at)))
         if bad.any():
             k = int(xp.argmax(bad))
             where = tuple(int(n) for n in np.unravel_index(k, i.shape))
             raise self.error(
-                f"bottom '{i.name}' holds {float(at[k])!r} at index {where}; expected an "
-                f"integer in [0, {self.cells}) (a cell of '{like.name}' {like.shape})"
+                f"bottom '{i.name}' holds {float(at[k])!r} at index {where}; expected -1 or "
+                f"an integer in [0, {self.cells}) (a cell of '{like.name}' {like.shape})"
             )
-        xp.copyto(self.index, at, casting="unsafe")
-        ordered = xp.sort(self.index)
-        if bool((ordered[1:] == ordered[:-1]).any()):
-            repeated = int(ordered[1:][ordered[1:] == ordered[:-1]][0])
-            raise self.error(f"bottom '{i.name}' names cell {repeated} more than once; each "
-                             f"row needs a cell of its own")
+        self.kept = xp.flatnonzero(at >= 0)
+        self.cell = at[self.kept].astype(xp.intp)
+        ordered = xp.sort(self.cell)
+        repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+        if repeated.size:
+            raise self.error(f"bottom '{i.name}' names cell {int(repeated[0])} more than once; "
+                             f"each row needs a cell of its own")
         y = tops[0].data.reshape(self.cells, self.rows)
         y.fill(0)
-        y[self.index] = x.data.reshape(-1, self.rows)
+        y[self.cell] = x.data.reshape(-1, self.rows)[self.kept]
 
     def backward(self, tops, propagate_down, bottoms):
         x, i, like = bottoms
-        gy = tops[0].diff.reshape(self.cells, self.rows)
         if propagate_down[0]:
-            x.diff[...] = self.xp.take(gy, self.index, axis=0).reshape(x.shape)
+            gx = self.xp.zeros((x.count // self.rows, self.rows), x.diff.dtype)
+            gx[self.kept] = tops[0].diff.reshape(self.cells, self.rows)[self.cell]
+            x.diff[...] = gx.reshape(x.shape)
         # positions are piecewise constant and ``like`` gives only a shape: zero gradients
         for down, blob in zip(propagate_down[1:], (i, like)):
             if down:
