@@ -135,6 +135,34 @@ def cell_template(cell: str, folder: Path | None) -> Path:
     return path
 
 
+def pack_columns(lengths: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Items of ``lengths`` (each 1 .. ``size``) packed into columns of ``size``; best fit.
+
+    Longest first, each item goes to the fullest column it fits (a new one if
+    none), which on word lengths leaves next to no room unused. Returns each
+    item's column and its first slot there.
+
+    >>> pack_columns(np.array([3, 1, 2, 2]), 4)
+    (array([0, 0, 1, 1]), array([0, 3, 0, 2]))
+    """
+    columns: list[int] = []  # slots used, per column
+    free: list[list[int]] = [[] for _ in range(size + 1)]  # free[r]: the columns with r left
+    column = np.empty(len(lengths), np.int64)
+    start = np.empty(len(lengths), np.int64)
+    for k in np.argsort(-lengths, kind="stable").tolist():
+        length = int(lengths[k])
+        room = next((r for r in range(length, size + 1) if free[r]), None)
+        if room is None:
+            c = len(columns)
+            columns.append(0)
+        else:
+            c = free[room].pop()
+        column[k], start[k] = c, columns[c]
+        columns[c] += length
+        free[size - columns[c]].append(c)
+    return column, start
+
+
 class Tagger:
     """A BiLSTM (or any step template) UPOS tagger built from the `tagger` template.
 
@@ -219,15 +247,32 @@ class Tagger:
         return out
 
     def _char_inputs(self, spelled) -> dict:
-        """The real words' characters, packed: (C, W) each, and ``chars_at`` (W,), the words'
-        cells t * N + n of the (T, N) grid (word t of sentence n), sentence after sentence.
+        """The real words' characters packed into (C, columns) arrays (see the template).
 
-        Padding cells get no characters: the character nets never run on them.
+        ``chars_at`` is the grid cell t * N + n (word t of sentence n) at each
+        word's last character, -1 at every other slot: padding cells get no
+        characters, and no column is longer than C, so the character nets run
+        about sum(word lengths) / C columns instead of T * N.
         """
-        N = len(spelled)
-        fw, bw, cont = (np.concatenate([parts[k] for parts in spelled]).T for k in range(3))
-        at = np.concatenate([np.arange(len(parts[0])) * N + n for n, parts in enumerate(spelled)])
-        return {"chars_fw": fw, "chars_bw": bw, "chars_cont": cont, "chars_at": at}
+        C, N = self.config.chars["length"], len(spelled)
+        fw, bw, cont = (np.concatenate([parts[k] for parts in spelled]) for k in range(3))
+        cells = np.concatenate([np.arange(len(parts[0])) * N + n
+                                for n, parts in enumerate(spelled)])
+        # right-aligned words start at cont 0; an empty word reads one character 0 from zeros
+        lengths = cont.sum(axis=1).astype(np.int64) + 1
+        column, start = pack_columns(lengths, C)
+        width = int(column.max()) + 1 if len(column) else 0
+        word = np.repeat(np.arange(len(lengths)), lengths)
+        j = np.arange(len(word)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        slot = (start[word] + j, column[word])
+        source = (word, C - lengths[word] + j)
+        out = {}
+        for name, chars in (("chars_fw", fw), ("chars_bw", bw), ("chars_cont", cont)):
+            out[name] = np.zeros((C, width), chars.dtype)
+            out[name][slot] = chars[source]
+        out["chars_at"] = np.full((C, width), -1, np.int64)
+        out["chars_at"][start + lengths - 1, column] = cells
+        return out
 
     def predict_encoded(self, encoded: list[dict], batch_size: int | None = None) -> list:
         """Tag ids per sentence, run in length-sorted batches through the test-phase nets."""

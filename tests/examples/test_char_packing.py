@@ -1,10 +1,11 @@
-"""The character nets on the batch's real words only, scattered back into the (T, N) grid.
+"""The character nets on the batch's real words only, packed into columns, scattered back.
 
 The reference is the full-grid character model the tagger ran before: every
-cell of the grid read as a word, a padding cell as an empty one (character 0,
-cont 0), the W = T * N results in cell order. Fed to the same net with
-``chars_at`` = every cell, that is exactly the old computation; the packed
-inputs must give the real words the same scores, the same loss and the same
+cell of the (T, N) grid its own column of C characters, right-aligned, a
+padding cell an empty word (character 0, cont 0), each column's output read
+after its last step. Fed to the same net (``chars_at`` = the cell at step
+C - 1, -1 elsewhere), that is exactly the old computation; the packed inputs
+must give the real words the same scores, the same loss and the same
 gradient for every param (float64).
 """
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.packing import packed_inputs
-from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
+from examples.pos_tagging.tagger import Tagger, TaggerConfig, pack_columns, tag_ids
 from unroll.backend import to_numpy
 from unroll.bucketed_model import BucketedModel
 
@@ -39,14 +40,17 @@ def float64_model(tagger) -> BucketedModel:
     return model
 
 
-def full_grid(inputs: dict) -> dict:
+def full_grid(inputs: dict, encoded: list[dict]) -> dict:
     """The same batch as the old model read it: every grid cell a word, padding cells empty."""
     T, N = inputs["words"].shape
-    grid = dict(inputs, chars_at=np.arange(T * N))
-    for name in ("chars_fw", "chars_bw", "chars_cont"):
-        packed = inputs[name]
-        grid[name] = np.zeros((packed.shape[0], T * N), packed.dtype)
-        grid[name][:, inputs["chars_at"]] = packed
+    C = CHARS["length"]
+    grid = dict(inputs, chars_at=np.full((C, T * N), -1))
+    grid["chars_at"][C - 1] = np.arange(T * N)
+    for k, name in enumerate(("chars_fw", "chars_bw", "chars_cont")):
+        cells = np.zeros((T, N, C), inputs[name].dtype)
+        for n, e in enumerate(encoded):
+            cells[: len(e["word"]), n] = e["chars"][k]
+        grid[name] = cells.reshape(T * N, C).T
     return grid
 
 
@@ -70,9 +74,10 @@ def test_packed_words_give_the_full_grid_scores_loss_and_gradients(tagger, sente
     rng = np.random.default_rng(seed)
     tags = tag_ids([list(rng.choice(TAGS, len(s))) for s in sentences])
     T = max(1, max(len(s) for s in sentences)) + extra
-    inputs = tagger.inputs(tagger.encode(sentences), T, tags)
-    assert inputs["chars_fw"].shape[1] == sum(len(s) for s in sentences)
-    packed, grid = run(model, inputs), run(model, full_grid(inputs))
+    encoded = tagger.encode(sentences)
+    inputs = tagger.inputs(encoded, T, tags)
+    assert (inputs["chars_at"] >= 0).sum() == sum(len(s) for s in sentences)
+    packed, grid = run(model, inputs), run(model, full_grid(inputs, encoded))
     real = inputs["labels"] != -1
     np.testing.assert_allclose(packed[0][real], grid[0][real], rtol=1e-12, atol=1e-12)
     assert packed[1] == pytest.approx(grid[1], rel=1e-12, abs=1e-12)
@@ -96,5 +101,19 @@ def test_packed_rows_read_each_word_once(tagger):
     sentences = [["The", "cat", "."], ["Dogs", "ran"], ["it"]]
     inputs, _ = packed_inputs(tagger, tagger.encode(sentences), [[0, 2], [1]], 4)
     # row 0 holds sentences 0 and 2 (4 words), row 1 sentence 1 (2 words): N = 2
-    np.testing.assert_array_equal(inputs["chars_at"], [0, 2, 4, 6, 1, 3])
-    assert inputs["chars_fw"].shape == (CHARS["length"], 6)
+    at = inputs["chars_at"]
+    assert sorted(at[at >= 0].tolist()) == [0, 1, 2, 3, 4, 6]
+    # 16 characters in columns of 5: 4 columns (4 + 1, 3, 3, 3 + 2), not T * N = 8
+    assert at.shape == (CHARS["length"], 4)
+
+
+@given(st.lists(st.integers(1, 6), max_size=30))
+def test_pack_columns_fills_each_slot_at_most_once(lengths):
+    lengths = np.array(lengths, np.int64)
+    column, start = pack_columns(lengths, 6)
+    used = np.zeros((len(lengths), 6), int)
+    for c, s, n in zip(column, start, lengths):
+        used[c, s : s + n] += 1
+    assert used.max(initial=0) <= 1 and (start + lengths <= 6).all()
+    # best fit, longest first: at most one column is half empty or worse
+    assert (used.sum(axis=1)[: len(set(column.tolist()))] <= 3).sum() <= 1

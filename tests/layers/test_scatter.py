@@ -1,3 +1,5 @@
+import doctest
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -5,6 +7,7 @@ from hypothesis import strategies as st
 
 from unroll import NetError, testing
 from unroll.backend import to_numpy
+from unroll.layers import scatter
 from unroll.testing import run_layer as run
 
 SCATTER = 'name: "put" type: "Scatter"'
@@ -83,3 +86,8 @@ def test_row_count_mismatch_is_an_error():
     with pytest.raises(NetError, match=r"'bottom0' \(3, 4\) holds 3 rows of 4, but 'bottom1' "
                                        r"\(2,\) gives 2 positions"):
         run(SCATTER, [np.ones((3, 4)), np.array([0.0, 1.0]), np.zeros(6)])
+
+
+def test_docstring_example():
+    result = doctest.testmod(scatter)
+    assert result.failed == 0 and result.attempted > 0
