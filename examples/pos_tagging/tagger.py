@@ -200,8 +200,11 @@ class Tagger:
     def net_param(self, steps: int):
         """The tagger net unrolled to ``steps`` words (expanded once per T)."""
         if steps not in self._net_params:
-            self._net_params[steps] = unroll.expand(TAGGER_TEMPLATE, steps=steps,
-                                                    **self._variables)
+            # the packed character columns vary per batch (the net reshapes); built one more
+            # than the grid's cells, their count is never N, so BucketedModel tells them apart
+            self._net_params[steps] = unroll.expand(
+                TAGGER_TEMPLATE, steps=steps, char_columns=steps * self.config.batch + 1,
+                **self._variables)
         return self._net_params[steps]
 
     def encode(self, sentences) -> list[dict]:
