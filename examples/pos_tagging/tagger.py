@@ -196,6 +196,9 @@ class Tagger:
                                         seed=seed, store=self.train_model.store,
                                         steps_from=WORD_INPUT)
         self.rng = np.random.default_rng(seed)
+        # (T, N) -> character columns its batches are padded to: it only grows, so each
+        # net reshapes a few times, not at every batch (a reshape costs more than it saves)
+        self._char_columns: dict[tuple, int] = {}
 
     def net_param(self, steps: int):
         """The tagger net unrolled to ``steps`` words (expanded once per T)."""
@@ -242,20 +245,21 @@ class Tagger:
         for name in self.config.feature_dims:
             out[name], _ = time_major([e[name] for e in encoded], length)
         if self.config.chars:
-            out.update(self._char_inputs([e["chars"] for e in encoded]))
+            out.update(self._char_inputs([e["chars"] for e in encoded], length))
         if tags is not None:
             out["labels"], _ = time_major(tags, length, pad_value=IGNORE)
         else:
             out["labels"] = np.full(out["cont"].shape, IGNORE)
         return out
 
-    def _char_inputs(self, spelled) -> dict:
+    def _char_inputs(self, spelled, length: int) -> dict:
         """The real words' characters packed into (C, columns) arrays (see the template).
 
         ``chars_at`` is the grid cell t * N + n (word t of sentence n) at each
         word's last character, -1 at every other slot: padding cells get no
         characters, and no column is longer than C, so the character nets run
-        about sum(word lengths) / C columns instead of T * N.
+        about sum(word lengths) / C columns instead of T * N. Trailing columns
+        are empty up to the most this (T, N) needed before, rounded up to 16.
         """
         C, N = self.config.chars["length"], len(spelled)
         fw, bw, cont = (np.concatenate([parts[k] for parts in spelled]) for k in range(3))
@@ -264,7 +268,10 @@ class Tagger:
         # right-aligned words start at cont 0; an empty word reads one character 0 from zeros
         lengths = cont.sum(axis=1).astype(np.int64) + 1
         column, start = pack_columns(lengths, C)
-        width = int(column.max()) + 1 if len(column) else 0
+        used = int(column.max()) + 1 if len(column) else 0
+        width = self._char_columns.get((length, N), 0)
+        if used > width:
+            width = self._char_columns[length, N] = -(-used // 16) * 16
         word = np.repeat(np.arange(len(lengths)), lengths)
         j = np.arange(len(word)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         slot = (start[word] + j, column[word])

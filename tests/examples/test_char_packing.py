@@ -103,8 +103,23 @@ def test_packed_rows_read_each_word_once(tagger):
     # row 0 holds sentences 0 and 2 (4 words), row 1 sentence 1 (2 words): N = 2
     at = inputs["chars_at"]
     assert sorted(at[at >= 0].tolist()) == [0, 1, 2, 3, 4, 6]
-    # 16 characters in columns of 5: 4 columns (4 + 1, 3, 3, 3 + 2), not T * N = 8
-    assert at.shape == (CHARS["length"], 4)
+    # 16 characters in columns of 5: 4 columns (4 + 1, 3, 3, 3 + 2), not T * N = 8; the
+    # rest of the 16 that a (T, N) batch is padded to stay empty
+    assert at.shape == (CHARS["length"], 16)
+    assert (inputs["chars_cont"].any(axis=0) | (at >= 0).any(axis=0)).sum() == 4
+
+
+def test_columns_per_grid_only_grow(tagger):
+    def columns(sentences, T):
+        return tagger.inputs(tagger.encode(sentences), T)["chars_at"].shape[1]
+
+    long = [["quickly"] * 12]  # 7 characters a word: one word a column of 5 (truncated)
+    assert columns(long, 13) == 16
+    assert columns([["a"]], 13) == 16  # a (T, N) keeps its width: the net does not reshape
+    assert columns(long * 2, 13) == 32  # another N is another grid
+    assert columns(long, 13) == 16
+    assert columns([["quickly"] * 13 + ["a"] * 4], 20) == 16
+    assert columns([["quickly"] * 17], 20) == 32
 
 
 @given(st.lists(st.integers(1, 6), max_size=30))
