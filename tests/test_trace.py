@@ -136,7 +136,9 @@ def test_a_tiny_nets_step_is_counted_exactly():
 # a change that adds launches, syncs or transfers to a training step fails here. Lower the
 # bounds when work cuts them (the issue's targets for the tagger: 1200 launches, 2 syncs,
 # 1 transfer).
-TAGGER_BUDGET = {"launches": 5353, "syncs": 28, "h2d": 13, "d2h": 2}
+# Packed character columns (issue 8): +1 input (chars_at), +66 launches (the character
+# nets' step outputs concatenated, a Scatter), no d2h (no SequenceEnd reads cont).
+TAGGER_BUDGET = {"launches": 5419, "syncs": 28, "h2d": 14, "d2h": 0}
 LSTM_BUDGET = {"launches": 1204, "syncs": 1, "h2d": 3, "d2h": 0}
 
 

@@ -48,35 +48,40 @@ class ScatterLayer(Layer):
             )
         self.cells = like.count
         tops[0].reshape(like.shape + (self.rows,))
+        # one spare row past the cells takes the dropped rows (forward) and gives them
+        # zero gradients (backward): no data-dependent shapes, so no device sync
+        self.spare = self.xp.zeros((self.cells + 1, self.rows), x.dtype)
+        self.index = self.xp.zeros(i.count, self.xp.intp)
 
     def forward(self, bottoms, tops):
         xp, (x, i, like) = self.xp, bottoms
         at = i.data.reshape(-1)
         bad = ~((at >= -1) & (at < self.cells) & (at == xp.floor(at)))
+        xp.copyto(self.index, xp.where(bad | (at < 0), self.cells, at), casting="unsafe")
+        taken = xp.bincount(self.index, minlength=self.cells + 1)[: self.cells]
+        if bool(bad.any() | (taken > 1).any()):  # one host read for both checks
+            self._refuse(at, bad, taken, i, like)
+        self.spare[...] = 0
+        self.spare[self.index] = x.data.reshape(-1, self.rows)
+        tops[0].data[...] = self.spare[: self.cells].reshape(tops[0].shape)
+
+    def _refuse(self, at, bad, taken, i, like):
         if bad.any():
-            k = int(xp.argmax(bad))
+            k = int(self.xp.argmax(bad))
             where = tuple(int(n) for n in np.unravel_index(k, i.shape))
             raise self.error(
                 f"bottom '{i.name}' holds {float(at[k])!r} at index {where}; expected -1 or "
                 f"an integer in [0, {self.cells}) (a cell of '{like.name}' {like.shape})"
             )
-        self.kept = xp.flatnonzero(at >= 0)
-        self.cell = at[self.kept].astype(xp.intp)
-        ordered = xp.sort(self.cell)
-        repeated = ordered[1:][ordered[1:] == ordered[:-1]]
-        if repeated.size:
-            raise self.error(f"bottom '{i.name}' names cell {int(repeated[0])} more than once; "
-                             f"each row needs a cell of its own")
-        y = tops[0].data.reshape(self.cells, self.rows)
-        y.fill(0)
-        y[self.cell] = x.data.reshape(-1, self.rows)[self.kept]
+        raise self.error(f"bottom '{i.name}' names cell {int(self.xp.argmax(taken))} more than "
+                         f"once; each row needs a cell of its own")
 
     def backward(self, tops, propagate_down, bottoms):
         x, i, like = bottoms
         if propagate_down[0]:
-            gx = self.xp.zeros((x.count // self.rows, self.rows), x.diff.dtype)
-            gx[self.kept] = tops[0].diff.reshape(self.cells, self.rows)[self.cell]
-            x.diff[...] = gx.reshape(x.shape)
+            self.spare[: self.cells] = tops[0].diff.reshape(self.cells, self.rows)
+            self.spare[self.cells] = 0
+            x.diff[...] = self.spare[self.index].reshape(x.shape)
         # positions are piecewise constant and ``like`` gives only a shape: zero gradients
         for down, blob in zip(propagate_down[1:], (i, like)):
             if down:
