@@ -98,7 +98,8 @@ def test_steps_from_picks_T_when_inputs_differ_on_axis_0():
         chars = rng.integers(0, 6, (4, T * N))
         out = model.forward(words=rng.integers(0, 9, (T, N)), cont=cont,
                             labels=rng.integers(0, 3, (T, N)), chars_fw=chars, chars_bw=chars,
-                            chars_cont=np.ones((4, T * N)))
+                            chars_cont=np.ones((4, T * N)),
+                            chars_at=np.concatenate([-np.ones((3, T * N)), [np.arange(T * N)]]))
         assert np.isfinite(out["loss"])
         assert model.active is model.net(T)
         # the char LSTM's initial state follows T * N, the word LSTM's follows N

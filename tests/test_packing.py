@@ -123,6 +123,8 @@ def tagger_inputs(rows, sentences, T):
             rows, [s[name] for s in sentences], T, pad_value=pad)
     for name in ("chars_fw", "chars_bw", "chars_cont"):  # (T, N, C) -> (C, T * N)
         out[name] = out[name].reshape(-1, C).T
+    out["chars_at"] = np.full((C, T * len(rows)), -1)  # a cell's word ends at step C - 1
+    out["chars_at"][-1] = np.arange(T * len(rows))
     return out, spans
 
 

@@ -137,6 +137,34 @@ def cell_template(cell: str, folder: Path | None) -> Path:
     return path
 
 
+def pack_columns(lengths: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Items of ``lengths`` (each 1 .. ``size``) packed into columns of ``size``; best fit.
+
+    Longest first, each item goes to the fullest column it fits (a new one if
+    none), which on word lengths leaves next to no room unused. Returns each
+    item's column and its first slot there.
+
+    >>> pack_columns(np.array([3, 1, 2, 2]), 4)
+    (array([0, 0, 1, 1]), array([0, 3, 0, 2]))
+    """
+    columns: list[int] = []  # slots used, per column
+    free: list[list[int]] = [[] for _ in range(size + 1)]  # free[r]: the columns with r left
+    column = np.empty(len(lengths), np.int64)
+    start = np.empty(len(lengths), np.int64)
+    for k in np.argsort(-lengths, kind="stable").tolist():
+        length = int(lengths[k])
+        room = next((r for r in range(length, size + 1) if free[r]), None)
+        if room is None:
+            c = len(columns)
+            columns.append(0)
+        else:
+            c = free[room].pop()
+        column[k], start[k] = c, columns[c]
+        columns[c] += length
+        free[size - columns[c]].append(c)
+    return column, start
+
+
 class Tagger:
     """A BiLSTM (or any step template) UPOS tagger built from the `tagger` template.
 
@@ -170,12 +198,18 @@ class Tagger:
                                         seed=seed, store=self.train_model.store,
                                         steps_from=WORD_INPUT)
         self.rng = np.random.default_rng(seed)
+        # (T, N) -> character columns its batches are padded to: it only grows, so each
+        # net reshapes a few times, not at every batch (a reshape costs more than it saves)
+        self._char_columns: dict[tuple, int] = {}
 
     def net_param(self, steps: int):
         """The tagger net unrolled to ``steps`` words (expanded once per T)."""
         if steps not in self._net_params:
-            self._net_params[steps] = unroll.expand(TAGGER_TEMPLATE, steps=steps,
-                                                    **self._variables)
+            # the packed character columns vary per batch (the net reshapes); built one more
+            # than the grid's cells, their count is never N, so BucketedModel tells them apart
+            self._net_params[steps] = unroll.expand(
+                TAGGER_TEMPLATE, steps=steps, char_columns=steps * self.config.batch + 1,
+                **self._variables)
         return self._net_params[steps]
 
     def encode(self, sentences) -> list[dict]:
@@ -236,14 +270,36 @@ class Tagger:
         return out
 
     def _char_inputs(self, spelled, length: int) -> dict:
-        """(C, T * N) character inputs, position t * N + n for word t of sentence n."""
+        """The real words' characters packed into (C, columns) arrays (see the template).
+
+        ``chars_at`` is the grid cell t * N + n (word t of sentence n) at each
+        word's last character, -1 at every other slot: padding cells get no
+        characters, and no column is longer than C, so the character nets run
+        about sum(word lengths) / C columns instead of T * N. Trailing columns
+        are empty up to the most this (T, N) needed before, rounded up to 16.
+        """
         C, N = self.config.chars["length"], len(spelled)
-        grids = [np.zeros((length, N, C), dtype) for dtype in (np.int64, np.int64, np.float32)]
-        for n, parts in enumerate(spelled):
-            for grid, part in zip(grids, parts):
-                grid[: len(part), n] = part
-        fw, bw, cont = (g.reshape(length * N, C).T for g in grids)
-        return {"chars_fw": fw, "chars_bw": bw, "chars_cont": cont}
+        fw, bw, cont = (np.concatenate([parts[k] for parts in spelled]) for k in range(3))
+        cells = np.concatenate([np.arange(len(parts[0])) * N + n
+                                for n, parts in enumerate(spelled)])
+        # right-aligned words start at cont 0; an empty word reads one character 0 from zeros
+        lengths = cont.sum(axis=1).astype(np.int64) + 1
+        column, start = pack_columns(lengths, C)
+        used = int(column.max()) + 1 if len(column) else 0
+        width = self._char_columns.get((length, N), 0)
+        if used > width:
+            width = self._char_columns[length, N] = -(-used // 16) * 16
+        word = np.repeat(np.arange(len(lengths)), lengths)
+        j = np.arange(len(word)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        slot = (start[word] + j, column[word])
+        source = (word, C - lengths[word] + j)
+        out = {}
+        for name, chars in (("chars_fw", fw), ("chars_bw", bw), ("chars_cont", cont)):
+            out[name] = np.zeros((C, width), chars.dtype)
+            out[name][slot] = chars[source]
+        out["chars_at"] = np.full((C, width), -1, np.int64)
+        out["chars_at"][start + lengths - 1, column] = cells
+        return out
 
     def predict_encoded(self, encoded: list[dict], batch_size: int | None = None) -> list:
         """Tag ids per sentence, run in length-sorted batches through the test-phase nets."""
