@@ -482,3 +482,15 @@ def test_time_major_packed_errors_name_the_row():
         time_major_packed([[0, 1]], [[1], []], 2)
     with pytest.raises(ValueError, match=r"span 0 .* outside"):
         unpack_time_major(np.zeros((2, 1)), [(0, 1, 2)])
+
+
+def test_the_sampler_imports_without_protobuf_or_the_layers():
+    import subprocess
+    import sys
+
+    code = ("import sys, unroll.bucketing; "
+            "print(sorted(m for m in ('google.protobuf', 'unroll.layer', 'unroll.net') "
+            "if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"

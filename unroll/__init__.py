@@ -6,17 +6,41 @@
 (5, 2, 4)
 """
 
-from unroll import layers  # noqa: F401  (registers the built-in layer types)
-from unroll.blob import Blob
-from unroll.bucketed_model import BucketedModel
-from unroll.bucketing import BucketSampler
-from unroll.errors import NetError, TemplateError
-from unroll.layer import Layer, register_layer
-from unroll.net import Net
-from unroll.param_store import ParamStore
-from unroll.proto import PrototxtError
-from unroll.solver import Solver, SolverError
-from unroll.unroller import carry_hidden, expand, to_prototxt
+import importlib
+
+# what ``import unroll`` offers, imported on first use: the sampler alone
+# (unroll.bucketing) then needs neither protobuf nor the layers
+_EXPORTS = {
+    "Blob": "unroll.blob",
+    "BucketSampler": "unroll.bucketing",
+    "BucketedModel": "unroll.bucketed_model",
+    "Layer": "unroll.layer",
+    "Net": "unroll.net",
+    "NetError": "unroll.errors",
+    "ParamStore": "unroll.param_store",
+    "PrototxtError": "unroll.proto",
+    "Solver": "unroll.solver",
+    "SolverError": "unroll.solver",
+    "TemplateError": "unroll.errors",
+    "carry_hidden": "unroll.unroller",
+    "expand": "unroll.unroller",
+    "register_layer": "unroll.layer",
+    "to_prototxt": "unroll.unroller",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'unroll' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))
+
 
 __all__ = [
     "Blob",

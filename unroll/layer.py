@@ -288,3 +288,8 @@ class Layer:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} '{self.name}'>"
+
+
+# Every built-in layer type registers itself when its module is imported. Importing them
+# here, once Layer exists, gives whoever builds layers (Net, unroll.testing) all of them.
+from unroll import layers as _builtin_layers  # noqa: E402, F401
