@@ -30,21 +30,7 @@ class BiasLayer(Layer):
 
     def layer_setup(self, bottoms, tops):
         p = self.param.bias_param
-        shape = bottoms[0].shape
-        if len(bottoms) == 2:
-            k = bottoms[1].ndim
-            self.axis = 0 if k == 0 else self.canonical_axis(p.axis, len(shape))
-        else:
-            self.axis = self.canonical_axis(p.axis, len(shape))
-            if p.num_axes < -1:
-                raise self.error(f"bias_param.num_axes must be >= -1, found {p.num_axes}")
-            k = len(shape) - self.axis if p.num_axes == -1 else p.num_axes
-        if self.axis + k > len(shape):
-            raise self.error(
-                f"a {k}-D bias at axis {self.axis} does not fit bottom '{bottoms[0].name}' "
-                f"of shape {shape}"
-            )
-        self.bias_shape = shape[self.axis : self.axis + k]
+        self.axis, self.bias_shape = operand_shape(self, bottoms, p, "bias")
         if len(bottoms) == 1:
             self.param_blob(self.bias_shape, p.filler)
 
@@ -86,3 +72,22 @@ class BiasLayer(Layer):
                 self.blobs[0].diff += gb
         if propagate_down[0] and bottoms[0].diff is not gy:
             bottoms[0].diff[...] = gy
+
+
+def operand_shape(layer, bottoms, param, what: str) -> tuple[int, tuple]:
+    """(axis, shape) of the operand of Caffe's Bias and Scale layers (``what``): bottom 1's
+    shape at ``param.axis`` of bottom 0 (axis 0 for a scalar), or else ``param.num_axes``
+    axes of bottom 0 from ``param.axis`` (-1: to the end), as a learned param."""
+    shape = bottoms[0].shape
+    if len(bottoms) == 2:
+        k = bottoms[1].ndim
+        axis = 0 if k == 0 else layer.canonical_axis(param.axis, len(shape))
+    else:
+        axis = layer.canonical_axis(param.axis, len(shape))
+        if param.num_axes < -1:
+            raise layer.error(f"{what}_param.num_axes must be >= -1, found {param.num_axes}")
+        k = len(shape) - axis if param.num_axes == -1 else param.num_axes
+    if axis + k > len(shape):
+        raise layer.error(f"a {k}-D {what} at axis {axis} does not fit bottom "
+                          f"'{bottoms[0].name}' of shape {shape}")
+    return axis, shape[axis : axis + k]

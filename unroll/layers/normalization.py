@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from unroll.layer import Layer, register_layer
+from unroll.layers.bias import operand_shape
 from unroll.proto import FillerParameter
 
 
@@ -106,21 +107,7 @@ class ScaleLayer(Layer):
 
     def layer_setup(self, bottoms, tops):
         p = self.param.scale_param
-        shape = bottoms[0].shape
-        if len(bottoms) == 2:
-            k = bottoms[1].ndim
-            self.axis = 0 if k == 0 else self.canonical_axis(p.axis, len(shape))
-        else:
-            self.axis = self.canonical_axis(p.axis, len(shape))
-            if p.num_axes < -1:
-                raise self.error(f"scale_param.num_axes must be >= -1, found {p.num_axes}")
-            k = len(shape) - self.axis if p.num_axes == -1 else p.num_axes
-        if self.axis + k > len(shape):
-            raise self.error(
-                f"a {k}-D scale at axis {self.axis} does not fit bottom '{bottoms[0].name}' "
-                f"of shape {shape}"
-            )
-        self.scale_shape = shape[self.axis : self.axis + k]
+        self.axis, self.scale_shape = operand_shape(self, bottoms, p, "scale")
         if len(bottoms) == 1:
             filler = p.filler if p.HasField("filler") else FillerParameter(type="constant", value=1)
             self.param_blob(self.scale_shape, filler)
