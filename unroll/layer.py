@@ -158,7 +158,7 @@ class Layer:
         self.dtype = np.dtype(dtype)
         self.phase = phase
         self._rng = rng
-        self._host_rng = np.random.default_rng(0)
+        self._host_rng = None  # fills params outside a net; made on first use
         self._make_param = make_param
         self.blobs: list[Blob] = []
         #: scratch name -> (shape, dtype, lives), as sized by :meth:`reserve`
@@ -229,6 +229,8 @@ class Layer:
         if self._make_param is not None:
             blob = self._make_param(self, index, tuple(shape), filler)
         else:
+            if self._host_rng is None:
+                self._host_rng = np.random.default_rng(0)
             blob = Blob(shape, self.xp, self.dtype, f"{self.name}.{index}")
             blob.data[...] = self.xp.asarray(fill(filler, shape, self._host_rng, self.dtype))
         self.blobs.append(blob)

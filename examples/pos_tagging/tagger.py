@@ -205,10 +205,11 @@ class Tagger:
     def net_param(self, steps: int):
         """The tagger net unrolled to ``steps`` words (expanded once per T)."""
         if steps not in self._net_params:
-            # the packed character columns vary per batch (the net reshapes); built one more
-            # than the grid's cells, their count is never N, so BucketedModel tells them apart
+            # the packed character columns vary per batch (the net reshapes); built as N + 1,
+            # their count is never N, so BucketedModel tells them apart, and the same for
+            # every T, so expand checks the template's step shapes once, not once per T
             self._net_params[steps] = unroll.expand(
-                TAGGER_TEMPLATE, steps=steps, char_columns=steps * self.config.batch + 1,
+                TAGGER_TEMPLATE, steps=steps, char_columns=self.config.batch + 1,
                 **self._variables)
         return self._net_params[steps]
 
