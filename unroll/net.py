@@ -46,9 +46,6 @@ from unroll.workspace import Workspace, place, workspace_for
 
 PHASES = {"train": TRAIN, "test": TEST}
 
-# kept importable from here, where they lived before unroll.graph
-filter_layers = graph.filter_layers
-
 
 def _layer_failure(layer, what: str, error: Exception, bottoms) -> NetError:
     """A layer's unexpected exception as a NetError naming the layer and its bottoms."""

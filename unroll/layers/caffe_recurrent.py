@@ -384,7 +384,8 @@ def unrolled_net(source, steps: int | None = None, phase: str = "train") -> NetP
     >>> sum(lp.type == "LSTMUnit" for lp in net.layer)
     6
     """
-    from unroll.net import PHASES, Net, filter_layers
+    from unroll.graph import filter_layers
+    from unroll.net import PHASES, Net
 
     net_param = NetParameter()
     net_param.CopyFrom(read_message(source, NetParameter))
