@@ -15,6 +15,7 @@ import argparse
 import ast
 import difflib
 import inspect
+import json
 import shutil
 import subprocess
 import sys
@@ -156,10 +157,11 @@ def summarize(net_param: NetParameter, text: str) -> str:
     )
 
 
-def expand_command(args) -> int:
-    """``unroll expand``: write the unrolled prototxt of a template."""
+def _net_param(args) -> NetParameter:
+    """What ``expand`` and ``inspect`` work on: TEMPLATE unrolled to --steps, or a prototxt
+    file (with --steps, its Caffe LSTM and RNN layers unrolled to that many steps)."""
     from unroll.layers.caffe_recurrent import expand_net_file
-    from unroll.unroller import expand, to_prototxt
+    from unroll.unroller import expand
 
     variables = dict(args.set or [])
     if "steps" in variables:
@@ -167,19 +169,29 @@ def expand_command(args) -> int:
     for folder in args.template_dir or ():
         if not Path(folder).is_dir():
             raise CommandError(f"--template-dir {folder}: no such folder")
-    caffe_net = args.template.endswith(".prototxt")  # a net using Caffe's LSTM and RNN layers
+    caffe_net = args.template.endswith(".prototxt")  # a net, maybe with Caffe's LSTM/RNN
+    if caffe_net and args.steps is None:
+        return parse_text(read_prototxt(args.template), NetParameter(), args.template)
     if not caffe_net:
+        if args.steps is None:
+            raise CommandError(f"template '{args.template}' needs --steps T")
         _check_variables(args.template, variables, args.template_dir or ())
     try:
         if caffe_net:
-            net_param = expand_net_file(args.template, args.steps, variables)
-        else:
-            net_param = expand(args.template, steps=args.steps,
-                               search_path=args.template_dir or (), **variables)
+            return expand_net_file(args.template, args.steps, variables)
+        return expand(args.template, steps=args.steps, search_path=args.template_dir or (),
+                      **variables)
     except (TemplateError, NetError):
         raise
     except (TypeError, ValueError) as e:  # a --set value of the wrong kind, e.g. layers=two
         raise CommandError(f"cannot expand {args.template!r} with {variables}: {e}") from e
+
+
+def expand_command(args) -> int:
+    """``unroll expand``: write the unrolled prototxt of a template."""
+    from unroll.unroller import to_prototxt
+
+    net_param = _net_param(args)
     text = to_prototxt(net_param)
     summary = summarize(net_param, text)
     if args.output and args.output != "-":
@@ -190,6 +202,15 @@ def expand_command(args) -> int:
         sys.stdout.flush()
         where = "written to stdout"
     print(f"unroll expand {args.template}, T={args.steps}: {summary} {where}", file=sys.stderr)
+    return 0
+
+
+def inspect_command(args) -> int:
+    """``unroll inspect``: the params, in-place decisions, splits and memory of a net."""
+    from unroll.net import Net
+
+    report = Net(_net_param(args), phase=args.phase).inspect()
+    print(json.dumps(report.as_dict(), indent=2) if args.json else report)
     return 0
 
 
@@ -244,6 +265,21 @@ def memory_command(args) -> int:
 # -- the command ---------------------------------------------------------------------
 
 
+def _template_arguments(parser, steps_required: bool) -> None:
+    parser.add_argument("template", metavar="TEMPLATE",
+                        help="a built-in template name (lstm, gru, ...), a name on the template "
+                             "path, a path to a .prototxt.j2 file, or a .prototxt net")
+    parser.add_argument("--steps", "-T", type=int, required=steps_required, metavar="T",
+                        help="number of timesteps to unroll")
+    parser.add_argument("--set", action="append", type=parse_assignment, metavar="KEY=VALUE",
+                        help="a template variable (repeatable); VALUE is read as a Python "
+                             "literal (4, 0.5, True, [50, 8], {'suffix': [50, 8]}) where it "
+                             "is one, else as a string")
+    parser.add_argument("--template-dir", action="append", metavar="DIR",
+                        help="a folder searched for templates by name before "
+                             "$UNROLL_TEMPLATE_PATH and the built-ins (repeatable)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``unroll`` command and its subcommands."""
     parser = argparse.ArgumentParser(
@@ -265,21 +301,25 @@ def build_parser() -> argparse.ArgumentParser:
                     "prototxt (to stdout without -o).",
         epilog=EXPAND_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ex.add_argument("template", metavar="TEMPLATE",
-                    help="a built-in template name (lstm, gru, ...), a name on the template "
-                         "path, or a path to a .prototxt.j2 file")
-    ex.add_argument("--steps", "-T", type=int, required=True, metavar="T",
-                    help="number of timesteps to unroll")
-    ex.add_argument("--set", action="append", type=parse_assignment, metavar="KEY=VALUE",
-                    help="a template variable (repeatable); VALUE is read as a Python literal "
-                         "(4, 0.5, True, [50, 8], {'suffix': [50, 8]}) where it is one, "
-                         "else as a string")
-    ex.add_argument("--template-dir", action="append", metavar="DIR",
-                    help="a folder searched for templates by name before $UNROLL_TEMPLATE_PATH "
-                         "and the built-ins (repeatable)")
+    _template_arguments(ex, steps_required=True)
     ex.add_argument("-o", "--output", metavar="FILE",
                     help="write the prototxt to FILE (default: stdout)")
     ex.set_defaults(run=expand_command)
+
+    ins = sub.add_parser(
+        "inspect", help="print each param's owner and sharers, the in-place decisions, the "
+                        "splits and the memory plan of a net",
+        description="Build NET (a prototxt file, or TEMPLATE unrolled to --steps) and print "
+                    "its learnable params (owner layer, how many layers hold each, shape, "
+                    "lr_mult, decay_mult, frozen, bytes), which layers run in place and which "
+                    "were given memory of their own (and why), the splits inserted, and the "
+                    "memory plan. With --steps, Caffe's LSTM and RNN layers of a prototxt are "
+                    "unrolled first.",
+    )
+    _template_arguments(ins, steps_required=False)
+    ins.add_argument("--phase", choices=["train", "test"], default="train")
+    ins.add_argument("--json", action="store_true", help="print the same as JSON, for tools")
+    ins.set_defaults(run=inspect_command)
 
     dr = sub.add_parser(
         "draw", help="draw a net's prototxt as a Graphviz graph (.dot, .svg, .png)",
@@ -308,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     me.add_argument("--largest", type=int, default=10, metavar="K",
                     help="list the K largest blobs (default 10)")
     me.set_defaults(run=memory_command)
-    for command in (ex, dr, me):
+    for command in (ex, ins, dr, me):
         command.add_argument("--debug", action="store_true",
                              help="show the traceback of an error, not one line")
     return parser

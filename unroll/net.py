@@ -426,6 +426,15 @@ class Net:
             layer.scratch_memory.clear()
         self._bound = False
 
+    def inspect(self):
+        """What this net decided: each learnable param's owner, holders, shape and
+        multipliers; the layers run in place and those given memory of their own (why);
+        the splits inserted; the memory plan. ``str()`` of it is a table,
+        ``.as_dict()`` the same as data (:mod:`unroll.inspection`)."""
+        from unroll.inspection import inspect_net
+
+        return inspect_net(self)
+
     def memory_report(self, solver=None, largest: int = 10) -> MemoryReport:
         """What the net's memory costs, planned against unplanned (see :class:`MemoryReport`).
 
