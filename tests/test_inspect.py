@@ -3,6 +3,7 @@
 import json
 from collections import Counter
 
+import numpy as np
 import pytest
 
 import unroll
@@ -14,12 +15,12 @@ TEMPLATES = [("rnn", {}), ("lstm", {}), ("lstm_primitive", {}), ("gru", {}),
 
 
 def holders(net) -> Counter:
-    """How many layers of the net's prototxt name each param (unnamed: '<layer>.<k>')."""
+    """How many layers hold each learnable param, found from memory: a holder's blob IS the
+    owner's data or a view of it."""
     count = Counter()
-    for layer in net.layers:
-        for k in range(len(layer.blobs)):
-            spec = layer.param.param[k] if k < len(layer.param.param) else None
-            count[spec.name if spec is not None and spec.name else f"{layer.name}.{k}"] += 1
+    for p in net.learnable_params:
+        count[p.name] = sum(any(np.shares_memory(b.data, p.blob.data) for b in layer.blobs)
+                            for layer in net.layers)
     return count
 
 
