@@ -38,18 +38,7 @@ class BiasLayer(Layer):
         shape = bottoms[0].shape
         if len(bottoms) == 2:
             self.bias_shape = bottoms[1].shape
-        found = shape[self.axis : self.axis + len(self.bias_shape)]
-        if found != self.bias_shape:
-            raise self.error(
-                f"bottom '{bottoms[0].name}' of shape {shape} has {found} from axis {self.axis}; "
-                f"the bias has shape {self.bias_shape}"
-            )
-        k = len(self.bias_shape)
-        self.view = (
-            math.prod(shape[: self.axis]),
-            math.prod(found),
-            math.prod(shape[self.axis + k :]),
-        )
+        self.view = operand_view(self, bottoms, self.axis, self.bias_shape, "bias")
         tops[0].reshape(shape)
 
     def _bias(self, bottoms):
@@ -91,3 +80,14 @@ def operand_shape(layer, bottoms, param, what: str) -> tuple[int, tuple]:
         raise layer.error(f"a {k}-D {what} at axis {axis} does not fit bottom "
                           f"'{bottoms[0].name}' of shape {shape}")
     return axis, shape[axis : axis + k]
+
+
+def operand_view(layer, bottoms, axis: int, operand: tuple, what: str) -> tuple:
+    """(outer, operand count, inner): bottom 0 seen as 3-D around the operand of a Bias or
+    Scale layer, after checking that the operand's shape is bottom 0's from ``axis``."""
+    shape = bottoms[0].shape
+    found = shape[axis : axis + len(operand)]
+    if found != operand:
+        raise layer.error(f"bottom '{bottoms[0].name}' of shape {shape} has {found} from axis "
+                          f"{axis}; the {what} has shape {operand}")
+    return (math.prod(shape[:axis]), math.prod(found), math.prod(shape[axis + len(operand):]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from unroll.layer import Layer, register_layer
-from unroll.layers.bias import operand_shape
+from unroll.layers.bias import operand_shape, operand_view
 from unroll.proto import FillerParameter
 
 
@@ -128,18 +128,7 @@ class ScaleLayer(Layer):
                     f"{found} of bottom '{bottoms[0].name}' {shape} from axis {self.axis}"
                 )
             self.scale_shape = want
-        found = shape[self.axis : self.axis + len(self.scale_shape)]
-        if found != self.scale_shape:
-            raise self.error(
-                f"bottom '{bottoms[0].name}' of shape {shape} has {found} from axis {self.axis}; "
-                f"the scale has shape {self.scale_shape}"
-            )
-        k = len(self.scale_shape)
-        self.view = (
-            math.prod(shape[: self.axis]),
-            math.prod(found),
-            math.prod(shape[self.axis + k :]),
-        )
+        self.view = operand_view(self, bottoms, self.axis, self.scale_shape, "scale")
         tops[0].reshape(shape)
 
     def _scale(self, bottoms):
