@@ -492,3 +492,184 @@ def _count(shape) -> int:
     for d in shape:
         n *= d
     return n
+
+
+# -- gradients without copies: pass-through diffs, one weight-gradient GEMM per param -----
+def _resolve(host, r: int) -> tuple[int, int]:
+    """The whole that root ``r`` lives in and its element offset there ((r, 0) if none)."""
+    offset = 0
+    while r in host:
+        r, o = host[r]
+        offset += o
+    return r, offset
+
+
+def alias_pass_through_diffs(steps: list[Step], layers, plan: MemoryPlan, bottom_need,
+                             diff_host: dict, rewritten) -> dict[int, list[bool]]:
+    """Bottom diffs equal to their top's diff (Eltwise SUM, coefficient 1) share its memory.
+
+    The top's diff and those bottoms' diffs become one buffer, placed where
+    one of them already lives (a Slice part of a time-major whole, say) or
+    else at the top's; ``diff_host`` gains the entries. Every value has one
+    reader (splits see to that), so nothing else writes that buffer between
+    the top's readers' backward and the bottoms' producers'. Not for memory
+    written in place or kept, nor for buffers already inside two wholes.
+    Returns step -> per-bottom flags: the layer writes no diff for those.
+    """
+    written = {plan.diff_root[b] for b in rewritten}
+    aliased: dict[int, list[bool]] = {}
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        passes = getattr(layer, "passes_diff", None)
+        if passes is None or not plan.layer_need[s]:
+            continue
+        top = plan.diff_root[step.tops[0]]
+        if top in plan.private or top in written:
+            continue
+        members = [(k, plan.diff_root[b]) for k, b in enumerate(step.bottoms)
+                   if bottom_need[s][k] and passes(k)]
+        members = [(k, r) for k, r in members if r != top and r not in plan.private
+                   and r not in written and sum(r == q for _, q in members) == 1]
+        if not members:
+            continue
+        home = top if top in diff_host else next(
+            (r for _, r in members if r in diff_host), top)
+        if _resolve(diff_host, home)[0] == top and home != top:
+            continue  # the top's own buffer holds the bottom: not a pass-through
+        flags = [False] * len(step.bottoms)
+        for k, r in [(None, top)] + members:
+            if r != home:
+                if r in diff_host:
+                    continue  # inside another whole already
+                diff_host[r] = (home, 0)
+            if k is not None:
+                flags[k] = True
+        if any(flags):
+            aliased[s] = flags
+    return aliased
+
+
+@dataclass
+class WeightGradGroup:
+    """Layers sharing one param whose weight gradient is ONE GEMM over all their rows.
+
+    ``steps`` are the members in row order; after the backward of step
+    ``after`` (the last member backward reaches) the net runs the GEMM over
+    ``x`` (data) and ``gy`` (diff), each ``(root, first element)`` of a
+    buffer holding every member's rows back to back, ``rows`` of them.
+    """
+
+    steps: list[int]
+    after: int
+    x: tuple[int, int]
+    gy: tuple[int, int]
+    rows: int
+
+
+def _tiling(roots, host, counts):
+    """How ``roots`` sit in other buffers: None if in none, ``(whole, first element,
+    order)`` if back to back in one whole (in that order), False otherwise."""
+    if all(r not in host for r in roots):
+        return None
+    placed = [_resolve(host, r) for r in roots]
+    if len({whole for whole, _ in placed}) != 1:
+        return False
+    order = sorted(range(len(roots)), key=lambda i: placed[i][1])
+    ends = [placed[i][1] + counts[i] for i in order]
+    if [placed[i][1] for i in order[1:]] != ends[:-1]:
+        return False
+    return placed[0][0], placed[order[0]][1], order
+
+
+def plan_weight_gradients(steps: list[Step], layers, plan: MemoryPlan, bottom_need, shapes,
+                          data_host: dict, diff_host: dict, rewritten, skipped,
+                          n_roots: int) -> tuple[list[WeightGradGroup], dict]:
+    """Group the layers that share a param, so that its gradient is one GEMM (issue: speed).
+
+    A layer declaring ``batches_param_diffs`` computes its param gradient as
+    a GEMM over rows of its bottom (x) and of its top's diff (gy). For the
+    members of a group, those rows are placed back to back, time-major: the
+    rows stay where they already tile one block of a whole (the time-major
+    diff of a shared input projection, through pass-through diffs; the
+    Slice parts of an input), and go back to back in a new buffer otherwise,
+    x and gy in one order. Both stay
+    live until the group's GEMM. A group needs every member's x and gy to be
+    planned (not kept), written nowhere in place, and no backward write to
+    land in a member's gy rows between its backward and the GEMM.
+
+    ``n_roots`` numbers the new buffers (roots ``n_roots, n_roots + 1, ...``).
+    Returns the groups and ``{(kind, root): elements}`` of the new buffers;
+    ``data_host``/``diff_host`` gain the placements.
+    """
+    by_param: dict[tuple, list[int]] = {}
+    for s, layer in enumerate(layers):
+        if plan.layer_need[s] and getattr(layer, "batches_param_diffs", False) and layer.blobs:
+            by_param.setdefault(tuple(map(id, layer.blobs)), []).append(s)
+    groups = [members for members in by_param.values() if len(members) > 1]
+    if not groups:
+        return [], {}
+    written = {plan.data_root[b] for b in rewritten} | {plan.diff_root[b] for b in rewritten}
+    T = 2 * plan.steps
+    writes: dict[int, list] = {}
+
+    def write(root, time, count):
+        whole, first = _resolve(diff_host, root)
+        writes.setdefault(whole, []).append((time, first, first + count))
+
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        if not plan.layer_need[s] or "diff" in layer.shares_bottom:
+            continue
+        flags = skipped.get(s, ())
+        for k, b in enumerate(step.bottoms):
+            if bottom_need[s][k] and not (k < len(flags) and flags[k]):
+                write(plan.diff_root[b], T - s, _count(shapes[b]))
+    for s, roots in plan.zero_before.items():
+        for r in roots:
+            write(r, T - s - 0.5, _count(shapes[r]))
+
+    def untouched(members, whole, regions) -> bool:
+        """No backward write lands in member i's rows from its backward to the GEMM."""
+        gemm = T - members[0]
+        return not any(T - s <= t <= gemm and a < end and first < b
+                       for s, (first, end) in zip(members, regions)
+                       for t, a, b in writes.get(whole, ()))
+
+    out, sizes = [], {}
+    for members in groups:
+        layer = layers[members[0]]
+        x_roots = [plan.data_root[steps[s].bottoms[0]] for s in members]
+        gy_roots = [plan.diff_root[steps[s].tops[0]] for s in members]
+        x_counts = [_count(shapes[steps[s].bottoms[0]]) for s in members]
+        gy_counts = [_count(shapes[steps[s].tops[0]]) for s in members]
+        if any(r in plan.private or r in written for r in x_roots + gy_roots):
+            continue
+        if len(set(x_roots)) < len(members) or len(set(gy_roots)) < len(members):
+            continue
+        x_tiles = _tiling(x_roots, data_host, x_counts)
+        gy_tiles = _tiling(gy_roots, diff_host, gy_counts)
+        if x_tiles is False or gy_tiles is False:
+            continue  # some rows live inside other buffers, but not as one block
+        orders = [t[2] for t in (x_tiles, gy_tiles) if t is not None]
+        if len(orders) == 2 and orders[0] != orders[1]:
+            continue
+        order = orders[0] if orders else list(range(len(members)))
+        if gy_tiles is not None and not untouched(
+                members, gy_tiles[0],
+                [(first, first + n) for (_, first), n in
+                 zip((_resolve(diff_host, r) for r in gy_roots), gy_counts)]):
+            continue
+        blocks = []
+        for kind, tiles, roots, counts, host in (("data", x_tiles, x_roots, x_counts, data_host),
+                                                 ("diff", gy_tiles, gy_roots, gy_counts,
+                                                  diff_host)):
+            if tiles is not None:
+                blocks.append(tiles[:2])
+                continue
+            whole, n_roots, offset = n_roots, n_roots + 1, 0
+            for i in order:
+                host[roots[i]] = (whole, offset)
+                offset += counts[i]
+            sizes[(kind, whole)] = offset
+            blocks.append((whole, 0))
+        out.append(WeightGradGroup([members[i] for i in order], members[0], blocks[0],
+                                   blocks[1], sum(gy_counts) // layer.num_output))
+    return out, sizes

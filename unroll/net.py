@@ -119,6 +119,20 @@ class _Gate:
 
 
 @dataclass
+class _Placement:
+    """A net's memory layout for its current shapes (see :meth:`Net._layout`):
+    workspace offsets by ``(kind, root)``, the roots placed inside others,
+    the total, the weight-gradient groups and the sizes of their buffers."""
+
+    offsets: dict
+    data_host: dict
+    diff_host: dict
+    total: int
+    groups: list
+    sizes: dict
+
+
+@dataclass
 class MemoryReport:
     """Bytes a net needs, planned against unplanned (every blob its own memory).
 
@@ -226,6 +240,7 @@ class Net:
         self._device_loss = None
         self._borrowed: dict = {}  # input name -> the caller's device array it holds
         self._bound_wholes: set[int] = set()
+        self._gemms: dict = {}  # step -> [(layer, x rows, gy rows)]: see _bind
         self._gate.open = True
         try:
             self._build(graph.legacy_inputs(self.net_param)
@@ -333,18 +348,42 @@ class Net:
         """Where every planned buffer sits in the workspace, for the current shapes.
 
         Computes offsets only: the workspace grows, and the blobs get their
-        memory, when the net next runs.
+        memory, when the net next runs. Besides each blob's own buffer: parts
+        placed inside their whole (Concat, Slice), diffs passed through
+        unchanged (Eltwise SUM) sharing one buffer, and the rows of layers that
+        share a param placed back to back, so that its gradient is one GEMM
+        (:func:`unroll.graph.plan_weight_gradients`).
         """
         self._bound = False
+        for layer in self.layers_run:
+            if getattr(layer, "batches_param_diffs", False):
+                layer.param_diffs_batched = False
+            if hasattr(layer, "passes_diff"):
+                layer.diff_aliased = ()
         if not self.plan_memory:
             self._placement = None
             return
-        plan, g = self.memory_plan, self.graph
+        plan, g, layers = self.memory_plan, self.graph, self.layers_run
         shapes = [blob.shape for blob in self._blob_list]
-        data_host, diff_host, flags = graph.group_parts(
-            g.steps, self.layers_run, plan, shapes, g.rewritten)
+        data_host, diff_host, flags = graph.group_parts(g.steps, layers, plan, shapes,
+                                                        g.rewritten)
+        skipped = {}
         for s, (data_flags, diff_flags) in flags.items():
-            self.layers_run[s].parts_in_whole = (data_flags, diff_flags)
+            layers[s].parts_in_whole = (data_flags, diff_flags)
+            # a Slice writes its whole's diff unless every part is inside it
+            skipped[s] = diff_flags if layers[s].parts_of_whole == "bottoms" else [
+                all(diff_flags)]
+        aliased = graph.alias_pass_through_diffs(g.steps, layers, plan, self._bottom_need,
+                                                 diff_host, g.rewritten)
+        for s, fl in aliased.items():
+            layers[s].diff_aliased = skipped[s] = fl
+        groups, sizes = graph.plan_weight_gradients(
+            g.steps, layers, plan, self._bottom_need, shapes, data_host, diff_host,
+            g.rewritten, skipped, len(self._blob_list))
+        for group in groups:
+            for s in group.steps:
+                layers[s].param_diffs_batched = True
+        sizes = {key: n * self.dtype.itemsize for key, n in sizes.items()}
         buffers, keys = [], []
         for kind, life, host in (("data", plan.data_life, data_host),
                                  ("diff", plan.diff_life, diff_host)):
@@ -358,9 +397,10 @@ class Net:
                     span[0], span[1] = min(span[0], spans[r][0]), max(span[1], spans[r][1])
             for r, (first, last) in spans.items():
                 if r not in host and r not in plan.private:
-                    buffers.append((first, last, self._blob_list[r].nbytes))
+                    nbytes = sizes[(kind, r)] if (kind, r) in sizes else self._blob_list[r].nbytes
+                    buffers.append((first, last, nbytes))
                     keys.append((kind, r))
-        for s, layer in enumerate(self.layers_run):
+        for s, layer in enumerate(layers):
             for name, (shape, dtype, lives) in layer.scratch_specs.items():
                 span = plan.scratch_life(s, lives)
                 if span is not None:
@@ -368,21 +408,29 @@ class Net:
                     buffers.append((span[0], span[1], n))
                     keys.append(("scratch", (s, name)))
         offsets, total = place(buffers)
-        self._placement = (dict(zip(keys, offsets)), data_host, diff_host, total)
+        self._placement = _Placement(dict(zip(keys, offsets)), data_host, diff_host, total,
+                                     groups, sizes)
 
     def _bind(self) -> None:
         """Give every planned blob and scratch buffer its memory in the workspace."""
-        offsets, data_host, diff_host, total = self._placement
+        placement = self._placement
+        offsets, data_host, diff_host = placement.offsets, placement.data_host, placement.diff_host
         ws = self.workspace
-        ws.grow(total)
+        ws.grow(placement.total)
         arrays: dict = {}
         # blobs that other blobs are views into (Slice parts of an input, say): a new array
         # for one of them (a borrowed input) must re-bind its parts
-        self._bound_wholes = {id(self._blob_list[whole]) for whole, _ in data_host.values()}
+        self._bound_wholes = {id(self._blob_list[whole]) for whole, _ in data_host.values()
+                              if whole < len(self._blob_list)}
 
         def array(kind, r):
             if (kind, r) in arrays:
                 return arrays[(kind, r)]
+            if (kind, r) in placement.sizes:  # a buffer holding several blobs' rows
+                a = ws.view(offsets[(kind, r)], (placement.sizes[(kind, r)]
+                                                 // self.dtype.itemsize,), self.dtype)
+                arrays[(kind, r)] = a
+                return a
             blob = self._blob_list[r]
             host = data_host if kind == "data" else diff_host
             if r in host:
@@ -412,6 +460,14 @@ class Net:
                 if ("scratch", (s, name)) in offsets:
                     layer.scratch_memory[name] = ws.view(offsets[("scratch", (s, name))],
                                                          shape, dtype)
+        self._gemms = {}
+        for group in placement.groups:
+            layer = self.layers_run[group.after]
+            (xr, x0), (gr, g0) = group.x, group.gy
+            K, n = layer.K, layer.num_output
+            x = array("data", xr).reshape(-1)[x0 : x0 + group.rows * K].reshape(-1, K)
+            gy = array("diff", gr).reshape(-1)[g0 : g0 + group.rows * n].reshape(-1, n)
+            self._gemms.setdefault(group.after, []).append((layer, x, gy))
         self._bound = True
 
     def release_memory(self) -> None:
@@ -424,7 +480,24 @@ class Net:
                 self._blob_list[r].bind(None, None)
         for layer in self.layers_run:
             layer.scratch_memory.clear()
+        self._gemms = {}
         self._bound = False
+
+    @property
+    def batched_param_gradients(self) -> dict[str, int]:
+        """Params whose gradient backward computes in ONE GEMM over every layer sharing
+        them, for the current shapes: param name -> how many layers that GEMM covers.
+
+        >>> from unroll import expand
+        >>> net_param = expand("rnn", steps=5, batch=2, input_dim=3, hidden=4)
+        >>> net_param.force_backward = True
+        >>> Net(net_param).batched_param_gradients
+        {'W_hh': 5}
+        """
+        if self._placement is None:
+            return {}
+        return {self.layers_run[g.after].blobs[0].name: len(g.steps)
+                for g in self._placement.groups}
 
     def inspect(self):
         """What this net decided: each learnable param's owner, holders, shape and
@@ -458,9 +531,9 @@ class Net:
         if self._placement is None:
             kept, workspace = activations + diffs + scratch, 0
         else:
-            workspace = self._placement[3]
+            workspace = self._placement.total
         history = sum(int(h.nbytes) for h in solver.history) if solver is not None else 0
-        data_host = self._placement[1] if self._placement else {}
+        data_host = self._placement.data_host if self._placement else {}
 
         def where(r):
             if r in plan.private:
@@ -702,6 +775,8 @@ class Net:
                 for blob in self._zero_before.get(s, ()):
                     blob.diff.fill(0)
                 _call(layer, "failed in backward", layer.backward, tops, prop, bottoms)
+                for sharer, x, gy in self._gemms.get(s, ()):
+                    sharer.param_backward(x, gy)  # every sharer's rows: one GEMM
         finally:
             self._gate.open = False
 

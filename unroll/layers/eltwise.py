@@ -13,6 +13,9 @@ class EltwiseLayer(Layer):
     """y = sum_i c_i x_i | prod_i x_i | max_i x_i over >= 2 bottoms of one shape."""
 
     num_bottoms = (2, None)
+    #: per bottom, set by a net: that bottom's diff is the top's own memory (SUM with
+    #: coefficient 1 passes the diff through unchanged), so backward writes nothing for it
+    diff_aliased = ()
 
     def __init__(self, param, *args, **kwargs):
         super().__init__(param, *args, **kwargs)
@@ -27,6 +30,10 @@ class EltwiseLayer(Layer):
         if self.op != PROD:
             return ()
         return ("bottom",) if self.stable else ("bottom", "top")
+
+    def passes_diff(self, k: int) -> bool:
+        """Whether bottom ``k``'s diff equals the top's (SUM, coefficient 1)."""
+        return self.op == SUM and self.coeff[k] == 1
 
     def layer_setup(self, bottoms, tops):
         coeff = list(self.param.eltwise_param.coeff)
@@ -53,7 +60,10 @@ class EltwiseLayer(Layer):
         if self.op == SUM:
             for i, (b, c) in enumerate(zip(bottoms, self.coeff)):
                 if i == 0:
-                    xp.multiply(b.data, c, out=y)
+                    if c != 1 or self.coeff[1] != 1:
+                        xp.multiply(b.data, c, out=y)
+                elif i == 1 and self.coeff[0] == 1 == c:
+                    xp.add(bottoms[0].data, b.data, out=y)
                 elif c == 1:
                     xp.add(y, b.data, out=y)
                 elif c == -1:
@@ -75,8 +85,9 @@ class EltwiseLayer(Layer):
 
     def backward(self, tops, propagate_down, bottoms):
         xp, gy = self.xp, tops[0].diff
+        aliased = self.diff_aliased
         for i, b in enumerate(bottoms):
-            if not propagate_down[i]:
+            if not propagate_down[i] or (aliased and aliased[i]):
                 continue
             gx = b.diff
             if self.op == SUM:

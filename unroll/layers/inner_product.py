@@ -9,7 +9,18 @@ from unroll.layer import Layer, register_layer
 
 @register_layer("InnerProduct")
 class InnerProductLayer(Layer):
-    """y = x W^T + b, x viewed as (M, K) at ``axis``; W (num_output, K) or (K, num_output)."""
+    """y = x W^T + b, x viewed as (M, K) at ``axis``; W (num_output, K) or (K, num_output).
+
+    When several InnerProducts share W (the timesteps of an unrolled net), the
+    net may place their x rows and top-diff rows back to back and compute the
+    param gradient of all of them in one GEMM (:meth:`param_backward`); each
+    one's backward then computes only its bottom's diff.
+    """
+
+    #: its param gradient is a GEMM over rows, which a net may batch over sharers
+    batches_param_diffs = True
+    #: set by a net that computes this layer's param gradient with its sharers'
+    param_diffs_batched = False
 
     def layer_setup(self, bottoms, tops):
         p = self.param.inner_product_param
@@ -46,11 +57,16 @@ class InnerProductLayer(Layer):
 
     def backward(self, tops, propagate_down, bottoms):
         gy = tops[0].diff.reshape(self.M, self.num_output)
-        x = bottoms[0].data.reshape(self.M, self.K)
+        if not self.param_diffs_batched:
+            self.param_backward(bottoms[0].data.reshape(self.M, self.K), gy)
+        if propagate_down[0]:
+            W = self.blobs[0].data
+            gx = bottoms[0].diff.reshape(self.M, self.K)
+            self.xp.matmul(gy, W.T if self.transpose else W, out=gx)
+
+    def param_backward(self, x, gy):
+        """Add the param gradients of rows ``x`` (M, K) and top diffs ``gy`` (M, num_output)."""
         W = self.blobs[0]
         W.diff += x.T @ gy if self.transpose else gy.T @ x
         if self.bias_term:
             self.blobs[1].diff += gy.sum(axis=0)
-        if propagate_down[0]:
-            gx = bottoms[0].diff.reshape(self.M, self.K)
-            self.xp.matmul(gy, W.data.T if self.transpose else W.data, out=gx)
