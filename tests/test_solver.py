@@ -679,3 +679,20 @@ def test_params_changing_under_the_solver_is_an_error():
 def test_docstring_examples():
     result = doctest.testmod(unroll.solver)
     assert result.failed == 0 and result.attempted > 0
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float64", 1e-12)])
+def test_fused_adam_equals_its_array_reference(monkeypatch, dtype, tol):
+    """The one-pass Adam kernel (the default engine) against Adam's array code
+    (UNROLL_ENGINE=reference), over spans with mixed lr_mult, a frozen param and decay."""
+    results = []
+    for engine in ("fused", "reference"):
+        monkeypatch.setenv("UNROLL_ENGINE", engine)
+        net = Net(MULTS_NET, dtype=dtype)
+        solver = Solver(net, type="Adam", weight_decay=0.01, **SETTINGS["Adam"])
+        solver.step(4, feed=lambda k: {"x": batch(k)["x"], "y": np.tile(batch(k)["y"], 3)})
+        results.append((net.store.data.copy(), [h.copy() for h in solver.history]))
+    (data, history), (want_data, want_history) = results
+    np.testing.assert_allclose(data, want_data, rtol=tol, atol=tol)
+    for got, want in zip(history, want_history):
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)

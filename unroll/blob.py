@@ -46,6 +46,8 @@ class Blob:
     def data(self):
         if self.guard is not None and not self.guard.open:
             raise self.guard.closed_error(self)
+        if self._source is None and self._data is not None:
+            return self._data  # the common case, on every layer call: no further call
         return self._data_array()
 
     @data.setter
@@ -60,6 +62,8 @@ class Blob:
         never runs backward (a test-phase net) holds no gradient memory."""
         if self.guard is not None and not self.guard.open:
             raise self.guard.closed_error(self)
+        if not self._source_diff and self._diff is not None:
+            return self._diff
         return self._diff_array()
 
     @diff.setter

@@ -714,8 +714,14 @@ class Net:
         try:
             if not self._bound and self._placement is not None:
                 self._bind()
+            layer = bottoms = None
+            # one try around the loop, not one per layer: the hot path is a bare call
             for layer, bottoms, tops in self._fwd:
-                _call(layer, "failed in forward", layer.forward, bottoms, tops)
+                layer.forward(bottoms, tops)
+        except NetError:
+            raise
+        except Exception as e:
+            raise _layer_failure(layer, "failed in forward", e, bottoms) from e
         finally:
             self._gate.open = False
         self.workspace.holder = self
@@ -770,13 +776,21 @@ class Net:
         for blob, weight in self._loss_tops:
             blob.diff.fill(weight)
         self._gate.open = True
+        layer = bottoms = None
         try:
+            gemms, zero_before = self._gemms, self._zero_before
             for s, layer, tops, prop, bottoms in self._bwd:
-                for blob in self._zero_before.get(s, ()):
-                    blob.diff.fill(0)
-                _call(layer, "failed in backward", layer.backward, tops, prop, bottoms)
-                for sharer, x, gy in self._gemms.get(s, ()):
-                    sharer.param_backward(x, gy)  # every sharer's rows: one GEMM
+                if s in zero_before:
+                    for blob in zero_before[s]:
+                        blob.diff.fill(0)
+                layer.backward(tops, prop, bottoms)
+                if s in gemms:
+                    for sharer, x, gy in gemms[s]:
+                        sharer.param_backward(x, gy)  # every sharer's rows: one GEMM
+        except NetError:
+            raise
+        except Exception as e:
+            raise _layer_failure(layer, "failed in backward", e, bottoms) from e
         finally:
             self._gate.open = False
 

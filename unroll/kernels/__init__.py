@@ -1,4 +1,4 @@
-"""Fused kernels for the recurrent units: numba on the CPU, CuPy on the GPU.
+"""Fused kernels for the recurrent units and Adam: numba on the CPU, CuPy on the GPU.
 
 A recurrent unit (LSTMUnit, GRUUnit) is a dozen element-wise operations per
 step. Written against ``xp`` they make a dozen passes over memory; a fused
@@ -11,7 +11,8 @@ built afterwards use the reference; a layer's ``engine`` attribute switches one
 unit. Both modules below expose the same functions, on arrays of one dtype:
 the layer's C-contiguous blobs (any leading axes) and its saved ``(rows,
 width)`` arrays: ``lstm_unit_forward``, ``lstm_unit_backward``,
-``gru_unit_forward``, ``gru_unit_backward``.
+``gru_unit_forward``, ``gru_unit_backward``; and ``adam_update``, the solver's
+Adam rule in one pass instead of eleven (the same switch selects it).
 
 >>> import numpy as np
 >>> fused_kernels(np).__name__
@@ -26,7 +27,8 @@ import os
 from unroll.backend import device_of
 
 KERNEL_MODULES = {"cpu": "unroll.kernels.cpu", "gpu": "unroll.kernels.gpu"}
-KERNELS = ("lstm_unit_forward", "lstm_unit_backward", "gru_unit_forward", "gru_unit_backward")
+KERNELS = ("lstm_unit_forward", "lstm_unit_backward", "gru_unit_forward", "gru_unit_backward",
+           "adam_update")
 ENGINES = ("fused", "reference")
 ENGINE_VARIABLE = "UNROLL_ENGINE"
 

@@ -199,3 +199,35 @@ def gru_unit_backward(h_prev, x, hh, cont, dh, dh_prev, dx, dhh):
                 dxr[j], dxz[j], dxn[j] = dr, dz, dn
             if dhh is not None:
                 dhr[j], dhz[j], dhn[j] = dr, dz, dn * r
+
+
+def adam_update(diff, m, v, beta1, beta2, delta, step):
+    """Caffe's Adam update value in one pass over C-contiguous arrays of any shape: the
+    moments m and v move, and ``diff`` becomes ``step * m / (sqrt(v) + delta)``, where
+    ``step`` is one number or an array with one per entry (mixed lr_mult)."""
+    T = diff.dtype.type
+    args = (diff.reshape(-1), m.reshape(-1), v.reshape(-1), T(beta1), T(beta2), T(delta))
+    if np.ndim(step) == 0:
+        _adam_one_step(*args, T(step))
+    else:
+        _adam_steps(*args, step.reshape(-1))
+
+
+@njit(**KERNEL)
+def _adam_one_step(g, m, v, b1, b2, eps, rate):
+    one = g.dtype.type(1.0)
+    for k in range(g.size):
+        mk = b1 * m[k] + (one - b1) * g[k]
+        vk = b2 * v[k] + (one - b2) * (g[k] * g[k])
+        m[k], v[k] = mk, vk
+        g[k] = rate * mk / (np.sqrt(vk) + eps)
+
+
+@njit(**KERNEL)
+def _adam_steps(g, m, v, b1, b2, eps, rate):
+    one = g.dtype.type(1.0)
+    for k in range(g.size):
+        mk = b1 * m[k] + (one - b1) * g[k]
+        vk = b2 * v[k] + (one - b2) * (g[k] * g[k])
+        m[k], v[k] = mk, vk
+        g[k] = rate[k] * mk / (np.sqrt(vk) + eps)

@@ -82,6 +82,16 @@ SOURCES = {
         if (want_dhh) { dhh[g0] = dr; dhh[g0 + H] = dz; dhh[g0 + 2 * H] = dn * r; }
         """,
     ),
+    "adam_update": (
+        "float64 beta1, float64 beta2, float64 delta, T step",
+        "T diff, T m, T v",
+        r"""
+        const T g = diff;
+        m = T(beta1) * m + (T(1) - T(beta1)) * g;
+        v = T(beta2) * v + (T(1) - T(beta2)) * (g * g);
+        diff = T(step) * m / (sqrt(v) + T(delta));
+        """,
+    ),
 }
 
 
@@ -125,3 +135,12 @@ def gru_unit_backward(h_prev, x, hh, cont, dh, dh_prev, dx, dhh):
     wanted, outputs = optional((dh_prev, dx, dhh), dh)
     kernel("gru_unit_backward")(*flat((h_prev, x, hh, cont, dh)), *wanted, dh.shape[-1],
                                 *outputs, size=dh.size)
+
+
+def adam_update(diff, m, v, beta1, beta2, delta, step):
+    # step: one number, or one per entry (mixed lr_mult)
+    if getattr(step, "ndim", 0):
+        step = step.reshape(diff.shape)
+    else:
+        step = diff.dtype.type(step)  # a kernel argument, not a transfer
+    kernel("adam_update")(float(beta1), float(beta2), float(delta), step, diff, m, v)
