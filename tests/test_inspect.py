@@ -106,3 +106,18 @@ def test_a_caffe_lstm_prototxt_is_inspected_as_written_or_unrolled(capsys, tmp_p
     assert cli.main(["inspect", str(path), "--steps", "6", "--json"]) == 0
     unrolled = json.loads(capsys.readouterr().out)
     assert max(p["holders"] for p in unrolled["params"]) == 6  # W_hc, once per step
+
+
+@pytest.mark.parametrize("template, options", TEMPLATES)
+def test_inspect_names_the_param_gradients_computed_in_one_gemm(template, options):
+    T = 4
+    net_param = unroll.expand(template, steps=T, batch=2, input_dim=3, hidden=5, **options)
+    net_param.force_backward = True
+    report = unroll.Net(net_param).inspect()
+    recurrent = [p.name for p in report.params if p.name.endswith(("W_hc", "W_hh", "W_h"))]
+    assert report.batched_gradients == {name: T for name in recurrent}
+    assert report.as_dict()["batched_gradients"] == report.batched_gradients
+    assert f"{recurrent[0]} over {T} layers" in str(report)
+    # a net that runs no backward computes no gradient at all
+    assert unroll.Net(unroll.expand(template, steps=T, batch=2, input_dim=3, hidden=5,
+                                    **options)).inspect().batched_gradients == {}

@@ -41,6 +41,8 @@ class Inspection:
     out_of_place: list[str]  # in-place tops given memory of their own, with the reason
     splits: list[tuple[str, str, int]]  # (split layer, blob it fans out, readers)
     memory: object  # the net's MemoryReport
+    #: param -> layers whose gradients of it backward computes in one GEMM
+    batched_gradients: dict
 
     def as_dict(self) -> dict:
         memory = self.memory
@@ -51,6 +53,7 @@ class Inspection:
             "out_of_place": list(self.out_of_place),
             "splits": [{"layer": name, "blob": blob, "readers": n}
                        for name, blob, n in self.splits],
+            "batched_gradients": dict(self.batched_gradients),
             "memory": {"params": memory.params, "history": memory.history,
                        "unplanned": memory.unplanned, "planned": memory.planned,
                        "kept": memory.kept, "workspace": memory.workspace},
@@ -74,6 +77,10 @@ class Inspection:
         lines.append(f"splits inserted: {len(self.splits)}"
                      + (": " + ", ".join(f"{blob} -> {n}" for _, blob, n in self.splits[:8])
                         + (", ..." if len(self.splits) > 8 else "") if self.splits else ""))
+        batched = list(self.batched_gradients.items())
+        lines.append(f"param gradients in one GEMM: {len(batched)}"
+                     + (": " + ", ".join(f"{name} over {n} layers" for name, n in batched[:8])
+                        + (", ..." if len(batched) > 8 else "") if batched else ""))
         m = self.memory
         lines.append(f"memory: params {m.params / kib:.1f} KiB; activations, diffs and scratch "
                      f"{m.unplanned / kib:.1f} KiB unplanned, {m.planned / kib:.1f} KiB planned "
@@ -102,4 +109,4 @@ def inspect_net(net) -> Inspection:
         in_place += [(layer.name, net.graph.names[t])
                      for t, b in zip(step.tops, step.bottoms) if t == b]
     return Inspection(net.name, params, in_place, list(net.in_place_fallbacks), splits,
-                      net.memory_report())
+                      net.memory_report(), net.batched_param_gradients)
