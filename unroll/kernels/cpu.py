@@ -11,7 +11,8 @@ dtype (float32 or float64). Two choices keep the inner loops vectorized:
   costs more than the dozen NumPy passes it replaces.
 
 ``cache=True`` keeps the compiled code on disk, so only the first run on a
-machine pays the compile time.
+machine pays the compile time; ``nogil=True`` lets threads running independent
+branches overlap in the kernels, as they do in NumPy's GEMMs.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ TAYLOR = tuple((1.0 / factorial(n), HALF_LN2 ** (n - 1) / factorial(n)) for n in
 TANH_SATURATES = 20.0
 
 FAST = dict(error_model="numpy", fastmath={"contract"})
-KERNEL = dict(cache=True, **FAST)
+KERNEL = dict(cache=True, nogil=True, **FAST)
 
 
 @intrinsic
