@@ -146,3 +146,28 @@ layer {{ name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "t" top: "loss" 
     got, _ = run(text, True, feed)
     want, _ = run(text, False, feed)
     assert_same(got, want)
+
+
+def test_sharers_using_the_weight_transposed_are_not_batched_with_the_others():
+    """W (4, 4) shared by two layers as W and by one as W^T: only the first two are one GEMM."""
+    ips = "".join(f"""
+layer {{ name: "ip{k}" type: "InnerProduct" bottom: "x{k}" top: "y{k}" param {{ name: "W" }}
+        inner_product_param {{ num_output: 4 bias_term: false transpose: {t}
+                              weight_filler {{ type: "gaussian" }} }} }}"""
+                  for k, t in enumerate(["false", "false", "true"]))
+    text = f"""force_backward: true
+layer {{ name: "in" type: "Input" top: "x" top: "target"
+        input_param {{ shape {{ dim: 6 dim: 4 }} shape {{ dim: 6 dim: 4 }} }} }}
+layer {{ name: "cut" type: "Slice" bottom: "x" top: "x0" top: "x1" top: "x2"
+        slice_param {{ axis: 0 }} }}
+{ips}
+layer {{ name: "cat" type: "Concat" bottom: "y0" bottom: "y1" bottom: "y2" top: "y"
+        concat_param {{ axis: 0 }} }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "target" top: "loss" }}
+"""
+    rng = np.random.default_rng(5)
+    feed = dict(x=rng.normal(size=(6, 4)), target=rng.normal(size=(6, 4)))
+    got, net = run(text, True, feed)
+    want, _ = run(text, False, feed)
+    assert_same(got, want)
+    assert net.batched_param_gradients == {"W": 2}

@@ -586,8 +586,9 @@ def plan_weight_gradients(steps: list[Step], layers, plan: MemoryPlan, bottom_ne
     """Group the layers that share a param, so that its gradient is one GEMM (issue: speed).
 
     A layer declaring ``batches_param_diffs`` computes its param gradient as
-    a GEMM over rows of its bottom (x) and of its top's diff (gy). For the
-    members of a group, those rows are placed back to back, time-major: the
+    a GEMM over rows of its bottom (x) and of its top's diff (gy)
+    (``param_backward(x, gy)``); layers with one ``param_batch_key()`` (the
+    same param blobs, used the same way) form a group. For the members, those rows are placed back to back, time-major: the
     rows stay where they already tile one block of a whole (the time-major
     diff of a shared input projection, through pass-through diffs; the
     Slice parts of an input), and go back to back in a new buffer otherwise,
@@ -603,7 +604,7 @@ def plan_weight_gradients(steps: list[Step], layers, plan: MemoryPlan, bottom_ne
     by_param: dict[tuple, list[int]] = {}
     for s, layer in enumerate(layers):
         if plan.layer_need[s] and getattr(layer, "batches_param_diffs", False) and layer.blobs:
-            by_param.setdefault(tuple(map(id, layer.blobs)), []).append(s)
+            by_param.setdefault(layer.param_batch_key(), []).append(s)
     groups = [members for members in by_param.values() if len(members) > 1]
     if not groups:
         return [], {}

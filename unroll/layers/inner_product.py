@@ -64,6 +64,11 @@ class InnerProductLayer(Layer):
             gx = bottoms[0].diff.reshape(self.M, self.K)
             self.xp.matmul(gy, W.T if self.transpose else W, out=gx)
 
+    def param_batch_key(self) -> tuple:
+        """Layers with one key may have their param gradients computed together: the same
+        param blobs, used the same way."""
+        return tuple(map(id, self.blobs)), self.transpose
+
     def param_backward(self, x, gy):
         """Add the param gradients of rows ``x`` (M, K) and top diffs ``gy`` (M, num_output)."""
         W = self.blobs[0]
