@@ -16,6 +16,7 @@ diffs are filled, then backward steps, step ``s`` at ``2S - s``.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 from unroll.errors import NetError
@@ -583,19 +584,19 @@ def _tiling(roots, host, counts):
 def plan_weight_gradients(steps: list[Step], layers, plan: MemoryPlan, bottom_need, shapes,
                           data_host: dict, diff_host: dict, rewritten, skipped,
                           n_roots: int) -> tuple[list[WeightGradGroup], dict]:
-    """Group the layers that share a param, so that its gradient is one GEMM (issue: speed).
+    """Group the layers that share a param, so that its gradient is one GEMM.
 
     A layer declaring ``batches_param_diffs`` computes its param gradient as
-    a GEMM over rows of its bottom (x) and of its top's diff (gy)
-    (``param_backward(x, gy)``); layers with one ``param_batch_key()`` (the
-    same param blobs, used the same way) form a group. For the members, those rows are placed back to back, time-major: the
-    rows stay where they already tile one block of a whole (the time-major
-    diff of a shared input projection, through pass-through diffs; the
-    Slice parts of an input), and go back to back in a new buffer otherwise,
-    x and gy in one order. Both stay
-    live until the group's GEMM. A group needs every member's x and gy to be
-    planned (not kept), written nowhere in place, and no backward write to
-    land in a member's gy rows between its backward and the GEMM.
+    a GEMM over rows of its bottom (x) and of its top's diff (gy), in
+    ``param_backward(x, gy)``; layers with one ``param_batch_key()`` (the
+    same param blobs, used the same way) form a group. The members' rows go
+    back to back, time-major: where they already tile one block of a whole
+    (the time-major diff of a shared input projection, reached through
+    pass-through diffs; the Slice parts of an input) they stay, otherwise
+    they get a new buffer, x and gy in one order. Both stay live until the
+    group's GEMM. A group needs every member's x and gy planned (not kept),
+    written nowhere in place, and no backward write landing in a member's gy
+    rows between its backward and the GEMM.
 
     ``n_roots`` numbers the new buffers (roots ``n_roots, n_roots + 1, ...``).
     Returns the groups and ``{(kind, root): elements}`` of the new buffers;
@@ -630,9 +631,16 @@ def plan_weight_gradients(steps: list[Step], layers, plan: MemoryPlan, bottom_ne
     def untouched(members, whole, regions) -> bool:
         """No backward write lands in member i's rows from its backward to the GEMM."""
         gemm = T - members[0]
-        return not any(T - s <= t <= gemm and a < end and first < b
-                       for s, (first, end) in zip(members, regions)
-                       for t, a, b in writes.get(whole, ()))
+        spans = sorted((first, end, T - s) for s, (first, end) in zip(members, regions))
+        firsts = [first for first, _, _ in spans]
+        for t, a, b in writes.get(whole, ()):
+            k = max(bisect_right(firsts, a) - 1, 0)
+            while k < len(spans) and spans[k][0] < b:  # every member block the write meets
+                first, end, since = spans[k]
+                if a < end and since <= t <= gemm:
+                    return False
+                k += 1
+        return True
 
     out, sizes = [], {}
     for members in groups:
