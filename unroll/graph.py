@@ -23,8 +23,9 @@ from unroll.errors import NetError
 from unroll.proto import LayerParameter, NetParameter
 
 __all__ = [
-    "Graph", "MemoryPlan", "Step", "backward_needs", "build_graph", "filter_layers",
-    "group_parts", "legacy_inputs", "plan_memory",
+    "Graph", "MemoryPlan", "Region", "Step", "WeightGradGroup", "alias_pass_through_diffs",
+    "backward_needs", "build_graph", "concurrent_regions", "filter_layers", "group_parts",
+    "legacy_inputs", "plan_memory", "plan_weight_gradients",
 ]
 
 
@@ -355,6 +356,7 @@ class MemoryPlan:
     diff_life: dict[int, tuple[int, int]]
     zero_before: dict[int, list[int]]
     layer_need: list[bool]
+    windows: list = field(default_factory=list)  # of concurrent regions, as time spans
 
     def backward_time(self, step: int) -> int:
         return 2 * self.steps - step
@@ -364,10 +366,14 @@ class MemoryPlan:
         f, b = step, self.backward_time(step)
         runs_backward = self.layer_need[step]
         if lives == "forward":
-            return (f, f)
-        if lives == "backward":
-            return (b, b) if runs_backward else None
-        return (f, b) if runs_backward else (f, f)
+            span = (f, f)
+        elif lives == "backward":
+            if not runs_backward:
+                return None
+            span = (b, b)
+        else:
+            span = (f, b) if runs_backward else (f, f)
+        return _widened(span, self.windows)
 
 
 def _roots(steps, layers, n_blobs: int, what: str) -> list[int]:
@@ -380,7 +386,7 @@ def _roots(steps, layers, n_blobs: int, what: str) -> list[int]:
 
 
 def plan_memory(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
-                bottom_need, loss_blobs) -> MemoryPlan:
+                bottom_need, loss_blobs, regions=()) -> MemoryPlan:
     """The lifetime of every buffer of the net, from the graph alone.
 
     A value's data lives from its producer's forward until its last reader:
@@ -389,7 +395,9 @@ def plan_memory(steps: list[Step], layers, n_blobs: int, private_blobs, layer_ne
     :meth:`~unroll.layer.Layer.reads_in_backward` names; ``"top"``: the
     producer's). A
     diff lives from the first backward that writes it to the backward of its
-    producer, which consumes it.
+    producer, which consumes it. Within a :class:`Region` whose branches run at
+    once, forward or backward, every buffer the region touches lives through
+    all of it: the branches' order is not known in advance.
     """
     S = len(steps)
     data_root = _roots(steps, layers, n_blobs, "data")
@@ -437,12 +445,23 @@ def plan_memory(steps: list[Step], layers, n_blobs: int, private_blobs, layer_ne
     for r, first_read in reads.items():
         if r not in private and writes.get(r, first_read) >= first_read:
             zero_before.setdefault(2 * S - first_read, []).append(r)
+    windows = [w for r in regions
+               for w in ((r.start, r.stop - 1), (2 * S - r.stop + 1, 2 * S - r.start))]
     return MemoryPlan(
         S, data_root, diff_root, private,
-        {r: tuple(v) for r, v in data_life.items() if r not in private},
-        {r: tuple(v) for r, v in diff_life.items() if r not in private},
-        zero_before, list(layer_need),
+        {r: _widened(v, windows) for r, v in data_life.items() if r not in private},
+        {r: _widened(v, windows) for r, v in diff_life.items() if r not in private},
+        zero_before, list(layer_need), windows,
     )
+
+
+def _widened(span, windows) -> tuple[int, int]:
+    """``span`` stretched over every window (of a concurrent region) it meets."""
+    first, last = span
+    for a, b in windows:
+        if first <= b and last >= a:
+            first, last = min(first, a), max(last, b)
+    return first, last
 
 
 def group_parts(steps: list[Step], layers, plan: MemoryPlan, shapes, rewritten) -> tuple:
@@ -682,3 +701,90 @@ def plan_weight_gradients(steps: list[Step], layers, plan: MemoryPlan, bottom_ne
         out.append(WeightGradGroup([members[i] for i in order], members[0], blocks[0],
                                    blocks[1], sum(gy_counts) // layer.num_output))
     return out, sizes
+
+
+# -- independent branches -------------------------------------------------------------------
+@dataclass
+class Region:
+    """Steps ``start..stop-1`` of the run order, split into independent branches.
+
+    ``first`` lists the region's steps that depend on no branch (run before
+    them, in run order); ``branches`` the others, one list per branch in run
+    order. No branch reads what another writes, and none shares a param or
+    draws random numbers, so they may run at once.
+    """
+
+    start: int
+    stop: int
+    first: list[int]
+    branches: list[list[int]]
+
+
+def concurrent_regions(steps: list[Step], layers, min_steps: int = 8) -> list[Region]:
+    """Where a Split fans a value out to chains that meet again only later (the two
+    directions of a bidirectional layer), the steps between the Split and their meeting.
+
+    A Split is a candidate when each of its readers reads nothing else made
+    after it (a reader that also reads later values is where branches meet,
+    not a branch). Labels then flow from its tops through the steps after it;
+    the first step reached by two labels ends the region. A region is kept if
+    it has two or more branches of ``min_steps`` steps or more, their layers
+    share no param, and none draws random numbers.
+    """
+    producer: dict[int, int] = {}  # blob -> its latest writer so far
+    readers: dict[int, list[int]] = {}
+    made_by: list[list[int]] = []  # step -> the steps that wrote its bottoms
+    for s, step in enumerate(steps):
+        made_by.append([producer[b] for b in step.bottoms if b in producer])
+        for b in step.bottoms:
+            readers.setdefault(b, []).append(s)
+        for t in step.tops:
+            producer[t] = s
+    regions: list[Region] = []
+    s = 0
+    while s < len(steps):
+        region = _region_from(s, steps, layers, made_by, readers, min_steps)
+        if region is None:
+            s += 1
+        else:
+            regions.append(region)
+            s = region.stop
+    return regions
+
+
+def _region_from(p: int, steps, layers, made_by, readers, min_steps) -> Region | None:
+    if layers[p].type != "Split" or len(steps[p].tops) < 2:
+        return None
+    heads = [readers.get(t, [None])[0] for t in steps[p].tops]
+    if any(h is None or any(w > p for w in made_by[h] if w != p) for h in heads):
+        return None
+    label: dict[int, int] = {}  # step -> its branch
+    for k, h in enumerate(heads):
+        if h in label:
+            return None  # one reader takes two tops: no branches here
+        label[h] = k
+    first, stop = [], len(steps)
+    for s in range(p + 1, len(steps)):
+        found = {label[w] for w in made_by[s] if w in label}
+        if s in label:
+            found.add(label[s])
+        if len(found) > 1:
+            stop = s
+            break
+        if found:
+            label[s] = found.pop()
+        else:
+            first.append(s)
+    branches: list[list[int]] = [[] for _ in heads]
+    for s in range(p + 1, stop):
+        if s in label:
+            branches[label[s]].append(s)
+    branches = [b for b in branches if b]
+    if len(branches) < 2 or min(len(b) for b in branches) < min_steps:
+        return None
+    params = [{id(blob) for s in b for blob in layers[s].blobs} for b in branches]
+    if sum(len(p) for p in params) != len(set().union(*params)):
+        return None
+    if any(getattr(layers[s], "draws_random", False) for b in branches for s in b):
+        return None
+    return Region(p + 1, stop, first, branches)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,66 @@ def _call(layer, what: str, method, *args) -> None:
     except Exception as e:
         bottoms = args[0] if method.__name__ != "backward" else args[2]
         raise _layer_failure(layer, what, e, bottoms) from e
+
+
+class _BranchFailure(Exception):
+    """A layer's exception inside a concurrent region, carried to the calling thread."""
+
+    def __init__(self, layer, bottoms, error):
+        super().__init__(str(error))
+        self.layer, self.bottoms, self.error = layer, bottoms, error
+
+
+_branch_pool: ThreadPoolExecutor | None = None
+
+
+def _forward_entry(entry) -> None:
+    layer, bottoms, tops = entry
+    layer.forward(bottoms, tops)
+
+
+def _backward_entry(entry, zero_before, gemms) -> None:
+    s, layer, tops, prop, bottoms = entry
+    for blob in zero_before.get(s, ()):
+        blob.diff.fill(0)
+    layer.backward(tops, prop, bottoms)
+    for sharer, x, gy in gemms.get(s, ()):
+        sharer.param_backward(x, gy)
+
+
+def _run_branch(entries, run) -> None:
+    for entry in entries:
+        try:
+            run(entry)
+        except NetError:
+            raise
+        except Exception as e:
+            layer, bottoms = (entry[0], entry[1]) if len(entry) == 3 else (entry[1], entry[4])
+            raise _BranchFailure(layer, bottoms, e) from e
+
+
+def _run_items(items, run) -> None:
+    """Run a schedule (see Net._schedule): serial lists in order; for a region, its
+    entries before, then its branches at once (one on this thread, the others on a
+    pool), then its entries after."""
+    global _branch_pool
+    for item in items:
+        if isinstance(item, list):
+            _run_branch(item, run)
+            continue
+        before, branches, after = item
+        _run_branch(before, run)
+        if _branch_pool is None:
+            _branch_pool = ThreadPoolExecutor(thread_name_prefix="unroll-branch")
+        others = [_branch_pool.submit(_run_branch, b, run) for b in branches[1:]]
+        try:
+            _run_branch(branches[0], run)
+        finally:
+            for future in others:
+                future.exception()  # every branch has finished before anything goes on
+        for future in others:
+            future.result()
+        _run_branch(after, run)
 
 
 class BlobTable(Mapping):
@@ -188,7 +249,10 @@ class Net:
     phase, the bottoms of losses and accuracies (the predictions). Nets built
     over one ``param_store`` share every named param and one workspace
     (bucketed models). ``plan_memory=False`` gives every blob memory of its
-    own, as pycaffe does, for debugging.
+    own, as pycaffe does, for debugging. ``concurrent=True`` (CPU only) runs
+    independent branches, such as the two directions of a bidirectional layer,
+    on threads at once; results are bit-identical to the serial order, and the
+    memory plan keeps every buffer of such a region live through all of it.
 
     >>> net = Net('''
     ...   layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
@@ -212,6 +276,7 @@ class Net:
         allow_python_layers: bool = False,
         plan_memory: bool = True,
         workspace: Workspace | None = None,
+        concurrent: bool = False,
     ):
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {list(PHASES)}, found {phase!r}")
@@ -230,6 +295,8 @@ class Net:
         self._shared_store = param_store is not None
         self.store = param_store if param_store is not None else ParamStore()
         self.plan_memory = plan_memory
+        # independent branches at once: CPU only (a GPU would need streams), see _build
+        self.concurrent = concurrent and self.xp is np
         self.workspace = workspace if workspace is not None else workspace_for(self.store, self.xp)
         self.workspace.attach(self)
         self._gate = _Gate(self)
@@ -285,10 +352,36 @@ class Net:
                 self.layer_need_backward))
             if need
         ][::-1]
+        self.regions = (graph.concurrent_regions(g.steps, self.layers_run)
+                        if self.concurrent else [])
+        self._schedule()
         # run order, splits included (as pycaffe's): aligned with layer_need_backward
         self.layer_names = [layer.name for layer in self.layers_run]
         self.inputs = [b.name for b in self._input_blobs]
         self._plan()
+
+    def _schedule(self) -> None:
+        """The run order as serial runs and concurrent regions, forward and backward.
+
+        Each item is a list of entries (run in order) or a region as (entries
+        run before, [entries of each branch], entries run after): forward, the
+        region's ``first`` steps run before its branches; backward (entries of
+        ``_bwd``, each list reversed) they run after them.
+        """
+        forward, backward, s = [], [], 0
+        bwd = {entry[0]: entry for entry in self._bwd}
+        for region in self.regions:
+            forward.append(self._fwd[s : region.start])
+            forward.append(([self._fwd[t] for t in region.first],
+                            [[self._fwd[t] for t in b] for b in region.branches], []))
+            backward.append([bwd[t] for t in range(region.start - 1, s - 1, -1) if t in bwd])
+            backward.append(([], [[bwd[t] for t in reversed(b) if t in bwd]
+                                  for b in region.branches],
+                             [bwd[t] for t in reversed(region.first) if t in bwd]))
+            s = region.stop
+        forward.append(self._fwd[s:])
+        backward.append([bwd[t] for t in range(len(self._fwd) - 1, s - 1, -1) if t in bwd])
+        self._forward_items, self._backward_items = forward, backward[::-1]
 
     def _setup_layers(self) -> None:
         for layer, bottoms, tops in zip(self.layers_run, self._bottoms, self._tops):
@@ -335,7 +428,7 @@ class Net:
                 else [False] * len(self.layer_need_backward))
         self.memory_plan = graph.plan_memory(
             g.steps, self.layers_run, len(self._blob_list), private, need,
-            self._bottom_need, self._loss_blobs)
+            self._bottom_need, self._loss_blobs, self.regions)
         plan = self.memory_plan
         for b, blob in enumerate(self._blob_list):
             planned = plan.data_root[b] not in plan.private or plan.diff_root[b] not in plan.private
@@ -716,8 +809,14 @@ class Net:
                 self._bind()
             layer = bottoms = None
             # one try around the loop, not one per layer: the hot path is a bare call
-            for layer, bottoms, tops in self._fwd:
-                layer.forward(bottoms, tops)
+            if not self.regions:
+                for layer, bottoms, tops in self._fwd:
+                    layer.forward(bottoms, tops)
+            else:
+                _run_items(self._forward_items, _forward_entry)
+        except _BranchFailure as failure:
+            raise _layer_failure(failure.layer, "failed in forward", failure.error,
+                                 failure.bottoms) from failure.error
         except NetError:
             raise
         except Exception as e:
@@ -779,14 +878,21 @@ class Net:
         layer = bottoms = None
         try:
             gemms, zero_before = self._gemms, self._zero_before
-            for s, layer, tops, prop, bottoms in self._bwd:
-                if s in zero_before:
-                    for blob in zero_before[s]:
-                        blob.diff.fill(0)
-                layer.backward(tops, prop, bottoms)
-                if s in gemms:
-                    for sharer, x, gy in gemms[s]:
-                        sharer.param_backward(x, gy)  # every sharer's rows: one GEMM
+            if not self.regions:
+                for s, layer, tops, prop, bottoms in self._bwd:
+                    if s in zero_before:
+                        for blob in zero_before[s]:
+                            blob.diff.fill(0)
+                    layer.backward(tops, prop, bottoms)
+                    if s in gemms:
+                        for sharer, x, gy in gemms[s]:
+                            sharer.param_backward(x, gy)  # every sharer's rows: one GEMM
+            else:
+                _run_items(self._backward_items, functools.partial(
+                    _backward_entry, zero_before=zero_before, gemms=gemms))
+        except _BranchFailure as failure:
+            raise _layer_failure(failure.layer, "failed in backward", failure.error,
+                                 failure.bottoms) from failure.error
         except NetError:
             raise
         except Exception as e:

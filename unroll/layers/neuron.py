@@ -82,6 +82,8 @@ class DropoutLayer(NeuronLayer):
     """Train: y = x * mask / (1 - ratio), mask ~ Bernoulli(1 - ratio); test: y = x."""
 
     backward_reads = ()
+    #: draws from the net's generator: never run on a thread beside another layer
+    draws_random = True
 
     def layer_setup(self, bottoms, tops):
         self.ratio = self.param.dropout_param.dropout_ratio
