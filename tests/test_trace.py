@@ -301,6 +301,21 @@ def test_a_tagger_batch_with_a_character_position_past_the_grid_stops_unread(mon
     assert c.syncs == 0
 
 
+def test_a_packed_tagger_step_sends_its_batch_in_one_transfer():
+    from examples.pos_tagging.packing import packed_inputs
+
+    tagger, encoded, labels = tiny_tagger("trace")
+    solver = Solver(tagger.train_model, type="SGD", base_lr=0.1)
+
+    def feed(k):  # both sentences (4 and 3 words) back to back in one row of 7
+        return packed_inputs(tagger, encoded, [[0, 1]], 7, labels, train=True)[0]
+
+    solver.step(1, feed=feed)
+    counts = gpu_budget.count_step(tagger.train_model, solver, feed)
+    assert [counts[phase].h2d for phase in gpu_budget.PHASES] == [1, 0, 0, 0, 0, 0]
+    assert to_numpy(feed(0)["cont"])[:, 0].tolist() == [0, 1, 1, 1, 0, 1, 1]
+
+
 def test_the_training_guard_reads_one_number_per_batch():
     from examples.pos_tagging.train import guarded_step
 
