@@ -77,8 +77,7 @@ class _CuPyCapture:
     runs_work = False  # a capture records work; the first launch does it
 
     def __call__(self, run):
-        import cupy
-
+        cupy = get_array_module("gpu")
         # capture needs a stream other than the legacy default one; the graph's
         # allocations come from its own pool, which nothing else allocates from, so
         # the buffers baked into the graph stay its own after the capture frees them
@@ -86,19 +85,21 @@ class _CuPyCapture:
         pool = cupy.cuda.MemoryPool()
         with cupy.cuda.using_allocator(pool.malloc), stream:
             stream.begin_capture()
+            failure = graph = result = None
             try:
                 result = run()
-            except Exception as error:
-                try:
-                    stream.end_capture()
-                except Exception:  # an invalidated capture also fails to end: the first error
-                    pass           # is the one to report
-                raise GraphError(
-                    f"the step cannot be captured as a CUDA graph ({type(error).__name__}: "
-                    f"{error}); a captured step must not read device values on the host "
-                    f"(float(), bool(), .get()) nor copy host arrays to the device"
-                ) from error
-            graph = stream.end_capture()
+            except Exception as error:  # the capture must end whatever happened in it
+                failure = error
+            try:
+                graph = stream.end_capture()
+            except Exception as error:  # an invalidated capture fails here
+                failure = failure or error
+        if failure is not None:
+            raise GraphError(
+                f"the step cannot be captured as a CUDA graph ({type(failure).__name__}: "
+                f"{failure}); a captured step must not read device values on the host "
+                f"(float(), bool(), .get()) nor copy host arrays to the device"
+            ) from failure
         return graph, result, (stream, pool)
 
 
