@@ -1,6 +1,7 @@
 """The trace backend: a NumPy-backed CuPy stand-in that counts launches, syncs and transfers."""
 
 import doctest
+import gc
 import math
 
 import numpy as np
@@ -100,6 +101,45 @@ def test_random_draws_and_custom_kernels_are_one_launch_each():
     np.testing.assert_array_equal(y.get(), 2 * x.get())
     again = trace.random.default_rng(0).random((3, 4))
     np.testing.assert_array_equal(again.get(), x.get())
+
+
+def test_new_buffers_are_counted_and_live_bytes_follow_them():
+    a = trace.zeros((2, 3))  # float64: 48 bytes
+    gc.collect()
+    gc.disable()  # no other test's garbage freed in between
+    try:
+        with trace.measure() as c:
+            before = trace.live_bytes()
+            b = a * 2  # a new buffer
+            v = b.reshape(3, 2)[0]  # views of it: nothing new
+            a += b  # in place: nothing new
+            s = a.sum()  # a 0-d result: 8 bytes
+            grown = trace.live_bytes() - before
+            del b, s
+            after = trace.live_bytes() - before
+        del v
+        gone = trace.live_bytes() - before
+    finally:
+        gc.enable()
+    assert (c.allocations, c.allocated_bytes) == (2, 56)
+    assert (grown, after, gone) == (56, 48, 0)  # v held b's buffer until it went
+
+
+def test_a_capture_replays_its_launches_on_the_buffers_of_the_capture():
+    x = trace.asarray(np.array([1.0, 2.0]))
+    y = trace.empty_like(x)
+    with trace.capture() as graph:
+        t = x * 3  # a temporary: the replay writes into the same buffer
+        trace.add(t, 1, out=y)
+        y[0] = 0  # a fill with the capture's value
+    x[...] = trace.asarray(np.array([10.0, 20.0]))
+    with trace.measure() as c:
+        graph.launch()
+    assert y.get().tolist() == [0.0, 61.0] and t.get().tolist() == [30.0, 60.0]
+    assert c.launches == 1 and c.ops == {"graph.launch": 1}
+    for read in (lambda: float(x.sum()), lambda: x.get(), lambda: trace.asarray([1.0])):
+        with pytest.raises(trace.CaptureError), trace.capture():
+            read()
 
 
 TINY = """
