@@ -9,6 +9,7 @@ import pytest
 
 import unroll
 from bench import gpu_budget
+from tests.test_trace import TINY
 from unroll import Net, cuda_graph, trace
 from unroll.backend import GPU_AVAILABLE, to_numpy
 from unroll.bucketed_model import BucketedModel
@@ -120,13 +121,6 @@ class Keeping(Reading):
         return out
 
 
-TINY = """
-layer { name: "in" type: "Input" top: "x" top: "t"
-        input_param { shape { dim: 4 dim: 3 } shape { dim: 4 dim: 2 } } }
-layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y"
-        inner_product_param { num_output: 2 weight_filler { type: "gaussian" } } }
-layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "t" top: "l" }
-"""
 TINY_INPUTS = {"x": np.ones((4, 3)), "t": np.zeros((4, 2))}
 
 
