@@ -17,6 +17,9 @@ The tagger packs its inputs into one transfer (:meth:`Tagger.inputs`); the
 LSTM's inputs are host arrays that ``forward`` sends. Each workload runs one
 step first, so that lazy allocations (diffs, solver history) are not counted.
 
+The last lines count a step whose gradient pass is replayed as a CUDA graph
+(:mod:`unroll.cuda_graph`, simulated by the trace backend).
+
     python -m bench.gpu_budget            (from the repository root)
 """
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from unroll import Net, expand, to_prototxt, trace
+from unroll.cuda_graph import StepGraphs
 from unroll.solver import Solver
 
 PHASES = ("inputs", "clear", "forward", "backward", "guard", "update")
@@ -112,6 +116,17 @@ def traced_step(setup, guard=None, **sizes) -> dict[str, trace.Counts]:
     return count_step(model, solver, feed, guard)
 
 
+def replayed_step(setup, **sizes) -> trace.Counts:
+    """The counts of ``solver.step(1)`` with its gradient pass replayed as a CUDA graph
+    (:class:`unroll.cuda_graph.StepGraphs`, captured in an earlier step)."""
+    model, solver, feed, _ = setup("trace", **sizes)
+    solver.graphs = StepGraphs(model, warmup=1)
+    solver.step(2, feed=feed)  # one eager pass, then the capture
+    with trace.measure() as counts:
+        solver.step(1, feed=feed)
+    return counts
+
+
 def table(name: str, counts: dict[str, trace.Counts]) -> str:
     rows = [f"{name}", f"  {'phase':<9} {'launches':>8} {'syncs':>6} {'h2d':>4} {'d2h':>4}"
             f"  top operations / sync sites"]
@@ -136,6 +151,11 @@ def main() -> None:
                 traced_step(tagger_setup, tagger_guard)))
     print(table("LSTM layer, T=25 N=32 D=100 H=128 (Adam)", traced_step(lstm_setup)))
     print("issue 15 targets for the tagger step: <= 1200 launches, <= 2 syncs, 1 transfer")
+    for name, setup in (("tagger", tagger_setup), ("LSTM", lstm_setup)):
+        c = replayed_step(setup)
+        print(f"{name} solver.step with the gradient pass a CUDA graph (StepGraphs): "
+              f"{c.launches} launches ({c.ops['graph.launch']} graph, the rest copies of the "
+              f"inputs into its buffers and the update), {c.syncs} sync, {c.h2d} h2d")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@
 # 2. runs the GPU half of the test matrix (`pytest -m gpu`),
 # 3. trains the default tagger (T=21, N=32) and an LSTM layer (T=25, N=32, D=100,
 #    H=128) on the GPU and prints tokens/s and peak device memory, beside the launch
-#    counts of the trace backend for the same step.
-# Every stage has its own time limit, so the whole script prints its figures in under
-# 10 minutes even where a stage hangs.
+#    counts of the trace backend for the same step,
+# 4. times the same steps eager and with their gradient pass replayed as a CUDA graph
+#    (unroll.cuda_graph.StepGraphs; its replay-equals-eager tests ran in stage 2).
+# Every stage has its own time limit (100 + 240 + 110 + 110 s), so the whole script
+# prints its figures in under 10 minutes even where a stage hangs.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -29,16 +31,16 @@ for key in ("dependencies", "gpu"):
 print("pytest>=8", "hypothesis>=6.100", sep="\n")
 EOF
 )
-timeout 240 "$PY" -m pip install --quiet "${reqs[@]}" || echo "pip could not install ${reqs[*]}"
+timeout 100 "$PY" -m pip install --quiet "${reqs[@]}" || echo "pip could not install ${reqs[*]}"
 "$PY" -c "import cupy; print('CuPy', cupy.__version__, 'CUDA runtime',
 cupy.cuda.runtime.runtimeGetVersion(), 'devices', cupy.cuda.runtime.getDeviceCount())" \
     || { echo "CuPy is not usable here: stopping"; exit 1; }
 
 echo "== pytest -m gpu"
-timeout 330 "$PY" -m pytest -m gpu -q -p no:cacheprovider --durations=5 || status=1
+timeout 240 "$PY" -m pytest -m gpu -q -p no:cacheprovider --durations=5 || status=1
 
 echo "== GPU throughput (tokens/s, peak device memory)"
-timeout 150 "$PY" - <<'EOF' || status=1
+timeout 110 "$PY" - <<'EOF' || status=1
 import time
 
 import cupy
@@ -61,5 +63,42 @@ for name, setup in (("default tagger T=21 N=32", tagger_setup),
           f"{1e3 * seconds / steps:.1f} ms/step, {launches} launches/step "
           f"({1e6 * seconds / steps / launches:.1f} us/launch), "
           f"peak device memory (CuPy pool) {pool.total_bytes() / 2**20:.0f} MiB")
+EOF
+echo "== CUDA graphs: ms per training step, eager vs the gradient pass replayed"
+timeout 110 "$PY" - <<'EOF' || status=1
+import time
+
+import cupy
+
+from bench.gpu_budget import lstm_setup, tagger_setup
+from unroll.cuda_graph import GraphError, StepGraphs
+
+
+def ms_per_step(solver, feed, steps=20):
+    solver.step(3, feed=feed)  # compiles, allocates (and, with graphs, captures)
+    cupy.cuda.Device().synchronize()
+    start = time.perf_counter()
+    solver.step(steps, feed=feed)
+    cupy.cuda.Device().synchronize()
+    return 1e3 * (time.perf_counter() - start) / steps
+
+
+failed = False
+for name, setup in (("default tagger T=21 N=32", tagger_setup),
+                    ("LSTM layer T=25 N=32 D=100 H=128", lstm_setup)):
+    _, solver, feed, _ = setup("gpu")
+    eager = ms_per_step(solver, feed)
+    model, solver, feed, _ = setup("gpu")
+    solver.graphs = StepGraphs(model, warmup=2)
+    try:
+        graph = ms_per_step(solver, feed)
+    except GraphError as error:
+        print(f"{name}: eager {eager:.2f} ms/step; graph: {error}")
+        failed = True
+        continue
+    print(f"{name}: eager {eager:.2f} ms/step, graph {graph:.2f} ms/step "
+          f"({eager / graph:.1f}x), {solver.graphs.captures} capture(s), "
+          f"{solver.graphs.replays} replays")
+raise SystemExit(failed)
 EOF
 exit $status

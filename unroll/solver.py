@@ -554,6 +554,9 @@ class Solver:
         self.current_step = 0
         self.rate = float("nan")
         self._losses: collections.deque = collections.deque(maxlen=param.average_loss)
+        #: None, or a :class:`unroll.cuda_graph.StepGraphs` that replays each step's
+        #: clear, forward and backward as one CUDA graph (iter_size 1)
+        self.graphs = None
         self._names: list[str] = []
         self._history_buffers: list = []  # per slot: one buffer laid out as the store's
         self._history: list[list] = []  # per learnable param: views of its history slots
@@ -777,13 +780,19 @@ class Solver:
         last = None
         for _ in range(iters):
             self._sync_history()
-            if self._store.diff is not None:
-                self._store.diff.fill(0)
-            loss = 0.0
-            for i in range(iter_size):
-                self.net.forward(**inputs_for(self.iter * iter_size + i, i))
-                loss = loss + _unread_loss(self.net)
-                self.net.backward()
+            if self.graphs is not None:
+                if iter_size != 1:
+                    raise SolverError(f"graphs replay one pass per iteration; iter_size is "
+                                      f"{iter_size}")
+                loss = self.graphs.gradients(inputs_for(self.iter, 0))
+            else:
+                if self._store.diff is not None:
+                    self._store.diff.fill(0)
+                loss = 0.0
+                for i in range(iter_size):
+                    self.net.forward(**inputs_for(self.iter * iter_size + i, i))
+                    loss = loss + _unread_loss(self.net)
+                    self.net.backward()
             # several ranks sum their losses on the host: one read per iteration
             loss = self.comm.sum(loss) / (iter_size * self.comm.size)
             self._losses.append(loss)

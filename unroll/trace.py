@@ -13,8 +13,17 @@ through this module in place of CuPy, and counts
 - **transfers**: host-to-device (``asarray`` of host data, a host array
   written into a device one) and device-to-host (``.get()``, ``asnumpy``).
 
+and **allocations**: every new device buffer (an operation's result, ``empty``,
+a transfer's target) and its bytes; :func:`live_bytes` is what the arrays
+alive now hold, so a step that keeps nothing new leaves it unchanged.
+
+:func:`capture` records a block's launches as a :class:`Graph` that
+:meth:`Graph.launch` replays on the same buffers, as a CUDA graph does (see
+:mod:`unroll.cuda_graph`); a sync or a transfer inside it is an error there,
+as it is in CUDA's stream capture.
+
 Views (``reshape``, ``transpose``, basic slicing) and allocations
-(``empty``) cost nothing. Like CuPy, the module refuses implicit
+(``empty``) launch nothing. Like CuPy, the module refuses implicit
 conversions: ``np.asarray(trace_array)`` and an operation given a NumPy
 array raise ``TypeError``, so code that runs here makes no hidden host
 round trips on a GPU.
@@ -32,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -47,6 +57,8 @@ class Counts:
     syncs: int = 0
     h2d: int = 0
     d2h: int = 0
+    allocations: int = 0
+    allocated_bytes: int = 0
     ops: Counter = field(default_factory=Counter)
     sync_sites: Counter = field(default_factory=Counter)
 
@@ -70,21 +82,108 @@ def measure():
         _active.remove(counts)
 
 
-def _launch(name: str) -> None:
+def _launch(name: str, replay=None) -> None:
+    """Count one kernel; while a :func:`capture` records, ``replay()`` is what redoes it."""
     for c in _active:
         c.launches += 1
         c.ops[name] += 1
+    if _recording:
+        _recording[-1].append((name, replay))
 
 
 def _sync(name: str) -> None:
+    if _recording:
+        raise CaptureError(f"a host wait ({name}) during a capture: the host reads a device "
+                           f"value, which a CUDA graph cannot hold")
     for c in _active:
         c.syncs += 1
         c.sync_sites[name] += 1
 
 
 def _h2d() -> None:
+    if _recording:
+        raise CaptureError("a host-to-device transfer during a capture: a CUDA graph would "
+                           "copy from host memory that is gone when it replays")
     for c in _active:
         c.h2d += 1
+
+
+# -- allocations ------------------------------------------------------------------------
+
+_live: dict[int, int] = {}  # id of a live device buffer -> its bytes
+
+
+def _allocated(array: np.ndarray) -> None:
+    """Count ``array``'s buffer once, when a device array first holds it."""
+    root = array
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if id(root) in _live:
+        return
+    _live[id(root)] = root.nbytes
+    weakref.finalize(root, _live.pop, id(root), None)
+    for c in _active:
+        c.allocations += 1
+        c.allocated_bytes += root.nbytes
+
+
+def live_bytes() -> int:
+    """Bytes of every device buffer some array still holds (what a memory pool lends now)."""
+    return sum(_live.values())
+
+
+# -- capture and replay -------------------------------------------------------------------
+
+
+class CaptureError(RuntimeError):
+    """Work inside :func:`capture` that a CUDA graph cannot hold (a sync, a transfer)."""
+
+
+_recording: list[list] = []  # the launches of the captures under way, innermost last
+
+
+class Graph:
+    """The launches of a :func:`capture`, replayed in order on the buffers they used.
+
+    Host values (a Python scalar argument, a shape) are the ones of the capture;
+    device arrays are read as they are at replay, as in a CUDA graph.
+    """
+
+    def __init__(self, launches: list):
+        self.launches = launches
+
+    def launch(self, stream=None) -> None:
+        """Replay: one launch for the host, every captured kernel on the device."""
+        _launch("graph.launch", self._replay)
+        self._replay()
+
+    def _replay(self) -> None:
+        for _, replay in self.launches:
+            replay()
+
+
+@contextlib.contextmanager
+def capture():
+    """Record the launches of a ``with`` block into a :class:`Graph` (yielded, filled at
+    the end). The block's work runs as well: what it computes gives later operations
+    their shapes, and the replays repeat it.
+
+    >>> from unroll import trace
+    >>> x = trace.ones(2); y = trace.empty_like(x)
+    >>> with trace.capture() as graph:
+    ...     _ = trace.multiply(x, 3, out=y)
+    >>> x[...] = 5
+    >>> graph.launch()
+    >>> y.get().tolist()
+    [15.0, 15.0]
+    """
+    launches: list = []
+    graph = Graph(launches)
+    _recording.append(launches)
+    try:
+        yield graph
+    finally:
+        _recording.remove(launches)
 
 
 def _d2h(name: str) -> None:
@@ -122,12 +221,21 @@ def _wrap(r):
 def _call(name: str, fn, args, kwargs, launch: bool = True):
     """Run ``fn`` on the unwrapped arguments; ``out=`` gives back the caller's own array."""
     out = kwargs.get("out")
-    result = fn(*_unwrap(args, name), **{k: _unwrap(v, name) for k, v in kwargs.items()})
+    args, kwargs = _unwrap(args, name), {k: _unwrap(v, name) for k, v in kwargs.items()}
+    result = fn(*args, **kwargs)
+    wrapped = out if isinstance(out, ndarray) else _wrap(result)
     if launch:
-        _launch(name)
-    if isinstance(out, ndarray):
-        return out
-    return _wrap(result)
+        _launch(name, _replay(fn, args, kwargs, None if out is not None else wrapped))
+    return wrapped
+
+
+def _replay(fn, args, kwargs, into):
+    """What redoes ``fn(*args, **kwargs)``: the result copied into ``into``'s buffer (the
+    array the capture gave out), unless ``fn`` writes in place (``out=``)."""
+    if not isinstance(into, ndarray):
+        return lambda: fn(*args, **kwargs)
+    target = into._a
+    return lambda: np.copyto(target, fn(*args, **kwargs))
 
 
 def _shares(result, args) -> bool:
@@ -167,6 +275,7 @@ class ndarray:  # noqa: N801  (CuPy's and NumPy's name for it)
 
     def __init__(self, array: np.ndarray):
         self._a = array
+        _allocated(array)
 
     # -- what costs nothing: metadata and views
     shape = property(lambda self: self._a.shape)
@@ -188,7 +297,7 @@ class ndarray:  # noqa: N801  (CuPy's and NumPy's name for it)
     def _view(self, name, *args, **kwargs):
         result = _wrap(getattr(self._a, name)(*args, **kwargs))
         if not _shares(result, [self]):
-            _launch(name)
+            _launch(name, _replay(getattr(self._a, name), args, kwargs, result))
         return result
 
     def reshape(self, *shape, **kwargs):
@@ -232,9 +341,10 @@ class ndarray:  # noqa: N801  (CuPy's and NumPy's name for it)
     def __getitem__(self, index):
         if _is_mask(index):
             _sync("boolean index")
-        result = _wrap(self._a[_index(index, "__getitem__")])
+        at = _index(index, "__getitem__")
+        result = _wrap(self._a[at])
         if _is_advanced(index):  # a gather; basic indexing is a view (0-d for one element)
-            _launch("__getitem__")
+            _launch("__getitem__", _replay(self._a.__getitem__, (at,), {}, result))
         return result
 
     def __setitem__(self, index, value):
@@ -242,11 +352,12 @@ class ndarray:  # noqa: N801  (CuPy's and NumPy's name for it)
             _h2d()
         else:
             value = _unwrap(value, "__setitem__")
-        self._a[_index(index, "__setitem__")] = value
-        _launch("__setitem__")
+        at = _index(index, "__setitem__")
+        self._a[at] = value
+        _launch("__setitem__", _replay(self._a.__setitem__, (at, value), {}, None))
 
     def fill(self, value) -> None:
-        _launch("fill")
+        _launch("fill", _replay(self._a.fill, (value,), {}, None))
         self._a.fill(value)
 
     def astype(self, dtype, copy=True, **kwargs):
@@ -441,7 +552,8 @@ def _function(name: str, fn):
         def view(*args, **kwargs):
             result = _call(name, fn, args, kwargs, launch=False)
             if not _shares(result, args):
-                _launch(name)
+                unwrapped = _unwrap(args, name), {k: _unwrap(v, name) for k, v in kwargs.items()}
+                _launch(name, _replay(fn, *unwrapped, result))
             return result
         return view
 

@@ -2,10 +2,11 @@
 
 A packed batch (``BucketSampler(pack=True)``) is a list of rows of sentence
 indices. Each row's sentences are joined into one token sequence, so the
-tagger's own :meth:`~examples.pos_tagging.tagger.Tagger.inputs` builds every
-input (words with word dropout, extra features, characters, labels) as for
-one long sentence; only ``cont`` changes: it is 0 at each sentence's first
-token, so every sentence is tagged exactly as it would be alone in a row.
+tagger's own :meth:`~examples.pos_tagging.tagger.Tagger.host_inputs` builds
+every input (words with word dropout, extra features, characters, labels) as
+for one long sentence; only ``cont`` changes: it is 0 at each sentence's first
+token, so every sentence is tagged exactly as it would be alone in a row. The
+batch then goes to the device in one transfer (:meth:`Tagger.send`).
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ def packed_inputs(tagger, encoded: list[dict], rows, length: int, tags=None, tra
     ``tags`` are the gold tag ids of every sentence (training), or None.
     """
     joined_tags = None if tags is None else [_join([tags[i] for i in row]) for row in rows]
-    inputs = tagger.inputs(join_rows(encoded, rows), length, joined_tags, train=train)
-    _, inputs["cont"], spans = time_major_packed(rows, [e["word"] for e in encoded], length)
-    return inputs, spans
+    host = tagger.host_inputs(join_rows(encoded, rows), length, joined_tags, train=train)
+    # the rows' own cont replaces the one-sentence cont on the host, so the batch still
+    # goes to the device in one transfer
+    _, host["cont"], spans = time_major_packed(rows, [e["word"] for e in encoded], length)
+    return tagger.send(host, length, labelled=tags is not None), spans
 
 
 def batch_inputs(tagger, encoded: list[dict], tags, batch, sampler: BucketSampler):

@@ -247,8 +247,15 @@ class Tagger:
         the training nets with ``tags``, else the test nets) and sent to the device
         in ONE transfer; the nets take views of it without a copy.
         """
-        model = self.train_model if tags is not None else self.test_model
-        buffer, layout = pack(self.host_inputs(encoded, length, tags, train), model.dtype)
+        return self.send(self.host_inputs(encoded, length, tags, train), length,
+                         labelled=tags is not None)
+
+    def send(self, host: dict, length: int, labelled: bool) -> dict:
+        """:meth:`host_inputs` (changed or not: packed rows have their own ``cont``) packed
+        into one buffer, checked on the host by the nets of T = ``length`` (training's if
+        ``labelled``, else testing's), and sent to their device in one transfer."""
+        model = self.train_model if labelled else self.test_model
+        buffer, layout = pack(host, model.dtype)
         model.net(length).check_inputs(**unpack(buffer, layout))
         return unpack(get_array_module(model.device).asarray(buffer), layout)
 
