@@ -1,13 +1,12 @@
-"""Would independent branches gain from running at once? Two LSTM layers, serial vs threads.
+"""Independent branches at once: a bidirectional LSTM layer, serial against concurrent.
 
-The two directions of a bidirectional layer (or the two character LSTMs) are
-independent chains of layers. This measures what running such chains
-concurrently could give on this machine, before any scheduler exists: two
-independent unrolled LSTM nets (``unroll.expand("lstm")`` + EuclideanLoss,
-T=25, N=32, D=100, H=128 by default), forward and backward, one after the
-other against one per thread (NumPy's GEMMs and the numba units release the
-GIL). Prints median milliseconds per pair over several rounds and the ratio.
-A benchmark, not a test: run it on an idle machine, and once with
+The two directions of a bidirectional layer are chains that meet only at their
+Concat; ``Net(concurrent=True)`` runs them on two threads (NumPy's GEMMs and the
+numba units release the GIL). This times one forward and backward of
+``unroll.expand("lstm", direction="bidirectional")`` + EuclideanLoss (T=25,
+N=32, D=100, H=128 by default) both ways, and checks that the gradients are
+bit-identical. Prints median milliseconds per step over several rounds. A
+benchmark, not a test: run it on an idle machine, and once with
 OPENBLAS_NUM_THREADS=1 too (two threads each asking BLAS for its own pool
 oversubscribe the cores).
 
@@ -19,31 +18,22 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from unroll import Net, expand
+from unroll.bucketing import cont_from_lengths
 
 
-def lstm_net(T: int, N: int, D: int, H: int, seed: int):
-    net_param = expand("lstm", steps=T, batch=N, input_dim=D, hidden=H)
+def bidirectional_net(args, concurrent: bool):
+    T, N, H = args.steps, args.batch, args.hidden
+    net_param = expand("lstm", steps=T, batch=N, input_dim=args.input_dim, hidden=H,
+                       direction="bidirectional")
     target = net_param.layer.add(name="target", type="Input", top=["target"])
-    target.input_param.shape.add(dim=[T, N, H])
+    target.input_param.shape.add(dim=[T, N, 2 * H])
     net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "target"],
                         top=["loss"])
-    net = Net(net_param, seed=seed)
-    rng = np.random.default_rng(seed)
-    cont = np.ones((T, N))
-    cont[0] = 0
-    net.forward(x=rng.normal(size=(T, N, D)), cont=cont,
-                target=rng.uniform(-1, 1, (T, N, H)))
-    return net
-
-
-def step(net) -> None:
-    net.forward()
-    net.backward()
+    return Net(net_param, concurrent=concurrent)
 
 
 def median_ms(run, iters: int, rounds: int) -> float:
@@ -67,27 +57,29 @@ def main(argv=None) -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args(argv)
-    a, b = (lstm_net(args.steps, args.batch, args.input_dim, args.hidden, seed)
-            for seed in (0, 1))
-    pool = ThreadPoolExecutor(max_workers=1)
+    rng = np.random.default_rng(0)
+    T, N = args.steps, args.batch
+    feed = dict(x=rng.normal(size=(T, N, args.input_dim)),
+                cont=cont_from_lengths(rng.integers(1, T + 1, N), T),
+                target=rng.uniform(-1, 1, (T, N, 2 * args.hidden)))
+    times, grads = {}, {}
+    for concurrent in (False, True):
+        net = bidirectional_net(args, concurrent)
+        net.forward(**feed)
 
-    def serial():
-        step(a)
-        step(b)
+        def step(net=net):
+            net.clear_param_diffs()
+            net.forward()
+            net.backward()
 
-    def concurrent():
-        other = pool.submit(step, b)
-        step(a)
-        other.result()
-
-    t_serial = median_ms(serial, args.iters, args.rounds)
-    t_threads = median_ms(concurrent, args.iters, args.rounds)
-    print(f"two LSTM layers T={args.steps} N={args.batch} D={args.input_dim} "
-          f"H={args.hidden}, forward + backward each")
-    print(f"one after the other  {t_serial:8.2f} ms")
-    print(f"one thread each      {t_threads:8.2f} ms   (serial / threads = "
-          f"{t_serial / t_threads:.2f}x)")
-    pool.shutdown()
+        times[concurrent] = median_ms(step, args.iters, args.rounds)
+        grads[concurrent] = [p.blob.diff.copy() for p in net.learnable_params]
+    same = all(np.array_equal(a, b) for a, b in zip(grads[False], grads[True]))
+    print(f"bidirectional LSTM T={T} N={N} D={args.input_dim} H={args.hidden}, "
+          f"forward + backward")
+    print(f"serial           {times[False]:8.2f} ms")
+    print(f"concurrent=True  {times[True]:8.2f} ms   (serial / concurrent = "
+          f"{times[False] / times[True]:.2f}x; gradients bit-identical: {same})")
 
 
 if __name__ == "__main__":
