@@ -480,14 +480,15 @@ class Net:
         buffers, keys = [], []
         for kind, life, host in (("data", plan.data_life, data_host),
                                  ("diff", plan.diff_life, diff_host)):
-            spans = {r: list(span) for r, span in life.items()}
-            for r in list(host):
-                top = r
-                while top in host:
-                    top = host[top][0]
-                if r in spans:
-                    span = spans.setdefault(top, list(spans[r]))
-                    span[0], span[1] = min(span[0], spans[r][0]), max(span[1], spans[r][1])
+            spans = dict(life)
+            for r in host:  # a buffer inside another lives as long as either
+                if r in life:
+                    top = r
+                    while top in host:
+                        top = host[top][0]
+                    first, last = life[r]
+                    a, b = spans.get(top, (first, last))
+                    spans[top] = (min(a, first), max(b, last))
             for r, (first, last) in spans.items():
                 if r not in host and r not in plan.private:
                     nbytes = sizes[(kind, r)] if (kind, r) in sizes else self._blob_list[r].nbytes
