@@ -16,13 +16,14 @@ diffs are filled, then backward steps, step ``s`` at ``2S - s``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass
 
 from unroll.errors import NetError
 from unroll.proto import LayerParameter, NetParameter
 
 __all__ = [
-    "Graph", "MemoryPlan", "Step", "backward_needs", "build_graph", "filter_layers",
+    "Graph", "MemoryPlan", "SplitSpec", "Step", "backward_needs", "build_graph", "filter_layers",
     "group_parts", "legacy_inputs", "plan_memory",
 ]
 
@@ -77,39 +78,57 @@ def legacy_inputs(net_param: NetParameter) -> list[LayerParameter]:
 
 
 # -- the graph: names, in place, splits ---------------------------------------------------
-@dataclass
 class _Value:
     """One version of a named blob: what produced it and who reads it."""
 
-    name: str
-    version: int
-    producer: int  # layer index
-    top_index: int
-    consumers: list = field(default_factory=list)  # (layer index, bottom index)
-    blob: int = -1
+    __slots__ = ("name", "version", "producer", "top_index", "consumers", "blob")
+
+    def __init__(self, name: str, version: int, producer: int, top_index: int):
+        self.name, self.version = name, version
+        self.producer, self.top_index = producer, top_index  # layer index, top index
+        self.consumers: list = []  # (layer index, bottom index)
+        self.blob = -1
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
-    """One layer of the run order: ``layer`` indexes ``Graph.layer_params``."""
+    """One layer of the run order: ``layer`` indexes ``Graph.layer_params``; ``bottoms`` and
+    ``tops`` are tuples of blob numbers."""
 
     layer: int
-    bottoms: list[int]
-    tops: list[int]
+    bottoms: tuple
+    tops: tuple
+
+
+class SplitSpec:
+    """A Split the graph inserted: its name, bottom and tops. Its LayerParameter is made
+    only when asked for (:meth:`layer_parameter`): an unrolled net inserts thousands of
+    splits, and a protobuf message costs about 2 KB, more than the rest of the split."""
+
+    __slots__ = ("name", "bottom", "top")
+    type = "Split"
+
+    def __init__(self, name: str, bottom: str, top: tuple):
+        self.name, self.bottom, self.top = name, bottom, top
+
+    def layer_parameter(self) -> LayerParameter:
+        return LayerParameter(name=self.name, type="Split", bottom=[self.bottom],
+                              top=list(self.top))
 
 
 @dataclass
 class Graph:
     """A net's run order over numbered blobs.
 
-    ``layer_params`` holds the net's layers, then the inserted Splits;
+    ``layer_params`` holds the net's layers, then the inserted Splits (as
+    :class:`SplitSpec`);
     ``names[b]`` is blob b's table name; ``table`` lists ``(name, blob)`` for
     every value and split top, in the order ``net.blobs`` adds them;
     ``outputs`` names the values nobody reads; ``in_place_fallbacks`` says
     why some in-place tops were written out of place.
     """
 
-    layer_params: list[LayerParameter]
+    layer_params: list
     steps: list[Step]
     names: list[str]
     table: list[tuple[str, int]]
@@ -137,6 +156,7 @@ def _resolve_names(layer_params) -> list[_Value]:
             current[b].consumers.append((li, bi))
         tvals, names = [], set()
         for ti, t in enumerate(lp.top):
+            t = sys.intern(t)  # the nets of every T share one string per blob name
             in_place = ti < len(lp.bottom) and lp.bottom[ti] == t
             if t in current and not in_place:
                 raise NetError(
@@ -244,21 +264,20 @@ def build_graph(layer_params: list[LayerParameter], layers, keep=()) -> Graph:
     for v in values:
         if len(v.consumers) < 2:
             continue
-        base = f"{v.name}_{layer_params[v.producer].name}_{v.top_index}_split"
+        base = sys.intern(f"{v.name}_{layer_params[v.producer].name}_{v.top_index}_split")
         split_tops = []
         for k, (li, bi) in enumerate(v.consumers):
             blob = len(names)
-            names.append(f"{base}_{k}")
+            names.append(sys.intern(f"{base}_{k}"))
             table.append((names[blob], blob))
             bottoms[li][bi] = blob
             split_tops.append(blob)
-        all_params.append(LayerParameter(name=base, type="Split", bottom=[v.name],
-                                         top=[names[b] for b in split_tops]))
+        all_params.append(SplitSpec(base, v.name, tuple(names[b] for b in split_tops)))
         splits_after.setdefault(v.producer, []).append(
-            Step(len(all_params) - 1, [v.blob], split_tops))
+            Step(len(all_params) - 1, (v.blob,), tuple(split_tops)))
     steps = []
     for li in range(len(layer_params)):
-        steps.append(Step(li, bottoms[li], tops[li]))
+        steps.append(Step(li, tuple(bottoms[li]), tuple(tops[li])))
         steps.extend(splits_after.get(li, ()))
     outputs = [v.name for v in values if not v.consumers]
     return Graph(all_params, steps, names, table, outputs, rewritten, fallbacks)
@@ -292,7 +311,8 @@ def backward_needs(steps: list[Step], layers, force: bool, learns):
     consumed = {b for step in steps for b in step.bottoms}
     for i, (step, layer) in enumerate(zip(steps, layers)):
         bottoms = step.bottoms
-        pd = list(layer.param.propagate_down)
+        split = layer.type == "Split"  # inserted: no prototxt settings of its own
+        pd = [] if split else list(layer.param.propagate_down)
         if pd and len(pd) != len(bottoms):
             raise NetError(
                 f"layer '{layer.name}' ({layer.type}): propagate_down gives {len(pd)} values "
@@ -309,7 +329,7 @@ def backward_needs(steps: list[Step], layers, force: bool, learns):
             need[t] = lneed
         layer_need.append(lneed)
         bottom_need.append(bneed)
-        if layer.type != "Split":
+        if not split:
             for t, w in zip(step.tops, _loss_weights(layer)):
                 if w == 0:
                     continue
@@ -330,6 +350,9 @@ def backward_needs(steps: list[Step], layers, force: bool, learns):
             layer_need[i] = False
             bottom_need[i] = [False] * len(bottoms)
         refused.update(b for b, n in zip(bottoms, bottom_need[i]) if not n)
+    # one tuple per pattern ((True,), (True, False), ...), shared by every step that has it
+    patterns: dict[tuple, tuple] = {}
+    bottom_need = [patterns.setdefault(t, t) for t in map(tuple, bottom_need)]
     return layer_need, bottom_need, loss_tops
 
 

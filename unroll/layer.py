@@ -38,6 +38,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
+from types import MappingProxyType
 
 import numpy as np
 
@@ -122,6 +124,24 @@ def _python_layer_class(param, allow_python: bool) -> type:
     return cls
 
 
+class _NoScratch(dict):
+    """The scratch arrays of a layer that reserved none: one empty table shared by every such
+    layer, so it must stay empty (``reserve`` gives a layer tables of its own)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("a layer's scratch arrays are placed after reserve() sized them")
+
+    __setitem__ = setdefault = update = _refuse
+
+
+#: a layer's scratch tables until its first :meth:`Layer.reserve`: an unrolled net has
+#: thousands of layers, most of which never reserve scratch
+_NO_SPECS = MappingProxyType({})
+_NO_MEMORY = _NoScratch()
+
+
 class Layer:
     """Base of every layer; see the module docstring for the contract.
 
@@ -151,20 +171,22 @@ class Layer:
     #: the net gives them lr_mult and decay_mult 0, so no solver ever updates them
     learnable = True
 
+    #: scratch name -> (shape, dtype, lives), as sized by :meth:`reserve`
+    scratch_specs = _NO_SPECS
+    #: scratch name -> its array (a net puts views of its workspace here)
+    scratch_memory = _NO_MEMORY
+    _host_rng = None  # fills params outside a net; made on first use
+
     def __init__(self, param, xp=np, dtype=np.float32, phase="train", rng=None, make_param=None):
         self.param = param
-        self.name = param.name or self.type
+        # interned: the nets of every T share one string per layer name
+        self.name = sys.intern(param.name) if param.name else self.type
         self.xp = xp
-        self.dtype = np.dtype(dtype)
+        self.dtype = dtype if type(dtype) is np.dtype else np.dtype(dtype)
         self.phase = phase
         self._rng = rng
-        self._host_rng = None  # fills params outside a net; made on first use
         self._make_param = make_param
         self.blobs: list[Blob] = []
-        #: scratch name -> (shape, dtype, lives), as sized by :meth:`reserve`
-        self.scratch_specs: dict[str, tuple] = {}
-        #: scratch name -> its array (a net puts views of its workspace here)
-        self.scratch_memory: dict = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -246,6 +268,8 @@ class Layer:
         written.
         """
         spec = (tuple(int(d) for d in shape), np.dtype(dtype or self.dtype), lives)
+        if self.scratch_specs is _NO_SPECS:
+            self.scratch_specs, self.scratch_memory = {}, {}
         if self.scratch_specs.get(name) != spec:
             self.scratch_specs[name] = spec
             self.scratch_memory.pop(name, None)
