@@ -121,9 +121,10 @@ class Graph:
     """A net's run order over numbered blobs.
 
     ``layer_params`` holds the net's layers, then the inserted Splits (as
-    :class:`SplitSpec`);
-    ``names[b]`` is blob b's table name; ``table`` lists ``(name, blob)`` for
-    every value and split top, in the order ``net.blobs`` adds them;
+    :class:`SplitSpec`); ``names[b]`` is blob b's name; ``order`` lists the blob
+    of every value and split top, in the order ``net.blobs`` adds them (a value
+    written in place has its bottom's blob, and name); ``table`` pairs them with
+    their names;
     ``outputs`` names the values nobody reads; ``in_place_fallbacks`` says
     why some in-place tops were written out of place.
     """
@@ -131,10 +132,16 @@ class Graph:
     layer_params: list
     steps: list[Step]
     names: list[str]
-    table: list[tuple[str, int]]
+    order: list[int]
     outputs: list[str]
     rewritten: set[int]
     in_place_fallbacks: list[str]
+
+    @property
+    def table(self) -> list[tuple[str, int]]:
+        """``(name, blob)`` for every value and split top, in the order of ``order``."""
+        names = self.names
+        return [(names[b], b) for b in self.order]
 
 
 def _resolve_names(layer_params) -> list[_Value]:
@@ -237,7 +244,7 @@ def build_graph(layer_params: list[LayerParameter], layers, keep=()) -> Graph:
     names: list[str] = []
     fallbacks: list[str] = []
     rewritten: set[int] = set()
-    table = []
+    order = []
     for v in values:
         if v.version > 0:
             prev = bottoms_of[v.producer][v.top_index]
@@ -251,7 +258,7 @@ def build_graph(layer_params: list[LayerParameter], layers, keep=()) -> Graph:
         if v.blob < 0:
             v.blob = len(names)
             names.append(v.name)
-        table.append((v.name, v.blob))
+        order.append(v.blob)
     for name in keep:
         if not any(v.name == name for v in values):
             raise NetError(f"keep names blob '{name}', which no layer produces")
@@ -269,7 +276,7 @@ def build_graph(layer_params: list[LayerParameter], layers, keep=()) -> Graph:
         for k, (li, bi) in enumerate(v.consumers):
             blob = len(names)
             names.append(sys.intern(f"{base}_{k}"))
-            table.append((names[blob], blob))
+            order.append(blob)
             bottoms[li][bi] = blob
             split_tops.append(blob)
         all_params.append(SplitSpec(base, v.name, tuple(names[b] for b in split_tops)))
@@ -280,7 +287,7 @@ def build_graph(layer_params: list[LayerParameter], layers, keep=()) -> Graph:
         steps.append(Step(li, tuple(bottoms[li]), tuple(tops[li])))
         steps.extend(splits_after.get(li, ()))
     outputs = [v.name for v in values if not v.consumers]
-    return Graph(all_params, steps, names, table, outputs, rewritten, fallbacks)
+    return Graph(all_params, steps, names, order, outputs, rewritten, fallbacks)
 
 
 # -- which layers run backward ------------------------------------------------------------

@@ -220,7 +220,11 @@ class Layer:
         """
         self.check_counts(len(bottoms), len(tops))
         self.layer_setup(bottoms, tops)
-        changed = [a for a in CONTRACT if a in vars(self)]
+        # compared with the class's (a property is the class's own), not looked up in
+        # vars(self): that would give every layer of an unrolled net a dict of its own
+        cls = type(self)
+        changed = [a for a in CONTRACT if getattr(self, a) is not getattr(cls, a)
+                   and not isinstance(getattr(cls, a), property)]
         if changed:
             raise TypeError(
                 f"{type(self).__name__}.layer_setup sets {changed} on the instance; the net read "

@@ -259,8 +259,8 @@ class Net:
         self.in_place_fallbacks = g.in_place_fallbacks
         self._blob_list = [Blob((), self.xp, self.dtype, name) for name in g.names]
         self.blobs = BlobTable()
-        for name, b in g.table:
-            self.blobs._add(name, self._blob_list[b])
+        for b in g.order:
+            self.blobs._add(g.names[b], self._blob_list[b])
         self.outputs = g.outputs
         splits = [layer_class(lp)(lp, xp=self.xp, dtype=self.dtype, phase=self.phase)
                   for lp in g.layer_params[len(layer_params):]]
