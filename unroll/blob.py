@@ -113,6 +113,8 @@ class Blob:
 
     def reshape(self, shape) -> bool:
         """Give the blob ``shape`` (its memory comes on first use). True if the shape changed."""
+        if type(shape) is tuple and shape == self._shape:
+            return False
         shape = _shape_tuple(shape)
         if shape == self._shape:
             return False

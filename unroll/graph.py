@@ -336,7 +336,7 @@ def backward_needs(steps: list[Step], layers, force: bool, learns):
             need[t] = lneed
         layer_need.append(lneed)
         bottom_need.append(bneed)
-        if not split:
+        if not split and (layer.is_loss or layer.param.loss_weight):  # else every weight is 0
             for t, w in zip(step.tops, _loss_weights(layer)):
                 if w == 0:
                     continue

@@ -124,6 +124,14 @@ def _python_layer_class(param, allow_python: bool) -> type:
     return cls
 
 
+def _class_contract(cls) -> tuple:
+    """``(attribute, value)`` of the contract attributes ``cls`` holds as plain values (a
+    property is the class's own): an instance that holds another value changed one. Looked up
+    so, not in vars(layer), which would give every layer of an unrolled net a dict of its own."""
+    values = tuple((a, getattr(cls, a)) for a in CONTRACT)
+    return tuple((a, v) for a, v in values if not isinstance(v, property))
+
+
 class _NoScratch(dict):
     """The scratch arrays of a layer that reserved none: one empty table shared by every such
     layer, so it must stay empty (``reserve`` gives a layer tables of its own)."""
@@ -220,11 +228,7 @@ class Layer:
         """
         self.check_counts(len(bottoms), len(tops))
         self.layer_setup(bottoms, tops)
-        # compared with the class's (a property is the class's own), not looked up in
-        # vars(self): that would give every layer of an unrolled net a dict of its own
-        cls = type(self)
-        changed = [a for a in CONTRACT if getattr(self, a) is not getattr(cls, a)
-                   and not isinstance(getattr(cls, a), property)]
+        changed = [a for a, value in _class_contract(type(self)) if getattr(self, a) is not value]
         if changed:
             raise TypeError(
                 f"{type(self).__name__}.layer_setup sets {changed} on the instance; the net read "

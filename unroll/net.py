@@ -549,7 +549,7 @@ class Net:
                 )
             setattr(owner, what, value)
             setattr(owner, f"has_{what}", True)
-        if owner not in self.learnable_params:
+        if not any(p is owner for p in self.learnable_params):  # by identity: no field compare
             self.learnable_params.append(owner)
             self._first_holders.add((layer.name, index))
         if owner.blob.shape == tuple(shape):
