@@ -131,3 +131,14 @@ def test_scatter_takes_its_grid_from_the_workspace():
             assert np.shares_memory(put.scratch_memory["index"], net.workspace.arena)
     assert results[0][0] == results[1][0]
     np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
+def test_a_class_contract_changed_after_a_set_up_is_read_again():
+    class Flipped(LAYERS["ReLU"]):
+        pass
+
+    x, y = Blob((2,), np, np.float32, "x"), Blob((), np, np.float32, "y")
+    Flipped(LayerParameter(name="f", type="ReLU")).set_up([x], [y])
+    Flipped.in_place = not Flipped.in_place  # the class's own value, not an instance's
+    Flipped(LayerParameter(name="g", type="ReLU")).set_up([x], [y])
+    assert y.shape == (2,)

@@ -12,8 +12,12 @@ from unroll.errors import NetError
 def _shape_tuple(shape) -> tuple:
     """``shape`` as a tuple of ints: the given tuple itself when it is one, so that a top
     shaped like its bottom shares the bottom's tuple (an unrolled net has thousands)."""
-    if type(shape) is tuple and all(type(d) is int for d in shape):
-        return shape
+    if type(shape) is tuple:
+        for d in shape:
+            if type(d) is not int:
+                break
+        else:
+            return shape
     return tuple(int(d) for d in shape)
 
 

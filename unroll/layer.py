@@ -124,12 +124,19 @@ def _python_layer_class(param, allow_python: bool) -> type:
     return cls
 
 
-def _class_contract(cls) -> tuple:
+def _class_contract(cls, cached: bool = True) -> tuple:
     """``(attribute, value)`` of the contract attributes ``cls`` holds as plain values (a
     property is the class's own): an instance that holds another value changed one. Looked up
-    so, not in vars(layer), which would give every layer of an unrolled net a dict of its own."""
+    so, not in vars(layer), which would give every layer of an unrolled net a dict of its own.
+    Cached per class; ``cached=False`` looks again (a class attribute changed since)."""
+    if cached and cls in _CONTRACTS:
+        return _CONTRACTS[cls]
     values = tuple((a, getattr(cls, a)) for a in CONTRACT)
-    return tuple((a, v) for a, v in values if not isinstance(v, property))
+    found = _CONTRACTS[cls] = tuple((a, v) for a, v in values if not isinstance(v, property))
+    return found
+
+
+_CONTRACTS: dict[type, tuple] = {}
 
 
 class _NoScratch(dict):
@@ -229,6 +236,9 @@ class Layer:
         self.check_counts(len(bottoms), len(tops))
         self.layer_setup(bottoms, tops)
         changed = [a for a, value in _class_contract(type(self)) if getattr(self, a) is not value]
+        if changed:  # the class itself may have changed since it was cached: look again
+            changed = [a for a, value in _class_contract(type(self), cached=False)
+                       if getattr(self, a) is not value]
         if changed:
             raise TypeError(
                 f"{type(self).__name__}.layer_setup sets {changed} on the instance; the net read "
