@@ -197,7 +197,7 @@ class Layer:
         # interned: the nets of every T share one string per layer name
         self.name = sys.intern(param.name) if param.name else self.type
         self.xp = xp
-        self.dtype = dtype if type(dtype) is np.dtype else np.dtype(dtype)
+        self.dtype = np.dtype(dtype)
         self.phase = phase
         self._rng = rng
         self._make_param = make_param
