@@ -9,6 +9,18 @@ import numpy as np
 from unroll.errors import NetError
 
 
+def _shape_tuple(shape) -> tuple:
+    """``shape`` as a tuple of ints: the given tuple itself when it is one, so that a top
+    shaped like its bottom shares the bottom's tuple (an unrolled net has thousands)."""
+    if type(shape) is tuple:
+        for d in shape:
+            if type(d) is not int:
+                break
+        else:
+            return shape
+    return tuple(int(d) for d in shape)
+
+
 class Blob:
     """``data`` and ``diff`` arrays of one shape and dtype (Caffe's Blob).
 
@@ -34,7 +46,7 @@ class Blob:
         self.xp = xp
         self.dtype = np.dtype(dtype)
         self.name = name
-        self._shape = tuple(int(d) for d in shape)
+        self._shape = _shape_tuple(shape)
         self._data = self._diff = None
         self._source = None  # the blob whose data (and, with _source_diff, diff) this one views
         self._source_diff = False
@@ -109,7 +121,9 @@ class Blob:
 
     def reshape(self, shape) -> bool:
         """Give the blob ``shape`` (its memory comes on first use). True if the shape changed."""
-        shape = tuple(int(d) for d in shape)
+        if type(shape) is tuple and shape == self._shape:
+            return False
+        shape = _shape_tuple(shape)
         if shape == self._shape:
             return False
         if any(d < 0 for d in shape):

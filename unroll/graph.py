@@ -16,6 +16,7 @@ diffs are filled, then backward steps, step ``s`` at ``2S - s``.
 
 from __future__ import annotations
 
+import sys
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
@@ -23,9 +24,9 @@ from unroll.errors import NetError
 from unroll.proto import LayerParameter, NetParameter
 
 __all__ = [
-    "Graph", "MemoryPlan", "Region", "Step", "WeightGradGroup", "alias_pass_through_diffs",
-    "backward_needs", "build_graph", "concurrent_regions", "filter_layers", "group_parts",
-    "legacy_inputs", "plan_memory", "plan_weight_gradients",
+    "Graph", "MemoryPlan", "Region", "SplitSpec", "Step", "WeightGradGroup",
+    "alias_pass_through_diffs", "backward_needs", "build_graph", "concurrent_regions",
+    "filter_layers", "group_parts", "legacy_inputs", "plan_memory", "plan_weight_gradients",
 ]
 
 
@@ -79,45 +80,70 @@ def legacy_inputs(net_param: NetParameter) -> list[LayerParameter]:
 
 
 # -- the graph: names, in place, splits ---------------------------------------------------
-@dataclass
 class _Value:
     """One version of a named blob: what produced it and who reads it."""
 
-    name: str
-    version: int
-    producer: int  # layer index
-    top_index: int
-    consumers: list = field(default_factory=list)  # (layer index, bottom index)
-    blob: int = -1
+    __slots__ = ("name", "version", "producer", "top_index", "consumers", "blob")
+
+    def __init__(self, name: str, version: int, producer: int, top_index: int):
+        self.name, self.version = name, version
+        self.producer, self.top_index = producer, top_index  # layer index, top index
+        self.consumers: list = []  # (layer index, bottom index)
+        self.blob = -1
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
-    """One layer of the run order: ``layer`` indexes ``Graph.layer_params``."""
+    """One layer of the run order: ``layer`` indexes ``Graph.layer_params``; ``bottoms`` and
+    ``tops`` are tuples of blob numbers."""
 
     layer: int
-    bottoms: list[int]
-    tops: list[int]
+    bottoms: tuple
+    tops: tuple
+
+
+class SplitSpec:
+    """A Split the graph inserted: its name, bottom and tops. Its LayerParameter is made
+    only when asked for (:meth:`layer_parameter`): an unrolled net inserts thousands of
+    splits, and a protobuf message costs about 2 KB, more than the rest of the split."""
+
+    __slots__ = ("name", "bottom", "top")
+    type = "Split"
+
+    def __init__(self, name: str, bottom: str, top: tuple):
+        self.name, self.bottom, self.top = name, bottom, top
+
+    def layer_parameter(self) -> LayerParameter:
+        return LayerParameter(name=self.name, type="Split", bottom=[self.bottom],
+                              top=list(self.top))
 
 
 @dataclass
 class Graph:
     """A net's run order over numbered blobs.
 
-    ``layer_params`` holds the net's layers, then the inserted Splits;
-    ``names[b]`` is blob b's table name; ``table`` lists ``(name, blob)`` for
-    every value and split top, in the order ``net.blobs`` adds them;
+    ``layer_params`` holds the net's layers, then the inserted Splits (as
+    :class:`SplitSpec`); ``names[b]`` is blob b's name; ``order`` lists the blob
+    of every value and split top, in the order ``net.blobs`` adds them (a value
+    written in place has its bottom's blob, and name); ``table`` pairs them with
+    their names;
     ``outputs`` names the values nobody reads; ``in_place_fallbacks`` says
     why some in-place tops were written out of place.
     """
 
-    layer_params: list[LayerParameter]
+    layer_params: list
     steps: list[Step]
     names: list[str]
-    table: list[tuple[str, int]]
+    order: list[int]
     outputs: list[str]
     rewritten: set[int]
     in_place_fallbacks: list[str]
+
+    @property
+    def table(self) -> list[tuple[str, int]]:
+        """``(name, blob)`` for every value and split top, in the order of ``order``."""
+        names = self.names
+        return [(names[b], b) for b in self.order]
 
 
 def _resolve_names(layer_params) -> list[_Value]:
@@ -139,6 +165,7 @@ def _resolve_names(layer_params) -> list[_Value]:
             current[b].consumers.append((li, bi))
         tvals, names = [], set()
         for ti, t in enumerate(lp.top):
+            t = sys.intern(t)  # the nets of every T share one string per blob name
             in_place = ti < len(lp.bottom) and lp.bottom[ti] == t
             if t in current and not in_place:
                 raise NetError(
@@ -219,7 +246,7 @@ def build_graph(layer_params: list[LayerParameter], layers, keep=()) -> Graph:
     names: list[str] = []
     fallbacks: list[str] = []
     rewritten: set[int] = set()
-    table = []
+    order = []
     for v in values:
         if v.version > 0:
             prev = bottoms_of[v.producer][v.top_index]
@@ -233,7 +260,7 @@ def build_graph(layer_params: list[LayerParameter], layers, keep=()) -> Graph:
         if v.blob < 0:
             v.blob = len(names)
             names.append(v.name)
-        table.append((v.name, v.blob))
+        order.append(v.blob)
     for name in keep:
         if not any(v.name == name for v in values):
             raise NetError(f"keep names blob '{name}', which no layer produces")
@@ -246,24 +273,23 @@ def build_graph(layer_params: list[LayerParameter], layers, keep=()) -> Graph:
     for v in values:
         if len(v.consumers) < 2:
             continue
-        base = f"{v.name}_{layer_params[v.producer].name}_{v.top_index}_split"
+        base = sys.intern(f"{v.name}_{layer_params[v.producer].name}_{v.top_index}_split")
         split_tops = []
         for k, (li, bi) in enumerate(v.consumers):
             blob = len(names)
-            names.append(f"{base}_{k}")
-            table.append((names[blob], blob))
+            names.append(sys.intern(f"{base}_{k}"))
+            order.append(blob)
             bottoms[li][bi] = blob
             split_tops.append(blob)
-        all_params.append(LayerParameter(name=base, type="Split", bottom=[v.name],
-                                         top=[names[b] for b in split_tops]))
+        all_params.append(SplitSpec(base, v.name, tuple(names[b] for b in split_tops)))
         splits_after.setdefault(v.producer, []).append(
-            Step(len(all_params) - 1, [v.blob], split_tops))
+            Step(len(all_params) - 1, (v.blob,), tuple(split_tops)))
     steps = []
     for li in range(len(layer_params)):
-        steps.append(Step(li, bottoms[li], tops[li]))
+        steps.append(Step(li, tuple(bottoms[li]), tuple(tops[li])))
         steps.extend(splits_after.get(li, ()))
     outputs = [v.name for v in values if not v.consumers]
-    return Graph(all_params, steps, names, table, outputs, rewritten, fallbacks)
+    return Graph(all_params, steps, names, order, outputs, rewritten, fallbacks)
 
 
 # -- which layers run backward ------------------------------------------------------------
@@ -294,7 +320,8 @@ def backward_needs(steps: list[Step], layers, force: bool, learns):
     consumed = {b for step in steps for b in step.bottoms}
     for i, (step, layer) in enumerate(zip(steps, layers)):
         bottoms = step.bottoms
-        pd = list(layer.param.propagate_down)
+        split = layer.type == "Split"  # inserted: no prototxt settings of its own
+        pd = [] if split else list(layer.param.propagate_down)
         if pd and len(pd) != len(bottoms):
             raise NetError(
                 f"layer '{layer.name}' ({layer.type}): propagate_down gives {len(pd)} values "
@@ -311,7 +338,7 @@ def backward_needs(steps: list[Step], layers, force: bool, learns):
             need[t] = lneed
         layer_need.append(lneed)
         bottom_need.append(bneed)
-        if layer.type != "Split":
+        if not split and (layer.is_loss or layer.param.loss_weight):  # else every weight is 0
             for t, w in zip(step.tops, _loss_weights(layer)):
                 if w == 0:
                     continue
@@ -332,6 +359,9 @@ def backward_needs(steps: list[Step], layers, force: bool, learns):
             layer_need[i] = False
             bottom_need[i] = [False] * len(bottoms)
         refused.update(b for b, n in zip(bottoms, bottom_need[i]) if not n)
+    # one tuple per pattern ((True,), (True, False), ...), shared by every step that has it
+    patterns: dict[tuple, tuple] = {}
+    bottom_need = [patterns.setdefault(t, t) for t in map(tuple, bottom_need)]
     return layer_need, bottom_need, loss_tops
 
 

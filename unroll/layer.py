@@ -38,6 +38,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
+from types import MappingProxyType
 
 import numpy as np
 
@@ -122,6 +124,39 @@ def _python_layer_class(param, allow_python: bool) -> type:
     return cls
 
 
+def _class_contract(cls, cached: bool = True) -> tuple:
+    """``(attribute, value)`` of the contract attributes ``cls`` holds as plain values (a
+    property is the class's own): an instance that holds another value changed one. Looked up
+    so, not in vars(layer), which would give every layer of an unrolled net a dict of its own.
+    Cached per class; ``cached=False`` looks again (a class attribute changed since)."""
+    if cached and cls in _CONTRACTS:
+        return _CONTRACTS[cls]
+    values = tuple((a, getattr(cls, a)) for a in CONTRACT)
+    found = _CONTRACTS[cls] = tuple((a, v) for a, v in values if not isinstance(v, property))
+    return found
+
+
+_CONTRACTS: dict[type, tuple] = {}
+
+
+class _NoScratch(dict):
+    """The scratch arrays of a layer that reserved none: one empty table shared by every such
+    layer, so it must stay empty (``reserve`` gives a layer tables of its own)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("a layer's scratch arrays are placed after reserve() sized them")
+
+    __setitem__ = setdefault = update = _refuse
+
+
+#: a layer's scratch tables until its first :meth:`Layer.reserve`: an unrolled net has
+#: thousands of layers, most of which never reserve scratch
+_NO_SPECS = MappingProxyType({})
+_NO_MEMORY = _NoScratch()
+
+
 class Layer:
     """Base of every layer; see the module docstring for the contract.
 
@@ -151,20 +186,22 @@ class Layer:
     #: the net gives them lr_mult and decay_mult 0, so no solver ever updates them
     learnable = True
 
+    #: scratch name -> (shape, dtype, lives), as sized by :meth:`reserve`
+    scratch_specs = _NO_SPECS
+    #: scratch name -> its array (a net puts views of its workspace here)
+    scratch_memory = _NO_MEMORY
+    _host_rng = None  # fills params outside a net; made on first use
+
     def __init__(self, param, xp=np, dtype=np.float32, phase="train", rng=None, make_param=None):
         self.param = param
-        self.name = param.name or self.type
+        # interned: the nets of every T share one string per layer name
+        self.name = sys.intern(param.name) if param.name else self.type
         self.xp = xp
         self.dtype = np.dtype(dtype)
         self.phase = phase
         self._rng = rng
-        self._host_rng = None  # fills params outside a net; made on first use
         self._make_param = make_param
         self.blobs: list[Blob] = []
-        #: scratch name -> (shape, dtype, lives), as sized by :meth:`reserve`
-        self.scratch_specs: dict[str, tuple] = {}
-        #: scratch name -> its array (a net puts views of its workspace here)
-        self.scratch_memory: dict = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -198,7 +235,10 @@ class Layer:
         """
         self.check_counts(len(bottoms), len(tops))
         self.layer_setup(bottoms, tops)
-        changed = [a for a in CONTRACT if a in vars(self)]
+        changed = [a for a, value in _class_contract(type(self)) if getattr(self, a) is not value]
+        if changed:  # the class itself may have changed since it was cached: look again
+            changed = [a for a, value in _class_contract(type(self), cached=False)
+                       if getattr(self, a) is not value]
         if changed:
             raise TypeError(
                 f"{type(self).__name__}.layer_setup sets {changed} on the instance; the net read "
@@ -246,6 +286,8 @@ class Layer:
         written.
         """
         spec = (tuple(int(d) for d in shape), np.dtype(dtype or self.dtype), lives)
+        if self.scratch_specs is _NO_SPECS:
+            self.scratch_specs, self.scratch_memory = {}, {}
         if self.scratch_specs.get(name) != spec:
             self.scratch_specs[name] = spec
             self.scratch_memory.pop(name, None)

@@ -17,6 +17,7 @@ error that names ``keep=``.
 from __future__ import annotations
 
 import functools
+import gc
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -135,18 +136,21 @@ class BlobTable(Mapping):
 
     def __init__(self):
         self._latest: dict[str, Blob] = {}
+        # only names written in place have several versions; most have one, their latest
         self._versions: dict[str, list[Blob]] = {}
 
     def _add(self, name: str, blob: Blob) -> None:
+        latest = self._latest.get(name)
+        if latest is not None:
+            self._versions.setdefault(name, [latest]).append(blob)
         self._latest[name] = blob
-        self._versions.setdefault(name, []).append(blob)
 
     def __getitem__(self, key: str) -> Blob:
         if key in self._latest:
             return self._latest[key]
         name, sep, version = key.rpartition("@")
-        if sep and name in self._versions and version.isdigit():
-            versions = self._versions[name]
+        if sep and name in self._latest and version.isdigit():
+            versions = self.versions(name)
             if int(version) < len(versions):
                 return versions[int(version)]
         raise KeyError(f"no blob named {key!r}")
@@ -159,7 +163,7 @@ class BlobTable(Mapping):
 
     def versions(self, name: str) -> list[Blob]:
         """Every version of ``name``, first producer first."""
-        return list(self._versions[name])
+        return list(self._versions.get(name) or [self._latest[name]])
 
 
 class _Gate:
@@ -309,11 +313,18 @@ class Net:
         self._bound_wholes: set[int] = set()
         self._gemms: dict = {}  # step -> [(layer, x rows, gy rows)]: see _bind
         self._gate.open = True
+        collecting = gc.isenabled()
+        # a build makes ~100 objects per layer and frees none: the cyclic collector would
+        # rescan every live object of the process many times per net, for nothing (it
+        # took over half of the build time of a tagger's nets)
+        gc.disable()
         try:
             self._build(graph.legacy_inputs(self.net_param)
                         + graph.filter_layers(self.net_param, PHASES[phase]))
         finally:
             self._gate.open = False
+            if collecting:
+                gc.enable()
 
     # -- building -------------------------------------------------------------
     def _build(self, layer_params) -> None:
@@ -330,15 +341,16 @@ class Net:
         self.in_place_fallbacks = g.in_place_fallbacks
         self._blob_list = [Blob((), self.xp, self.dtype, name) for name in g.names]
         self.blobs = BlobTable()
-        for name, b in g.table:
-            self.blobs._add(name, self._blob_list[b])
+        for b in g.order:
+            self.blobs._add(g.names[b], self._blob_list[b])
         self.outputs = g.outputs
         splits = [layer_class(lp)(lp, xp=self.xp, dtype=self.dtype, phase=self.phase)
                   for lp in g.layer_params[len(layer_params):]]
         everyone = self.layers + splits
         self.layers_run = [everyone[step.layer] for step in g.steps]
-        self._bottoms = [[self._blob_list[b] for b in step.bottoms] for step in g.steps]
-        self._tops = [[self._blob_list[b] for b in step.tops] for step in g.steps]
+        blob_list = self._blob_list
+        self._bottoms = [tuple([blob_list[b] for b in step.bottoms]) for step in g.steps]
+        self._tops = [tuple([blob_list[b] for b in step.tops]) for step in g.steps]
         self._setup_layers()
         self.layer_need_backward, self._bottom_need, loss_tops = graph.backward_needs(
             g.steps, self.layers_run, self.net_param.force_backward, self._learns)
@@ -704,7 +716,7 @@ class Net:
                 )
             setattr(owner, what, value)
             setattr(owner, f"has_{what}", True)
-        if owner not in self.learnable_params:
+        if not any(p is owner for p in self.learnable_params):  # by identity: no field compare
             self.learnable_params.append(owner)
             self._first_holders.add((layer.name, index))
         if owner.blob.shape == tuple(shape):

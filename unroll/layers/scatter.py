@@ -86,9 +86,12 @@ expected -1 or a whole number >= 0 (a cell of 'bottom2')
         self.cells, self.like_name = like.count, like.name
         tops[0].reshape(like.shape + (self.rows,))
         # one spare row past the cells takes the dropped rows (forward) and gives them
-        # zero gradients (backward): no data-dependent shapes, so no device sync
-        self.spare = self.xp.zeros((self.cells + 1, self.rows), x.dtype)
-        self.index = self.xp.zeros(i.count, self.xp.intp)
+        # zero gradients (backward): no data-dependent shapes, so no device sync. Scratch,
+        # so a net's grid comes from its workspace; only the positions live until backward
+        rows = (self.cells + 1, self.rows)
+        self.reserve("grid", rows, x.dtype, lives="forward")
+        self.reserve("grid_diff", rows, x.dtype, lives="backward")
+        self.reserve("index", (i.count,), self.xp.intp)
 
     def forward(self, bottoms, tops):
         xp, (x, i, like) = self.xp, bottoms
@@ -98,11 +101,12 @@ expected -1 or a whole number >= 0 (a cell of 'bottom2')
         at = i.data.reshape(-1)
         # an unchecked position out of range (a device array given as is) is dropped, never
         # written outside the top: NaN fails both tests
-        xp.copyto(self.index, xp.where((at >= 0) & (at < self.cells), at, self.cells),
+        index, grid = self.scratch("index"), self.scratch("grid")
+        xp.copyto(index, xp.where((at >= 0) & (at < self.cells), at, self.cells),
                   casting="unsafe")
-        self.spare[...] = 0
-        self.spare[self.index] = x.data.reshape(-1, self.rows)
-        tops[0].data[...] = self.spare[: self.cells].reshape(tops[0].shape)
+        grid[...] = 0
+        grid[index] = x.data.reshape(-1, self.rows)
+        tops[0].data[...] = grid[: self.cells].reshape(tops[0].shape)
 
     def _check_largest(self, like):
         """The host check's largest position against the cells (read once: the next
@@ -117,9 +121,10 @@ expected -1 or a whole number >= 0 (a cell of 'bottom2')
     def backward(self, tops, propagate_down, bottoms):
         x, i, like = bottoms
         if propagate_down[0]:
-            self.spare[: self.cells] = tops[0].diff.reshape(self.cells, self.rows)
-            self.spare[self.cells] = 0
-            x.diff[...] = self.spare[self.index].reshape(x.shape)
+            grid = self.scratch("grid_diff")
+            grid[: self.cells] = tops[0].diff.reshape(self.cells, self.rows)
+            grid[self.cells] = 0
+            x.diff[...] = grid[self.scratch("index")].reshape(x.shape)
         # positions are piecewise constant and ``like`` gives only a shape: zero gradients
         for down, blob in zip(propagate_down[1:], (i, like)):
             if down:

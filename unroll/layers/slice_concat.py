@@ -8,6 +8,7 @@ operation per blob (index tuples are computed once, in ``reshape``).
 
 from __future__ import annotations
 
+from unroll.graph import SplitSpec
 from unroll.layer import Layer, register_layer
 
 
@@ -142,6 +143,17 @@ class SplitLayer(Layer):
     backward_reads = ()
     #: the tops' data arrays ARE the bottom's (no copy); a write to one shows in all
     shares_bottom = ("data",)
+
+    @property
+    def param(self):
+        """The LayerParameter; for a split a net inserted (a :class:`~unroll.graph.SplitSpec`),
+        made when asked for, so the net holds no message per split."""
+        spec = self._spec
+        return spec.layer_parameter() if isinstance(spec, SplitSpec) else spec
+
+    @param.setter
+    def param(self, param) -> None:
+        self._spec = param
 
     def reshape(self, bottoms, tops):
         for top in tops:
