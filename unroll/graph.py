@@ -17,8 +17,12 @@ diffs are filled, then backward steps, step ``s`` at ``2S - s``.
 from __future__ import annotations
 
 import sys
+from array import array
 from bisect import bisect_right
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from unroll.errors import NetError
 from unroll.proto import LayerParameter, NetParameter
@@ -366,6 +370,39 @@ def backward_needs(steps: list[Step], layers, force: bool, learns):
 
 
 # -- the memory plan ----------------------------------------------------------------------
+class Lifetimes(Mapping):
+    """root -> (first, last) time, for the roots placed in the workspace: a mapping held
+    in two int32 arrays, since a net keeps it and a bucketed model keeps many nets."""
+
+    __slots__ = ("_first", "_last")
+
+    def __init__(self, spans: dict, n: int):
+        self._first = np.full(n, -1, np.int32)
+        self._last = np.full(n, -1, np.int32)
+        if spans:
+            roots = np.fromiter(spans, np.int64, len(spans))
+            firsts, lasts = zip(*spans.values())
+            self._first[roots], self._last[roots] = firsts, lasts
+
+    def __getitem__(self, root: int) -> tuple[int, int]:
+        if 0 <= root < len(self._first) and self._first[root] >= 0:
+            return int(self._first[root]), int(self._last[root])
+        raise KeyError(root)
+
+    def __contains__(self, root) -> bool:
+        return 0 <= root < len(self._first) and self._first[root] >= 0
+
+    def __iter__(self):
+        return iter(np.flatnonzero(self._first >= 0).tolist())
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self._first >= 0))
+
+    def items(self):
+        roots = np.flatnonzero(self._first >= 0)
+        return zip(roots.tolist(), zip(self._first[roots].tolist(), self._last[roots].tolist()))
+
+
 @dataclass
 class MemoryPlan:
     """Lifetimes of a net's memory, from its graph alone (no shapes).
@@ -379,11 +416,11 @@ class MemoryPlan:
     """
 
     steps: int
-    data_root: list[int]
-    diff_root: list[int]
+    data_root: array
+    diff_root: array
     private: set[int]
-    data_life: dict[int, tuple[int, int]]
-    diff_life: dict[int, tuple[int, int]]
+    data_life: Lifetimes
+    diff_life: Lifetimes
     zero_before: dict[int, list[int]]
     layer_need: list[bool]
     windows: list = field(default_factory=list)  # of concurrent regions, as time spans
@@ -478,9 +515,11 @@ def plan_memory(steps: list[Step], layers, n_blobs: int, private_blobs, layer_ne
     windows = [w for r in regions
                for w in ((r.start, r.stop - 1), (2 * S - r.stop + 1, 2 * S - r.start))]
     return MemoryPlan(
-        S, data_root, diff_root, private,
-        {r: _widened(v, windows) for r, v in data_life.items() if r not in private},
-        {r: _widened(v, windows) for r, v in diff_life.items() if r not in private},
+        S, array("i", data_root), array("i", diff_root), private,
+        Lifetimes({r: _widened(v, windows) for r, v in data_life.items() if r not in private},
+                  n_blobs),
+        Lifetimes({r: _widened(v, windows) for r, v in diff_life.items() if r not in private},
+                  n_blobs),
         zero_before, list(layer_need), windows,
     )
 

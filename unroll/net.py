@@ -185,13 +185,19 @@ class _Gate:
 
 @dataclass
 class _Placement:
-    """A net's memory layout for its current shapes (see :meth:`Net._layout`):
-    workspace offsets by ``(kind, root)``, the roots placed inside others,
-    the total, the weight-gradient groups and the sizes of their buffers."""
+    """A net's memory layout for its current shapes (see :meth:`Net._layout`).
 
-    offsets: dict
-    data_host: dict
-    diff_host: dict
+    Per kind ("data", "diff"), arrays by root: ``offset`` the workspace byte
+    offset of its own buffer, ``whole`` the root it lives inside (-1: none)
+    and ``within`` its element offset there. ``scratch`` maps (step, name)
+    to offsets; then the total, the weight-gradient groups and the sizes of
+    their buffers (roots numbered after the blobs).
+    """
+
+    offset: dict
+    whole: dict
+    within: dict
+    scratch: dict
     total: int
     groups: list
     sizes: dict
@@ -492,7 +498,7 @@ class Net:
         buffers, keys = [], []
         for kind, life, host in (("data", plan.data_life, data_host),
                                  ("diff", plan.diff_life, diff_host)):
-            spans = dict(life)
+            spans = dict(life.items())
             for r in host:  # a buffer inside another lives as long as either
                 if r in life:
                     top = r
@@ -514,40 +520,51 @@ class Net:
                     buffers.append((span[0], span[1], n))
                     keys.append(("scratch", (s, name)))
         offsets, total = place(buffers)
-        self._placement = _Placement(dict(zip(keys, offsets)), data_host, diff_host, total,
-                                     groups, sizes)
+        # kept per net, and a bucketed model keeps many nets: arrays by root, not dicts
+        n = len(self._blob_list) + len(sizes)  # the groups' buffers are numbered after blobs
+        offset = {kind: np.full(n, -1, np.int64) for kind in ("data", "diff")}
+        scratch = {}
+        for (kind, r), at in zip(keys, offsets):
+            if kind == "scratch":
+                scratch[r] = at
+            else:
+                offset[kind][r] = at
+        whole, within = {}, {}
+        for kind, host in (("data", data_host), ("diff", diff_host)):
+            whole[kind], within[kind] = np.full(n, -1, np.int32), np.zeros(n, np.int64)
+            if host:
+                roots = np.fromiter(host, np.int64, len(host))
+                whole[kind][roots], within[kind][roots] = zip(*host.values())
+        self._placement = _Placement(offset, whole, within, scratch, total, groups, sizes)
 
     def _bind(self) -> None:
         """Give every planned blob and scratch buffer its memory in the workspace."""
         placement = self._placement
-        offsets, data_host, diff_host = placement.offsets, placement.data_host, placement.diff_host
-        ws = self.workspace
+        offset, whole, within = placement.offset, placement.whole, placement.within
+        ws, n_blobs = self.workspace, len(self._blob_list)
         ws.grow(placement.total)
         arrays: dict = {}
         # blobs that other blobs are views into (Slice parts of an input, say): a new array
         # for one of them (a borrowed input) must re-bind its parts
-        self._bound_wholes = {id(self._blob_list[whole]) for whole, _ in data_host.values()
-                              if whole < len(self._blob_list)}
+        wholes = np.unique(whole["data"][whole["data"] >= 0]).tolist()
+        self._bound_wholes = {id(self._blob_list[w]) for w in wholes if w < n_blobs}
 
         def array(kind, r):
             if (kind, r) in arrays:
                 return arrays[(kind, r)]
-            if (kind, r) in placement.sizes:  # a buffer holding several blobs' rows
-                a = ws.view(offsets[(kind, r)], (placement.sizes[(kind, r)]
-                                                 // self.dtype.itemsize,), self.dtype)
-                arrays[(kind, r)] = a
-                return a
-            blob = self._blob_list[r]
-            host = data_host if kind == "data" else diff_host
-            if r in host:
-                whole, offset = host[r]
-                flat = array(kind, whole)
+            host, at = int(whole[kind][r]), int(offset[kind][r])
+            if r >= n_blobs:  # a buffer holding several blobs' rows
+                a = ws.view(at, (placement.sizes[(kind, r)] // self.dtype.itemsize,),
+                            self.dtype)
+            elif host >= 0:
+                blob, flat = self._blob_list[r], array(kind, host)
+                first = int(within[kind][r])
                 a = None if flat is None else (
-                    flat.reshape(-1)[offset : offset + blob.count].reshape(blob.shape))
-            elif (kind, r) in offsets:
-                a = ws.view(offsets[(kind, r)], blob.shape, self.dtype)
+                    flat.reshape(-1)[first : first + blob.count].reshape(blob.shape))
+            elif at >= 0:
+                a = ws.view(at, self._blob_list[r].shape, self.dtype)
             elif r in self.memory_plan.private:
-                a = getattr(blob, kind)  # its own memory
+                a = getattr(self._blob_list[r], kind)  # its own memory
             else:
                 a = None  # never used by this net (no backward: no diff)
             arrays[(kind, r)] = a
@@ -563,8 +580,8 @@ class Net:
             self._blob_list[r].bind(data, diff)
         for s, layer in enumerate(self.layers_run):
             for name, (shape, dtype, _) in layer.scratch_specs.items():
-                if ("scratch", (s, name)) in offsets:
-                    layer.scratch_memory[name] = ws.view(offsets[("scratch", (s, name))],
+                if (s, name) in placement.scratch:
+                    layer.scratch_memory[name] = ws.view(placement.scratch[(s, name)],
                                                          shape, dtype)
         self._gemms = {}
         for group in placement.groups:
@@ -574,6 +591,8 @@ class Net:
             x = array("data", xr).reshape(-1)[x0 : x0 + group.rows * K].reshape(-1, K)
             gy = array("diff", gr).reshape(-1)[g0 : g0 + group.rows * n].reshape(-1, n)
             self._gemms.setdefault(group.after, []).append((layer, x, gy))
+        arrays.clear()  # array() refers to itself: left to the collector, the dict would
+        # keep views of an old arena alive after the workspace grows
         self._bound = True
 
     def release_memory(self) -> None:
@@ -639,12 +658,12 @@ class Net:
         else:
             workspace = self._placement.total
         history = sum(int(h.nbytes) for h in solver.history) if solver is not None else 0
-        data_host = self._placement.data_host if self._placement else {}
+        inside = self._placement.whole["data"] if self._placement else None
 
         def where(r):
             if r in plan.private:
                 return "kept"
-            return "inside another blob" if r in data_host else "workspace"
+            return "inside another blob" if inside is not None and inside[r] >= 0 else "workspace"
 
         big = sorted(roots, key=lambda r: -blobs[r].nbytes)[:largest]
         return MemoryReport(self.store.nbytes, history, activations, diffs, scratch, kept,
