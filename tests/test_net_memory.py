@@ -18,6 +18,7 @@ from unroll.bucketed_model import BucketedModel
 from unroll.bucketing import cont_from_lengths
 from unroll.net import Net
 from unroll.param_store import ParamStore
+from unroll.proto import NetParameter
 from unroll.workspace import Workspace, place
 
 N, D = 4, 3
@@ -226,7 +227,8 @@ def test_a_bucketed_model_runs_every_bucket_and_phase_in_one_workspace():
         train.backward()
         test.forward(**feed)
     assert train.workspace is test.workspace
-    assert train.net_params[9] is test.nets[9].net_param  # expanded once for both phases
+    assert test.net_params is train.net_params  # each T expanded once for both phases
+    assert test.nets[9].net_param == NetParameter.FromString(train.net_params[9])
     assert train.workspace.nbytes == max(
         n.memory_report().workspace for m in (train, test) for n in m.nets.values())
 

@@ -7,6 +7,7 @@ import numpy as np
 from unroll.atomic import write_atomic
 from unroll.net import Net
 from unroll.param_store import ParamStore
+from unroll.proto import NetParameter
 
 __all__ = ["BucketedModel"]
 
@@ -55,8 +56,9 @@ class BucketedModel:
         self._seed = seed
         self.plan_memory = plan_memory
         self.store = store if store is not None else ParamStore()
-        #: T -> the unrolled NetParameter; pass it to a twin model to expand each T once
-        self.net_params: dict = net_params if net_params is not None else {}
+        #: T -> the unrolled NetParameter, serialized (a few dozen bytes a layer, where the
+        #: parsed message costs ~2 KB); pass it to a twin model to expand each T once
+        self.net_params: dict[int, bytes] = net_params if net_params is not None else {}
         self.nets: dict[int, Net] = {}
         self.active: Net | None = None
         # the T = 1 net creates every param now, so learnable_params is complete
@@ -68,9 +70,10 @@ class BucketedModel:
         steps = int(steps)
         if steps not in self.nets:
             if steps not in self.net_params:
-                self.net_params[steps] = self.make_net_param(steps)
+                self.net_params[steps] = self.make_net_param(steps).SerializeToString()
             net = Net(
-                self.net_params[steps], phase=self.phase, device=self.device,
+                NetParameter.FromString(self.net_params[steps]), phase=self.phase,
+                device=self.device,
                 dtype=self.dtype, seed=self._seed + steps, param_store=self.store,
                 plan_memory=self.plan_memory,
             )

@@ -127,7 +127,8 @@ class Graph:
     """A net's run order over numbered blobs.
 
     ``layer_params`` holds the net's layers, then the inserted Splits (as
-    :class:`SplitSpec`); ``names[b]`` is blob b's name; ``order`` lists the blob
+    :class:`SplitSpec`), until the net has built its layers (then None: each
+    layer keeps its own); ``names[b]`` is blob b's name; ``order`` lists the blob
     of every value and split top, in the order ``net.blobs`` adds them (a value
     written in place has its bottom's blob, and name); ``table`` pairs them with
     their names;
@@ -135,7 +136,7 @@ class Graph:
     why some in-place tops were written out of place.
     """
 
-    layer_params: list
+    layer_params: list | None
     steps: list[Step]
     names: list[str]
     order: list[int]

@@ -290,8 +290,9 @@ class Net:
     ):
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {list(PHASES)}, found {phase!r}")
-        self.net_param = read_message(source, NetParameter)
-        self.name = self.net_param.name
+        net_param = read_message(source, NetParameter)
+        self.name = net_param.name
+        self._force_backward = net_param.force_backward
         self.phase = phase
         self.device = device
         self.xp = get_array_module(device)
@@ -325,12 +326,26 @@ class Net:
         # took over half of the build time of a tagger's nets)
         gc.disable()
         try:
-            self._build(graph.legacy_inputs(self.net_param)
-                        + graph.filter_layers(self.net_param, PHASES[phase]))
+            self._build(graph.legacy_inputs(net_param)
+                        + graph.filter_layers(net_param, PHASES[phase]))
         finally:
             self._gate.open = False
             if collecting:
                 gc.enable()
+        # the parsed messages cost ~2 KB a layer (bucketed models keep many nets): from
+        # now on the net and its layers keep them as bytes (see net_param, Layer.param)
+        self._net_param_bytes = net_param.SerializeToString()
+        self._compact_layers()
+
+    @property
+    def net_param(self) -> NetParameter:
+        """The NetParameter the net was built from (parsed again from its bytes)."""
+        return NetParameter.FromString(self._net_param_bytes)
+
+    def _compact_layers(self) -> None:
+        for layer in self.layers_run:
+            layer.compact()
+        self.graph.layer_params = None  # the layers hold their own parameters
 
     # -- building -------------------------------------------------------------
     def _build(self, layer_params) -> None:
@@ -359,7 +374,7 @@ class Net:
         self._tops = [tuple([blob_list[b] for b in step.tops]) for step in g.steps]
         self._setup_layers()
         self.layer_need_backward, self._bottom_need, loss_tops = graph.backward_needs(
-            g.steps, self.layers_run, self.net_param.force_backward, self._learns)
+            g.steps, self.layers_run, self._force_backward, self._learns)
         self._loss_tops = [(self._blob_list[b], w) for b, w in loss_tops]
         self._loss_blobs = [b for b, _ in loss_tops]
         self._fwd = list(zip(self.layers_run, self._bottoms, self._tops))
@@ -441,7 +456,7 @@ class Net:
                    else self._private_blobs())
         # a test-phase net runs backward only when asked to (force_backward): inference
         # memory must not hold what only a backward would read
-        self._plans_backward = self.phase == "train" or self.net_param.force_backward
+        self._plans_backward = self.phase == "train" or self._force_backward
         need = (self.layer_need_backward if self._plans_backward
                 else [False] * len(self.layer_need_backward))
         self.memory_plan = graph.plan_memory(
@@ -768,6 +783,7 @@ class Net:
         finally:
             self._gate.open = opened
         self._input_shapes = [b.shape for b in self._input_blobs]
+        self._compact_layers()  # what reshape parsed again
         self.release_memory()
         self._layout()
 

@@ -191,27 +191,25 @@ class Tagger:
             ignore_label=IGNORE,
         )
         # one NetParameter per T serves both phases: Net filters the TRAIN-only layers
-        self._net_params: dict[int, object] = {}
         self.train_model = BucketedModel(self.net_param, phase="train", device=device,
                                          seed=seed, steps_from=WORD_INPUT)
         self.test_model = BucketedModel(self.net_param, phase="test", device=device,
                                         seed=seed, store=self.train_model.store,
-                                        steps_from=WORD_INPUT)
+                                        steps_from=WORD_INPUT,
+                                        net_params=self.train_model.net_params)
         self.rng = np.random.default_rng(seed)
         # (T, N) -> character columns its batches are padded to: it only grows, so each
         # net reshapes a few times, not at every batch (a reshape costs more than it saves)
         self._char_columns: dict[tuple, int] = {}
 
     def net_param(self, steps: int):
-        """The tagger net unrolled to ``steps`` words (expanded once per T)."""
-        if steps not in self._net_params:
-            # the packed character columns vary per batch (the net reshapes); built as N + 1,
-            # their count is never N, so BucketedModel tells them apart, and the same for
-            # every T, so expand checks the template's step shapes once, not once per T
-            self._net_params[steps] = unroll.expand(
-                TAGGER_TEMPLATE, steps=steps, char_columns=self.config.batch + 1,
-                **self._variables)
-        return self._net_params[steps]
+        """The tagger net unrolled to ``steps`` words (the two models share what they
+        expand: each T is expanded once)."""
+        # the packed character columns vary per batch (the net reshapes); built as N + 1,
+        # their count is never N, so BucketedModel tells them apart, and the same for
+        # every T, so expand checks the template's step shapes once, not once per T
+        return unroll.expand(TAGGER_TEMPLATE, steps=steps, char_columns=self.config.batch + 1,
+                             **self._variables)
 
     def encode(self, sentences) -> list[dict]:
         """Feature ids per sentence (lists of forms -> dicts of id arrays)."""

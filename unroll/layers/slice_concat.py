@@ -155,6 +155,9 @@ class SplitLayer(Layer):
     def param(self, param) -> None:
         self._spec = param
 
+    def compact(self) -> None:
+        """A split's description is small already (a SplitSpec or the prototxt's own)."""
+
     def reshape(self, bottoms, tops):
         for top in tops:
             top.reshape(bottoms[0].shape)
