@@ -16,11 +16,10 @@ oversubscribe the cores).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 
+from bench.timing import median_seconds
 from unroll import Net, expand
 from unroll.bucketing import cont_from_lengths
 
@@ -34,17 +33,6 @@ def bidirectional_net(args, concurrent: bool):
     net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "target"],
                         top=["loss"])
     return Net(net_param, concurrent=concurrent)
-
-
-def median_ms(run, iters: int, rounds: int) -> float:
-    run()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(iters):
-            run()
-        times.append((time.perf_counter() - start) / iters * 1e3)
-    return statistics.median(times)
 
 
 def main(argv=None) -> None:
@@ -72,7 +60,7 @@ def main(argv=None) -> None:
             net.forward()
             net.backward()
 
-        times[concurrent] = median_ms(step, args.iters, args.rounds)
+        times[concurrent] = median_seconds(step, args.iters, args.rounds) * 1e3
         grads[concurrent] = [p.blob.diff.copy() for p in net.learnable_params]
     same = all(np.array_equal(a, b) for a, b in zip(grads[False], grads[True]))
     print(f"bidirectional LSTM T={T} N={N} D={args.input_dim} H={args.hidden}, "

@@ -13,23 +13,11 @@ benchmark, not a test: run it on an idle machine.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
 
+from bench.timing import median_seconds
 from unroll import Net, expand
-
-
-def median_s(run, iters: int, rounds: int) -> float:
-    run()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(iters):
-            run()
-        times.append((time.perf_counter() - start) / iters)
-    return statistics.median(times)
 
 
 def main(argv=None) -> None:
@@ -51,8 +39,8 @@ def main(argv=None) -> None:
     net.forward(x=np.ones((T, 1, 1)), cont=cont, target=np.zeros((T, 1, 1)))
     calls_fwd = len(net.layers_run)
     calls_bwd = sum(net.layer_need_backward)
-    forward = median_s(net.forward, args.iters, args.rounds)
-    both = median_s(lambda: (net.forward(), net.backward()), args.iters, args.rounds)
+    forward = median_seconds(net.forward, args.iters, args.rounds)
+    both = median_seconds(lambda: (net.forward(), net.backward()), args.iters, args.rounds)
     print(f"unrolled LSTM, T={T}, N=D=H=1: {calls_fwd} layer calls forward, "
           f"{calls_bwd} backward")
     print(f"forward   {forward / calls_fwd * 1e6:6.2f} us per layer call")

@@ -23,27 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.timing import median_seconds
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def median_ms(step, iters: int, rounds: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(iters):
-            step()
-        times.append((time.perf_counter() - start) / iters * 1e3)
-    return statistics.median(times)
 
 
 def data(args):
@@ -68,7 +56,7 @@ def unroll_side(args) -> float:
     cont = np.ones((T, N), np.float32)
     cont[0] = 0
     feed = {"x": x, "cont": cont, "target": y}
-    return median_ms(lambda: solver.step(1, feed=feed), args.iters, args.rounds)
+    return median_seconds(lambda: solver.step(1, feed=feed), args.iters, args.rounds) * 1e3
 
 
 def torch_side(args) -> float:
@@ -87,7 +75,7 @@ def torch_side(args) -> float:
         loss.backward()
         optimizer.step()
 
-    return median_ms(step, args.iters, args.rounds)
+    return median_seconds(step, args.iters, args.rounds) * 1e3
 
 
 def run_side(side: str, python: str, args, engine: str = "fused") -> float | None:

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 import numpy as np
 
+from bench.timing import median_seconds
 from unroll.blob import Blob
 from unroll.kernels import ENGINE_VARIABLE
 from unroll.layer import layer_class
@@ -40,22 +39,10 @@ def build(unit: str, N: int, H: int, dtype, engine: str):
         b.data[...] = rng.uniform(-2, 2, b.shape)
     bottoms[-1].data[...] = 1.0
     tops = [Blob((), np, dtype, f"t{i}") for i in range(n_tops)]
-    layer.setup(bottoms, tops)
-    layer.reshape(bottoms, tops)
+    layer.set_up(bottoms, tops)
     for t in tops:
         t.diff[...] = rng.uniform(-1, 1, t.shape)
     return layer, bottoms, tops
-
-
-def median_us(call, calls: int, rounds: int) -> float:
-    """Median over ``rounds`` of the mean microseconds of ``calls`` calls."""
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return statistics.median(times)
 
 
 def main(argv=None) -> None:
@@ -82,9 +69,9 @@ def main(argv=None) -> None:
                 def backward(layer=layer, bottoms=bottoms, tops=tops, unit=unit):
                     layer.backward(tops, propagate[unit], bottoms)
 
-                forward(), backward()  # compiles (or loads) the kernels
-                f = median_us(forward, args.calls, args.rounds)
-                b = median_us(backward, args.calls, args.rounds)
+                # the warm-up compiles (or loads) the kernels
+                f = median_seconds(forward, args.calls, args.rounds) * 1e6
+                b = median_seconds(backward, args.calls, args.rounds) * 1e6
                 totals[engine] = f + b
                 print(f"{unit:8s} {H:4d}  {engine:9s} {f:11.1f} {b:12.1f} {f + b:9.1f}")
             speedup = totals["reference"] / totals["fused"]

@@ -80,6 +80,21 @@ def test_batched_weight_gradients_equal_per_step_accumulation(cell, direction, l
     assert all(groups[name] == T for name in recurrent)
 
 
+def over_three_parts(parts: str, d_in: int, d_out: int, out: str) -> str:
+    """A net over x (6, d_in) cut into x0, x1, x2 along axis 0, then ``parts`` (reading
+    x<k>, writing <out><k>), then a loss on the three outputs concatenated."""
+    return f"""force_backward: true
+layer {{ name: "in" type: "Input" top: "x" top: "target"
+        input_param {{ shape {{ dim: 6 dim: {d_in} }} shape {{ dim: 6 dim: {d_out} }} }} }}
+layer {{ name: "cut" type: "Slice" bottom: "x" top: "x0" top: "x1" top: "x2"
+        slice_param {{ axis: 0 }} }}
+{parts}
+layer {{ name: "cat" type: "Concat" bottom: "{out}0" bottom: "{out}1" bottom: "{out}2"
+        top: "{out}" concat_param {{ axis: 0 }} }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "{out}" bottom: "target" top: "loss" }}
+"""
+
+
 def shared_layers(extra: str = "", propagate: str = "") -> str:
     """Three InnerProducts sharing W and b over three Slice parts of x, then a loss."""
     ips = "".join(f"""
@@ -87,16 +102,7 @@ layer {{ name: "ip{k}" type: "InnerProduct" bottom: "x{k}" top: "y{k}"
         param {{ name: "W" {extra} }} param {{ name: "b" {extra} }} {propagate if k == 1 else ""}
         inner_product_param {{ num_output: 2 weight_filler {{ type: "gaussian" }} }} }}
 layer {{ name: "sq{k}" type: "TanH" bottom: "y{k}" top: "z{k}" }}""" for k in range(3))
-    return f"""force_backward: true
-layer {{ name: "in" type: "Input" top: "x" top: "target"
-        input_param {{ shape {{ dim: 6 dim: 3 }} shape {{ dim: 6 dim: 2 }} }} }}
-layer {{ name: "cut" type: "Slice" bottom: "x" top: "x0" top: "x1" top: "x2"
-        slice_param {{ axis: 0 }} }}
-{ips}
-layer {{ name: "cat" type: "Concat" bottom: "z0" bottom: "z1" bottom: "z2" top: "z"
-        concat_param {{ axis: 0 }} }}
-layer {{ name: "loss" type: "EuclideanLoss" bottom: "z" bottom: "target" top: "loss" }}
-"""
+    return over_three_parts(ips, 3, 2, "z")
 
 
 @pytest.mark.parametrize("extra, propagate, batched", [
@@ -155,16 +161,7 @@ layer {{ name: "ip{k}" type: "InnerProduct" bottom: "x{k}" top: "y{k}" param {{ 
         inner_product_param {{ num_output: 4 bias_term: false transpose: {t}
                               weight_filler {{ type: "gaussian" }} }} }}"""
                   for k, t in enumerate(["false", "false", "true"]))
-    text = f"""force_backward: true
-layer {{ name: "in" type: "Input" top: "x" top: "target"
-        input_param {{ shape {{ dim: 6 dim: 4 }} shape {{ dim: 6 dim: 4 }} }} }}
-layer {{ name: "cut" type: "Slice" bottom: "x" top: "x0" top: "x1" top: "x2"
-        slice_param {{ axis: 0 }} }}
-{ips}
-layer {{ name: "cat" type: "Concat" bottom: "y0" bottom: "y1" bottom: "y2" top: "y"
-        concat_param {{ axis: 0 }} }}
-layer {{ name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "target" top: "loss" }}
-"""
+    text = over_three_parts(ips, 4, 4, "y")
     rng = np.random.default_rng(5)
     feed = dict(x=rng.normal(size=(6, 4)), target=rng.normal(size=(6, 4)))
     got, net = run(text, True, feed)

@@ -66,14 +66,6 @@ def _call(layer, what: str, method, *args) -> None:
         raise _layer_failure(layer, what, e, bottoms) from e
 
 
-class _BranchFailure(Exception):
-    """A layer's exception inside a concurrent region, carried to the calling thread."""
-
-    def __init__(self, layer, bottoms, error):
-        super().__init__(str(error))
-        self.layer, self.bottoms, self.error = layer, bottoms, error
-
-
 _branch_pool: ThreadPoolExecutor | None = None
 
 
@@ -91,7 +83,7 @@ def _backward_entry(entry, zero_before, gemms) -> None:
         sharer.param_backward(x, gy)
 
 
-def _run_branch(entries, run) -> None:
+def _run_branch(entries, run, what: str) -> None:
     for entry in entries:
         try:
             run(entry)
@@ -99,31 +91,31 @@ def _run_branch(entries, run) -> None:
             raise
         except Exception as e:
             layer, bottoms = (entry[0], entry[1]) if len(entry) == 3 else (entry[1], entry[4])
-            raise _BranchFailure(layer, bottoms, e) from e
+            raise _layer_failure(layer, what, e, bottoms) from e
 
 
-def _run_items(items, run) -> None:
+def _run_items(items, run, what: str) -> None:
     """Run a schedule (see Net._schedule): serial lists in order; for a region, its
     entries before, then its branches at once (one on this thread, the others on a
     pool), then its entries after."""
     global _branch_pool
     for item in items:
         if isinstance(item, list):
-            _run_branch(item, run)
+            _run_branch(item, run, what)
             continue
         before, branches, after = item
-        _run_branch(before, run)
+        _run_branch(before, run, what)
         if _branch_pool is None:
             _branch_pool = ThreadPoolExecutor(thread_name_prefix="unroll-branch")
-        others = [_branch_pool.submit(_run_branch, b, run) for b in branches[1:]]
+        others = [_branch_pool.submit(_run_branch, b, run, what) for b in branches[1:]]
         try:
-            _run_branch(branches[0], run)
+            _run_branch(branches[0], run, what)
         finally:
             for future in others:
                 future.exception()  # every branch has finished before anything goes on
         for future in others:
             future.result()
-        _run_branch(after, run)
+        _run_branch(after, run, what)
 
 
 class BlobTable(Mapping):
@@ -861,10 +853,7 @@ class Net:
                 for layer, bottoms, tops in self._fwd:
                     layer.forward(bottoms, tops)
             else:
-                _run_items(self._forward_items, _forward_entry)
-        except _BranchFailure as failure:
-            raise _layer_failure(failure.layer, "failed in forward", failure.error,
-                                 failure.bottoms) from failure.error
+                _run_items(self._forward_items, _forward_entry, "failed in forward")
         except NetError:
             raise
         except Exception as e:
@@ -937,10 +926,8 @@ class Net:
                             sharer.param_backward(x, gy)  # every sharer's rows: one GEMM
             else:
                 _run_items(self._backward_items, functools.partial(
-                    _backward_entry, zero_before=zero_before, gemms=gemms))
-        except _BranchFailure as failure:
-            raise _layer_failure(failure.layer, "failed in backward", failure.error,
-                                 failure.bottoms) from failure.error
+                    _backward_entry, zero_before=zero_before, gemms=gemms),
+                    "failed in backward")
         except NetError:
             raise
         except Exception as e:

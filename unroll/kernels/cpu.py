@@ -207,28 +207,18 @@ def adam_update(diff, m, v, beta1, beta2, delta, step):
     moments m and v move, and ``diff`` becomes ``step * m / (sqrt(v) + delta)``, where
     ``step`` is one number or an array with one per entry (mixed lr_mult)."""
     T = diff.dtype.type
-    args = (diff.reshape(-1), m.reshape(-1), v.reshape(-1), T(beta1), T(beta2), T(delta))
-    if np.ndim(step) == 0:
-        _adam_one_step(*args, T(step))
-    else:
-        _adam_steps(*args, step.reshape(-1))
+    per_entry = np.ndim(step) > 0
+    rates = step.reshape(-1) if per_entry else np.full(1, step, diff.dtype)
+    _adam(diff.reshape(-1), m.reshape(-1), v.reshape(-1), T(beta1), T(beta2), T(delta), rates,
+          per_entry)
 
 
 @njit(**KERNEL)
-def _adam_one_step(g, m, v, b1, b2, eps, rate):
+def _adam(g, m, v, b1, b2, eps, rates, per_entry):
     one = g.dtype.type(1.0)
     for k in range(g.size):
         mk = b1 * m[k] + (one - b1) * g[k]
         vk = b2 * v[k] + (one - b2) * (g[k] * g[k])
         m[k], v[k] = mk, vk
-        g[k] = rate * mk / (np.sqrt(vk) + eps)
-
-
-@njit(**KERNEL)
-def _adam_steps(g, m, v, b1, b2, eps, rate):
-    one = g.dtype.type(1.0)
-    for k in range(g.size):
-        mk = b1 * m[k] + (one - b1) * g[k]
-        vk = b2 * v[k] + (one - b2) * (g[k] * g[k])
-        m[k], v[k] = mk, vk
-        g[k] = rate[k] * mk / (np.sqrt(vk) + eps)
+        # loop-invariant: LLVM takes the test out of the loop, which still vectorizes
+        g[k] = (rates[k] if per_entry else rates[0]) * mk / (np.sqrt(vk) + eps)
