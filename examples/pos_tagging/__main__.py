@@ -161,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "of stopping at the first (default 0)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--pack", action="store_true",
-                   help="batches of --batch-size rows, each of whole sentences back to back")
+                   help="rows of whole sentences back to back, as many tokens a batch as "
+                        "--batch-size sentences of mean length")
     t.set_defaults(run=_train)
 
     e = sub.add_parser("evaluate", parents=[common], help="score a CoNLL-U file")
