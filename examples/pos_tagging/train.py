@@ -58,8 +58,8 @@ class TrainOptions:
 
     data: Path
     model_dir: Path
-    epochs: int = 12
-    max_minutes: float = 19.0
+    epochs: int = 14
+    max_minutes: float = 18.0
     lr: float = 2e-3
     lr_gamma: float = 0.85
     clip: float = 5.0
