@@ -51,7 +51,7 @@ class TaggerConfig:
     """
 
     embed: int = 100
-    hidden: int = 128
+    hidden: int = 256
     layers: int = 2
     cell: str = "lstm"
     dropout: float = 0.5
