@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from examples.pos_tagging.data import DATA_ENV, DEFAULT_DATA
@@ -106,6 +107,7 @@ def _tag(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from examples.pos_tagging.folder import CHECKPOINTS
     from examples.pos_tagging.tagger import TaggerConfig
+    from examples.pos_tagging.train import TrainOptions
 
     parser = argparse.ArgumentParser(
         prog="python -m examples.pos_tagging", description=__doc__,
@@ -124,11 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data", type=Path,
                    help=f"folder with en_ewt-ud-train/dev.conllu (default: ${DATA_ENV}, else "
                         f"{DEFAULT_DATA})")
-    t.add_argument("--epochs", type=int, default=12)
-    t.add_argument("--max-minutes", type=float, default=19.0,
-                   help="stop starting new epochs after this much training time")
-    t.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
-    t.add_argument("--lr-decay", type=float, default=0.85,
+    o = {f.name: f.default for f in fields(TrainOptions)}
+    t.add_argument("--epochs", type=int, default=o["epochs"])
+    t.add_argument("--max-minutes", type=float, default=o["max_minutes"],
+                   help="stop starting new epochs after this much time, data reading "
+                        f"included (default {o['max_minutes']:g})")
+    t.add_argument("--lr", type=float, default=o["lr"], help="Adam learning rate")
+    t.add_argument("--lr-decay", type=float, default=o["lr_gamma"],
                    help="learning rate factor after each epoch (Caffe lr_policy step)")
     d = TaggerConfig()
     sizes = t.add_argument_group("model sizes (with --resume: only to check the folder's)")
@@ -161,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "of stopping at the first (default 0)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.add_argument("--pack", action="store_true",
-                   help="batches of --batch-size rows, each of whole sentences back to back")
+                   help="rows of whole sentences back to back, as many tokens a batch as "
+                        "--batch-size sentences of mean length")
     t.set_defaults(run=_train)
 
     e = sub.add_parser("evaluate", parents=[common], help="score a CoNLL-U file")

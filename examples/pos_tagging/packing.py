@@ -45,6 +45,28 @@ def packed_inputs(tagger, encoded: list[dict], rows, length: int, tags=None, tra
     return tagger.send(host, length, labelled=tags is not None), spans
 
 
+def training_sampler(lengths, batch: int, seed: int = 0, rank: int = 0, size: int = 1,
+                     pack: bool = False) -> BucketSampler:
+    """The training batches: ``batch`` sentences each, or packed rows holding as many tokens.
+
+    A packed batch of ``batch`` rows would hold ``row length / mean length``
+    times the tokens of ``batch`` sentences (about 2.5 on EWT), so an epoch
+    would take that many times fewer Adam steps, each averaging more tokens,
+    and end less trained (dev UPOS 0.07 lower over 12 epochs). Packed batches
+    therefore get a budget of ``batch`` times the mean sentence length in
+    tokens (``by_tokens``): rows of 39 tokens come 13 a batch on EWT, and an
+    epoch takes about as many steps as unpacked.
+
+    >>> training_sampler([4, 4, 2, 6], batch=2, pack=True, seed=0).batch_size
+    8
+    """
+    if not pack:
+        return BucketSampler(lengths, batch_size=batch, seed=seed, rank=rank, size=size)
+    budget = max(1, round(batch * float(np.mean(lengths))))
+    return BucketSampler(lengths, batch_size=budget, seed=seed, rank=rank, size=size,
+                         by_tokens=True, pack=True)
+
+
 def batch_inputs(tagger, encoded: list[dict], tags, batch, sampler: BucketSampler):
     """``(inputs, real tokens)`` of a training batch of ``sampler``, packed or not."""
     length = sampler.bucket_length(batch)

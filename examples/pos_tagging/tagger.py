@@ -35,7 +35,7 @@ DEFAULT_FEATURE_DIMS = {
     "prefix1": 8, "prefix2": 16, "suffix1": 8, "suffix2": 16, "suffix3": 32, "shape": 16,
     "caps": 4,
 }
-DEFAULT_CHARS = {"embed": 24, "hidden": 32, "length": 12}
+DEFAULT_CHARS = {"embed": 32, "hidden": 64, "length": 16}
 
 
 @dataclass
@@ -51,10 +51,10 @@ class TaggerConfig:
     """
 
     embed: int = 100
-    hidden: int = 128
+    hidden: int = 256
     layers: int = 2
     cell: str = "lstm"
-    dropout: float = 0.25
+    dropout: float = 0.5
     word_dropout: float = 0.25
     batch: int = 32
     feature_dims: dict = field(default_factory=lambda: dict(DEFAULT_FEATURE_DIMS))

@@ -36,12 +36,11 @@ from examples.pos_tagging import folder
 from examples.pos_tagging.data import DEV_FILE, TRAIN_FILE, read_split
 from examples.pos_tagging.evaluate import score
 from examples.pos_tagging.features import Featurizer
-from examples.pos_tagging.packing import batch_inputs
+from examples.pos_tagging.packing import batch_inputs, training_sampler
 from examples.pos_tagging.tagger import Tagger, TaggerConfig, builtin_cells, tag_ids
 from unroll import distributed
 from unroll.atomic import write_atomic
 from unroll.backend import module_of
-from unroll.bucketing import BucketSampler
 from unroll.errors import NetError
 from unroll.solver import Solver
 
@@ -59,8 +58,8 @@ class TrainOptions:
 
     data: Path
     model_dir: Path
-    epochs: int = 12
-    max_minutes: float = 19.0
+    epochs: int = 14
+    max_minutes: float = 18.0
     lr: float = 2e-3
     lr_gamma: float = 0.85
     clip: float = 5.0
@@ -233,8 +232,8 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
     encoded = tagger.encode([forms for forms, _ in train_sents])
     gold = tag_ids([tags for _, tags in train_sents])
     lengths = [len(forms) for forms, _ in train_sents]
-    sampler = BucketSampler(lengths, batch_size=config.batch, seed=opts.seed,
-                            rank=comm.rank, size=comm.size, pack=opts.pack)
+    sampler = training_sampler(lengths, config.batch, opts.seed, comm.rank, comm.size,
+                               opts.pack)
     solver = Solver(
         tagger.train_model, type="Adam", base_lr=opts.lr, momentum=0.9, momentum2=0.999,
         delta=1e-8, lr_policy="step", gamma=opts.lr_gamma, stepsize=len(sampler),

@@ -6,7 +6,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from examples.pos_tagging.features import Featurizer
-from examples.pos_tagging.packing import batch_inputs, packed_inputs, predict_packed
+from examples.pos_tagging.packing import (
+    batch_inputs,
+    packed_inputs,
+    predict_packed,
+    training_sampler,
+)
 from examples.pos_tagging.tagger import IGNORE, Tagger, TaggerConfig
 from unroll.backend import to_numpy
 from unroll.bucketing import BucketSampler, unpack_time_major
@@ -91,3 +96,17 @@ def test_batch_inputs_of_a_bucketed_sampler_are_padded_sentences(tagger):
     assert tokens == 7 and inputs["words"].shape == (3, 3)
     assert inputs["cont"].T.tolist() == [[0, 1, 1], [0, 0, 0], [0, 1, 1]]
     assert (inputs["labels"] != IGNORE).sum(axis=0).tolist() == [3, 1, 3]
+
+
+
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=200), batch=st.integers(1, 16),
+       epoch=st.integers(0, 3))
+def test_packed_training_batches_hold_the_tokens_of_batch_sentences(lengths, batch, epoch):
+    sampler = training_sampler(lengths, batch, seed=1, pack=True)
+    budget = max(1, round(batch * np.mean(lengths)))
+    seen = []
+    for rows in sampler.epoch_batches(epoch):
+        # as many rows as fit the budget; one alone when a row is longer than it
+        assert len(rows) * sampler.bucket_length(rows) <= budget or len(rows) == 1
+        seen += [i for row in rows for i in row]
+    assert sorted(seen) == list(range(len(lengths)))
