@@ -119,31 +119,46 @@ def lstm_unit_forward(c_prev, x, cont, c, h):
             c_m[j], h_m[j] = c_new, o * tanh(c_new, T)
 
 
-@njit(**KERNEL)
 def lstm_unit_backward(c_prev, x, cont, dc, dh, dc_prev, dx):
-    """LSTMUnit backward; ``dc_prev`` or ``dx`` may be None (not propagated), and numba
-    compiles that branch away."""
+    """LSTMUnit backward; ``dc_prev`` or ``dx`` may be None (not propagated)."""
+    _lstm_unit_backward(c_prev, x, cont, dc, dh, *_outputs((dc_prev, dc), (dx, x)))
+
+
+def _outputs(*pairs):
+    """Per (optional output, an array of its shape): the output, or for None a new array
+    of that shape that is never written; then whether each is written.
+
+    The compiled loops take every output as an array and a loop-invariant flag,
+    which LLVM hoists out of the loop: a None tested inside it (numba's Optional)
+    stops the loop vectorizing, and backward ran 1.7x slower. The stand-in is new
+    memory: an input passed again in its place made LLVM's no-alias check fail
+    and the loop run 10x slower.
+    """
+    return (*(np.empty_like(like) if out is None else out for out, like in pairs),
+            *(out is not None for out, _ in pairs))
+
+
+@njit(**KERNEL)
+def _lstm_unit_backward(c_prev, x, cont, dc, dh, dc_prev, dx, write_c_prev, write_x):
     T = dc.dtype.type
     one = T(1.0)
     rows, H = cont.size, dc.shape[-1]
     c_prev, dc, dh = c_prev.reshape((rows, H)), dc.reshape((rows, H)), dh.reshape((rows, H))
     x, cont = x.reshape((rows, 4 * H)), cont.reshape(rows)
+    dc_prev, dx = dc_prev.reshape((rows, H)), dx.reshape((rows, 4 * H))
     for m in range(rows):
         keep = cont[m]
         xi, xf, xo, xg = gates4(x[m], H)
-        c_prev_m, dc_m, dh_m = c_prev[m], dc[m], dh[m]
-        if dc_prev is not None:
-            dc_prev_m = dc_prev.reshape((rows, H))[m]
-        if dx is not None:
-            dxi, dxf, dxo, dxg = gates4(dx.reshape((rows, 4 * H))[m], H)
+        dxi, dxf, dxo, dxg = gates4(dx[m], H)
+        c_prev_m, dc_m, dh_m, dc_prev_m = c_prev[m], dc[m], dh[m], dc_prev[m]
         for j in range(H):
             i, f, o, g = sigmoid(xi[j], T), sigmoid(xf[j], T), sigmoid(xo[j], T), tanh(xg[j], T)
             t = tanh(f * c_prev_m[j] * keep + i * g, T)
             # all the gradient reaching c: from c itself and through h = o tanh(c)
             dc_total = dc_m[j] + dh_m[j] * o * (one - t * t)
-            if dc_prev is not None:
+            if write_c_prev:
                 dc_prev_m[j] = dc_total * f * keep
-            if dx is not None:
+            if write_x:
                 dxi[j] = dc_total * g * i * (one - i)
                 dxf[j] = dc_total * c_prev_m[j] * keep * f * (one - f)
                 dxo[j] = dh_m[j] * t * o * (one - o)
@@ -168,25 +183,28 @@ def gru_unit_forward(h_prev, x, hh, cont, h):
             h_m[j] = n + z * (h_prev_m[j] * keep - n)
 
 
-@njit(**KERNEL)
 def gru_unit_backward(h_prev, x, hh, cont, dh, dh_prev, dx, dhh):
     """GRUUnit backward; ``dh_prev``, ``dx`` or ``dhh`` may be None."""
+    _gru_unit_backward(h_prev, x, hh, cont, dh, *_outputs((dh_prev, dh), (dx, x), (dhh, hh)))
+
+
+@njit(**KERNEL)
+def _gru_unit_backward(h_prev, x, hh, cont, dh, dh_prev, dx, dhh, write_h_prev, write_x,
+                       write_hh):
     T = dh.dtype.type
     one = T(1.0)
     rows, H = cont.size, dh.shape[-1]
     h_prev, dh, cont = h_prev.reshape((rows, H)), dh.reshape((rows, H)), cont.reshape(rows)
     x, hh = x.reshape((rows, 3 * H)), hh.reshape((rows, 3 * H))
+    dh_prev, dx, dhh = dh_prev.reshape((rows, H)), dx.reshape((rows, 3 * H)), dhh.reshape(
+        (rows, 3 * H))
     for m in range(rows):
         keep = cont[m]
         xr, xz, xn = gates3(x[m], H)
         hr, hz, hn = gates3(hh[m], H)
-        h_prev_m, dh_m = h_prev[m], dh[m]
-        if dh_prev is not None:
-            dh_prev_m = dh_prev.reshape((rows, H))[m]
-        if dx is not None:
-            dxr, dxz, dxn = gates3(dx.reshape((rows, 3 * H))[m], H)
-        if dhh is not None:
-            dhr, dhz, dhn = gates3(dhh.reshape((rows, 3 * H))[m], H)
+        dxr, dxz, dxn = gates3(dx[m], H)
+        dhr, dhz, dhn = gates3(dhh[m], H)
+        h_prev_m, dh_m, dh_prev_m = h_prev[m], dh[m], dh_prev[m]
         for j in range(H):
             r, z = sigmoid(xr[j] + hr[j], T), sigmoid(xz[j] + hz[j], T)
             n = tanh(xn[j] + r * hn[j], T)
@@ -194,11 +212,11 @@ def gru_unit_backward(h_prev, x, hh, cont, dh, dh_prev, dx, dhh):
             dn = d * (one - z) * (one - n * n)
             dz = d * (h_prev_m[j] * keep - n) * z * (one - z)
             dr = dn * hn[j] * r * (one - r)
-            if dh_prev is not None:
+            if write_h_prev:
                 dh_prev_m[j] = d * z * keep
-            if dx is not None:
+            if write_x:
                 dxr[j], dxz[j], dxn[j] = dr, dz, dn
-            if dhh is not None:
+            if write_hh:
                 dhr[j], dhz[j], dhn[j] = dr, dz, dn * r
 
 
