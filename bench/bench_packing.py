@@ -1,9 +1,10 @@
 """Padding and nets on UD English EWT train: length buckets against packed rows.
 
 Prints, for the bucketed sampler and for ``pack=True`` (default row lengths,
-and a few fixed shortest row lengths), the padding fraction of the processed
-tokens, the number of distinct T (unrolled nets), batches per epoch and real
-tokens per batch. No timing: the figures depend only on the sentence lengths.
+the tagger's training rows, and a few fixed shortest row lengths), the padding
+fraction of the processed tokens, the number of distinct T (unrolled nets),
+batches per epoch and real tokens per batch. No timing: the figures depend
+only on the sentence lengths.
 
     python -m bench.bench_packing                    (from the repository root)
     python -m bench.bench_packing --batch-size 64 --data DIR
@@ -29,6 +30,7 @@ def describe(name: str, sampler, epochs: int) -> str:
 
 def main(argv=None) -> None:
     from examples.pos_tagging.conll import read_conllu
+    from examples.pos_tagging.packing import training_sampler
     from unroll.bucketing import BucketSampler, choose_row_lengths
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -49,6 +51,9 @@ def main(argv=None) -> None:
     print(describe("bucketed (default boundaries)", BucketSampler(lengths, bs), args.epochs))
     print(describe("pack=True (default row lengths)",
                    BucketSampler(lengths, bs, pack=True), args.epochs))
+    mean = round(sum(lengths) / len(lengths))
+    print(describe(f"tagger's training (rows from {mean})",
+                   training_sampler(lengths, bs), args.epochs))
     for shortest in (16, 24, 32, 64):
         rows = choose_row_lengths(lengths, shortest)
         sampler = BucketSampler(lengths, bs, boundaries=rows, pack=True)

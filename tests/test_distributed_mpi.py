@@ -25,7 +25,7 @@ import unroll
 from unroll import distributed
 from unroll.backend import GPU_AVAILABLE, to_numpy
 from unroll.bucketed_model import BucketedModel
-from unroll.bucketing import BucketSampler, time_major
+from unroll.bucketing import time_major
 from unroll.solver import Solver
 
 ROOT = Path(__file__).resolve().parents[1]  # on the ranks' PYTHONPATH: this checkout's unroll
@@ -230,6 +230,7 @@ def test_a_failing_rank_ends_the_whole_job(failure, tmp_path):
 
 def test_the_tagger_trains_data_parallel_and_resumes(tmp_path):
     from examples.pos_tagging.conll import write_conllu
+    from examples.pos_tagging.packing import training_sampler
     from examples.pos_tagging.train import DEV_FILE, TRAIN_FILE
 
     tag_of = {"the": "DET", "a": "DET", "cat": "NOUN", "dog": "NOUN", "mat": "NOUN",
@@ -241,7 +242,7 @@ def test_the_tagger_trains_data_parallel_and_resumes(tmp_path):
     )
     for name, sentences in ((TRAIN_FILE, train_sentences), (DEV_FILE, dev_sentences)):
         write_conllu(sentences, [[tag_of[w] for w in s] for s in sentences], tmp_path / name)
-    steps = len(BucketSampler([len(s) for s in train_sentences], batch_size=4, size=2))
+    steps = len(training_sampler([len(s) for s in train_sentences], batch=4, size=2))
     model_dir = tmp_path / "model"
     train = ["-m", "examples.pos_tagging", "train", "--data", tmp_path, "--model-dir", model_dir,
              "--batch-size", 4, "--embed", 8, "--hidden", 8, "--layers", 1, "--char-hidden", 0,

@@ -107,7 +107,7 @@ def _tag(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from examples.pos_tagging.folder import CHECKPOINTS
     from examples.pos_tagging.tagger import TaggerConfig
-    from examples.pos_tagging.train import TrainOptions
+    from examples.pos_tagging.train import BUCKETED_LR, PACKED_LR, TrainOptions
 
     parser = argparse.ArgumentParser(
         prog="python -m examples.pos_tagging", description=__doc__,
@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-minutes", type=float, default=o["max_minutes"],
                    help="stop starting new epochs after this much time, data reading "
                         f"included (default {o['max_minutes']:g})")
-    t.add_argument("--lr", type=float, default=o["lr"], help="Adam learning rate")
+    t.add_argument("--lr", type=float, help=f"Adam learning rate (default {PACKED_LR:g}, "
+                                             f"with --no-pack {BUCKETED_LR:g})")
     t.add_argument("--lr-decay", type=float, default=o["lr_gamma"],
                    help="learning rate factor after each epoch (Caffe lr_policy step)")
     d = TaggerConfig()
@@ -145,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     sizes.add_argument("--word-dropout", type=float,
                        help=f"chance that a word seen once in training becomes <unk> "
                             f"(default {d.word_dropout})")
-    sizes.add_argument("--batch-size", type=int, help=f"sentences per batch (default {d.batch})")
+    sizes.add_argument("--batch-size", type=int,
+                       help=f"rows per batch, with --no-pack sentences (default {d.batch})")
     sizes.add_argument("--char-embed", type=int, help=f"default {d.chars['embed']}")
     sizes.add_argument("--char-hidden", type=int,
                        help=f"character LSTM size per direction, 0: no character model "
@@ -164,9 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip up to N batches whose loss or gradient is not finite, instead "
                         "of stopping at the first (default 0)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.add_argument("--pack", action="store_true",
-                   help="rows of whole sentences back to back, as many tokens a batch as "
-                        "--batch-size sentences of mean length")
+    t.add_argument("--pack", action=argparse.BooleanOptionalAction, default=o["pack"],
+                   help="batches of --batch-size rows of whole sentences back to back "
+                        "(default); --no-pack: --batch-size sentences of one length bucket")
     t.set_defaults(run=_train)
 
     e = sub.add_parser("evaluate", parents=[common], help="score a CoNLL-U file")

@@ -44,7 +44,12 @@ from unroll.backend import module_of
 from unroll.errors import NetError
 from unroll.solver import Solver
 
-__all__ = ["DEV_FILE", "TRAIN_FILE", "TrainOptions", "TrainingDiverged", "train"]
+__all__ = ["BUCKETED_LR", "DEV_FILE", "PACKED_LR", "TRAIN_FILE", "TrainOptions",
+           "TrainingDiverged", "train"]
+
+
+#: Adam's default learning rates with length buckets and with packed rows
+BUCKETED_LR, PACKED_LR = 2e-3, 4e-3
 
 
 @dataclass
@@ -60,7 +65,7 @@ class TrainOptions:
     model_dir: Path
     epochs: int = 14
     max_minutes: float = 18.0
-    lr: float = 2e-3
+    lr: float | None = None  # None: PACKED_LR, or BUCKETED_LR with pack=False
     lr_gamma: float = 0.85
     clip: float = 5.0
     seed: int = 0
@@ -70,8 +75,18 @@ class TrainOptions:
     skip_bad_batches: int = 0
     device: str = "cpu"
     quiet: bool = False
-    pack: bool = False  # --pack: rows of whole sentences back to back (packing.py)
+    pack: bool = True  # rows of whole sentences back to back (packing.py); --no-pack
     sizes: dict = field(default_factory=dict)
+
+    @property
+    def learning_rate(self) -> float:
+        """``lr``, else the default for the batches: a packed epoch takes 188 steps of about
+        2.2x the tokens where a bucketed one takes 405 (on EWT), so its rate is 2x (best
+        dev UPOS, seeds 0 and 2: 95.54% and 95.45% at 2x, 95.47% and 95.32% at 1.5x,
+        95.32% for seed 0 at the bucketed rate)."""
+        if self.lr is not None:
+            return self.lr
+        return PACKED_LR if self.pack else BUCKETED_LR
 
 
 class TrainingDiverged(RuntimeError):
@@ -235,7 +250,7 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
     sampler = training_sampler(lengths, config.batch, opts.seed, comm.rank, comm.size,
                                opts.pack)
     solver = Solver(
-        tagger.train_model, type="Adam", base_lr=opts.lr, momentum=0.9, momentum2=0.999,
+        tagger.train_model, type="Adam", base_lr=opts.learning_rate, momentum=0.9, momentum2=0.999,
         delta=1e-8, lr_policy="step", gamma=opts.lr_gamma, stepsize=len(sampler),
         clip_gradients=opts.clip, comm=comm,
     )
@@ -332,5 +347,5 @@ def _diverged(where: str, model_dir: Path, log: list, opts: TrainOptions) -> str
     kept = (f"{model_dir} keeps epoch {log[-1]['epoch']}" if log
             else f"no epoch had ended, so {model_dir} holds no weights")
     return (f"training diverged at {where}. Nothing of it was saved; {kept}. Lower --lr "
-            f"(now {opts.lr:g}) and run again with --resume, or allow a few bad batches with "
-            f"--skip-bad-batches N")
+            f"(now {opts.learning_rate:g}) and run again with --resume, or allow a few bad "
+            f"batches with --skip-bad-batches N")

@@ -101,12 +101,26 @@ def test_batch_inputs_of_a_bucketed_sampler_are_padded_sentences(tagger):
 
 @given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=200), batch=st.integers(1, 16),
        epoch=st.integers(0, 3))
-def test_packed_training_batches_hold_the_tokens_of_batch_sentences(lengths, batch, epoch):
-    sampler = training_sampler(lengths, batch, seed=1, pack=True)
-    budget = max(1, round(batch * np.mean(lengths)))
+def test_packed_training_batches_are_rows_of_mean_length_doubled(lengths, batch, epoch):
+    sampler = training_sampler(lengths, batch, seed=1)
+    mean = max(1, round(np.mean(lengths)))
+    # rows of the mean length, doubled while under half the longest, and the longest
+    expected = [mean * 2**k for k in range(8) if mean * 2 ** (k + 1) < max(lengths)]
+    assert list(sampler.boundaries) == [*expected, max(lengths)]
     seen = []
     for rows in sampler.epoch_batches(epoch):
-        # as many rows as fit the budget; one alone when a row is longer than it
-        assert len(rows) * sampler.bucket_length(rows) <= budget or len(rows) == 1
+        length = sampler.bucket_length(rows)
+        assert 1 <= len(rows) <= batch
+        assert all(sum(lengths[i] for i in row) <= length for row in rows)
         seen += [i for row in rows for i in row]
     assert sorted(seen) == list(range(len(lengths)))
+
+
+def test_unpacked_training_batches_are_length_buckets():
+    lengths = [3, 9, 3, 4, 9, 1]
+    sampler = training_sampler(lengths, 2, pack=False)
+    batches = sampler.epoch_batches(0)
+    assert not sampler.pack and sampler.bucket_lengths == (3, 9)
+    assert sorted(i for batch in batches for i in batch) == list(range(6))
+    for batch in batches:  # sentences, each batch padded to its bucket's longest
+        assert len(batch) <= 2 and max(lengths[i] for i in batch) <= sampler.bucket_length(batch)
