@@ -6,7 +6,8 @@ loss sum((h - target)^2) / 2N and SGD. A step is forward, backward and update,
 float32, time-major (T, N, D) input with T=25, N=32, D=100, H=128 unless told
 otherwise. Each side runs in its own process with the same number of threads;
 unroll runs twice, with its fused recurrent units and with their reference
-(``UNROLL_ENGINE=reference``), so the units' share shows. Prints the median
+(``UNROLL_ENGINE=reference``), so the units' share shows, and the step's GEMMs
+alone run in bare NumPy, the floor of any NumPy implementation. Prints the median
 milliseconds per step over several rounds and the ratios. A benchmark, not a
 test: run it on an idle machine.
 
@@ -59,6 +60,37 @@ def unroll_side(args) -> float:
     return median_seconds(lambda: solver.step(1, feed=feed), args.iters, args.rounds) * 1e3
 
 
+def gemm_side(args) -> float:
+    """The step's GEMMs alone in bare NumPy: the floor of any NumPy implementation.
+
+    The input projection of all steps, one recurrent GEMM per step forward and one
+    per step backward, and the weight and input gradients as one GEMM each.
+    """
+    T, N, D, H = args.steps, args.batch, args.input_dim, args.hidden
+    G = {"lstm": 4, "gru": 3}[args.cell] * H
+    rng = np.random.default_rng(0)
+
+    def array(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    x, h, dg, Wx, Wh = array(T * N, D), array(T, N, H), array(T, N, G), array(G, D), array(G, H)
+    xg, g, dh = np.empty((T * N, G), np.float32), np.empty((T, N, G), np.float32), np.empty_like(h)
+    dWx, dWh, dx = np.empty_like(Wx), np.empty_like(Wh), np.empty_like(x)
+    flat = dg.reshape(-1, G)
+
+    def step():
+        np.matmul(x, Wx.T, out=xg)
+        for t in range(T):
+            np.matmul(h[t], Wh.T, out=g[t])
+        for t in range(T):
+            np.matmul(dg[t], Wh, out=dh[t])
+        np.matmul(flat.T, h.reshape(-1, H), out=dWh)
+        np.matmul(flat.T, x, out=dWx)
+        np.matmul(flat, Wx, out=dx)
+
+    return median_seconds(step, args.iters, args.rounds) * 1e3
+
+
 def torch_side(args) -> float:
     import torch
 
@@ -103,10 +135,10 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--torch-python", default=sys.executable,
                         help="a Python with torch (default: this one)")
-    parser.add_argument("--side", choices=["unroll", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=["unroll", "torch", "gemms"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.side:
-        ms = (unroll_side if args.side == "unroll" else torch_side)(args)
+        ms = {"unroll": unroll_side, "torch": torch_side, "gemms": gemm_side}[args.side](args)
         print(json.dumps({"ms": ms}))
         return
 
@@ -114,14 +146,17 @@ def main(argv=None) -> None:
           f"float32, {args.threads} threads, median of {args.rounds} x {args.iters} steps")
     fused = run_side("unroll", sys.executable, args)
     reference = run_side("unroll", sys.executable, args, engine="reference")
+    gemms = run_side("gemms", sys.executable, args)
     torch = run_side("torch", args.torch_python, args)
     for name, ms in [("unroll, fused units", fused), ("unroll, reference units", reference),
-                     (f"torch nn.{args.cell.upper()}", torch)]:
+                     ("its GEMMs alone, NumPy", gemms), (f"torch nn.{args.cell.upper()}", torch)]:
         print(f"{name:24s} {'-' if ms is None else f'{ms:8.2f} ms/step'}")
     if fused and reference:
         print(f"reference / fused units: {reference / fused:.2f}x")
     if fused and torch:
         print(f"unroll / torch time: {fused / torch:.2f}x")
+    if gemms and torch:
+        print(f"NumPy GEMMs alone / torch time: {gemms / torch:.2f}x")
 
 
 if __name__ == "__main__":
