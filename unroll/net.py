@@ -175,6 +175,12 @@ class _Gate:
         )
 
 
+#: layouts a net keeps, by input shapes: a bucket's full batches and its last one
+LAYOUTS_KEPT = 2
+#: what a layout sets on layers (see Net._layout)
+_LAYOUT_FLAGS = ("parts_in_whole", "diff_aliased", "param_diffs_batched")
+
+
 @dataclass
 class _Placement:
     """A net's memory layout for its current shapes (see :meth:`Net._layout`).
@@ -311,6 +317,8 @@ class Net:
         self._borrowed: dict = {}  # input name -> the caller's device array it holds
         self._bound_wholes: set[int] = set()
         self._gemms: dict = {}  # step -> [(layer, x rows, gy rows)]: see _bind
+        # input shapes -> (placement, layer flags) of recent layouts: see _layout
+        self._layouts: dict = {}
         self._gate.open = True
         collecting = gc.isenabled()
         # a build makes ~100 objects per layer and frees none: the cyclic collector would
@@ -460,6 +468,7 @@ class Net:
             blob.guard = self._gate if planned else None
         self._zero_before = {s: [self._blob_list[r] for r in roots]
                              for s, roots in plan.zero_before.items()}
+        self._layouts.clear()  # laid out for the old plan
         self._layout()
 
     def _layout(self) -> None:
@@ -473,14 +482,34 @@ class Net:
         (:func:`unroll.graph.plan_weight_gradients`).
         """
         self._bound = False
+        if not self.plan_memory:
+            self._placement = None
+            return
+        # a bucket's last batch is smaller than the others, so a net's shapes go back and
+        # forth: the layouts of the last shapes are kept, not computed again (a layout
+        # took as long as a training step of the word-level tagger)
+        key = tuple(blob.shape for blob in self._input_blobs)
+        if key in self._layouts:
+            self._placement, flags = self._layouts[key]
+            layers = self.layers_run
+            for s, name, value in flags:
+                setattr(layers[s], name, value)
+            return
+        self._placement = self._new_layout()
+        flags = [(s, name, getattr(layer, name)) for s, layer in enumerate(self.layers_run)
+                 for name in _LAYOUT_FLAGS if hasattr(layer, name)]
+        if len(self._layouts) >= LAYOUTS_KEPT:
+            del self._layouts[next(iter(self._layouts))]
+        self._layouts[key] = (self._placement, flags)
+
+    def _new_layout(self) -> _Placement:
+        """The layout of :meth:`_layout` for the current shapes, and the layers' flags
+        that follow from it."""
         for layer in self.layers_run:
             if getattr(layer, "batches_param_diffs", False):
                 layer.param_diffs_batched = False
             if hasattr(layer, "passes_diff"):
                 layer.diff_aliased = ()
-        if not self.plan_memory:
-            self._placement = None
-            return
         plan, g, layers = self.memory_plan, self.graph, self.layers_run
         shapes = [blob.shape for blob in self._blob_list]
         data_host, diff_host, flags = graph.group_parts(g.steps, layers, plan, shapes,
@@ -542,7 +571,7 @@ class Net:
             if host:
                 roots = np.fromiter(host, np.int64, len(host))
                 whole[kind][roots], within[kind][roots] = zip(*host.values())
-        self._placement = _Placement(offset, whole, within, scratch, total, groups, sizes)
+        return _Placement(offset, whole, within, scratch, total, groups, sizes)
 
     def _bind(self) -> None:
         """Give every planned blob and scratch buffer its memory in the workspace."""
