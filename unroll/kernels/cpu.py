@@ -119,23 +119,19 @@ def lstm_unit_forward(c_prev, x, cont, c, h):
             c_m[j], h_m[j] = c_new, o * tanh(c_new, T)
 
 
+# The backward loops take every output as an array and a loop-invariant flag, which
+# LLVM hoists out of the loop: a None tested inside it (numba's Optional) stopped the
+# loop vectorizing, and backward ran 1.7x slower. An output not propagated is stood in
+# for by new memory, never written: an input passed again in its place made LLVM's
+# no-alias check fail and the loop run 10x slower.
+
+
 def lstm_unit_backward(c_prev, x, cont, dc, dh, dc_prev, dx):
     """LSTMUnit backward; ``dc_prev`` or ``dx`` may be None (not propagated)."""
-    _lstm_unit_backward(c_prev, x, cont, dc, dh, *_outputs((dc_prev, dc), (dx, x)))
-
-
-def _outputs(*pairs):
-    """Per (optional output, an array of its shape): the output, or for None a new array
-    of that shape that is never written; then whether each is written.
-
-    The compiled loops take every output as an array and a loop-invariant flag,
-    which LLVM hoists out of the loop: a None tested inside it (numba's Optional)
-    stops the loop vectorizing, and backward ran 1.7x slower. The stand-in is new
-    memory: an input passed again in its place made LLVM's no-alias check fail
-    and the loop run 10x slower.
-    """
-    return (*(np.empty_like(like) if out is None else out for out, like in pairs),
-            *(out is not None for out, _ in pairs))
+    _lstm_unit_backward(c_prev, x, cont, dc, dh,
+                        np.empty_like(dc) if dc_prev is None else dc_prev,
+                        np.empty_like(x) if dx is None else dx,
+                        dc_prev is not None, dx is not None)
 
 
 @njit(**KERNEL)
@@ -185,7 +181,11 @@ def gru_unit_forward(h_prev, x, hh, cont, h):
 
 def gru_unit_backward(h_prev, x, hh, cont, dh, dh_prev, dx, dhh):
     """GRUUnit backward; ``dh_prev``, ``dx`` or ``dhh`` may be None."""
-    _gru_unit_backward(h_prev, x, hh, cont, dh, *_outputs((dh_prev, dh), (dx, x), (dhh, hh)))
+    _gru_unit_backward(h_prev, x, hh, cont, dh,
+                       np.empty_like(dh) if dh_prev is None else dh_prev,
+                       np.empty_like(x) if dx is None else dx,
+                       np.empty_like(hh) if dhh is None else dhh,
+                       dh_prev is not None, dx is not None, dhh is not None)
 
 
 @njit(**KERNEL)
