@@ -6,13 +6,26 @@ fraction of the processed tokens, the number of distinct T (unrolled nets),
 batches per epoch and real tokens per batch. No timing: the figures depend
 only on the sentence lengths.
 
+With ``--time N`` it then trains the default tagger for N batches of each of
+the training's two samplers (length buckets, ``--no-pack``; packed rows, the
+default), each in a fresh process, every net built and a few batches run
+before the clock starts, and prints training tokens/s (forward, backward,
+update and averaging, as ``train`` times them) and peak RSS. A benchmark: run
+it on an idle machine.
+
     python -m bench.bench_packing                    (from the repository root)
     python -m bench.bench_packing --batch-size 64 --data DIR
+    python -m bench.bench_packing --time 150
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ud_english_ewt"
@@ -28,6 +41,57 @@ def describe(name: str, sampler, epochs: int) -> str:
             f"{tokens:10.0f}   {shown}")
 
 
+def train_worker(args) -> dict:
+    """Training tokens/s of the default tagger on ``args.worker``'s batches (this process)."""
+    from examples.pos_tagging.conll import read_conllu
+    from examples.pos_tagging.features import Featurizer
+    from examples.pos_tagging.packing import batch_inputs, training_sampler
+    from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
+    from examples.pos_tagging.train import ParamAverage, TrainOptions, guarded_step
+    from unroll.solver import Solver
+
+    pack = args.worker == "packed"
+    sents = list(read_conllu(args.data / "en_ewt-ud-train.conllu"))
+    tagger = Tagger(Featurizer.build([f for f, _ in sents]), TaggerConfig(), seed=0)
+    encoded, gold = tagger.encode([f for f, _ in sents]), tag_ids([t for _, t in sents])
+    sampler = training_sampler([len(f) for f, _ in sents], args.batch_size, pack=pack)
+    lr = TrainOptions(data=args.data, model_dir=Path(), pack=pack).learning_rate
+    solver = Solver(tagger.train_model, type="Adam", base_lr=lr, momentum=0.9,
+                    momentum2=0.999, delta=1e-8, clip_gradients=5.0)
+    average = ParamAverage(tagger.train_model.learnable_params)
+    for length in sampler.bucket_lengths:  # every net built before the clock starts
+        tagger.train_model.net(length)
+    batches = sampler.epoch_batches(0)
+    tokens, seconds = 0, 0.0
+    for k, batch in enumerate(batches[: args.warmup + args.time]):
+        inputs, n = batch_inputs(tagger, encoded, gold, batch, sampler)
+        start = time.perf_counter()
+        guarded_step(solver, tagger.train_model, inputs)
+        average.update()
+        if k >= args.warmup:
+            seconds += time.perf_counter() - start
+            tokens += n
+    return {"tokens_per_s": tokens / seconds, "nets": sampler.num_buckets,
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def time_training(args) -> None:
+    print(f"training the default tagger, {args.time} batches after {args.warmup} "
+          f"(each in its own process)")
+    results = {}
+    for mode in ("bucketed", "packed"):
+        command = [sys.executable, "-m", "bench.bench_packing", "--worker", mode,
+                   "--data", str(args.data), "--batch-size", str(args.batch_size),
+                   "--time", str(args.time), "--warmup", str(args.warmup)]
+        done = subprocess.run(command, capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parents[1])
+        results[mode] = r = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"{mode:<10} {r['tokens_per_s']:9.0f} tokens/s  {r['nets']:3d} nets  "
+              f"peak {r['peak_mb']:.0f} MB")
+    print(f"packed / bucketed tokens/s: "
+          f"{results['packed']['tokens_per_s'] / results['bucketed']['tokens_per_s']:.2f}")
+
+
 def main(argv=None) -> None:
     from examples.pos_tagging.conll import read_conllu
     from examples.pos_tagging.packing import training_sampler
@@ -37,7 +101,14 @@ def main(argv=None) -> None:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--batch-size", type=int, default=32, help="sentences or rows a batch")
     parser.add_argument("--epochs", type=int, default=3, help="epochs to take the worst of")
+    parser.add_argument("--time", type=int, default=0, metavar="N",
+                        help="then time N training batches of the default tagger per sampler")
+    parser.add_argument("--warmup", type=int, default=10, help="untimed batches first")
+    parser.add_argument("--worker", choices=["bucketed", "packed"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(train_worker(args)))
+        return
     train = args.data / "en_ewt-ud-train.conllu"
     if not train.is_file():
         parser.error(f"{train} not found: pass --data DIR, the folder of UD English EWT")
@@ -61,6 +132,8 @@ def main(argv=None) -> None:
     budget = bs * round(sum(lengths) / len(lengths))
     print(describe(f"pack=True, by_tokens={budget}",
                    BucketSampler(lengths, budget, by_tokens=True, pack=True), args.epochs))
+    if args.time:
+        time_training(args)
 
 
 if __name__ == "__main__":

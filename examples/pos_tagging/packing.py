@@ -58,7 +58,7 @@ def training_sampler(lengths, batch: int, seed: int = 0, rank: int = 0, size: in
     Packed rows are as long as the mean sentence (16 tokens on EWT), doubled for longer
     sentences ([16, 32, 64, 159] on EWT), so a batch keeps ``batch`` rows in every
     timestep's GEMMs and runs about as many timesteps as it has tokens per row: on EWT
-    1.26x the training tokens/s of length buckets, 4 nets instead of 27 and no padding.
+    1.13-1.31x the training tokens/s of length buckets, 4 nets instead of 27, no padding.
     A row holds about 2.2 sentences, so an epoch takes 188 Adam steps instead of 405,
     each averaging more tokens; training's packed learning rate, 2x the bucketed one
     (``train.TrainOptions``), makes up for it. (A budget of ``batch`` sentences' tokens
