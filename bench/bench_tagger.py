@@ -1,13 +1,16 @@
-"""Tagger training throughput: unroll bucketed vs. unbucketed, and PyTorch on the same batches.
+"""Tagger training throughput: unroll bucketed, unbucketed and packed; PyTorch on the same batches.
 
 Trains the word-level BiLSTM tagger (Embed 100 -> BiLSTM 128 -> InnerProduct
 17, the architecture of ../shared/bench/torch_tagger.py) for a fixed number of
 batches and prints real tokens per second (padding excluded), peak memory and
-the padding fraction. Each configuration runs in a fresh process so that its
-peak RSS is its own. Where PyTorch is installed (in this interpreter or the
-one ``--torch-python`` names), the same model trains on the same batches in
-PyTorch (fused nn.LSTM on packed sequences) and the ratios of throughput and
-peak RSS are printed. A benchmark, not a test: run it on an idle machine.
+the padding fraction. "packed" is the tagger's training default: 32 rows of
+whole sentences back to back, which only unroll runs (cont restarts each
+sentence inside a row; ``nn.LSTM`` cannot), so it has no PyTorch twin here.
+Each configuration runs in a fresh process so that its peak RSS is its own.
+Where PyTorch is installed (in this interpreter or the one ``--torch-python``
+names), the same model trains on the same batches in PyTorch (fused nn.LSTM on
+packed sequences) and the ratios of throughput and peak RSS are printed. A
+benchmark, not a test: run it on an idle machine.
 
     python -m bench.bench_tagger --batches 200      (from the repository root)
     python -m bench.bench_tagger --torch-python ../torchenv/bin/python
@@ -56,6 +59,7 @@ def load(data: Path):
 
 
 def run_unroll(mode: str, args, queue) -> None:
+    from examples.pos_tagging.packing import packed_inputs, training_sampler
     from examples.pos_tagging.tagger import Tagger, TaggerConfig
     from unroll.solver import Solver
 
@@ -65,13 +69,22 @@ def run_unroll(mode: str, args, queue) -> None:
     tagger = Tagger(featurizer, config, seed=args.seed)
     encoded = tagger.encode([f for f, _ in sents])
     lengths = [len(f) for f, _ in sents]
-    plan = batches_for(mode, lengths, args.batch_size, args.seed)[: args.batches]
+    if mode == "packed":
+        sampler = training_sampler(lengths, args.batch_size, args.seed)
+        plan = [(rows, sampler.bucket_length(rows))
+                for rows in sampler.epoch_batches(0)[: args.batches]]
+    else:
+        plan = batches_for(mode, lengths, args.batch_size, args.seed)[: args.batches]
     solver = Solver(tagger.train_model, type="Adam", base_lr=1e-3)
     t0 = time.perf_counter()
     for T in dict.fromkeys(T for _b, T in plan):  # every net, built before the timing
         tagger.train_model.net(T)
     build = time.perf_counter() - t0
-    feeds = [tagger.inputs([encoded[i] for i in b], T, [gold[i] for i in b]) for b, T in plan]
+    if mode == "packed":
+        feeds = [packed_inputs(tagger, encoded, rows, T, gold)[0] for rows, T in plan]
+    else:
+        feeds = [tagger.inputs([encoded[i] for i in b], T, [gold[i] for i in b])
+                 for b, T in plan]
     for inputs in feeds[: args.warmup]:  # untimed steps: first-call costs out of the way
         solver.step(1, feed=lambda _, inputs=inputs: inputs)
     timed = plan[args.warmup :]
@@ -79,8 +92,9 @@ def run_unroll(mode: str, args, queue) -> None:
     for inputs in feeds[args.warmup :]:
         solver.step(1, feed=lambda _, inputs=inputs: inputs)
     seconds = time.perf_counter() - start
-    tokens = sum(lengths[i] for b, _ in timed for i in b)
-    padded = sum(T * len(b) for b, T in timed)
+    sentences = ([i for row in b for i in row] if mode == "packed" else b for b, _ in timed)
+    tokens = sum(lengths[i] for b in sentences for i in b)
+    padded = sum(T * len(b) for b, T in timed)  # rows, when packed
     queue.put({
         "name": f"unroll {mode}", "tokens_per_s": tokens / seconds,
         "padding": 1 - tokens / padded, "peak_mb": resource.getrusage(
@@ -186,8 +200,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--torch-python", default=sys.executable, metavar="PYTHON",
                         help="the interpreter that has PyTorch (default: this one)")
-    parser.add_argument("--modes", nargs="+", choices=["bucketed", "unbucketed"],
-                        default=["bucketed", "unbucketed"])
+    parser.add_argument("--modes", nargs="+", choices=["bucketed", "unbucketed", "packed"],
+                        default=["bucketed", "unbucketed", "packed"])
     parser.add_argument("--torch-worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.torch_worker:
@@ -199,7 +213,7 @@ def main(argv=None) -> int:
     results = []
     for mode in args.modes:
         results.append(in_process(run_unroll, mode, args))
-        if have_torch:
+        if have_torch and mode != "packed":
             results.append(run_torch(mode, args))
     print(f"{'run':<20} {'tokens/s':>9} {'padding':>8} {'peak MB':>8}  notes")
     for r in results:
@@ -214,9 +228,10 @@ def main(argv=None) -> int:
             print(f"unroll / torch, {mode}: tokens/s "
                   f"{mine['tokens_per_s'] / theirs['tokens_per_s']:.2f}, peak RSS "
                   f"{mine['peak_mb'] / theirs['peak_mb']:.2f}")
-    if len(args.modes) == 2:
-        speedup = by["unroll bucketed"]["tokens_per_s"] / by["unroll unbucketed"]["tokens_per_s"]
-        print(f"unroll bucketed / unbucketed tokens/s: {speedup:.2f}")
+    for other in ("unbucketed", "packed"):
+        if "bucketed" in args.modes and other in args.modes:
+            ratio = by[f"unroll {other}"]["tokens_per_s"] / by["unroll bucketed"]["tokens_per_s"]
+            print(f"unroll {other} / bucketed tokens/s: {ratio:.2f}")
     return 0
 
 
