@@ -47,17 +47,20 @@ def train_worker(args) -> dict:
     from examples.pos_tagging.features import Featurizer
     from examples.pos_tagging.packing import batch_inputs, training_sampler
     from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
-    from examples.pos_tagging.train import ParamAverage, TrainOptions, guarded_step
-    from unroll.solver import Solver
+    from examples.pos_tagging.train import (
+        ParamAverage,
+        TrainOptions,
+        guarded_step,
+        training_solver,
+    )
 
     pack = args.worker == "packed"
     sents = list(read_conllu(args.data / "en_ewt-ud-train.conllu"))
     tagger = Tagger(Featurizer.build([f for f, _ in sents]), TaggerConfig(), seed=0)
     encoded, gold = tagger.encode([f for f, _ in sents]), tag_ids([t for _, t in sents])
     sampler = training_sampler([len(f) for f, _ in sents], args.batch_size, pack=pack)
-    lr = TrainOptions(data=args.data, model_dir=Path(), pack=pack).learning_rate
-    solver = Solver(tagger.train_model, type="Adam", base_lr=lr, momentum=0.9,
-                    momentum2=0.999, delta=1e-8, clip_gradients=5.0)
+    opts = TrainOptions(data=args.data, model_dir=Path(), pack=pack)
+    solver = training_solver(tagger.train_model, opts, len(sampler))
     average = ParamAverage(tagger.train_model.learnable_params)
     for length in sampler.bucket_lengths:  # every net built before the clock starts
         tagger.train_model.net(length)

@@ -89,6 +89,14 @@ class TrainOptions:
         return PACKED_LR if self.pack else BUCKETED_LR
 
 
+def training_solver(model, opts: TrainOptions, steps_per_epoch: int, comm=None) -> Solver:
+    """The tagger's Adam: ``opts``' learning rate, decayed by ``lr_gamma`` every epoch of
+    ``steps_per_epoch`` steps (Caffe's lr_policy "step"), gradients clipped at ``clip``."""
+    return Solver(model, type="Adam", base_lr=opts.learning_rate, momentum=0.9,
+                  momentum2=0.999, delta=1e-8, lr_policy="step", gamma=opts.lr_gamma,
+                  stepsize=steps_per_epoch, clip_gradients=opts.clip, comm=comm)
+
+
 class TrainingDiverged(RuntimeError):
     """A non-finite loss, gradient or weight: training stopped before saving anything of it."""
 
@@ -249,11 +257,7 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
     lengths = [len(forms) for forms, _ in train_sents]
     sampler = training_sampler(lengths, config.batch, opts.seed, comm.rank, comm.size,
                                opts.pack)
-    solver = Solver(
-        tagger.train_model, type="Adam", base_lr=opts.learning_rate, momentum=0.9, momentum2=0.999,
-        delta=1e-8, lr_policy="step", gamma=opts.lr_gamma, stepsize=len(sampler),
-        clip_gradients=opts.clip, comm=comm,
-    )
+    solver = training_solver(tagger.train_model, opts, len(sampler), comm)
     average = ParamAverage(tagger.train_model.learnable_params)
     if log:
         state = model_dir / log[-1]["snapshot"]
