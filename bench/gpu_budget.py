@@ -150,7 +150,7 @@ def main() -> None:
     print(table("default tagger, T=21 N=32 (Adam, clip 5)",
                 traced_step(tagger_setup, tagger_guard)))
     print(table("LSTM layer, T=25 N=32 D=100 H=128 (Adam)", traced_step(lstm_setup)))
-    print("issue 15 targets for the tagger step: <= 1200 launches, <= 2 syncs, 1 transfer")
+    print("targets for the tagger step: <= 1200 launches, <= 2 syncs, 1 transfer")
     for name, setup in (("tagger", tagger_setup), ("LSTM", lstm_setup)):
         c = replayed_step(setup)
         print(f"{name} solver.step with the gradient pass a CUDA graph (StepGraphs): "

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.hang import limit
 from unroll import cli
 from unroll.net import Net
 from unroll.proto import NetParameter, parse_text
@@ -240,12 +241,14 @@ def test_console_script(tmp_path):
         script = shutil.which("unroll")
     if script is None:
         pytest.skip("the `unroll` console script is not installed")
-    done = subprocess.run([str(script), *LSTM5], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([str(script), *LSTM5], capture_output=True, text=True,
+                          timeout=limit(100))
     assert done.returncode == 0, done.stderr
     assert parse_text(done.stdout, NetParameter()) == expand("lstm", steps=5, batch=2,
                                                              input_dim=3, hidden=4)
     assert "layers" in done.stderr
     done = subprocess.run([str(script), "expand", "nope", "--steps", "2"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True,
+                          timeout=limit(100))
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and "'nope'" in done.stderr

@@ -2,7 +2,6 @@
 graph cannot hold is refused. The tests that take ``device`` run on the trace backend's
 simulated capture (bit for bit) and, marked ``gpu``, on CuPy's where a device exists."""
 
-import doctest
 
 import numpy as np
 import pytest
@@ -10,7 +9,7 @@ import pytest
 import unroll
 from bench import gpu_budget
 from tests.test_trace import TINY
-from unroll import Net, cuda_graph, trace
+from unroll import Net, trace
 from unroll.backend import GPU_AVAILABLE, to_numpy
 from unroll.bucketed_model import BucketedModel
 from unroll.cuda_graph import GraphError, StepGraphs, check_capturable
@@ -22,10 +21,6 @@ def device(request):
     if request.param == "gpu" and not GPU_AVAILABLE:
         pytest.skip("no GPU: CuPy's stream capture runs only where a CUDA device is present")
     return request.param
-
-
-def test_doctests():
-    assert doctest.testmod(cuda_graph).failed == 0
 
 
 def small_lstm(device):

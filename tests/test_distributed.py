@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import sys
 
 import numpy as np
@@ -120,8 +119,3 @@ def test_a_communicator_for_another_device_is_refused():
 def test_unknown_device_is_an_error():
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
         init("tpu")
-
-
-def test_docstring_examples():
-    result = doctest.testmod(unroll.distributed)
-    assert result.failed == 0 and result.attempted > 0

@@ -22,6 +22,7 @@ import pytest
 from google.protobuf import text_format
 
 import unroll
+from tests.hang import limit
 from unroll import distributed
 from unroll.backend import GPU_AVAILABLE, to_numpy
 from unroll.bucketed_model import BucketedModel
@@ -146,10 +147,10 @@ def _mpi4py_missing() -> bool:
     return False
 
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     _mpiexec() is None or _mpi4py_missing(),
     reason="needs mpi4py and mpiexec: pip install -e '.[mpi]'",
-)
+)]
 
 
 def launch(*args) -> subprocess.CompletedProcess:
@@ -157,11 +158,13 @@ def launch(*args) -> subprocess.CompletedProcess:
     return mpiexec(__file__, *args)
 
 
-def mpiexec(*argv, ranks: int = 2, timeout: float = 300) -> subprocess.CompletedProcess:
+def mpiexec(*argv, ranks: int = 2,
+            timeout: float | None = None) -> subprocess.CompletedProcess:
     """Run ``python *argv`` under ``mpiexec -n ranks``; a hang fails the test instead of CI."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
                OPENBLAS_NUM_THREADS="1")
     command = [_mpiexec(), "-n", str(ranks), sys.executable, *map(str, argv)]
+    timeout = limit(300) if timeout is None else timeout
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:
@@ -169,7 +172,7 @@ def mpiexec(*argv, ranks: int = 2, timeout: float = 300) -> subprocess.Completed
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        pytest.fail(f"mpiexec -n {ranks} {' '.join(map(str, argv))} hung for {timeout} s")
+        pytest.fail(f"mpiexec -n {ranks} {' '.join(map(str, argv))} hung for {timeout:.0f} s")
     return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 

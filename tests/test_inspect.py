@@ -1,4 +1,4 @@
-"""net.inspect() and `unroll inspect` against the net's real owners and decisions (issue 11)."""
+"""net.inspect() and `unroll inspect` against the net's real owners and decisions."""
 
 import json
 from collections import Counter

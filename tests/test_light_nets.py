@@ -7,7 +7,6 @@ import pytest
 
 from unroll import Net, NetError, expand
 from unroll.blob import Blob
-from unroll.graph import SplitSpec
 from unroll.layer import LAYERS
 from unroll.proto import LayerParameter
 
@@ -23,7 +22,7 @@ FAN_OUT = '''
 def test_an_inserted_split_holds_no_layer_parameter_yet_describes_itself():
     net = Net(FAN_OUT)
     split = next(layer for layer in net.layers_run if layer.type == "Split")
-    assert isinstance(split._spec, SplitSpec)
+    assert not any(isinstance(v, LayerParameter) for v in vars(split).values())
     lp = split.param
     assert isinstance(lp, LayerParameter)
     assert (lp.name, lp.type, list(lp.bottom), list(lp.top)) == (
@@ -40,7 +39,8 @@ def test_a_split_in_the_prototxt_keeps_its_own_layer_parameter():
       layer { name: "a" type: "ReLU" bottom: "xa" top: "a" }
       layer { name: "b" type: "ReLU" bottom: "xb" top: "b" }''')
     split = next(layer for layer in net.layers_run if layer.name == "s")
-    assert split.param is split._spec and list(split.param.top) == ["xa", "xb"]
+    assert split.param is split.param and list(split.param.top) == ["xa", "xb"]
+    assert any(v is split.param for v in vars(split).values())
 
 
 @pytest.mark.parametrize("enabled", [True, False])

@@ -77,7 +77,7 @@ def test_lr_mult_zero_params_need_no_backward():
         + loss("y")
     )
     assert not need(net, "frozen") and need(net, "top")
-    assert net._bottom_need[net.layer_names.index("top")] == (False,)
+    assert net.bottom_need_backward[net.layer_names.index("top")] == (False,)
     run(net, x=X, t=T2)
     assert not net.params["frozen"][0].diff.any()
     assert [p.lr_mult for p in net.learnable_params] == [0.0, 0.0, 1.0, 1.0]
@@ -109,7 +109,7 @@ def test_batch_norm_statistics_are_not_learned():
 
 def test_input_gets_a_diff_only_with_force_backward():
     net = f64(SIMPLE)
-    assert net._bottom_need[net.layer_names.index("ip")] == (False,)
+    assert net.bottom_need_backward[net.layer_names.index("ip")] == (False,)
     net.blobs["x"].diff[...] = 7.0
     run(net, x=X, t=T2)
     assert (net.blobs["x"].diff == 7.0).all()
@@ -128,7 +128,7 @@ def test_force_backward_gives_labels_no_gradient():
         + 'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "s" bottom: "label" top: "loss" }'
     )
     net = f64(text)
-    assert net._bottom_need[net.layer_names.index("loss")] == (True, False)
+    assert net.bottom_need_backward[net.layer_names.index("loss")] == (True, False)
     net.set_input("x", X)
     net.set_input("label", [0, 1, 2, 1])
     testing.check_net_gradient(net, wrt=["x"])

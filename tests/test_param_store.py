@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import doctest
-
 import numpy as np
 import pytest
 from google.protobuf import text_format
 
-import unroll.param_store
 from unroll.blob import Blob
 from unroll.bucketed_model import BucketedModel
 from unroll.net import Net
@@ -127,8 +124,3 @@ def test_a_store_of_mixed_dtypes_cannot_be_packed():
     store.add(LearnableParam("b", Blob((2,), dtype=np.float64)))
     with pytest.raises(TypeError, match="param 'b' is float64 .* param 'a' is float32"):
         store.pack()
-
-
-def test_docstring_examples():
-    result = doctest.testmod(unroll.param_store)
-    assert result.failed == 0 and result.attempted > 0

@@ -7,7 +7,6 @@ private copies of the params: the same loss, and each owner's diff is the sum
 of the copies' diffs.
 """
 
-import doctest
 import re
 
 import numpy as np
@@ -15,8 +14,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import unroll.template
-import unroll.unroller
 from unroll import testing
 from unroll.cli import main
 from unroll.errors import TemplateError
@@ -230,12 +227,6 @@ def test_module_without_its_macro_is_a_clear_error(tmp_path):
     with pytest.raises(TemplateError, match=r"must define \{% macro module\(s\) %\}"):
         expand(net_template(tmp_path, '{{ shared("mod", ["a"], ["c"]) }}'), steps=1,
                search_path=[tmp_path])
-
-
-def test_the_documented_examples_run():
-    # help(unroll.expand) and help(Application) show shared() and the module API
-    for module in (unroll.template, unroll.unroller):
-        assert doctest.testmod(module).failed == 0
 
 
 def test_expanding_a_module_alone_points_to_shared():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import math
 import os
 import warnings
@@ -12,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import unroll.solver
 from unroll.net import Net
 from unroll.param_store import ParamStore
 from unroll.proto import NetParameter, SolverParameter, SolverState
@@ -674,11 +672,6 @@ def test_params_changing_under_the_solver_is_an_error():
     net.learnable_params.reverse()
     with pytest.raises(SolverError, match="changed under the solver"):
         solver.step(1, feed=batch)
-
-
-def test_docstring_examples():
-    result = doctest.testmod(unroll.solver)
-    assert result.failed == 0 and result.attempted > 0
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-5), ("float64", 1e-12)])

@@ -1,6 +1,5 @@
 """The trace backend: a NumPy-backed CuPy stand-in that counts launches, syncs and transfers."""
 
-import doctest
 import gc
 import math
 
@@ -11,10 +10,6 @@ from bench import gpu_budget
 from unroll import Net, NetError, trace
 from unroll.backend import device_of, get_array_module, module_of, to_numpy
 from unroll.solver import Solver
-
-
-def test_doctests():
-    assert doctest.testmod(trace).failed == 0
 
 
 def test_the_trace_device_is_the_trace_module():
@@ -177,11 +172,12 @@ def test_a_tiny_nets_step_is_counted_exactly():
     }
 
 
-# The budget of issue 15, held at the counts measured last: a change that adds launches,
-# syncs or transfers to a training step fails here; lower the bounds when work cuts them.
+# The GPU budget of a training step (docs/design.md, 4. Devices), held at the counts measured
+# last: a change that adds launches, syncs or transfers to a training step fails here; lower
+# the bounds when work cuts them.
 # The tagger's step is the training command's: one packed transfer of the batch, and one
 # sync, the divergence guard's read (the character Scatter's positions are checked on the
-# host, before the transfer) (the issue's targets: 1200 launches, 2 syncs, 1 transfer).
+# host, before the transfer); the targets were 1200 launches, 2 syncs, 1 transfer.
 TAGGER_BUDGET = {"launches": 1106, "syncs": 1, "h2d": 1, "d2h": 0}
 LSTM_BUDGET = {"launches": 221, "syncs": 0, "h2d": 3, "d2h": 0}
 

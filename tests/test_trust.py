@@ -1,4 +1,4 @@
-"""Untrusted input to the library: weights, Python layers, prototxt bytes (issue 9)."""
+"""Untrusted input to the library: weights, Python layers, prototxt bytes."""
 
 import sys
 

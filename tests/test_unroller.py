@@ -1,7 +1,8 @@
 """The unroller: sharing across steps, directions, stacking, carried state, text, errors.
 
 How each built-in template matches its NumPy recurrence is in test_templates.py;
-here the nets are compared with each other and with the contract of DESIGN.md 3.
+here the nets are compared with each other and with the contract of docs/design.md,
+3. Unrolling.
 """
 
 import numpy as np

@@ -7,7 +7,7 @@ Caffe hides weight sharing and in-place decisions inside its logs; ``net.inspect
 >>> import unroll
 >>> net = unroll.Net(unroll.expand("rnn", steps=3, batch=2, input_dim=4, hidden=5))
 >>> [(p.name, p.owner, p.holders) for p in net.inspect().params]
-[('W_xh', 'x_proj_seq', 1), ('b_h', 'x_proj_seq', 1), ('W_hh', 'h_proj_t0', 3)]
+[('W_xh', 'x_proj_seq', 1), ('b_h', 'x_proj_seq', 1), ('W_hh', 'hh_t0', 3)]
 """
 
 from __future__ import annotations

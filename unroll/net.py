@@ -7,7 +7,7 @@ one weight between every layer that names it (the first owns it, the others
 point at its data and diff), so backward accumulates the gradient of every
 timestep of an unrolled net into one blob.
 
-Memory (DESIGN.md section 6): params live in the :class:`ParamStore`; every
+Memory (docs/design.md, 6. Memory): params live in the :class:`ParamStore`; every
 other buffer comes from the :class:`~unroll.workspace.Workspace` of all nets
 over that store, reused as the memory plan allows. After a run, inputs,
 outputs, losses and ``keep=`` blobs are readable; reading another blob is an
@@ -341,6 +341,20 @@ class Net:
     def net_param(self) -> NetParameter:
         """The NetParameter the net was built from (parsed again from its bytes)."""
         return NetParameter.FromString(self._net_param_bytes)
+
+    @property
+    def bottom_need_backward(self) -> list[tuple[bool, ...]]:
+        """Per layer in run order (as ``layer_names``), which bottoms get a diff: Caffe's
+        ``Net::bottom_need_backward``.
+
+        >>> net = Net('''layer { name: "in" type: "Input" top: "x" input_param { shape {
+        ...   dim: 2 dim: 3 } } }
+        ... layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y"
+        ...   inner_product_param { num_output: 2 } }''')
+        >>> net.bottom_need_backward[net.layer_names.index("ip")]  # x is an input: no diff
+        (False,)
+        """
+        return list(self._bottom_need)
 
     def _compact_layers(self) -> None:
         for layer in self.layers_run:

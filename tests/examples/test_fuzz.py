@@ -1,4 +1,4 @@
-"""Fuzzed CoNLL-U and model-folder bytes: only our own error types escape (issue 9)."""
+"""Fuzzed CoNLL-U and model-folder bytes: only our own error types escape."""
 
 import io
 

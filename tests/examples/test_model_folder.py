@@ -1,4 +1,4 @@
-"""The trainer's model folder: write order, refusal, lock, divergence, resume (issue 9)."""
+"""The trainer's model folder: write order, refusal, lock, divergence, resume."""
 
 import json
 import os
@@ -13,6 +13,8 @@ from examples.pos_tagging.folder import ModelFolderError
 from examples.pos_tagging.tagger import Tagger, TaggerConfig
 from examples.pos_tagging.train import TrainingDiverged, train
 from unroll.errors import FileFormatError, NetError
+
+pytestmark = pytest.mark.slow
 
 
 def weights(path):

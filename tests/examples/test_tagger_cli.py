@@ -1,4 +1,4 @@
-"""`python -m examples.pos_tagging`: one-line errors and exit codes, and tag --conllu (issue 9)."""
+"""`python -m examples.pos_tagging`: one-line errors and exit codes, and tag --conllu."""
 
 import errno
 import os
@@ -9,6 +9,8 @@ from examples.pos_tagging.__main__ import main
 from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.tagger import Tagger, TaggerConfig
+
+pytestmark = pytest.mark.slow
 
 
 def one_line_error(capsys, *parts):

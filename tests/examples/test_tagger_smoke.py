@@ -12,6 +12,8 @@ from examples.pos_tagging.data import DATA_ENV, data_dir
 from examples.pos_tagging.packing import training_sampler
 from examples.pos_tagging.train import DEV_FILE, TRAIN_FILE, TrainOptions, train
 
+pytestmark = pytest.mark.slow
+
 EWT = data_dir()
 needs_ewt = pytest.mark.skipif(
     not (EWT / TRAIN_FILE).is_file(),

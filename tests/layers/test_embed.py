@@ -1,4 +1,3 @@
-import doctest
 
 import numpy as np
 import pytest
@@ -86,10 +85,6 @@ def test_bad_index_is_an_error(value, where):
 def test_missing_sizes_are_an_error():
     with pytest.raises(NetError, match=r"layer 'emb' \(Embed\).*input_dim 0"):
         run('name: "emb" type: "Embed" embed_param { num_output: 2 }', [np.zeros(2)])
-
-
-def test_doctests():
-    assert doctest.testmod(embed).failed == 0
 
 
 @given(data=st.data())

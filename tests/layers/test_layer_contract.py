@@ -73,7 +73,7 @@ def test_a_layer_without_rng_draws_on_its_own_device():
     assert isinstance(traced.rng, trace.Generator)
 
 
-# -- defect 4: Scale's contract is static ------------------------------------------------
+# -- Scale's contract is static ---------------------------------------------------------
 
 
 def scale_net(top, relu_in_place=False):
@@ -131,11 +131,3 @@ def test_every_module_of_the_layers_package_registers_its_layers():
 
     modules = {f"unroll.layers.{m.name}" for m in pkgutil.iter_modules(unroll.layers.__path__)}
     assert {cls.__module__ for cls in LAYERS.values()} >= modules
-
-
-def test_doctests():
-    import doctest
-
-    import unroll.layer
-
-    assert doctest.testmod(unroll.layer).failed == 0

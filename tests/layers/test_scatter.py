@@ -1,4 +1,3 @@
-import doctest
 
 import numpy as np
 import pytest
@@ -7,7 +6,6 @@ from hypothesis import strategies as st
 
 from unroll import Net, NetError, testing, trace
 from unroll.backend import to_numpy
-from unroll.layers import scatter
 from unroll.testing import run_layer as run
 
 SCATTER = 'name: "put" type: "Scatter"'
@@ -138,8 +136,3 @@ def test_row_count_mismatch_is_an_error():
     with pytest.raises(NetError, match=r"'bottom0' \(3, 4\) holds 3 rows of 4, but 'bottom1' "
                                        r"\(2,\) gives 2 positions"):
         run(SCATTER, [np.ones((3, 4)), np.array([0.0, 1.0]), np.zeros(6)])
-
-
-def test_docstring_example():
-    result = doctest.testmod(scatter)
-    assert result.failed == 0 and result.attempted > 0
