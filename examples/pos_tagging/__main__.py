@@ -45,8 +45,9 @@ def _train(args) -> int:
     from examples.pos_tagging.data import fetched_data_dir
     from examples.pos_tagging.train import TrainOptions, train
 
+    data = fetched_data_dir(args.data, args.quiet)
     opts = TrainOptions(
-        data=fetched_data_dir(args.data, args.quiet), model_dir=args.model_dir, epochs=args.epochs,
+        data=data, model_dir=args.model_dir, epochs=args.epochs,
         max_minutes=args.max_minutes, lr=args.lr, lr_gamma=args.lr_decay, seed=args.seed,
         limit=args.limit, resume=args.resume, overwrite=args.overwrite,
         skip_bad_batches=args.skip_bad_batches, device=args.device, quiet=args.quiet,

@@ -352,7 +352,6 @@ def _commit_epoch(model_dir: Path, solver: Solver, averaged: bytes, is_best: boo
 def _stopped_early(model_dir: Path, log: list, epoch: int, epochs: int) -> dict:
     """The last epoch's record, marked as stopped by the time limit (in log.json too)."""
     stopped = f"stopped by --max-minutes after {epoch} of {epochs} epochs"
-    tqdm.write(stopped)
     if not log:  # no epoch ended, so there is no record to mark
         return {"stopped": stopped}
     log[-1]["stopped"] = stopped
