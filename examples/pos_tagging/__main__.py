@@ -1,8 +1,14 @@
-"""python -m examples.pos_tagging {train,evaluate,tag}: the UD English EWT UPOS tagger.
+"""python -m examples.pos_tagging {train,evaluate,tag,fetch}: the UD English EWT UPOS tagger.
 
   python -m examples.pos_tagging train --model-dir runs/ewt
+  python -m examples.pos_tagging evaluate --model-dir runs/ewt --split dev
   python -m examples.pos_tagging evaluate --model-dir runs/ewt FILE.conllu
   echo "I saw her duck ." | python -m examples.pos_tagging tag --model-dir runs/ewt
+  python -m examples.pos_tagging fetch
+
+Without --data or $UNROLL_EWT_DATA, and without ../shared/data, train and
+evaluate fetch UD English EWT r2.16 (verified by SHA-256) into
+$UNROLL_DATA_HOME/ud_english_ewt/r2.16 (default ~/.cache/unroll).
 
 Errors print one line (--debug: the traceback); exit status 2 for bad input
 or usage, 1 for a failure while running (divergence, a full disk).
@@ -15,7 +21,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from examples.pos_tagging.data import DATA_ENV, DEFAULT_DATA
+from examples.pos_tagging.data import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE
 from unroll import distributed
 
 #: TaggerConfig fields and the train options that set them
@@ -36,11 +42,12 @@ def _sizes(args) -> dict:
 
 
 def _train(args) -> int:
-    from examples.pos_tagging.data import data_dir
+    from examples.pos_tagging.data import fetched_data_dir
     from examples.pos_tagging.train import TrainOptions, train
 
+    data = fetched_data_dir(args.data, args.quiet)
     opts = TrainOptions(
-        data=data_dir(args.data), model_dir=args.model_dir, epochs=args.epochs,
+        data=data, model_dir=args.model_dir, epochs=args.epochs,
         max_minutes=args.max_minutes, lr=args.lr, lr_gamma=args.lr_decay, seed=args.seed,
         limit=args.limit, resume=args.resume, overwrite=args.overwrite,
         skip_bad_batches=args.skip_bad_batches, device=args.device, quiet=args.quiet,
@@ -50,7 +57,8 @@ def _train(args) -> int:
         result = train(opts)
     if comm.rank:
         return 0
-    print(f"done: {result.get('epoch', 0)} epochs, last dev UPOS "
+    done = result.get("stopped") or f"{result.get('epoch', 0)} epochs"
+    print(f"done: {done}, last dev UPOS "
           f"{100 * result.get('dev_accuracy', 0):.2f}%; model in {args.model_dir}")
     return 0
 
@@ -68,10 +76,15 @@ def _read_tagged(path: Path, upos: bool):
 
 
 def _evaluate(args) -> int:
+    from examples.pos_tagging.data import fetched_data_dir, split_file
     from examples.pos_tagging.evaluate import report, score
     from examples.pos_tagging.tagger import Tagger, tag_ids
+    from unroll.cli import CommandError
 
-    sentences = _read_tagged(args.file, upos=True)
+    if (args.file is None) == (args.split is None):
+        raise CommandError("give either a CoNLL-U FILE or --split dev|test")
+    path = args.file or split_file(fetched_data_dir(args.data), args.split)
+    sentences = _read_tagged(path, upos=True)
     tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
     predicted = tagger.predict([forms for forms, _ in sentences])
     print(report(score(tag_ids([tags for _, tags in sentences]), predicted)))
@@ -104,6 +117,13 @@ def _tag(args) -> int:
     return 0
 
 
+def _fetch(args) -> int:
+    from examples.pos_tagging.fetch import fetch_ewt
+
+    print(fetch_ewt(quiet=args.quiet))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from examples.pos_tagging.folder import CHECKPOINTS
     from examples.pos_tagging.tagger import TaggerConfig
@@ -122,15 +142,19 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true",
                         help="show the traceback of an error, not one line")
 
-    t = sub.add_parser("train", parents=[common], help="train on EWT train, tune on dev")
-    t.add_argument("--data", type=Path,
-                   help=f"folder with en_ewt-ud-train/dev.conllu (default: ${DATA_ENV}, else "
-                        f"{DEFAULT_DATA})")
+    data = argparse.ArgumentParser(add_help=False)
+    data.add_argument("--data", type=Path,
+                      help=f"folder with en_ewt-ud-{{train,dev,test}}.conllu (default: "
+                           f"${DATA_ENV}, else {DEFAULT_DATA} if it exists, else EWT "
+                           f"{RELEASE} fetched into ${HOME_ENV}/ud_english_ewt/{RELEASE}, "
+                           f"default ~/.cache/unroll)")
+
+    t = sub.add_parser("train", parents=[common, data], help="train on EWT train, tune on dev")
     o = {f.name: f.default for f in fields(TrainOptions)}
     t.add_argument("--epochs", type=int, default=o["epochs"])
     t.add_argument("--max-minutes", type=float, default=o["max_minutes"],
                    help="stop starting new epochs after this much time, data reading "
-                        f"included (default {o['max_minutes']:g})")
+                        "included; the last line and log.json say so (default: no limit)")
     t.add_argument("--lr", type=float, help=f"Adam learning rate (default {PACKED_LR:g}, "
                                              f"with --no-pack {BUCKETED_LR:g})")
     t.add_argument("--lr-decay", type=float, default=o["lr_gamma"],
@@ -171,8 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default); --no-pack: --batch-size sentences of one length bucket")
     t.set_defaults(run=_train)
 
-    e = sub.add_parser("evaluate", parents=[common], help="score a CoNLL-U file")
-    e.add_argument("file", type=Path)
+    e = sub.add_parser("evaluate", parents=[common, data],
+                       help="score a CoNLL-U file, or a split of the data folder")
+    e.add_argument("file", type=Path, nargs="?", help="a CoNLL-U file with UPOS")
+    e.add_argument("--split", choices=["dev", "test"],
+                   help="score the data folder's dev split (for tuning) or test split (the "
+                        "final number), instead of FILE")
     e.add_argument("--checkpoint", choices=CHECKPOINTS, default="best",
                    help="best: the best dev epoch's weights; last: the last epoch's")
     e.set_defaults(run=_evaluate)
@@ -184,19 +212,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tag this CoNLL-U file (UPOS may be '_'); print it with column 4 filled")
     g.add_argument("--checkpoint", choices=CHECKPOINTS, default="best")
     g.set_defaults(run=_tag)
+
+    f = sub.add_parser("fetch", help=f"download UD English EWT {RELEASE} into the cache, "
+                                     f"verify it, and print its folder")
+    f.add_argument("--quiet", action="store_true", help="no progress bar")
+    f.add_argument("--debug", action="store_true",
+                   help="show the traceback of an error, not one line")
+    f.set_defaults(run=_fetch)
     return parser
 
 
 def main(argv=None) -> int:
     """Run the command; errors print one line (exit 2: bad input, 1: a failure)."""
     from examples.pos_tagging.conll import CoNLLUError
+    from examples.pos_tagging.fetch import FetchError
     from examples.pos_tagging.folder import ModelFolderError
     from examples.pos_tagging.train import TrainingDiverged
     from unroll.cli import FAILURES, USER_ERRORS, run_command
 
     args = build_parser().parse_args(argv)
     # ValueError: a bad size or option value, which the tagger names
-    user_errors = (*USER_ERRORS, CoNLLUError, ModelFolderError, ValueError)
+    user_errors = (*USER_ERRORS, CoNLLUError, ModelFolderError, ValueError, FetchError)
     return run_command(f"python -m examples.pos_tagging {args.command}", args.run, args,
                        user_errors, (*FAILURES, TrainingDiverged))
 

@@ -64,7 +64,7 @@ class TrainOptions:
     data: Path
     model_dir: Path
     epochs: int = 14
-    max_minutes: float = 18.0
+    max_minutes: float | None = None  # None: no time limit; else stop before the next epoch
     lr: float | None = None  # None: PACKED_LR, or BUCKETED_LR with pack=False
     lr_gamma: float = 0.85
     clip: float = 5.0
@@ -277,7 +277,9 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
     skipped = 0
     for epoch in range(len(log), opts.epochs):
         elapsed = time.perf_counter() - started + earlier
-        if comm.sum(elapsed > opts.max_minutes * 60):  # all ranks stop together
+        if opts.max_minutes is not None and comm.sum(elapsed > opts.max_minutes * 60):
+            # all ranks stop together; how far it got is in the result and the log
+            result = _stopped_early(model_dir, log, epoch, opts.epochs) if lead else result
             break
         epoch_start = time.perf_counter()
         tokens, losses, compute = 0, [], 0.0
@@ -345,6 +347,16 @@ def _commit_epoch(model_dir: Path, solver: Solver, averaged: bytes, is_best: boo
     folder.write_json(model_dir / folder.LOG, log)
     for name in previous - folder.snapshot_files(result):
         (model_dir / name).unlink(missing_ok=True)
+
+
+def _stopped_early(model_dir: Path, log: list, epoch: int, epochs: int) -> dict:
+    """The last epoch's record, marked as stopped by the time limit (in log.json too)."""
+    stopped = f"stopped by --max-minutes after {epoch} of {epochs} epochs"
+    if not log:  # no epoch ended, so there is no record to mark
+        return {"stopped": stopped}
+    log[-1]["stopped"] = stopped
+    folder.write_json(model_dir / folder.LOG, log)
+    return log[-1]
 
 
 def _diverged(where: str, model_dir: Path, log: list, opts: TrainOptions) -> str:

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from examples.pos_tagging.conll import write_conllu
-from examples.pos_tagging.data import DEV_FILE, TRAIN_FILE
+from examples.pos_tagging.data import DEV_FILE, HOME_ENV, TRAIN_FILE
+from examples.pos_tagging.fetch import URL_ENV
 
 WORDS = {
     "DET": ["the", "a", "this", "every"],
@@ -24,6 +25,16 @@ TINY = {"embed": 8, "hidden": 8, "layers": 1, "batch": 8, "chars": {}, "dropout"
         "word_dropout": 0.0, "feature_dims": {"suffix2": 4}}
 TINY_ARGS = ["--embed", "8", "--hidden", "8", "--layers", "1", "--batch-size", "8",
              "--char-hidden", "0", "--dropout", "0", "--word-dropout", "0"]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_download_beyond_localhost(tmp_path_factory):
+    """A test that would fetch EWT by mistake finds a closed port on 127.0.0.1 and an empty
+    cache of its own, never the internet nor the user's cache (data.py: the lookup order)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(URL_ENV, "http://127.0.0.1:9/no-such-mirror/")
+        patch.setenv(HOME_ENV, str(tmp_path_factory.mktemp("data_home")))
+        yield
 
 
 def sentences(n: int, seed: int):

@@ -1,7 +1,6 @@
 """A short real training run of the POS tagger, then `evaluate` and `tag` on its checkpoint."""
 
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,16 +84,6 @@ def test_resume_continues_from_the_last_snapshot(trained, tmp_path):
     log = json.loads((copy / "log.json").read_text())
     assert [e["epoch"] for e in log] == [1, 2, 3, 4]
     assert log[3]["iter"] > log[2]["iter"]
-
-
-def test_the_data_folder_is_the_option_then_the_variable_then_the_default(monkeypatch):
-    from examples.pos_tagging.data import DEFAULT_DATA
-
-    monkeypatch.setenv(DATA_ENV, "/from/env")
-    assert data_dir("given") == Path("given")
-    assert data_dir() == Path("/from/env")
-    monkeypatch.delenv(DATA_ENV)
-    assert data_dir() == DEFAULT_DATA
 
 
 def test_missing_data_says_what_to_download(tmp_path, capsys):

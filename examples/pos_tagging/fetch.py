@@ -1,0 +1,213 @@
+"""Fetching UD English EWT: the pinned release's files, each checked against its SHA-256.
+
+:func:`fetch_ewt` downloads the train, dev and test CoNLL-U files of release
+r2.16 (the raw files at that tag of UniversalDependencies/UD_English-EWT) into
+the cache folder (:func:`examples.pos_tagging.data.cache_dir`), with a progress
+bar. ``$UNROLL_EWT_URL`` replaces the base URL (a mirror); the file names and
+checksums stay the release's.
+
+A file is streamed into a temp file beside its destination (the
+``.<name>.<random>.tmp`` of :mod:`unroll.atomic`), hashed as it comes, and
+renamed into place only once its length and SHA-256 are right, so an
+interrupted or damaged download never leaves a file under the real name.
+Files already in the cache are hashed before each use as well: one that does
+not match is deleted, reported and fetched again. The licence and citation are
+printed when the folder is first filled and written beside the files
+(``LICENSE.txt``, ``README.txt``). A lock on the folder lets several processes
+(the ranks of ``mpirun``) fetch at once: the first downloads, the others
+find the files verified.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import os
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+from tqdm import tqdm
+
+from examples.pos_tagging.data import (
+    DATA_ENV,
+    DEV_FILE,
+    RELEASE,
+    TEST_FILE,
+    TRAIN_FILE,
+    cache_dir,
+)
+from unroll.atomic import remove_stale_temps, write_files_atomic
+
+URL_ENV = "UNROLL_EWT_URL"
+BASE_URL = f"https://raw.githubusercontent.com/UniversalDependencies/UD_English-EWT/{RELEASE}/"
+#: the release's files and their SHA-256. Tests serve their own files and pass those files'
+#: checksums as ``fetch_ewt(checksums=...)`` (or patch this mapping), never through the
+#: environment, so that no setting of a user's can weaken the check
+SHA256 = {
+    TRAIN_FILE: "3fb78e2b55482c8ee00caa653af436c88c9e5bc9a73ce26e4ae3ddc79d2b7e7b",
+    DEV_FILE: "531a54ff90d6ab12201c5a50c3e78e6ddac4de69abc4bce5d275d3cd29efe2b6",
+    TEST_FILE: "e266e515a0a7547657ed3d90d9ba46487d6bd251f27ad4269d4e8a427c8555cd",
+}
+LICENSE_FILE, README_FILE, LOCK_FILE = "LICENSE.txt", "README.txt", "fetch.lock"
+#: seconds without a byte before a download counts as failed
+TIMEOUT_S = 60
+
+SOURCE = f"https://github.com/UniversalDependencies/UD_English-EWT/tree/{RELEASE}"
+LICENSE_URL = "https://creativecommons.org/licenses/by-sa/4.0/"
+CITATION = ("Natalia Silveira, Timothy Dozat, Marie-Catherine de Marneffe, Samuel Bowman, "
+            "Miriam Connor, John Bauer and Christopher D. Manning (2014). A Gold Standard "
+            "Dependency Corpus for English. In Proceedings of the Ninth International "
+            "Conference on Language Resources and Evaluation (LREC 2014)")
+NOTICE = (f"UD English EWT {RELEASE} ({SOURCE}) is licensed under CC BY-SA 4.0 "
+          f"({LICENSE_URL}): credit it and share what you derive from it alike.\n"
+          f"Cite: {CITATION}.")
+BIBTEX = """@inproceedings{silveira14gold,
+  year = {2014},
+  author = {Natalia Silveira and Timothy Dozat and Marie-Catherine de Marneffe and Samuel
+            Bowman and Miriam Connor and John Bauer and Christopher D. Manning},
+  title = {A Gold Standard Dependency Corpus for {E}nglish},
+  booktitle = {Proceedings of the Ninth International Conference on Language Resources
+               and Evaluation (LREC-2014)}
+}"""
+
+
+class FetchError(Exception):
+    """The release could not be fetched, or its bytes are not the release's: the message
+    names the URL, the cache folder and the offline way (``--data DIR``)."""
+
+
+def base_url() -> str:
+    """``$UNROLL_EWT_URL`` (a mirror of the release's files), else the release's own:
+
+    >>> BASE_URL
+    'https://raw.githubusercontent.com/UniversalDependencies/UD_English-EWT/r2.16/'
+    """
+    url = os.environ.get(URL_ENV) or BASE_URL
+    return url if url.endswith("/") else url + "/"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_ewt(folder: Path | None = None, checksums: Mapping[str, str] | None = None,
+              quiet: bool = False) -> Path:
+    """The folder holding the release's files (default :func:`cache_dir`), each verified;
+    those missing or damaged are downloaded first. ``quiet``: no progress bar.
+
+    ``checksums`` maps each file name to its SHA-256 (default :data:`SHA256`).
+    Raises :class:`FetchError` for a download that fails or does not match.
+    """
+    folder = Path(folder) if folder is not None else cache_dir()
+    checksums = SHA256 if checksums is None else checksums
+    base = base_url()
+    folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder):
+        remove_stale_temps(folder)  # of a download that was killed
+        for name, expected in checksums.items():
+            path = folder / name
+            if path.is_file():
+                if sha256_of(path) == expected:
+                    continue
+                path.unlink()
+                print(f"{path}: its SHA-256 is not release {RELEASE}'s; deleted it, fetching "
+                      f"it again", file=sys.stderr)
+            _download(base + name, path, expected, quiet)
+        if not (folder / LICENSE_FILE).is_file():
+            _write_notice(folder, base, checksums)
+            print(NOTICE, file=sys.stderr)
+    return folder
+
+
+def _offline(url: str, folder: Path, problem: str) -> str:
+    return (f"cannot fetch {url} ({problem}) into {folder}. Offline, pass --data DIR, a "
+            f"folder holding {TRAIN_FILE} and {DEV_FILE} (or set {DATA_ENV}); for a mirror "
+            f"set {URL_ENV}")
+
+
+def _download(url: str, path: Path, expected: str, quiet: bool) -> None:
+    """``url`` into ``path`` through a temp file beside it, renamed only once verified."""
+    try:
+        response = urllib.request.urlopen(url, timeout=TIMEOUT_S)
+    except urllib.error.HTTPError as e:
+        raise FetchError(_offline(url, path.parent, f"HTTP {e.code} {e.reason}")) from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        reason = e.reason if isinstance(e, urllib.error.URLError) else e
+        raise FetchError(_offline(url, path.parent, str(reason) or type(reason).__name__)
+                         ) from None
+    length = response.headers.get("Content-Length")
+    length = int(length) if length and length.isdigit() else None
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        digest, size = hashlib.sha256(), 0
+        with response, os.fdopen(fd, "wb") as out, tqdm(
+                total=length, desc=path.name, unit="B", unit_scale=True, unit_divisor=1024,
+                disable=quiet, file=sys.stderr, dynamic_ncols=True) as bar:
+            while chunk := _read(response, url, path.parent, size):
+                out.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+                bar.update(len(chunk))
+            out.flush()
+            os.fsync(out.fileno())
+        if length is not None and size != length:
+            raise FetchError(_offline(url, path.parent, f"the connection ended after {size} of "
+                                                        f"{length} bytes; nothing was kept"))
+        if digest.hexdigest() != expected:
+            raise FetchError(
+                f"{url}: SHA-256 {digest.hexdigest()}, expected release {RELEASE}'s {expected} "
+                f"(a changed mirror, or a damaged download); deleted it, nothing was kept in "
+                f"{path.parent}. Run again, check {URL_ENV}, or pass --data DIR"
+            )
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _read(response, url: str, folder: Path, size: int) -> bytes:
+    """The next chunk of ``response``; a connection lost midway is a FetchError."""
+    try:
+        return response.read(1 << 16)
+    except (OSError, http.client.HTTPException) as e:
+        problem = f"the connection failed after {size} bytes: {e or type(e).__name__}"
+        raise FetchError(_offline(url, folder, f"{problem}; nothing was kept")) from None
+
+
+def _write_notice(folder: Path, base: str, checksums: Mapping[str, str]) -> None:
+    files = "\n".join(f"  {name}  sha256 {sha}" for name, sha in checksums.items())
+    readme = (f"UD English EWT {RELEASE}: Universal Dependencies English Web Treebank\n"
+              f"Source: {SOURCE}\nFetched from: {base}\n\n{files}\n\n"
+              f"Tune on dev; score the test split once, for the final number.\n\n"
+              f"License: CC BY-SA 4.0 ({LICENSE_FILE}).\n\nCite:\n{CITATION}.\n\n{BIBTEX}\n")
+    licence = (f"The UD English EWT files in this folder ({SOURCE}) are licensed under the\n"
+               f"Creative Commons Attribution-ShareAlike 4.0 International License\n"
+               f"(CC BY-SA 4.0): {LICENSE_URL}\n"
+               f"Full text: {LICENSE_URL}legalcode\n")
+    write_files_atomic([(folder / README_FILE, readme.encode()),
+                        (folder / LICENSE_FILE, licence.encode())])
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """An exclusive lock on ``folder/fetch.lock``, waited for; the OS drops it at exit."""
+    import fcntl
+
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
