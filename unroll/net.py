@@ -44,6 +44,7 @@ from unroll.proto import (
     read_binary,
     read_message,
 )
+from unroll.threads import run_threads
 from unroll.workspace import Workspace, place, workspace_for
 
 PHASES = {"train": TRAIN, "test": TEST}
@@ -401,6 +402,10 @@ class Net:
         ][::-1]
         self.regions = (graph.concurrent_regions(g.steps, self.layers_run)
                         if self.concurrent else [])
+        # branches on threads of their own take one BLAS thread each (two threads asking one
+        # OpenBLAS pool for all cores made the concurrent run slower than the serial one);
+        # a serial run takes the free cores (see unroll.threads)
+        self._blas_threads = 1 if self.regions else None
         self._schedule()
         # run order, splits included (as pycaffe's): aligned with layer_need_backward
         self.layer_names = [layer.name for layer in self.layers_run]
@@ -886,17 +891,19 @@ class Net:
             self.set_input(name, value)
         if [b.shape for b in self._input_blobs] != self._input_shapes:
             self.reshape()
+        blas = run_threads(self._blas_threads)
         self._gate.open = True
         try:
             if not self._bound and self._placement is not None:
                 self._bind()
             layer = bottoms = None
             # one try around the loop, not one per layer: the hot path is a bare call
-            if not self.regions:
-                for layer, bottoms, tops in self._fwd:
-                    layer.forward(bottoms, tops)
-            else:
-                _run_items(self._forward_items, _forward_entry, "failed in forward")
+            with blas:
+                if not self.regions:
+                    for layer, bottoms, tops in self._fwd:
+                        layer.forward(bottoms, tops)
+                else:
+                    _run_items(self._forward_items, _forward_entry, "failed in forward")
         except NetError:
             raise
         except Exception as e:
@@ -954,23 +961,25 @@ class Net:
             )
         for blob, weight in self._loss_tops:
             blob.diff.fill(weight)
+        blas = run_threads(self._blas_threads)
         self._gate.open = True
         layer = bottoms = None
         try:
             gemms, zero_before = self._gemms, self._zero_before
-            if not self.regions:
-                for s, layer, tops, prop, bottoms in self._bwd:
-                    if s in zero_before:
-                        for blob in zero_before[s]:
-                            blob.diff.fill(0)
-                    layer.backward(tops, prop, bottoms)
-                    if s in gemms:
-                        for sharer, x, gy in gemms[s]:
-                            sharer.param_backward(x, gy)  # every sharer's rows: one GEMM
-            else:
-                _run_items(self._backward_items, functools.partial(
-                    _backward_entry, zero_before=zero_before, gemms=gemms),
-                    "failed in backward")
+            with blas:
+                if not self.regions:
+                    for s, layer, tops, prop, bottoms in self._bwd:
+                        if s in zero_before:
+                            for blob in zero_before[s]:
+                                blob.diff.fill(0)
+                        layer.backward(tops, prop, bottoms)
+                        if s in gemms:
+                            for sharer, x, gy in gemms[s]:
+                                sharer.param_backward(x, gy)  # every sharer's rows: one GEMM
+                else:
+                    _run_items(self._backward_items, functools.partial(
+                        _backward_entry, zero_before=zero_before, gemms=gemms),
+                        "failed in backward")
         except NetError:
             raise
         except Exception as e:

@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     common.add_argument("--debug", action="store_true",
                         help="show the traceback of an error, not one line")
+    common.add_argument("--threads", type=_positive_int, metavar="N",
+                        help="BLAS threads (default: $UNROLL_NUM_THREADS, else the cores "
+                             "other processes leave free, measured as it runs)")
 
     data = argparse.ArgumentParser(add_help=False)
     data.add_argument("--data", type=Path,
@@ -222,6 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, found {text!r}")
+    return n
+
+
 def main(argv=None) -> int:
     """Run the command; errors print one line (exit 2: bad input, 1: a failure)."""
     from examples.pos_tagging.conll import CoNLLUError
@@ -229,8 +242,11 @@ def main(argv=None) -> int:
     from examples.pos_tagging.folder import ModelFolderError
     from examples.pos_tagging.train import TrainingDiverged
     from unroll.cli import FAILURES, USER_ERRORS, run_command
+    from unroll.threads import set_num_threads
 
     args = build_parser().parse_args(argv)
+    if getattr(args, "threads", None):  # `fetch` runs no net
+        set_num_threads(args.threads)
     # ValueError: a bad size or option value, which the tagger names
     user_errors = (*USER_ERRORS, CoNLLUError, ModelFolderError, ValueError, FetchError)
     return run_command(f"python -m examples.pos_tagging {args.command}", args.run, args,

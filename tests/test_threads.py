@@ -1,0 +1,135 @@
+"""BLAS threads per net run: the policy's count inside the run, the pool's own after it."""
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_info
+
+from unroll import Net, threads
+from unroll.layer import Layer, register_layer
+
+SEEN: list[int] = []
+
+
+@register_layer("TestRecordBlasThreads")
+class RecordBlasThreads(Layer):
+    """y = x; records the BLAS pool size it runs under."""
+
+    in_place = True
+    backward_reads = ()
+
+    def reshape(self, bottoms, tops):
+        tops[0].reshape(bottoms[0].shape)
+
+    def forward(self, bottoms, tops):
+        SEEN.append(blas_threads())
+        tops[0].data[...] = bottoms[0].data
+
+    def backward(self, tops, propagate_down, bottoms):
+        SEEN.append(blas_threads())
+        if propagate_down[0]:
+            bottoms[0].diff[...] = tops[0].diff
+
+
+NET = '''
+  layer { name: "in" type: "Input" top: "x" top: "t"
+          input_param { shape { dim: 4 dim: 3 } shape { dim: 4 dim: 2 } } }
+  layer { name: "ip" type: "InnerProduct" bottom: "x" top: "y"
+          inner_product_param { num_output: 2 } }
+  layer { name: "rec" type: "TestRecordBlasThreads" bottom: "y" top: "z" }
+  layer { name: "loss" type: "EuclideanLoss" bottom: "z" bottom: "t" top: "l" }'''
+
+
+def chain(x: str, n: int) -> str:
+    """``n`` TanH layers after ``x``, then a recorder; its top is ``x`` + "_rec"."""
+    text, prev = "", x
+    for i in range(n):
+        text += f'layer {{ name: "{x}{i}" type: "TanH" bottom: "{prev}" top: "{x}{i}" }}\n'
+        prev = f"{x}{i}"
+    return text + (f'layer {{ name: "{x}_rec" type: "TestRecordBlasThreads" bottom: "{prev}" '
+                   f'top: "{x}_rec" }}\n')
+
+
+#: two chains from one split that meet only at the concat: a region of two branches
+BRANCHES = ('''
+  layer { name: "in" type: "Input" top: "x" top: "t"
+          input_param { shape { dim: 4 dim: 3 } shape { dim: 4 dim: 4 } } }
+  layer { name: "ipa" type: "InnerProduct" bottom: "x" top: "a"
+          inner_product_param { num_output: 2 } }
+  layer { name: "ipb" type: "InnerProduct" bottom: "x" top: "b"
+          inner_product_param { num_output: 2 } }''' + chain("a", 8) + chain("b", 8) + '''
+  layer { name: "cat" type: "Concat" bottom: "a_rec" bottom: "b_rec" top: "c" }
+  layer { name: "loss" type: "EuclideanLoss" bottom: "c" bottom: "t" top: "l" }''')
+
+
+def blas_threads() -> int:
+    return min(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas")
+
+
+def run(net) -> list[int]:
+    SEEN.clear()
+    net.forward(x=np.ones((4, 3)), t=np.zeros(net.blobs["t"].shape))
+    net.backward()
+    return list(SEEN)
+
+
+@pytest.fixture
+def policy():
+    """Leaves the policy as it found it."""
+    yield threads
+    threads.set_num_threads(None)
+
+
+@pytest.fixture
+def net():
+    return Net(NET)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_a_fixed_count_is_the_pool_inside_every_run_and_the_old_pool_after(policy, net, n):
+    before = blas_threads()
+    policy.set_num_threads(n)
+    assert run(net) == [n, n]
+    assert blas_threads() == before
+
+
+def test_the_environment_variable_fixes_the_count(policy, net, monkeypatch):
+    monkeypatch.setenv(threads.ENV, "1")
+    assert run(net) == [1, 1]
+    monkeypatch.setenv(threads.ENV, "two")
+    with pytest.raises(ValueError, match="UNROLL_NUM_THREADS must be an integer >= 1"):
+        run(net)
+
+
+@pytest.mark.parametrize(("cores", "others", "want"),
+                         [(2, 0.0, 2), (2, 0.4, 2), (2, 0.6, 1), (2, 2.0, 1), (8, 3.2, 5),
+                          (1, 0.0, 1)])
+def test_measured_policy_leaves_the_cores_others_keep_busy(policy, net, monkeypatch, cores,
+                                                           others, want):
+    class Busy:
+        def others(self):
+            return others
+
+    monkeypatch.setattr(threads, "cores", lambda: cores)
+    monkeypatch.setattr(threads, "_load", lambda: Busy())
+    assert threads.num_threads() == want
+    assert run(net) == [want, want]
+
+
+def test_the_load_is_measured_from_the_machine(policy):
+    # a real measurement: a number of cores' worth between none and all of them
+    assert 0.0 <= threads._load().others() <= threads.cores() + 1e-6
+    assert 1 <= threads.num_threads() <= threads.cores()
+
+
+def test_concurrent_branches_run_with_one_blas_thread_each(policy):
+    policy.set_num_threads(2)
+    serial, concurrent = Net(BRANCHES), Net(BRANCHES, concurrent=True)
+    assert concurrent.regions and not serial.regions
+    assert run(serial) == [2] * 4
+    assert run(concurrent) == [1] * 4
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
+def test_a_bad_count_is_refused(policy, bad):
+    with pytest.raises(ValueError, match="integer >= 1"):
+        policy.set_num_threads(bad)

@@ -1,0 +1,143 @@
+"""BLAS threads that respect the machine: never more threads than free cores.
+
+OpenBLAS starts one thread per core and has them spin-wait for each other at
+every GEMM. On a machine whose cores are busy with other work (a second
+training, a browser, the other ranks of a data-parallel job) a thread that
+waits for a descheduled partner burns its time slice: a small GEMM went from
+1 ms to 53 ms, a tagger epoch from 80 s to over 800 s. So every net run asks
+:func:`run_threads` how many BLAS threads it may use, and the answer is the
+cores this process may run on, less the cores other processes kept busy over
+the last second (``psutil``'s counters: the machine's busy time less our own).
+
+``UNROLL_NUM_THREADS=N`` or :func:`set_num_threads` fixes the count instead
+(the tagger's ``--threads``). The pool is set for the run and restored after,
+so code around a net (the user's own NumPy) keeps the size it had.
+
+>>> set_num_threads(1)
+>>> with run_threads() as n:
+...     n
+1
+>>> set_num_threads(None)  # back to the measured policy
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+
+ENV = "UNROLL_NUM_THREADS"
+#: how long a measurement of the other processes' load stands before it is taken again
+MEASURE_EVERY = 1.0
+
+_fixed: int | None = None
+
+
+def set_num_threads(n: int | None) -> None:
+    """Fix the BLAS threads of every net run to ``n`` (None: measure free cores again)."""
+    global _fixed
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise ValueError(f"the number of threads must be an integer >= 1, found {n!r}")
+    _fixed = n
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+class _Load:
+    """The cores that other processes kept busy, from psutil's counters over the last interval."""
+
+    def __init__(self):
+        import psutil
+
+        self._process = psutil.Process()
+        self._psutil = psutil
+        self._lock = threading.Lock()
+        self._at, self._busy, self._own = self._sample()
+        time.sleep(0.05)  # a first interval, so the first run already sees the machine
+        self._others = 0.0
+        self._measure(self._at + 0.05)
+
+    def _sample(self) -> tuple[float, float, float]:
+        t = self._psutil.cpu_times()
+        busy = t.user + t.system + getattr(t, "nice", 0.0) + getattr(t, "irq", 0.0) \
+            + getattr(t, "softirq", 0.0)
+        own = self._process.cpu_times()
+        return time.monotonic(), busy, own.user + own.system
+
+    def _measure(self, now: float) -> None:
+        at, busy, own = self._sample()
+        if at > self._at:
+            self._others = max(0.0, (busy - self._busy) - (own - self._own)) / (at - self._at)
+        self._at, self._busy, self._own = at, busy, own
+
+    def others(self) -> float:
+        """Cores' worth of CPU time other processes used, measured at most MEASURE_EVERY ago."""
+        now = time.monotonic()
+        if now - self._at >= MEASURE_EVERY and self._lock.acquire(blocking=False):
+            try:
+                self._measure(now)
+            finally:
+                self._lock.release()
+        return self._others
+
+
+@functools.cache
+def _load() -> _Load:
+    return _Load()
+
+
+def num_threads() -> int:
+    """The BLAS threads a net run uses now: fixed, from UNROLL_NUM_THREADS, or free cores."""
+    if _fixed is not None:
+        return _fixed
+    env = os.environ.get(ENV)
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"{ENV} must be an integer >= 1, found {env!r}")
+        return n
+    n = cores()
+    return max(1, min(n, round(n - _load().others())))
+
+
+@functools.cache
+def _blas():
+    """threadpoolctl's controllers of the BLAS libraries loaded (NumPy's OpenBLAS, MKL)."""
+    from threadpoolctl import ThreadpoolController
+
+    return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+
+
+class run_threads:
+    """Set every loaded BLAS to ``n`` threads (default :func:`num_threads`) for a block.
+
+    The count is decided when this is called, so a bad ``UNROLL_NUM_THREADS`` is an
+    error before the block runs; entering yields it, leaving restores each library's own
+    count. Cheap when nothing changes (two reads of the pool size), so every net run
+    uses it.
+    """
+
+    def __init__(self, n: int | None = None):
+        self.n = num_threads() if n is None else n
+        self._changed: list = []
+
+    def __enter__(self) -> int:
+        n = self.n
+        self._changed = [(lib, old) for lib in _blas() if (old := lib.num_threads) != n]
+        for lib, _ in self._changed:
+            lib.set_num_threads(n)
+        return n
+
+    def __exit__(self, *exc) -> None:
+        for lib, old in self._changed:
+            lib.set_num_threads(old)
