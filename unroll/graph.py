@@ -553,13 +553,13 @@ def group_parts(steps: list[Step], layers, plan: MemoryPlan, shapes, rewritten) 
     flags: dict[int, tuple[list[bool], list[bool]]] = {}
     written = {plan.data_root[b] for b in rewritten}
     for s, (step, layer) in enumerate(zip(steps, layers)):
-        kind = getattr(layer, "parts_of_whole", None)
+        kind = layer.parts_of_whole
         if kind is None:
             continue
         whole, parts = (step.tops[0], step.bottoms) if kind == "bottoms" else (
             step.bottoms[0], step.tops)
         shape = shapes[whole]
-        axis = getattr(layer, "axis", None)
+        axis = getattr(layer, "axis", None)  # a parts layer's axis, None until set up
         data_flags, diff_flags = [False] * len(parts), [False] * len(parts)
         flags[s] = (data_flags, diff_flags)
         if axis is None or any(d != 1 for d in shape[:axis]):
@@ -609,8 +609,8 @@ def alias_pass_through_diffs(steps: list[Step], layers, plan: MemoryPlan, bottom
     written = {plan.diff_root[b] for b in rewritten}
     aliased: dict[int, list[bool]] = {}
     for s, (step, layer) in enumerate(zip(steps, layers)):
-        passes = getattr(layer, "passes_diff", None)
-        if passes is None or not plan.layer_need[s]:
+        passes = layer.passes_diff
+        if not layer.passes_diffs or not plan.layer_need[s]:
             continue
         top = plan.diff_root[step.tops[0]]
         if top in plan.private or top in written:
@@ -693,7 +693,7 @@ def plan_weight_gradients(steps: list[Step], layers, plan: MemoryPlan, bottom_ne
     """
     by_param: dict[tuple, list[int]] = {}
     for s, layer in enumerate(layers):
-        if plan.layer_need[s] and getattr(layer, "batches_param_diffs", False) and layer.blobs:
+        if plan.layer_need[s] and layer.batches_param_diffs and layer.blobs:
             by_param.setdefault(layer.param_batch_key(), []).append(s)
     groups = [members for members in by_param.values() if len(members) > 1]
     if not groups:
@@ -769,7 +769,7 @@ def plan_weight_gradients(steps: list[Step], layers, plan: MemoryPlan, bottom_ne
             sizes[(kind, whole)] = offset
             blocks.append((whole, 0))
         out.append(WeightGradGroup([members[i] for i in order], members[0], blocks[0],
-                                   blocks[1], sum(gy_counts) // layer.num_output))
+                                   blocks[1], sum(gy_counts) // layer.param_row_widths()[1]))
     return out, sizes
 
 
@@ -855,6 +855,6 @@ def _region_from(p: int, steps, layers, made_by, readers, min_steps) -> Region |
     params = [{id(blob) for s in b for blob in layers[s].blobs} for b in branches]
     if sum(len(p) for p in params) != len(set().union(*params)):
         return None
-    if any(getattr(layers[s], "draws_random", False) for b in branches for s in b):
+    if any(layers[s].draws_random for b in branches for s in b):
         return None
     return Region(p + 1, stop, first, branches)

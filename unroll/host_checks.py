@@ -3,8 +3,9 @@
 Some layers need their bottom's values to be valid: Embed's ids must lie in
 ``[0, input_dim)``, the labels of SoftmaxWithLoss and Accuracy must be class
 indices. Checking them on a device would make the host wait for it in every
-forward (a sync, to read the verdict). Such a layer defines
-``check_host_bottom(index, values, name)``, which raises a NetError for bad
+forward (a sync, to read the verdict). Such a layer declares
+``checks_host_bottoms = True`` and defines ``check_host_bottom(index, values, name)``
+(both on :class:`unroll.layer.Layer`), which raises a NetError for bad
 NumPy ``values`` of bottom ``index``; ``Net.set_input`` calls it on host
 data, for every layer that reads the input (directly or through splits),
 before the data is copied to the device.
@@ -47,7 +48,7 @@ def input_readers(schedule, inputs) -> dict[str, list]:
                 continue
             if layer.type == "Split":
                 carries.update((id(t), name) for t in tops)
-            elif hasattr(layer, "check_host_bottom"):
+            elif layer.checks_host_bottoms:
                 readers[name].append((layer, k))
         if layer.type != "Split":
             for top in tops:

@@ -51,9 +51,17 @@ from unroll.proto import LayerParameter
 
 LAYERS: dict[str, type] = {}
 
-#: the class attributes the net reads before set-up (see the module docstring)
-CONTRACT = ("num_bottoms", "num_tops", "in_place", "backward_reads", "is_loss", "shares_bottom",
-            "learnable")
+#: everything the engine may read of a layer besides the run methods, each declared on
+#: :class:`Layer` with its default and its doc: the class attributes the net reads before
+#: set-up (a layer never changes them per instance), then the hooks (methods) the memory
+#: plan, the host checks and the concurrent schedule call. A test holds the engine to it.
+CONTRACT = ("num_bottoms", "num_tops", "in_place", "backward_reads", "backward_reads_bottoms",
+            "is_loss", "shares_bottom", "learnable", "parts_of_whole", "passes_diffs",
+            "batches_param_diffs", "checks_host_bottoms", "draws_random",
+            # hooks
+            "counts", "reads_in_backward", "allow_force_backward", "passes_diff",
+            "param_batch_key", "param_row_widths", "param_backward", "check_host_bottom",
+            "apply_layout")
 
 
 def register_layer(type_name: str):
@@ -133,7 +141,8 @@ def _class_contract(cls, cached: bool = True) -> tuple:
     if cached and cls in _CONTRACTS:
         return _CONTRACTS[cls]
     values = tuple((a, getattr(cls, a)) for a in CONTRACT)
-    found = _CONTRACTS[cls] = tuple((a, v) for a, v in values if not isinstance(v, property))
+    found = _CONTRACTS[cls] = tuple((a, v) for a, v in values
+                                    if not (isinstance(v, property) or callable(v)))
     return found
 
 
@@ -186,6 +195,31 @@ class Layer:
     #: False for layers whose blobs are state, not weights (BatchNorm's statistics):
     #: the net gives them lr_mult and decay_mult 0, so no solver ever updates them
     learnable = True
+    #: "bottoms" (Concat) or "tops" (Slice): the layer joins its parts into one whole, or
+    #: cuts one whole into parts, along its ``axis`` attribute; the memory plan may place
+    #: the parts inside the whole (see :meth:`apply_layout`), and the layer then copies
+    #: nothing for them
+    parts_of_whole: str | None = None
+    #: True where :meth:`passes_diff` may answer True: the memory plan asks only these
+    passes_diffs = False
+    #: the param gradient is a GEMM over rows (InnerProduct): layers that share the param
+    #: (one :meth:`param_batch_key`) get their rows back to back, and the net computes the
+    #: gradient once for all of them with :meth:`param_backward`
+    batches_param_diffs = False
+    #: values of some bottoms must be checked on the host where inputs enter the net (ids,
+    #: labels, positions): :meth:`check_host_bottom` is called with each input's values
+    checks_host_bottoms = False
+    #: forward draws random numbers (Dropout): the layer never runs on a branch thread, so
+    #: a concurrent run draws what the serial one does
+    draws_random = False
+
+    # -- what a memory layout tells the layer (set by apply_layout; defaults: nothing placed)
+    #: (data, diff) flags per part: which parts live inside the whole (parts_of_whole)
+    parts_in_whole: tuple | None = None
+    #: per bottom: its diff IS the top's diff, so backward writes nothing for it
+    diff_aliased: tuple = ()
+    #: the net computes the param gradient for all sharers (batches_param_diffs)
+    param_diffs_batched = False
 
     #: scratch name -> (shape, dtype, lives), as sized by :meth:`reserve`
     scratch_specs = _NO_SPECS
@@ -333,6 +367,39 @@ class Layer:
         By default what ``backward_reads`` and ``backward_reads_bottoms`` declare."""
         return "bottom" in self.backward_reads and (
             self.backward_reads_bottoms is None or k in self.backward_reads_bottoms)
+
+    def passes_diff(self, k: int) -> bool:
+        """Whether bottom ``k``'s diff equals the top's diff (Eltwise SUM, coefficient 1):
+        the memory plan may then give both one buffer (only asked where ``passes_diffs``)."""
+        return False
+
+    def param_batch_key(self) -> tuple:
+        """For ``batches_param_diffs``: layers whose keys are equal use their params the same
+        way (the same blobs, the same transpose), so one GEMM gives all their gradients."""
+        raise NotImplementedError(f"{type(self).__name__} declares no batched param gradient")
+
+    def param_row_widths(self) -> tuple[int, int]:
+        """For ``batches_param_diffs``: the widths of the rows :meth:`param_backward` takes,
+        (x, gy): the net cuts the rows it placed back to back into these."""
+        raise NotImplementedError(f"{type(self).__name__} declares no batched param gradient")
+
+    def param_backward(self, x, gy) -> None:
+        """For ``batches_param_diffs``: ADD the param gradient of rows ``x`` and top diffs
+        ``gy`` (all sharers' rows, back to back) into the param diffs."""
+        raise NotImplementedError(f"{type(self).__name__} declares no batched param gradient")
+
+    def check_host_bottom(self, index: int, values: np.ndarray, name: str) -> None:
+        """For ``checks_host_bottoms``: raise a NetError naming ``name`` where the host
+        ``values`` entering bottom ``index`` are out of the layer's domain."""
+
+    def apply_layout(self, parts_in_whole=None, diff_aliased=(), param_diffs_batched=False):
+        """Take what the net's memory layout decided for this layer: which parts live inside
+        the whole, which bottom diffs are the top's, whether the net batches the param
+        gradient. Called by the net whenever its layout changes; the defaults undo it."""
+        if parts_in_whole is not None or self.parts_of_whole is None:
+            self.parts_in_whole = parts_in_whole
+        self.diff_aliased = diff_aliased
+        self.param_diffs_batched = param_diffs_batched
 
     def counts(self) -> tuple:
         """((min, max) bottoms, (min, max) tops): the class attributes, unless a layer's counts

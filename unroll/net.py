@@ -16,6 +16,7 @@ error that names ``keep=``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 from collections.abc import Mapping
@@ -54,6 +55,19 @@ def _layer_failure(layer, what: str, error: Exception, bottoms) -> NetError:
     """A layer's unexpected exception as a NetError naming the layer and its bottoms."""
     shapes = ", ".join(f"'{b.name}' {b.shape}" for b in bottoms) or "none"
     return NetError(f"layer '{layer.name}' ({layer.type}) {what}: {error}; bottoms: {shapes}")
+
+
+def _failing_layer(error: Exception, layers):
+    """The layer whose method raised ``error``: the outermost frame of the traceback whose
+    ``self`` is one of ``layers`` (None where no layer's code raised it)."""
+    ids = {id(layer) for layer in layers}
+    tb = error.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if id(owner) in ids:
+            return owner
+        tb = tb.tb_next
+    return None
 
 
 def _call(layer, what: str, method, *args) -> None:
@@ -178,8 +192,6 @@ class _Gate:
 
 #: layouts a net keeps, by input shapes: a bucket's full batches and its last one
 LAYOUTS_KEPT = 2
-#: what a layout sets on layers (see Net._layout)
-_LAYOUT_FLAGS = ("parts_in_whole", "diff_aliased", "param_diffs_batched")
 
 
 @dataclass
@@ -510,45 +522,40 @@ class Net:
         key = tuple(blob.shape for blob in self._input_blobs)
         if key in self._layouts:
             self._placement, flags = self._layouts[key]
-            layers = self.layers_run
-            for s, name, value in flags:
-                setattr(layers[s], name, value)
-            return
-        self._placement = self._new_layout()
-        flags = [(s, name, getattr(layer, name)) for s, layer in enumerate(self.layers_run)
-                 for name in _LAYOUT_FLAGS if hasattr(layer, name)]
-        if len(self._layouts) >= LAYOUTS_KEPT:
-            del self._layouts[next(iter(self._layouts))]
-        self._layouts[key] = (self._placement, flags)
+        else:
+            self._placement, flags = self._new_layout()
+            if len(self._layouts) >= LAYOUTS_KEPT:
+                del self._layouts[next(iter(self._layouts))]
+            self._layouts[key] = (self._placement, flags)
+        layers = self.layers_run
+        for s, told in flags:
+            layers[s].apply_layout(**told)
 
-    def _new_layout(self) -> _Placement:
-        """The layout of :meth:`_layout` for the current shapes, and the layers' flags
-        that follow from it."""
-        for layer in self.layers_run:
-            if getattr(layer, "batches_param_diffs", False):
-                layer.param_diffs_batched = False
-            if hasattr(layer, "passes_diff"):
-                layer.diff_aliased = ()
+    def _new_layout(self) -> tuple[_Placement, list[tuple[int, dict]]]:
+        """The layout of :meth:`_layout` for the current shapes, and what it tells each
+        layer that takes part in one (:meth:`Layer.apply_layout`'s arguments by step)."""
         plan, g, layers = self.memory_plan, self.graph, self.layers_run
+        told = {s: {} for s, layer in enumerate(layers)
+                if layer.parts_of_whole or layer.passes_diffs or layer.batches_param_diffs}
         shapes = [blob.shape for blob in self._blob_list]
         data_host, diff_host, flags = graph.group_parts(g.steps, layers, plan, shapes,
                                                         g.rewritten)
         skipped = {}
         for s, (data_flags, diff_flags) in flags.items():
-            layers[s].parts_in_whole = (data_flags, diff_flags)
+            told[s]["parts_in_whole"] = (data_flags, diff_flags)
             # a Slice writes its whole's diff unless every part is inside it
             skipped[s] = diff_flags if layers[s].parts_of_whole == "bottoms" else [
                 all(diff_flags)]
         aliased = graph.alias_pass_through_diffs(g.steps, layers, plan, self._bottom_need,
                                                  diff_host, g.rewritten)
         for s, fl in aliased.items():
-            layers[s].diff_aliased = skipped[s] = fl
+            told[s]["diff_aliased"] = skipped[s] = fl
         groups, sizes = graph.plan_weight_gradients(
             g.steps, layers, plan, self._bottom_need, shapes, data_host, diff_host,
             g.rewritten, skipped, len(self._blob_list))
         for group in groups:
             for s in group.steps:
-                layers[s].param_diffs_batched = True
+                told[s]["param_diffs_batched"] = True
         sizes = {key: n * self.dtype.itemsize for key, n in sizes.items()}
         buffers, keys = [], []
         for kind, life, host in (("data", plan.data_life, data_host),
@@ -590,7 +597,7 @@ class Net:
             if host:
                 roots = np.fromiter(host, np.int64, len(host))
                 whole[kind][roots], within[kind][roots] = zip(*host.values())
-        return _Placement(offset, whole, within, scratch, total, groups, sizes)
+        return _Placement(offset, whole, within, scratch, total, groups, sizes), list(told.items())
 
     def _bind(self) -> None:
         """Give every planned blob and scratch buffer its memory in the workspace."""
@@ -642,7 +649,7 @@ class Net:
         for group in placement.groups:
             layer = self.layers_run[group.after]
             (xr, x0), (gr, g0) = group.x, group.gy
-            K, n = layer.K, layer.num_output
+            K, n = layer.param_row_widths()
             x = array("data", xr).reshape(-1)[x0 : x0 + group.rows * K].reshape(-1, K)
             gy = array("diff", gr).reshape(-1)[g0 : g0 + group.rows * n].reshape(-1, n)
             self._gemms.setdefault(group.after, []).append((layer, x, gy))
@@ -891,25 +898,14 @@ class Net:
             self.set_input(name, value)
         if [b.shape for b in self._input_blobs] != self._input_shapes:
             self.reshape()
-        blas = run_threads(self._blas_threads)
-        self._gate.open = True
-        try:
+        with self._running("forward"):
             if not self._bound and self._placement is not None:
                 self._bind()
-            layer = bottoms = None
-            # one try around the loop, not one per layer: the hot path is a bare call
-            with blas:
-                if not self.regions:
-                    for layer, bottoms, tops in self._fwd:
-                        layer.forward(bottoms, tops)
-                else:
-                    _run_items(self._forward_items, _forward_entry, "failed in forward")
-        except NetError:
-            raise
-        except Exception as e:
-            raise _layer_failure(layer, "failed in forward", e, bottoms) from e
-        finally:
-            self._gate.open = False
+            if not self.regions:
+                for layer, bottoms, tops in self._fwd:
+                    layer.forward(bottoms, tops)
+            else:
+                _run_items(self._forward_items, _forward_entry, "failed in forward")
         self.workspace.holder = self
         self._loss = self._device_loss = None
         out = {name: self.blobs[name].data for name in self.outputs}
@@ -961,29 +957,43 @@ class Net:
             )
         for blob, weight in self._loss_tops:
             blob.diff.fill(weight)
+        gemms, zero_before = self._gemms, self._zero_before
+        with self._running("backward"):
+            if not self.regions:
+                for s, layer, tops, prop, bottoms in self._bwd:
+                    if s in zero_before:
+                        for blob in zero_before[s]:
+                            blob.diff.fill(0)
+                    layer.backward(tops, prop, bottoms)
+                    if s in gemms:
+                        for sharer, x, gy in gemms[s]:
+                            sharer.param_backward(x, gy)  # every sharer's rows: one GEMM
+            else:
+                _run_items(self._backward_items, functools.partial(
+                    _backward_entry, zero_before=zero_before, gemms=gemms),
+                    "failed in backward")
+
+    @contextlib.contextmanager
+    def _running(self, what: str):
+        """One run (forward or backward): the BLAS threads of the policy and the memory gate
+        open for it; a layer's unexpected exception becomes a NetError naming the layer.
+
+        One try around the whole loop, not one per layer, so the hot path stays a bare
+        call per layer; the failing layer is found from the traceback afterwards.
+        """
         blas = run_threads(self._blas_threads)
         self._gate.open = True
-        layer = bottoms = None
         try:
-            gemms, zero_before = self._gemms, self._zero_before
             with blas:
-                if not self.regions:
-                    for s, layer, tops, prop, bottoms in self._bwd:
-                        if s in zero_before:
-                            for blob in zero_before[s]:
-                                blob.diff.fill(0)
-                        layer.backward(tops, prop, bottoms)
-                        if s in gemms:
-                            for sharer, x, gy in gemms[s]:
-                                sharer.param_backward(x, gy)  # every sharer's rows: one GEMM
-                else:
-                    _run_items(self._backward_items, functools.partial(
-                        _backward_entry, zero_before=zero_before, gemms=gemms),
-                        "failed in backward")
+                yield
         except NetError:
             raise
         except Exception as e:
-            raise _layer_failure(layer, "failed in backward", e, bottoms) from e
+            layer = _failing_layer(e, self.layers_run)
+            if layer is None:
+                raise  # not a layer's: the engine's own bug, with its traceback
+            bottoms = next(b for lay, b, _ in self._fwd if lay is layer)
+            raise _layer_failure(layer, f"failed in {what}", e, bottoms) from e
         finally:
             self._gate.open = False
 

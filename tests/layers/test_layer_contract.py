@@ -131,3 +131,75 @@ def test_every_module_of_the_layers_package_registers_its_layers():
 
     modules = {f"unroll.layers.{m.name}" for m in pkgutil.iter_modules(unroll.layers.__path__)}
     assert {cls.__module__ for cls in LAYERS.values()} >= modules
+
+
+# -- every hook the engine reads is declared on Layer ---------------------------------------
+#: the modules that read layers: the net, its plan and checks, inspection, graph capture
+ENGINE = ("net", "graph", "host_checks", "workspace", "inspection", "cuda_graph")
+#: names that stand for a layer in those modules
+LAYER_NAMES = {"layer", "sharer", "split"}
+#: what every layer has besides CONTRACT: Caffe's run methods and the base's own members
+BASE = {"type", "name", "param", "xp", "dtype", "phase", "rng", "blobs", "set_up", "reshape",
+        "forward", "backward", "layer_setup", "scratch_specs", "scratch_memory", "reserve",
+        "scratch", "error", "compact", "check_counts", "canonical_axis", "parts_in_whole",
+        "diff_aliased", "param_diffs_batched"}
+
+
+def layer_reads(module) -> set[str]:
+    """Attributes ``module`` reads of a layer: ``layer.x``, ``layers[s].x``, getattr/hasattr."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(module))
+    found = set()
+
+    def is_layer(node) -> bool:
+        return (isinstance(node, ast.Name) and node.id in LAYER_NAMES) or (
+            isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
+            and node.value.id in ("layers", "layers_run"))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_layer(node.value):
+            found.add(node.attr)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr") and node.args
+              and is_layer(node.args[0]) and isinstance(node.args[1], ast.Constant)):
+            found.add(f"{node.func.id}:{node.args[1].value}")
+    return found
+
+
+@pytest.mark.parametrize("name", ENGINE)
+def test_the_engine_reads_only_what_layer_declares(name):
+    import importlib
+
+    reads = layer_reads(importlib.import_module(f"unroll.{name}"))
+    probes = {r for r in reads if ":" in r and r != "getattr:axis"}
+    assert not probes, f"unroll.{name} probes layers for {probes}: declare them on Layer"
+    undeclared = {r for r in reads if ":" not in r} - set(CONTRACT) - BASE
+    assert not undeclared, f"unroll.{name} reads {undeclared} of layers, not in CONTRACT"
+
+
+@pytest.mark.parametrize("name", CONTRACT)
+def test_every_contract_entry_has_a_default_and_a_doc_on_layer(name):
+    import inspect
+
+    assert hasattr(Layer, name), name
+    value = getattr(Layer, name)
+    if callable(value):
+        assert value.__doc__, f"Layer.{name} has no docstring"
+    else:  # an attribute is documented by the `#:` comment above it (or above its group)
+        source = inspect.getsource(Layer).splitlines()
+        at = next(i for i, line in enumerate(source) if line.startswith(f"    {name}"))
+        while source[at - 1].strip() and not source[at - 1].strip().startswith("#"):
+            at -= 1  # another attribute of the group
+        assert source[at - 1].strip().startswith("#:"), f"Layer.{name} has no #: comment"
+
+
+def test_the_readme_lists_every_contract_entry():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Extending unroll"):]
+    section = section[:section.index("\n## ", 1)]
+    missing = [name for name in CONTRACT if f"`{name}" not in section]
+    assert not missing, f"README's 'Extending unroll' does not list {missing}"

@@ -13,9 +13,8 @@ class EltwiseLayer(Layer):
     """y = sum_i c_i x_i | prod_i x_i | max_i x_i over >= 2 bottoms of one shape."""
 
     num_bottoms = (2, None)
-    #: per bottom, set by a net: that bottom's diff is the top's own memory (SUM with
-    #: coefficient 1 passes the diff through unchanged), so backward writes nothing for it
-    diff_aliased = ()
+    #: SUM with coefficient 1 passes a diff through unchanged (see passes_diff)
+    passes_diffs = True
 
     def __init__(self, param, *args, **kwargs):
         super().__init__(param, *args, **kwargs)

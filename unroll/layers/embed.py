@@ -34,6 +34,8 @@ class EmbedLayer(Layer):
     def allow_force_backward(self, bottom_index):
         return False
 
+    checks_host_bottoms = True
+
     def check_host_bottom(self, index: int, values: np.ndarray, name: str) -> None:
         """Raise a NetError unless host ``values`` (bottom ``name``) are ids in [0, input_dim).
 

@@ -19,8 +19,6 @@ class InnerProductLayer(Layer):
 
     #: its param gradient is a GEMM over rows, which a net may batch over sharers
     batches_param_diffs = True
-    #: set by a net that computes this layer's param gradient with its sharers'
-    param_diffs_batched = False
 
     def layer_setup(self, bottoms, tops):
         p = self.param.inner_product_param
@@ -68,6 +66,10 @@ class InnerProductLayer(Layer):
         """Layers with one key may have their param gradients computed together: the same
         param blobs, used the same way."""
         return tuple(map(id, self.blobs)), self.transpose
+
+    def param_row_widths(self) -> tuple[int, int]:
+        """(K, num_output): the widths of the x and gy rows of :meth:`param_backward`."""
+        return self.K, self.num_output
 
     def param_backward(self, x, gy):
         """Add the param gradients of rows ``x`` (M, K) and top diffs ``gy`` (M, num_output)."""

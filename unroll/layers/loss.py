@@ -42,6 +42,8 @@ class ClassScores(Layer):
                 f"{outer} * {inner} = {outer * inner}"
             )
 
+    checks_host_bottoms = True
+
     def check_host_bottom(self, index: int, values: np.ndarray, name: str) -> None:
         """Raise a NetError unless host ``values`` of labels ``name`` are valid class indices.
 

@@ -42,6 +42,8 @@ class ScatterLayer(Layer):
     def allow_force_backward(self, bottom_index):
         return bottom_index == 0
 
+    checks_host_bottoms = True
+
     def check_host_bottom(self, index: int, values: np.ndarray, name: str) -> None:
         """Raise a NetError unless host ``values`` (positions ``name``) are -1 or distinct
         whole numbers >= 0; forward then tests the largest against the cells of ``like``.
