@@ -192,7 +192,9 @@ def expand_command(args) -> int:
     from unroll.unroller import to_prototxt
 
     net_param = _net_param(args)
-    text = to_prototxt(net_param)
+    text = to_prototxt(net_param, caffe=args.caffe)
+    if args.caffe:  # summarize what was written: the lowered net
+        net_param = parse_text(text, NetParameter(), "the exported net")
     summary = summarize(net_param, text)
     if args.output and args.output != "-":
         Path(args.output).write_text(text)
@@ -304,6 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
     _template_arguments(ex, steps_required=True)
     ex.add_argument("-o", "--output", metavar="FILE",
                     help="write the prototxt to FILE (default: stdout)")
+    ex.add_argument("--caffe", action="store_true",
+                    help="write only layer types BVLC Caffe has: lower unroll's own (GRUUnit, "
+                         "the sequence ends) to Caffe's layers, or refuse the net naming each "
+                         "layer Caffe cannot express (Scatter)")
     ex.set_defaults(run=expand_command)
 
     ins = sub.add_parser(
