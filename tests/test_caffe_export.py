@@ -21,6 +21,7 @@ from unroll.caffe_export import (
     unroll_only_header,
     unroll_only_types,
 )
+from unroll.layer import LAYERS, Layer
 from unroll.net import Net
 from unroll.proto import NetParameter, parse_text
 from unroll.template import load_template
@@ -97,6 +98,45 @@ def test_the_lowered_net_equals_the_unrolled_one(case):
         np.testing.assert_allclose(g2[name], g1[name], rtol=1e-10, atol=1e-12, err_msg=name)
 
 
+@settings(max_examples=15, deadline=None)
+@given(T=st.integers(1, 3), N=st.integers(1, 2), C=st.integers(1, 3),
+       columns=st.integers(1, 4), seed=st.integers(0, 2**32 - 1))
+def test_the_lowered_scatter_equals_the_taggers_scatter(T, N, C, columns, seed):
+    """The character tagger, whose Scatter the export turns into a gather."""
+    original = expand("tagger", steps=T, batch=N, vocab=5, tags=3, embed=2, hidden=2,
+                      char_columns=columns,
+                      chars={"vocab": 4, "embed": 2, "hidden": 2, "length": C})
+    lowered, _ = export_for_caffe(original)
+    assert {lp.type for lp in lowered.layer} <= caffe_layer_types()
+    a, b = (Net(n, dtype="float64") for n in (original, lowered))
+    rng = np.random.default_rng(seed)
+    params = {p.name: p for p in b.learnable_params}
+    for p in a.learnable_params:
+        p.blob.data[...] = params[p.name].blob.data[...] = rng.uniform(-1, 1, p.blob.shape)
+    frozen = [p for p in b.learnable_params if p.lr_mult == 0]
+    assert len(frozen) == len(params) - len(a.learnable_params) == 4
+    cells, slots = T * N, C * columns
+    at = np.full(slots, -1.0)  # distinct cells at some slots, -1 (no word ends here) elsewhere
+    words = rng.choice(slots, size=rng.integers(0, min(cells, slots) + 1), replace=False)
+    at[words] = rng.choice(cells, size=len(words), replace=False)
+    inputs = dict(words=rng.integers(0, 5, (T, N)), cont=rng.integers(0, 2, (T, N)),
+                  labels=rng.integers(0, 3, (T, N)), chars_fw=rng.integers(0, 4, (C, columns)),
+                  chars_bw=rng.integers(0, 4, (C, columns)),
+                  chars_cont=rng.integers(0, 2, (C, columns)), chars_at=at.reshape(C, columns))
+    results = []
+    for net in (a, b):
+        out = {k: v.copy() for k, v in net.forward(**inputs).items()}
+        net.clear_param_diffs()
+        net.backward()
+        results.append((out, {p.name: p.blob.diff.copy() for p in net.learnable_params}))
+    (out_a, grad_a), (out_b, grad_b) = results
+    assert out_a.keys() == out_b.keys()
+    for name in out_a:
+        np.testing.assert_allclose(out_b[name], out_a[name], rtol=1e-12, atol=1e-13)
+    for name, diff in grad_a.items():
+        np.testing.assert_allclose(grad_b[name], diff, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
 def test_lowering_replaces_exactly_the_unroll_only_layers():
     original = expand("gru", steps=3, batch=2, input_dim=2, hidden=2, sequence_output=False,
                       align="right")
@@ -117,7 +157,7 @@ NET_TEMPLATES = {
         (dict(vocab=7, tags=3, embed=4, hidden=3), ()),
         (dict(vocab=7, tags=3, embed=4, hidden=3, cell="gru", layers=2), ()),
         (dict(vocab=7, tags=3, embed=4, hidden=3, features={"suffix": [5, 2]},
-              chars={"vocab": 6, "embed": 3, "hidden": 2, "length": 4}), ("char_vec",)),
+              chars={"vocab": 6, "embed": 3, "hidden": 2, "length": 4}), ()),
     ],
     "siamese": [(dict(input_dim=3, hidden=4, embed=2), ())],
 }
@@ -166,17 +206,30 @@ def test_module_templates_are_not_nets():
     assert set(NET_TEMPLATES) == {n for n, k in kinds.items() if k == "net"}
 
 
-def test_a_refusal_is_one_line_per_layer_saying_why():
-    net_param = expand("tagger", steps=2, batch=2, vocab=5, tags=3, embed=2, hidden=2,
-                       chars={"vocab": 4, "embed": 2, "hidden": 2, "length": 3})
-    with pytest.raises(NetError, match=r"(?s)to BVLC Caffe: 1 layer\(s\).*\n  layer 'char_vec' "
-                                       r"\(Scatter\): places rows at positions given as data"):
-        export_for_caffe(net_param)
-    net_param.layer.add(name="mine", type="NoSuchType", bottom=["words"], top=["w2"])
+class SquareLayer(Layer):
+    """y = x ** 2: a layer type of a user's own, which Caffe lacks."""
+
+    def reshape(self, bottoms, tops):
+        tops[0].reshape(bottoms[0].shape)
+
+    def forward(self, bottoms, tops):
+        tops[0].data[...] = bottoms[0].data ** 2
+
+    def backward(self, tops, propagate_down, bottoms):
+        bottoms[0].diff[...] = 2 * bottoms[0].data * tops[0].diff
+
+
+def test_a_refusal_is_one_line_per_layer_saying_why(monkeypatch):
+    monkeypatch.setitem(LAYERS, "ExportSquare", SquareLayer)
+    net_param = expand("gru", steps=2, input_dim=1, hidden=1)
+    net_param.layer.add(name="sq", type="ExportSquare", bottom=["h"], top=["h2"])
+    net_param.layer.add(name="mine", type="NoSuchType", bottom=["h2"], top=["h3"])
     with pytest.raises(NetError) as e:
         export_for_caffe(net_param)
-    assert str(e.value).splitlines()[1:] == [
-        "  layer 'char_vec' (Scatter): " + str(e.value).splitlines()[1].split(": ", 1)[1],
+    assert str(e.value).splitlines() == [
+        "cannot export net 'gru_T2' to BVLC Caffe: 2 layer(s) have no form in Caffe's layers:",
+        "  layer 'sq' (ExportSquare): a layer type of unroll's own (registered by "
+        "@register_layer) that BVLC Caffe lacks, with no lowering to Caffe's layers;",
         "  layer 'mine' (NoSuchType): a layer type that neither BVLC Caffe nor unroll knows",
     ]
 
@@ -213,12 +266,29 @@ def test_expand_caffe_on_the_command_line(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("# unroll-only layer types")
 
 
-def test_expand_caffe_refusal_is_one_line_and_exit_status_2(capsys):
-    status = cli.main(["expand", "tagger", "--steps", "2", "--set", "vocab=5", "--set", "tags=3",
-                       "--set", "chars={'vocab': 4, 'embed': 2, 'hidden': 2, 'length': 3}",
-                       "--caffe"])
+SQUARE_CELL = """\
+{% set interface = {"kind": "step", "inputs": ["x"], "states": {"h": "hidden"},
+                    "outputs": ["h"], "defaults": {"hidden": none}} %}
+{% macro step(s) %}
+layer { name: "{{ s.layer('h_cont') }}" type: "Scale" bottom: "{{ s.prev.h }}"
+        bottom: "{{ s.cont }}" top: "{{ s.blob('h_cont') }}" scale_param { axis: 0 } }
+layer { name: "{{ s.layer('sq') }}" type: "ExportSquare" bottom: "{{ s.blob('h_cont') }}"
+        top: "{{ s.blob('sq') }}" }
+layer { name: "{{ s.layer('h') }}" type: "Eltwise" bottom: "{{ s.input.x }}"
+        bottom: "{{ s.blob('sq') }}" top: "{{ s.state.h }}" }
+{% endmacro %}
+"""
+
+
+def test_expand_caffe_refusal_is_one_line_and_exit_status_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(LAYERS, "ExportSquare", SquareLayer)
+    (tmp_path / "square.prototxt.j2").write_text(SQUARE_CELL)
+    status = cli.main(["expand", "square", "--template-dir", str(tmp_path), "--steps", "2",
+                       "--set", "input_dim=2", "--set", "hidden=2", "--caffe"])
     err = capsys.readouterr().err
     assert status == 2
     assert err.count("\n") == 1
-    assert err.startswith("unroll expand: error: cannot export net 'tagger' to BVLC Caffe")
-    assert "layer 'char_vec' (Scatter)" in err
+    assert err.startswith("unroll expand: error: cannot export net 'square_T2' to BVLC Caffe: "
+                          "2 layer(s)")
+    assert "layer 'sq_t0' (ExportSquare): a layer type of unroll's own" in err
+    assert "; layer 'sq_t1' (ExportSquare)" in err

@@ -6,7 +6,7 @@ which): ``GRUUnit`` (the ``gru`` template), ``LeadingSequenceEnd`` and
 tagger's character model). Real Caffe aborts on them with ``Unknown layer
 type``. :func:`export_for_caffe` rewrites each one that Caffe's own layers
 can express into those layers, computing the same function (forward and
-backward), and refuses the net with one line per layer that they cannot:
+backward):
 
 - ``GRUUnit``: the primitive GRU step of ``gru_primitive.prototxt.j2`` (Scale,
   Slice, Eltwise, Sigmoid, TanH). GRUUnit has no params, so the params of the
@@ -17,10 +17,18 @@ backward), and refuses the net with one line per layer that they cannot:
   step. The unroll layers also refuse a column whose cont does not hold one
   sequence padded as ``align`` says; Caffe's layers cannot check that, so the
   exported net trusts its batches (the header comment says so).
-- ``Scatter``: refused. Its positions are data (a net input), and placing rows
-  at data-given positions is a scatter, which Caffe has no layer for: Caffe's
-  gathers (Embed, BatchReindex) take rows from a param or give a gradient to
-  the positions' inverse, which the net cannot compute from the positions.
+- ``Scatter``: a gather. Its positions are data, and Caffe has no scatter, but
+  it has a gather whose backward scatters (BatchReindex): each cell's source
+  row is computed from the positions by Caffe's layers (a one-hot comparison
+  of the positions with the cells, then a weighted sum), and BatchReindex
+  picks it from the rows with a zero row appended. Frozen params given in
+  the prototxt hold the cell and row numbers, so the exported net is fixed
+  to the positions and cells it was exported with (the tagger's character
+  columns then no longer vary per batch), and it trusts the positions to be
+  distinct, which the unroll layer checks.
+
+Anything else of unroll's own (a layer type registered by a user) is refused,
+one line per layer, saying why.
 
 The layer types Caffe has are read off real BVLC Caffe (``caffe_layer_types.txt``
 beside this module, a copy of the list made with ``caffe.layer_type_list()`` at
@@ -44,9 +52,11 @@ from collections import Counter
 from functools import cache
 from importlib import resources
 
+import numpy as np
+
 from unroll.errors import NetError
 from unroll.layer import LAYERS
-from unroll.proto import LayerParameter, NetParameter
+from unroll.proto import LayerParameter, NetParameter, blob_proto_from_array
 
 #: the file (package data) that lists BVLC Caffe's layer types, one a line
 LAYER_TYPES_FILE = "caffe_layer_types.txt"
@@ -100,26 +110,27 @@ def export_for_caffe(net_param: NetParameter) -> tuple[NetParameter, list[str]]:
     saying why. The input is not changed.
     """
     known = caffe_layer_types()
-    names = _Names(net_param)
-    out = NetParameter()
-    out.CopyFrom(net_param)
-    del out.layer[:]
-    refused, lowered = [], Counter()
+    refused = []
     for lp in net_param.layer:
-        if lp.type in known:
-            out.layer.append(lp)
-            continue
-        lower = LOWERINGS.get(lp.type)
-        why = _why_not(lp) if lower is None else _carries_extras(lp)
-        if why:
-            refused.append(f"layer '{lp.name}' ({lp.type}): {why}")
-            continue
-        out.layer.extend(_with_rules(lp, lower(lp, names)))
-        lowered[lp.type] += 1
+        if lp.type not in known:
+            why = _why_not(lp) if lp.type not in LOWERINGS else _carries_extras(lp)
+            if why:
+                refused.append(f"layer '{lp.name}' ({lp.type}): {why}")
     if refused:
         raise NetError(f"cannot export net '{net_param.name}' to BVLC Caffe: "
                        f"{len(refused)} layer(s) have no form in Caffe's layers:\n  "
                        + ";\n  ".join(refused))
+    names, shapes = _Names(net_param), _Shapes(net_param)
+    out = NetParameter()
+    out.CopyFrom(net_param)
+    del out.layer[:]
+    lowered = Counter()
+    for lp in net_param.layer:
+        if lp.type in known:
+            out.layer.append(lp)
+            continue
+        out.layer.extend(_with_rules(lp, LOWERINGS[lp.type](lp, names, shapes)))
+        lowered[lp.type] += 1
     _silence_orphans(net_param, out, names)
     return out, [f"{n} {kind} layer(s) lowered: {NOTES[kind]}" for kind, n in lowered.items()]
 
@@ -152,6 +163,24 @@ class _Names:
         return name
 
 
+class _Shapes:
+    """Blob shapes of the net, from building it once in unroll (only a lowering that must
+    size given blobs asks)."""
+
+    def __init__(self, net_param: NetParameter):
+        self.net_param, self.nets = net_param, {}
+
+    def __call__(self, lp: LayerParameter, blob: str) -> tuple:
+        from unroll.net import Net
+
+        for phase in ("train", "test"):
+            if phase not in self.nets:
+                self.nets[phase] = Net(self.net_param, phase=phase, plan_memory=False)
+            if lp.name in {layer.name for layer in self.nets[phase].layers}:
+                return tuple(self.nets[phase].blobs[blob].shape)
+        raise NetError(f"layer '{lp.name}' ({lp.type}) runs in neither phase")
+
+
 def _layer(name: str, type_: str, bottoms, tops) -> LayerParameter:
     return LayerParameter(name=name, type=type_, bottom=list(bottoms), top=list(tops))
 
@@ -171,7 +200,7 @@ def _scale(name: str, x: str, by: str, top: str) -> LayerParameter:
     return lp
 
 
-def _gru_unit(lp: LayerParameter, names: _Names) -> list[LayerParameter]:
+def _gru_unit(lp: LayerParameter, names: _Names, shapes: _Shapes) -> list[LayerParameter]:
     """GRUUnit as gru_primitive.prototxt.j2 spells its step:
     h' = cont h_prev; r, z = sigmoid(x_rz + hh_rz); n = tanh(x_n + r hh_n); h = n + z (h' - n)."""
     h_prev, x, hh, cont = lp.bottom
@@ -199,7 +228,8 @@ def _gru_unit(lp: LayerParameter, names: _Names) -> list[LayerParameter]:
     return out
 
 
-def _trailing_sequence_end(lp: LayerParameter, names: _Names) -> list[LayerParameter]:
+def _trailing_sequence_end(lp: LayerParameter, names: _Names,
+                           shapes: _Shapes) -> list[LayerParameter]:
     """The last run step's state, as is: a Reshape that keeps every axis."""
     keep = _layer(names(lp, "last"), "Reshape", lp.bottom[:1], lp.top)
     keep.reshape_param.shape.SetInParent()
@@ -207,13 +237,14 @@ def _trailing_sequence_end(lp: LayerParameter, names: _Names) -> list[LayerParam
     return [keep]
 
 
-def _leading_sequence_end(lp: LayerParameter, names: _Names) -> list[LayerParameter]:
+def _leading_sequence_end(lp: LayerParameter, names: _Names,
+                          shapes: _Shapes) -> list[LayerParameter]:
     """sum_k m_k s_k with m_k = c_k (1 - c_{k+1}), c_0 = 1 and c_T = 0: the state at each
     column's last step, when its cont over the run is 1 ... 1 0 ... 0 after step 0."""
     n_states = (len(lp.bottom) + 1) // 2
     states, conts = list(lp.bottom[:n_states]), list(lp.bottom[n_states:])
     if n_states == 1:
-        return _trailing_sequence_end(lp, names)
+        return _trailing_sequence_end(lp, names, shapes)
     out, pieces = [], []
     ends = []  # 1 - c_{k+1}: step k is the last of its sequence
     for k, c in enumerate(conts):
@@ -237,31 +268,95 @@ def _leading_sequence_end(lp: LayerParameter, names: _Names) -> list[LayerParame
     return out
 
 
+def _reshape(name: str, bottom: str, top: str, dims) -> LayerParameter:
+    lp = _layer(name, "Reshape", [bottom], [top])
+    lp.reshape_param.shape.dim.extend(dims)
+    return lp
+
+
+def _power(name: str, bottom: str, top: str, scale: float, shift: float) -> LayerParameter:
+    lp = _layer(name, "Power", [bottom], [top])
+    lp.power_param.scale, lp.power_param.shift = scale, shift
+    return lp
+
+
+def _frozen(lp: LayerParameter, *values) -> LayerParameter:
+    """``lp`` with params that no solver changes (lr_mult 0, decay_mult 0), named after the
+    layer (a shared store needs names), holding ``values`` where given (Caffe reads a layer's
+    ``blobs`` as its initial params and then skips its fillers)."""
+    for k in range(max(len(values), 1)):
+        lp.param.add(name=f"{lp.name}.{k}", lr_mult=0, decay_mult=0)
+    for value in values:
+        lp.blobs.add().CopyFrom(blob_proto_from_array(np.asarray(value, np.float32)))
+    return lp
+
+
+def _scatter(lp: LayerParameter, names: _Names, shapes: _Shapes) -> list[LayerParameter]:
+    """Scatter as a gather: for each cell j, the row k with i[k] == j, or a zero row.
+
+    With K positions i and C cells: hit[j, k] = 1 - Threshold(|i[k] - j|) (i and j whole
+    numbers), and source[j] = sum_k (k - K) hit[j, k] + K is the row that cell j takes, or K
+    where no row names it; BatchReindex picks the rows of [x; 0] (2K rows), so its backward
+    is Scatter's: each row of x gets the gradient of its cell. The arrays that hold j and k
+    are frozen params given in the prototxt, so the net is fixed to K and C."""
+    x, at, like = lp.bottom
+    (top,) = lp.top
+    K, like_shape = int(np.prod(shapes(lp, at))), shapes(lp, like)
+    C, D = int(np.prod(like_shape)), shapes(lp, x)[-1]
+    b = {role: names(lp, role) for role in (
+        "at", "cell_col", "one", "ones", "at_rows", "offset", "distance", "miss", "hit",
+        "source_col", "source", "rows", "zeros", "padded", "picked")}
+    ones = _frozen(_layer(b["ones"], "InnerProduct", [b["one"]], [b["ones"]]))
+    ones.inner_product_param.num_output, ones.inner_product_param.bias_term = K, False
+    ones.inner_product_param.weight_filler.type = "constant"
+    ones.inner_product_param.weight_filler.value = 1
+    offset = _frozen(_layer(b["offset"], "Bias", [b["at_rows"]], [b["offset"]]),
+                     -np.arange(C))
+    offset.bias_param.axis = 0
+    source = _frozen(_layer(b["source_col"], "InnerProduct", [b["hit"]], [b["source_col"]]),
+                     (np.arange(K) - K).reshape(1, K), [K])
+    source.inner_product_param.num_output = 1
+    scale = _layer(b["at_rows"], "Scale", [b["ones"], b["at"]], [b["at_rows"]])
+    scale.scale_param.axis = 1
+    padded = _layer(b["padded"], "Concat", [b["rows"], b["zeros"]], [b["padded"]])
+    padded.concat_param.axis = 0
+    return [
+        _reshape(b["at"], at, b["at"], [-1]),
+        _reshape(b["cell_col"], like, b["cell_col"], [-1, 1]),
+        _power(b["one"], b["cell_col"], b["one"], scale=0, shift=1),
+        ones, scale, offset,
+        _layer(b["distance"], "AbsVal", [b["offset"]], [b["distance"]]),
+        _layer(b["miss"], "Threshold", [b["distance"]], [b["miss"]]),
+        _power(b["hit"], b["miss"], b["hit"], scale=-1, shift=1),
+        source,
+        _reshape(b["source"], b["source_col"], b["source"], [-1]),
+        _reshape(b["rows"], x, b["rows"], [-1, D]),
+        _power(b["zeros"], b["rows"], b["zeros"], scale=0, shift=0),
+        padded,
+        _layer(b["picked"], "BatchReindex", [b["padded"], b["source"]], [b["picked"]]),
+        _reshape(names(lp, "grid"), b["picked"], top, [*like_shape, D]),
+    ]
+
+
 LOWERINGS = {
     "GRUUnit": _gru_unit,
     "TrailingSequenceEnd": _trailing_sequence_end,
     "LeadingSequenceEnd": _leading_sequence_end,
+    "Scatter": _scatter,
 }
 #: what each lowering does, for the header comment of the exported net
 NOTES = {
     "GRUUnit": "the primitive GRU step (Scale, Slice, Eltwise, Sigmoid, TanH), same params",
     "TrailingSequenceEnd": "a shape-keeping Reshape of the last run step's state; Caffe does "
                            "not check that each column holds one right-aligned sequence",
+    "Scatter": "a gather: one-hot rows of the positions (AbsVal, Threshold, Power), the row each "
+               "cell takes (InnerProduct), BatchReindex of [x; 0]; fixed to the positions and "
+               "cells it was exported with, which Caffe trusts to be distinct",
     "LeadingSequenceEnd": "each step's state masked by cont[k] * (1 - cont[k + 1]) and summed "
                           "(Power, Eltwise, Scale); Caffe does not check that each column "
                           "holds one left-aligned sequence",
 }
-#: why a type of unroll's own cannot be lowered
-REFUSALS = {
-    "Scatter": "places rows at positions given as data; Caffe has no scatter, and its gathers "
-               "(Embed, BatchReindex) would need the inverse positions, which Caffe's layers "
-               "cannot compute from these",
-}
-
-
 def _why_not(lp: LayerParameter) -> str:
-    if lp.type in REFUSALS:
-        return REFUSALS[lp.type]
     if lp.type in LAYERS:
         return "a layer type of unroll's own (registered by @register_layer) that BVLC Caffe " \
                "lacks, with no lowering to Caffe's layers"
