@@ -252,6 +252,14 @@ def draw_command(args) -> int:
     return 0
 
 
+def layers_command(args) -> int:
+    """``unroll layers``: every registered layer type and the contract it declares."""
+    from unroll import catalogue
+
+    print(catalogue.as_json() if args.json else catalogue.text(), end="\n" if args.json else "")
+    return 0
+
+
 def memory_command(args) -> int:
     """``unroll memory``: what a net's memory costs, planned against unplanned."""
     from unroll.net import Net
@@ -354,7 +362,16 @@ def build_parser() -> argparse.ArgumentParser:
     me.add_argument("--largest", type=int, default=10, metavar="K",
                     help="list the K largest blobs (default 10)")
     me.set_defaults(run=memory_command)
-    for command in (ex, ins, dr, me):
+
+    la = sub.add_parser(
+        "layers", help="list every registered layer type and the contract it declares",
+        description="List every registered layer type: whether BVLC Caffe has it, its bottom "
+                    "and top counts, learnable blobs, in-place support, what its backward "
+                    "reads and its parameter messages (unroll.catalogue).",
+    )
+    la.add_argument("--json", action="store_true", help="print the same as JSON, for tools")
+    la.set_defaults(run=layers_command)
+    for command in (ex, ins, dr, me, la):
         command.add_argument("--debug", action="store_true",
                              help="show the traceback of an error, not one line")
     return parser

@@ -186,6 +186,12 @@ class Layer:
     #: False for layers whose blobs are state, not weights (BatchNorm's statistics):
     #: the net gives them lr_mult and decay_mult 0, so no solver ever updates them
     learnable = True
+    #: the blobs ``layer_setup`` creates, in order, each "name (shape)" and when it exists
+    #: (read by ``unroll layers``; the tests hold every built-in layer to it)
+    param_blobs: tuple = ()
+    #: the LayerParameter fields the layer reads its parameters from; None: Caffe's
+    #: convention, ``<type in snake case>_param`` where LayerParameter has that field
+    param_messages: tuple | None = None
 
     #: scratch name -> (shape, dtype, lives), as sized by :meth:`reserve`
     scratch_specs = _NO_SPECS
