@@ -360,7 +360,8 @@ class Layer:
         return axis % ndim
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} '{self.name}'>"
+        blobs = " ".join(str(b.shape) for b in self.blobs)
+        return f"<{type(self).__name__} '{self.name}'" + (f": blobs {blobs}>" if blobs else ">")
 
 
 # Every built-in layer type registers itself when its module is imported. Importing them
