@@ -28,7 +28,9 @@ backward):
   distinct, which the unroll layer checks.
 
 Anything else of unroll's own (a layer type registered by a user) is refused,
-one line per layer, saying why.
+one line per layer, saying why. A ``type: "Python"`` layer is kept as it is:
+Caffe has the type, but runs the module's class as a ``caffe.Layer``, so
+that module must serve Caffe too.
 
 The layer types Caffe has are read off real BVLC Caffe (``caffe_layer_types.txt``
 beside this module, a copy of the list made with ``caffe.layer_type_list()`` at

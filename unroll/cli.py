@@ -33,6 +33,7 @@ examples:
   unroll expand tagger --steps 30 --set batch=16 --set vocab=20000 --set tags=17 \\
       --set 'features={"suffix": [500, 16]}' -o tagger30.prototxt
   unroll expand mycell --template-dir ./cells --steps 10 --set input_dim=8 --set hidden=8
+  unroll expand gru --steps 20 --set input_dim=50 --set hidden=64 --caffe -o gru20.prototxt
 
 Built-in templates: rnn, lstm, lstm_primitive, gru (step templates) and tagger
 (a whole net). TEMPLATE may also be a path to a .prototxt.j2 file, or the name
@@ -40,6 +41,9 @@ of one in a --template-dir folder or in $UNROLL_TEMPLATE_PATH (os.pathsep-separa
 Step templates take batch (N, default 1), input_dim, their hyper-parameters
 (e.g. hidden), direction (forward, reverse, bidirectional), layers and
 expose_hidden. The net is built once to check it; a summary goes to stderr.
+A comment on top of the prototxt names any layer types of unroll's own it
+holds; --caffe writes only layer types BVLC Caffe has instead (`unroll layers`
+lists which are which).
 """
 
 DRAW_EXAMPLES = """\
@@ -299,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  unroll expand lstm --steps 5 --set batch=2 --set input_dim=3 --set hidden=4 "
                "-o lstm5.prototxt\n"
-               "  unroll draw lstm5.prototxt -o lstm5.svg\n\n"
+               "  unroll draw lstm5.prototxt -o lstm5.svg\n"
+               "  unroll layers --json\n\n"
                "Run 'unroll expand --help' or 'unroll draw --help' for more.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
