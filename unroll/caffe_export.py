@@ -24,8 +24,9 @@ backward):
   picks it from the rows with a zero row appended. Frozen params given in
   the prototxt hold the cell and row numbers, so the exported net is fixed
   to the positions and cells it was exported with (the tagger's character
-  columns then no longer vary per batch), and it trusts the positions to be
-  distinct, which the unroll layer checks.
+  columns then no longer vary per batch), it trusts the positions to be
+  distinct, which the unroll layer checks, and its comparison blobs hold
+  cells x positions values each (the unroll layer: positions + cells).
 
 Anything else of unroll's own (a layer type registered by a user) is refused,
 one line per layer, saying why. A ``type: "Python"`` layer is kept as it is:
@@ -353,7 +354,8 @@ NOTES = {
                            "not check that each column holds one right-aligned sequence",
     "Scatter": "a gather: one-hot rows of the positions (AbsVal, Threshold, Power), the row each "
                "cell takes (InnerProduct), BatchReindex of [x; 0]; fixed to the positions and "
-               "cells it was exported with, which Caffe trusts to be distinct",
+               "cells it was exported with, which Caffe trusts to be distinct; the comparison "
+               "holds cells x positions values",
     "LeadingSequenceEnd": "each step's state masked by cont[k] * (1 - cont[k + 1]) and summed "
                           "(Power, Eltwise, Scale); Caffe does not check that each column "
                           "holds one left-aligned sequence",
