@@ -96,6 +96,12 @@ class BucketedModel:
     def learnable_params(self):
         return list(self.store)
 
+    def __repr__(self) -> str:
+        values = sum(p.blob.count for p in self.store)
+        return (f"BucketedModel(phase={self.phase!r}, nets for T={sorted(self.nets)}, "
+                f"{len(self.store)} learnable params ({values:,} values), "
+                f"{self.dtype} on {self.device})")
+
     @property
     def loss(self) -> float:
         """The last forward's loss, read back on first access (see :attr:`Net.loss`)."""

@@ -33,6 +33,7 @@ examples:
   unroll expand tagger --steps 30 --set batch=16 --set vocab=20000 --set tags=17 \\
       --set 'features={"suffix": [500, 16]}' -o tagger30.prototxt
   unroll expand mycell --template-dir ./cells --steps 10 --set input_dim=8 --set hidden=8
+  unroll expand gru --steps 20 --set input_dim=50 --set hidden=64 --caffe -o gru20.prototxt
 
 Built-in templates: rnn, lstm, lstm_primitive, gru (step templates) and tagger
 (a whole net). TEMPLATE may also be a path to a .prototxt.j2 file, or the name
@@ -40,6 +41,9 @@ of one in a --template-dir folder or in $UNROLL_TEMPLATE_PATH (os.pathsep-separa
 Step templates take batch (N, default 1), input_dim, their hyper-parameters
 (e.g. hidden), direction (forward, reverse, bidirectional), layers and
 expose_hidden. The net is built once to check it; a summary goes to stderr.
+A comment on top of the prototxt names any layer types of unroll's own it
+holds; --caffe writes only layer types BVLC Caffe has instead (`unroll layers`
+lists which are which).
 """
 
 DRAW_EXAMPLES = """\
@@ -192,7 +196,9 @@ def expand_command(args) -> int:
     from unroll.unroller import to_prototxt
 
     net_param = _net_param(args)
-    text = to_prototxt(net_param)
+    text = to_prototxt(net_param, caffe=args.caffe)
+    if args.caffe:  # summarize what was written: the lowered net
+        net_param = parse_text(text, NetParameter(), "the exported net")
     summary = summarize(net_param, text)
     if args.output and args.output != "-":
         Path(args.output).write_text(text)
@@ -250,6 +256,14 @@ def draw_command(args) -> int:
     return 0
 
 
+def layers_command(args) -> int:
+    """``unroll layers``: every registered layer type and the contract it declares."""
+    from unroll import catalogue
+
+    print(catalogue.as_json() if args.json else catalogue.text(), end="\n" if args.json else "")
+    return 0
+
+
 def memory_command(args) -> int:
     """``unroll memory``: what a net's memory costs, planned against unplanned."""
     from unroll.net import Net
@@ -289,7 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="examples:\n"
                "  unroll expand lstm --steps 5 --set batch=2 --set input_dim=3 --set hidden=4 "
                "-o lstm5.prototxt\n"
-               "  unroll draw lstm5.prototxt -o lstm5.svg\n\n"
+               "  unroll draw lstm5.prototxt -o lstm5.svg\n"
+               "  unroll layers --json\n\n"
                "Run 'unroll expand --help' or 'unroll draw --help' for more.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -304,6 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
     _template_arguments(ex, steps_required=True)
     ex.add_argument("-o", "--output", metavar="FILE",
                     help="write the prototxt to FILE (default: stdout)")
+    ex.add_argument("--caffe", action="store_true",
+                    help="write only layer types BVLC Caffe has: lower unroll's own (GRUUnit, "
+                         "the sequence ends) to Caffe's layers, or refuse the net naming each "
+                         "layer Caffe cannot express (Scatter)")
     ex.set_defaults(run=expand_command)
 
     ins = sub.add_parser(
@@ -348,7 +367,16 @@ def build_parser() -> argparse.ArgumentParser:
     me.add_argument("--largest", type=int, default=10, metavar="K",
                     help="list the K largest blobs (default 10)")
     me.set_defaults(run=memory_command)
-    for command in (ex, ins, dr, me):
+
+    la = sub.add_parser(
+        "layers", help="list every registered layer type and the contract it declares",
+        description="List every registered layer type: whether BVLC Caffe has it, its bottom "
+                    "and top counts, learnable blobs, in-place support, what its backward "
+                    "reads and its parameter messages (unroll.catalogue).",
+    )
+    la.add_argument("--json", action="store_true", help="print the same as JSON, for tools")
+    la.set_defaults(run=layers_command)
+    for command in (ex, ins, dr, me, la):
         command.add_argument("--debug", action="store_true",
                              help="show the traceback of an error, not one line")
     return parser

@@ -220,6 +220,12 @@ class Layer:
     diff_aliased: tuple = ()
     #: the net computes the param gradient for all sharers (batches_param_diffs)
     param_diffs_batched = False
+    #: the blobs ``layer_setup`` creates, in order, each "name (shape)" and when it exists
+    #: (read by ``unroll layers``; the tests hold every built-in layer to it)
+    param_blobs: tuple = ()
+    #: the LayerParameter fields the layer reads its parameters from; None: Caffe's
+    #: convention, ``<type in snake case>_param`` where LayerParameter has that field
+    param_messages: tuple | None = None
 
     #: scratch name -> (shape, dtype, lives), as sized by :meth:`reserve`
     scratch_specs = _NO_SPECS
@@ -421,7 +427,8 @@ class Layer:
         return axis % ndim
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} '{self.name}'>"
+        blobs = " ".join(str(b.shape) for b in self.blobs)
+        return f"<{type(self).__name__} '{self.name}'" + (f": blobs {blobs}>" if blobs else ">")
 
 
 # Every built-in layer type registers itself when its module is imported. Importing them

@@ -172,6 +172,11 @@ class BlobTable(Mapping):
         """Every version of ``name``, first producer first."""
         return list(self._versions.get(name) or [self._latest[name]])
 
+    def __repr__(self) -> str:
+        names = list(self._latest)
+        shown = ", ".join(repr(n) for n in names[:6]) + (", ..." if len(names) > 6 else "")
+        return f"BlobTable({len(names)} blobs: {shown})"
+
 
 class _Gate:
     """Open while the net runs: a planned blob's memory is the net's only then."""
@@ -423,6 +428,13 @@ class Net:
         self.layer_names = [layer.name for layer in self.layers_run]
         self.inputs = [b.name for b in self._input_blobs]
         self._plan()
+
+    def __repr__(self) -> str:
+        values = sum(p.blob.count for p in self.learnable_params)
+        return (f"Net({self.name!r}, phase={self.phase!r}, {len(self.layers)} layers, "
+                f"{len(self.blobs)} blobs, {len(self.learnable_params)} learnable params "
+                f"({values:,} values), {self.dtype} on {self.device}, inputs={self.inputs}, "
+                f"outputs={list(self.outputs)})")
 
     def _schedule(self) -> None:
         """The run order as serial runs and concurrent regions, forward and backward.

@@ -8,13 +8,19 @@ from unroll.backend import device_of
 from unroll.blob import Blob
 
 
-@dataclass
+@dataclass(repr=False)
 class LearnableParam:
     """One owned parameter: its name, blob, multipliers, and the layer that owns it.
 
     ``name`` is the ``param { name: ... }`` of the prototxt, or
     ``"<layer>.<index>"`` for an unnamed (private) param. ``offset`` is where
     its values start in the store's flat buffers (-1 until :meth:`ParamStore.pack`).
+    ``p.data`` and ``p.diff`` are its blob's arrays (``p.blob.data``, ``p.blob.diff``).
+
+    >>> import numpy as np
+    >>> p = LearnableParam("W", Blob((2, 3), dtype=np.float32), owner="ip")
+    >>> p.data.shape, p
+    ((2, 3), LearnableParam('W', shape=(2, 3), float32, lr_mult=1, decay_mult=1, owner='ip'))
     """
 
     name: str
@@ -25,6 +31,25 @@ class LearnableParam:
     has_lr_mult: bool = False
     has_decay_mult: bool = False
     offset: int = -1
+
+    @property
+    def data(self):
+        """The param's values (its blob's data)."""
+        return self.blob.data
+
+    @property
+    def diff(self):
+        """The param's gradient (its blob's diff)."""
+        return self.blob.diff
+
+    @property
+    def shape(self) -> tuple:
+        return self.blob.shape
+
+    def __repr__(self) -> str:
+        return (f"LearnableParam({self.name!r}, shape={self.blob.shape}, {self.blob.dtype}, "
+                f"lr_mult={self.lr_mult:g}, decay_mult={self.decay_mult:g}, "
+                f"owner={self.owner!r})")
 
 
 class ParamStore:
@@ -63,6 +88,13 @@ class ParamStore:
 
     def __contains__(self, name: str) -> bool:
         return name in self._by_name
+
+    def __repr__(self) -> str:
+        values = sum(p.blob.count for p in self._order)
+        names = [p.name for p in self._order[:4]] + (["..."] if len(self._order) > 4 else [])
+        kind = f", {self._order[0].blob.dtype}" if self._order else ""
+        return (f"ParamStore({len(self._order)} params, {values:,} values{kind}, "
+                f"{'packed' if self.packed else 'not packed'}: {', '.join(names)})")
 
     def __getitem__(self, name: str) -> LearnableParam:
         return self._by_name[name]

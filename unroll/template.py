@@ -260,6 +260,10 @@ class Template:
     def defaults(self) -> dict:
         return self.interface.get("defaults", {})
 
+    def __repr__(self) -> str:
+        return (f"Template({self.name!r}, kind={self.kind!r}, "
+                f"variables={sorted(self.defaults)}, path='{self.path}')")
+
 
 def _environment(path: Path) -> jinja2.Environment:
     return SandboxedEnvironment(

@@ -821,9 +821,24 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
     return net
 
 
-def to_prototxt(net_param: NetParameter) -> str:
-    """Prototxt text of a NetParameter (readable by unroll.Net and by real Caffe)."""
-    return to_text(net_param)
+def to_prototxt(net_param: NetParameter, caffe: bool = False) -> str:
+    """Prototxt text of a NetParameter, readable by unroll.Net.
+
+    A net holding layer types BVLC Caffe lacks (``GRUUnit``, ``Scatter``, ...)
+    starts with a comment naming them. ``caffe=True`` writes the net for real
+    Caffe: those layers lowered to Caffe's own (:mod:`unroll.caffe_export`),
+    or a NetError with one line per layer that Caffe cannot express.
+
+    >>> text = to_prototxt(expand("gru", steps=2, input_dim=1, hidden=2), caffe=True)
+    >>> 'type: "GRUUnit"' in text, 'type: "Sigmoid"' in text
+    (False, True)
+    """
+    from unroll.caffe_export import caffe_header, export_for_caffe, unroll_only_header
+
+    if caffe:
+        lowered, notes = export_for_caffe(net_param)
+        return caffe_header(notes) + to_text(lowered)
+    return unroll_only_header(net_param) + to_text(net_param)
 
 
 def carry_hidden(model) -> dict:

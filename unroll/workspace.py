@@ -85,6 +85,10 @@ class Workspace:
     def nbytes(self) -> int:
         return int(self.arena.size)
 
+    def __repr__(self) -> str:
+        return (f"Workspace({self.nbytes:,} bytes on {self.xp.__name__}, "
+                f"{len(self._clients)} nets)")
+
     def attach(self, client) -> None:
         """Register a net: its ``release_memory()`` is called when the arena moves."""
         self._clients.add(client)

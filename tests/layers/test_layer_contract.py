@@ -203,3 +203,16 @@ def test_the_readme_lists_every_contract_entry():
     section = section[:section.index("\n## ", 1)]
     missing = [name for name in CONTRACT if f"`{name}" not in section]
     assert not missing, f"README's 'Extending unroll' does not list {missing}"
+
+
+#: a hook the engine calls only where the layer's flag says so
+FLAGGED_HOOKS = {"check_host_bottom": "checks_host_bottoms", "passes_diff": "passes_diffs",
+                 "param_backward": "batches_param_diffs"}
+
+
+@pytest.mark.parametrize("hook", FLAGGED_HOOKS)
+def test_a_layer_that_defines_a_hook_raises_its_flag(hook):
+    flag = FLAGGED_HOOKS[hook]
+    silent = [name for name, cls in LAYERS.items()
+              if getattr(cls, hook) is not getattr(Layer, hook) and not getattr(cls, flag)]
+    assert not silent, f"{silent} define {hook} but not {flag} = True: the engine never calls it"

@@ -25,6 +25,7 @@ class BiasLayer(Layer):
 
     num_bottoms = (1, 2)
     in_place = True
+    param_blobs = ("bias (x.shape[axis:axis + num_axes]), with one bottom",)
     # the gradient is the top diff itself: backward reads no data
     backward_reads = ()
 

@@ -69,6 +69,7 @@ class RecurrentLayer(Layer):
     input_weight = ""
     # backward runs the hidden net, which keeps its own copies of the bottoms
     backward_reads = ()
+    param_messages = ("recurrent_param",)
 
     def __init__(self, param, *args, **kwargs):
         super().__init__(param, *args, **kwargs)
@@ -293,6 +294,8 @@ class RecurrentLayer(Layer):
 class LSTMLayer(RecurrentLayer):
     """Caffe's LSTM: c_t = cont_t f c_{t-1} + i g, h_t = o tanh(c_t); blobs W_xc, b_c, W_hc."""
 
+    param_blobs = ("W_xc (4H, D)", "b_c (4H,)", "W_xc_static (4H, S), with x_static",
+                   "W_hc (4H, H)")
     template = "lstm"
     states = ("h", "c")
     output = "h"
@@ -313,6 +316,8 @@ class LSTMLayer(RecurrentLayer):
 class RNNLayer(RecurrentLayer):
     """Caffe's RNN: h_t = tanh(W_xh x_t + b_h + W_hh cont_t h_{t-1}), o_t = tanh(W_ho h_t + b_o)."""
 
+    param_blobs = ("W_xh (H, D)", "b_h (H,)", "W_xh_static (H, S), with x_static", "W_hh (H, H)",
+                   "W_ho (H, H)", "b_o (H,)")
     template = "rnn"
     states = ("h",)
     output = "o"

@@ -23,9 +23,9 @@ class EltwiseLayer(Layer):
 
     @property
     def backward_reads(self) -> tuple:
+        """SUM, MAX: nothing; PROD: bottoms (and top without stable_prod_grad)."""
         # read-only and fixed by the LayerParameter, so known before set-up like a class
-        # attribute: SUM reads nothing, MAX its saved argmax mask, PROD the bottoms (and the
-        # top, for the quotient form)
+        # attribute
         if self.op != PROD:
             return ()
         return ("bottom",) if self.stable else ("bottom", "top")

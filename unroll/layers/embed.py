@@ -16,6 +16,7 @@ class EmbedLayer(Layer):
     them again only on the CPU, where that costs no wait for a device.
     """
 
+    param_blobs = ("weight (input_dim, num_output)", "bias (num_output,), with bias_term")
     # backward reads the indices saved in forward, never the bottom itself
     backward_reads = ()
 

@@ -17,6 +17,8 @@ class InnerProductLayer(Layer):
     one's backward then computes only its bottom's diff.
     """
 
+    param_blobs = ("weight (num_output, K), or (K, num_output) with transpose",
+                   "bias (num_output,), with bias_term")
     #: its param gradient is a GEMM over rows, which a net may batch over sharers
     batches_param_diffs = True
 

@@ -111,6 +111,7 @@ class SoftmaxWithLossLayer(ClassScores):
 
     num_tops = (1, 2)
     is_loss = True
+    param_messages = ("loss_param", "softmax_param")
 
     def layer_setup(self, bottoms, tops):
         p = self.param.loss_param

@@ -1,4 +1,5 @@
-"""Element-wise layers: ReLU, Sigmoid, TanH, Dropout (all may run in place) and Power."""
+"""Element-wise layers: ReLU, Sigmoid, TanH, Dropout, Threshold (all may run in place), Power
+and AbsVal."""
 
 from __future__ import annotations
 
@@ -143,3 +144,41 @@ class PowerLayer(Layer):
             return
         base = self.shift + self.scale * bottoms[0].data
         gx[...] = tops[0].diff * (self.power * self.scale) * base ** (self.power - 1)
+
+
+@register_layer("AbsVal")
+class AbsValLayer(Layer):
+    """y = |x|; any shape. gx = sign(x) gy (0 at 0, as Caffe's)."""
+
+    def reshape(self, bottoms, tops):
+        tops[0].reshape(bottoms[0].shape)
+
+    def forward(self, bottoms, tops):
+        self.xp.abs(bottoms[0].data, out=tops[0].data)
+
+    def backward(self, tops, propagate_down, bottoms):
+        if propagate_down[0]:
+            self.xp.multiply(self.xp.sign(bottoms[0].data), tops[0].diff, out=bottoms[0].diff)
+
+
+@register_layer("Threshold")
+class ThresholdLayer(NeuronLayer):
+    """y = 1 where x > 0, else 0; any shape (Caffe's Threshold at its default threshold 0).
+
+    A step has no gradient to pass on (Caffe's backward refuses to run), so no
+    bottom takes a forced one; where asked, backward writes the zero it is
+    almost everywhere.
+    """
+
+    backward_reads = ()
+
+    def allow_force_backward(self, bottom_index):
+        return False
+
+    def forward(self, bottoms, tops):
+        x, y = bottoms[0].data, tops[0].data
+        self.xp.copyto(y, x > 0)
+
+    def backward(self, tops, propagate_down, bottoms):
+        if propagate_down[0]:
+            bottoms[0].diff[...] = 0

@@ -15,6 +15,7 @@ class BatchNormLayer(Layer):
 
     in_place = True
     learnable = False
+    param_blobs = ("mean (C,)", "variance (C,)", "moving average factor (1,)")
     # backward reads x_norm and 1 / std saved in forward, never the (overwritten) bottom
     backward_reads = ()
 
@@ -95,6 +96,8 @@ class ScaleLayer(Layer):
 
     num_bottoms = (1, 2)
     in_place = True
+    param_blobs = ("scale (x.shape[axis:axis + num_axes]), with one bottom",
+                   "bias (the scale's shape), with bias_term")
     # backward reads x for the scale's gradient, but never an overwritten x: in place, forward
     # keeps a copy of x; out of place it reads the bottom (see reads_in_backward)
     backward_reads = ()
