@@ -18,113 +18,22 @@ LSTM's inputs are host arrays that ``forward`` sends. Each workload runs one
 step first, so that lazy allocations (diffs, solver history) are not counted.
 
 The last lines count a step whose gradient pass is replayed as a CUDA graph
-(:mod:`unroll.cuda_graph`, simulated by the trace backend).
+(:mod:`unroll.cuda_graph`, simulated by the trace backend), and the training
+command's own step on packed rows at each row length, eager and with graphs.
+The counting is :mod:`unroll.step_counts`; the tagger's workloads are
+:mod:`examples.pos_tagging.workload`.
 
     python -m bench.gpu_budget            (from the repository root)
 """
 
 from __future__ import annotations
 
-import numpy as np
+from examples.pos_tagging.workload import packed_step, tagger_guard, tagger_setup
+from unroll import trace
+from unroll.step_counts import PHASES, lstm_setup, replayed_step, traced_step
 
-from unroll import Net, expand, to_prototxt, trace
-from unroll.cuda_graph import StepGraphs
-from unroll.solver import Solver
-
-PHASES = ("inputs", "clear", "forward", "backward", "guard", "update")
-
-
-def count_step(net, solver: Solver, feed, guard=None) -> dict[str, trace.Counts]:
-    """The counts of each phase of one training step.
-
-    ``feed`` is the inputs (a dict) or, as Solver.step takes it, a callable
-    ``feed(k)`` that makes them (then counted as the "inputs" phase);
-    ``guard(model)`` is the training loop's check between backward and update.
-    """
-    inputs = {}
-
-    def make_inputs():
-        inputs.update(feed(solver.iter) if callable(feed) else feed)
-
-    phases = {
-        "inputs": make_inputs,
-        "clear": net.clear_param_diffs,
-        "forward": lambda: net.forward(**inputs),
-        "backward": net.backward,
-        "guard": lambda: guard(net) if guard is not None else None,
-        "update": solver.update,
-    }
-    counts = {}
-    for name, run in phases.items():
-        with trace.measure() as counts[name]:
-            run()
-    return counts
-
-
-def tagger_setup(device: str, T: int = 21, N: int = 32, seed: int = 0):
-    """The default tagger on ``device``, its Adam solver and a synthetic batch of up to T words.
-
-    Returns ``(model, solver, feed, tokens)``: ``feed(k)`` packs the batch and sends it
-    to the device, as the training command does; ``tokens`` counts the real (unpadded) words.
-    """
-    from examples.pos_tagging.conll import UPOS_TAGS
-    from examples.pos_tagging.features import Featurizer
-    from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
-
-    rng = np.random.default_rng(seed)
-    words = [f"{stem}{k}" for stem in ("Word", "run", "x-", "Ab") for k in range(50)]
-    lengths = [T] + rng.integers(1, T + 1, N - 1).tolist()
-    sentences = [[words[j] for j in rng.integers(0, len(words), n)] for n in lengths]
-    tags = [[UPOS_TAGS[j] for j in rng.integers(0, len(UPOS_TAGS), n)] for n in lengths]
-    tagger = Tagger(Featurizer.build(sentences), TaggerConfig(batch=N), device=device,
-                    seed=seed)
-    encoded, labels = tagger.encode(sentences), tag_ids(tags)
-    solver = Solver(tagger.train_model, type="Adam", base_lr=2e-3, clip_gradients=5.0)
-    return (tagger.train_model, solver, lambda k: tagger.inputs(encoded, T, labels, train=True),
-            sum(lengths))
-
-
-def tagger_guard(model) -> float:
-    """The training command's divergence guard (one read): gradient norm, then the check."""
-    from examples.pos_tagging.train import checked_loss, gradient_norm
-
-    return checked_loss(model, gradient_norm(model))
-
-
-def lstm_setup(device: str, T: int = 25, N: int = 32, D: int = 100, H: int = 128,
-               seed: int = 0):
-    """An unrolled LSTM layer regressed onto a target by EuclideanLoss, on ``device``.
-
-    Returns ``(net, solver, inputs, tokens)`` with ``tokens = T * N``.
-    """
-    text = to_prototxt(expand("lstm", steps=T, batch=N, input_dim=D, hidden=H)) + f"""
-layer {{ name: "target" type: "Input" top: "target"
-        input_param {{ shape {{ dim: {T} dim: {N} dim: {H} }} }} }}
-layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "target" top: "loss" }}
-"""
-    net = Net(text, device=device, seed=seed)
-    rng = np.random.default_rng(seed)
-    inputs = {"x": rng.normal(size=(T, N, D)), "cont": (np.arange(T) > 0)[:, None].repeat(N, 1),
-              "target": rng.uniform(-1, 1, (T, N, H))}
-    return net, Solver(net, type="Adam", base_lr=1e-3), inputs, T * N
-
-
-def traced_step(setup, guard=None, **sizes) -> dict[str, trace.Counts]:
-    """The per-phase counts of a workload's second step (the first allocates lazily)."""
-    model, solver, feed, _ = setup("trace", **sizes)
-    solver.step(1, feed=feed)
-    return count_step(model, solver, feed, guard)
-
-
-def replayed_step(setup, **sizes) -> trace.Counts:
-    """The counts of ``solver.step(1)`` with its gradient pass replayed as a CUDA graph
-    (:class:`unroll.cuda_graph.StepGraphs`, captured in an earlier step)."""
-    model, solver, feed, _ = setup("trace", **sizes)
-    solver.graphs = StepGraphs(model, warmup=1)
-    solver.step(2, feed=feed)  # one eager pass, then the capture
-    with trace.measure() as counts:
-        solver.step(1, feed=feed)
-    return counts
+#: the training command's packed row lengths on EWT
+ROW_LENGTHS = (16, 32, 64, 159)
 
 
 def table(name: str, counts: dict[str, trace.Counts]) -> str:
@@ -156,6 +65,12 @@ def main() -> None:
         print(f"{name} solver.step with the gradient pass a CUDA graph (StepGraphs): "
               f"{c.launches} launches ({c.ops['graph.launch']} graph, the rest copies of the "
               f"inputs into its buffers and the update), {c.syncs} sync, {c.h2d} h2d")
+    print("the training command's step (packed rows, N=32, guard and update), per row length:")
+    for T in ROW_LENGTHS:
+        eager, graphs = packed_step(T, graphs=False, steps=1), packed_step(T)
+        print(f"  T={T:<3}  eager {eager.launches:>5} launches, {eager.syncs} sync, "
+              f"{eager.h2d} h2d;  graphs {graphs.launches:>3} launches, {graphs.syncs} sync, "
+              f"{graphs.h2d} h2d")
 
 
 if __name__ == "__main__":

@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 
 import unroll
-from bench import gpu_budget
-from tests.test_trace import TINY
+from examples.pos_tagging.workload import packed_tagger, tagger_setup
+from tests.test_trace import SMALL_TAGGER, TINY
 from unroll import Net, trace
 from unroll.backend import GPU_AVAILABLE, to_numpy
 from unroll.bucketed_model import BucketedModel
 from unroll.cuda_graph import GraphError, StepGraphs, check_capturable
 from unroll.solver import Solver, SolverError
+from unroll.step_counts import lstm_setup
 
 
 @pytest.fixture(params=["trace", pytest.param("gpu", marks=pytest.mark.gpu)])
@@ -24,11 +25,11 @@ def device(request):
 
 
 def small_lstm(device):
-    return gpu_budget.lstm_setup(device, T=4, N=3, D=5, H=6)
+    return lstm_setup(device, T=4, N=3, D=5, H=6)
 
 
 def small_tagger(device):
-    return gpu_budget.tagger_setup(device, T=6, N=4)
+    return tagger_setup(device, T=6, N=4)
 
 
 def params(model):
@@ -51,6 +52,34 @@ def test_replays_give_the_eager_steps(device, setup):
                                    err_msg=f"step {k}")
     assert (solver.graphs.captures, solver.graphs.replays) == (1, 3)
     np.testing.assert_allclose(model.loss, eager.loss, rtol=rtol)
+
+
+def test_the_training_commands_graphed_steps_give_its_eager_steps(device):
+    """guarded_step with the training command's graphs, against the same steps eager, on
+    packed batches whose row length changes (one graph each, captured after warm-up)."""
+    from examples.pos_tagging.tagger import TaggerConfig
+    from examples.pos_tagging.train import TrainOptions, guarded_step, training_solver
+
+    config, options = TaggerConfig(**SMALL_TAGGER), TrainOptions(data=None, model_dir=None)
+    runs = []
+    for graphs in (False, True):
+        tagger, feeds = packed_tagger([5, 9], config, device=device)
+        solver = training_solver(tagger.train_model, options, steps_per_epoch=3)
+        assert (solver.graphs is not None) == (device in ("gpu", "trace"))
+        if not graphs:
+            solver.graphs = None
+        runs.append((tagger.train_model, solver, feeds))
+    rtol = 0 if device == "trace" else 1e-5
+    for k, T in enumerate([5, 5, 9, 5, 9, 9, 5, 9, 5, 9]):
+        (eager, eager_solver, eager_feeds), (model, solver, feeds) = runs
+        want = guarded_step(eager_solver, eager, eager_feeds[T]())
+        got = guarded_step(solver, model, feeds[T]())
+        assert got[1:] == want[1:] == (None, True)
+        np.testing.assert_allclose(got[0], want[0], rtol=rtol, err_msg=f"step {k}")
+        np.testing.assert_allclose(params(model), params(eager), rtol=rtol, atol=rtol / 10,
+                                   err_msg=f"step {k}")
+    assert (solver.graphs.captures, solver.graphs.replays) == (2, 4)
+    assert eager_solver.rate == solver.rate != options.learning_rate  # decayed: eager updates
 
 
 def test_a_replayed_step_is_one_launch_and_reads_nothing_back():

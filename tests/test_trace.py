@@ -6,8 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from bench import gpu_budget
-from unroll import Net, NetError, trace
+from examples.pos_tagging.tagger import TaggerConfig
+from examples.pos_tagging.workload import packed_step, tagger_guard, tagger_setup
+from unroll import Net, NetError, step_counts, trace
 from unroll.backend import device_of, get_array_module, module_of, to_numpy
 from unroll.solver import Solver
 
@@ -151,7 +152,7 @@ def test_a_tiny_nets_step_is_counted_exactly():
     solver = Solver(net, type="SGD", base_lr=0.1)
     inputs = {"x": np.ones((4, 3)), "t": np.zeros((4, 2))}
     solver.step(1, feed=inputs)  # allocates the diffs and the history
-    counts = gpu_budget.count_step(net, solver, inputs)
+    counts = step_counts.count_step(net, solver, inputs)
     got = {k: (c.launches, c.syncs, c.h2d, c.d2h) for k, c in counts.items()}
     assert got == {
         # host arrays, handed over as they are: forward sends them
@@ -183,14 +184,47 @@ LSTM_BUDGET = {"launches": 221, "syncs": 0, "h2d": 3, "d2h": 0}
 
 
 @pytest.mark.parametrize("setup, guard, budget", [
-    (gpu_budget.tagger_setup, gpu_budget.tagger_guard, TAGGER_BUDGET),
-    (gpu_budget.lstm_setup, None, LSTM_BUDGET),
+    (tagger_setup, tagger_guard, TAGGER_BUDGET),
+    (step_counts.lstm_setup, None, LSTM_BUDGET),
 ])
 def test_a_training_step_stays_within_its_gpu_budget(setup, guard, budget):
-    counts = gpu_budget.traced_step(setup, guard).values()
+    counts = step_counts.traced_step(setup, guard).values()
     spent = {k: sum(getattr(c, k) for c in counts) for k in budget}
     over = {k: f"{spent[k]} > {budget[k]}" for k in budget if spent[k] > budget[k]}
     assert not over, f"{setup.__name__} is over its GPU budget: {over}"
+
+
+# The training command on a GPU replays each batch shape's gradient pass as a CUDA graph
+# (docs/design.md, 4. Devices): its step is then the graph, the copies of the batch's inputs
+# into the graph's buffers, the guard and the update, whatever the row length (eager, the
+# default tagger's step grows with T: 946 launches at T=16, 5,522 at T=159). The launches
+# depend on the layers, not on their sizes, so a small tagger of the default's layers
+# counts what the default one does.
+GRAPHED_STEP_BUDGET = {"launches": 60, "syncs": 1, "h2d": 1, "d2h": 0}
+SMALL_TAGGER = dict(embed=8, hidden=8, batch=4, chars={"embed": 4, "hidden": 4, "length": 16})
+
+
+def test_the_training_commands_graphed_step_makes_as_many_launches_at_every_row_length():
+    config = TaggerConfig(**SMALL_TAGGER)
+    spent = {T: packed_step(T, config) for T in (16, 32, 64, 159)}
+    for T, counts in spent.items():
+        got = {k: getattr(counts, k) for k in GRAPHED_STEP_BUDGET}
+        over = {k: f"{got[k]} > {v}" for k, v in GRAPHED_STEP_BUDGET.items() if got[k] > v}
+        assert not over, f"the training step at T={T} is over its budget with graphs: {over}"
+        assert counts.ops["graph.launch"] == 1 and counts.sync_sites == {"float": 1}
+    assert len({counts.launches for counts in spent.values()}) == 1, {
+        T: counts.launches for T, counts in spent.items()}
+
+
+def test_the_training_command_replays_graphs_only_on_devices_that_have_them():
+    from examples.pos_tagging.train import TrainOptions, training_solver
+    from unroll.cuda_graph import StepGraphs
+
+    options = TrainOptions(data=None, model_dir=None)
+    for device, graphs in (("trace", StepGraphs), ("cpu", type(None))):
+        tagger, _, _ = tiny_tagger(device)
+        solver = training_solver(tagger.train_model, options, steps_per_epoch=10)
+        assert isinstance(solver.graphs, graphs), device
 
 
 # -- what a step reads back, and when --------------------------------------------------------
@@ -347,8 +381,8 @@ def test_a_packed_tagger_step_sends_its_batch_in_one_transfer():
         return packed_inputs(tagger, encoded, [[0, 1]], 7, labels, train=True)[0]
 
     solver.step(1, feed=feed)
-    counts = gpu_budget.count_step(tagger.train_model, solver, feed)
-    assert [counts[phase].h2d for phase in gpu_budget.PHASES] == [1, 0, 0, 0, 0, 0]
+    counts = step_counts.count_step(tagger.train_model, solver, feed)
+    assert [counts[phase].h2d for phase in step_counts.PHASES] == [1, 0, 0, 0, 0, 0]
     assert to_numpy(feed(0)["cont"])[:, 0].tolist() == [0, 1, 1, 1, 0, 1, 1]
 
 

@@ -41,7 +41,8 @@ import numpy as np
 from unroll import trace
 from unroll.backend import get_array_module
 
-__all__ = ["GraphError", "StepGraphs", "check_capturable", "gradient_pass"]
+__all__ = ["GraphError", "StepGraphs", "check_capturable", "gradient_pass", "gradients",
+           "graphs_for"]
 
 
 class GraphError(RuntimeError):
@@ -56,6 +57,37 @@ def gradient_pass(model, inputs: Mapping):
     loss = model.device_loss
     model.backward()
     return loss
+
+
+def gradients(model, inputs: Mapping, graphs: StepGraphs | None = None):
+    """One gradient pass of a training loop: replayed by ``graphs`` where it is a
+    :class:`StepGraphs`, else run eagerly (:func:`gradient_pass`). Returns the loss, left
+    on the device; the param diffs hold the gradients.
+
+    A loop that runs its own guard between backward and update calls this where it
+    would clear, run forward and backward, with ``graphs=graphs_for(model)``:
+
+    >>> import unroll
+    >>> rnn = unroll.expand("rnn", steps=3, batch=2, input_dim=2, hidden=2)
+    >>> net = unroll.Net(unroll.to_prototxt(rnn)
+    ...                  + 'layer { name: "l" type: "EuclideanLoss" bottom: "h" bottom: "h" '
+    ...                    'top: "loss" }')
+    >>> graphs = graphs_for(net)  # None: a CPU net runs eagerly
+    >>> batch = {"x": np.ones((3, 2, 2)), "cont": np.ones((3, 2))}
+    >>> float(gradients(net, batch, graphs))
+    0.0
+    """
+    if graphs is not None:
+        return graphs.gradients(inputs)
+    return gradient_pass(model, inputs)
+
+
+def graphs_for(model, warmup: int = 2) -> StepGraphs | None:
+    """A :class:`StepGraphs` for ``model`` where its device replays CUDA graphs ("gpu",
+    and "trace", which simulates them), else None: the CPU runs its passes eagerly."""
+    if model.device in ("gpu", "trace"):
+        return StepGraphs(model, warmup=warmup)
+    return None
 
 
 class _TraceCapture:
@@ -198,6 +230,12 @@ class StepGraphs:
     def _ran(self, entry: _Entry) -> None:
         """Note the net an eager pass or a capture ran: its memory now has entry's shapes."""
         entry.net = getattr(self.model, "active", self.model)  # a BucketedModel's bucket
+        before = self._shaped_by.get(id(entry.net))
+        if before is not None and before is not entry:
+            # the net's blobs took other shapes: the graph of the shapes before would be
+            # captured again before a replay, so its memory goes back now
+            before.graph = before.keep = None
+            before.runs = 0
         self._shaped_by[id(entry.net)] = entry
 
     def _replayed(self, entry: _Entry) -> None:

@@ -41,6 +41,7 @@ from examples.pos_tagging.tagger import Tagger, TaggerConfig, builtin_cells, tag
 from unroll import distributed
 from unroll.atomic import write_atomic
 from unroll.backend import module_of
+from unroll.cuda_graph import gradients, graphs_for
 from unroll.errors import NetError
 from unroll.solver import Solver
 
@@ -91,10 +92,13 @@ class TrainOptions:
 
 def training_solver(model, opts: TrainOptions, steps_per_epoch: int, comm=None) -> Solver:
     """The tagger's Adam: ``opts``' learning rate, decayed by ``lr_gamma`` every epoch of
-    ``steps_per_epoch`` steps (Caffe's lr_policy "step"), gradients clipped at ``clip``."""
-    return Solver(model, type="Adam", base_lr=opts.learning_rate, momentum=0.9,
-                  momentum2=0.999, delta=1e-8, lr_policy="step", gamma=opts.lr_gamma,
-                  stepsize=steps_per_epoch, clip_gradients=opts.clip, comm=comm)
+    ``steps_per_epoch`` steps (Caffe's lr_policy "step"), gradients clipped at ``clip``; on
+    a GPU each batch shape's gradient pass is replayed as a CUDA graph (``solver.graphs``)."""
+    solver = Solver(model, type="Adam", base_lr=opts.learning_rate, momentum=0.9,
+                    momentum2=0.999, delta=1e-8, lr_policy="step", gamma=opts.lr_gamma,
+                    stepsize=steps_per_epoch, clip_gradients=opts.clip, comm=comm)
+    solver.graphs = graphs_for(model)
+    return solver
 
 
 class TrainingDiverged(RuntimeError):
@@ -187,10 +191,8 @@ def guarded_step(solver: Solver, model, inputs: dict) -> tuple[float, float | No
     norm of a batch that is not applied are read back for the report (the norm
     is None for an applied batch).
     """
-    model.clear_param_diffs()
     with np.errstate(over="ignore", invalid="ignore"):  # reported below, as one error
-        model.forward(**inputs)
-        model.backward()
+        gradients(model, inputs, solver.graphs)  # clear, forward, backward (or their graph)
         norm = gradient_norm(model)
         loss = checked_loss(model, norm)
     # every rank must take the same decision, or the others would wait in the all-reduce
