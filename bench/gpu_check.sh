@@ -10,8 +10,10 @@
 #    H=128) on the GPU and prints tokens/s and peak device memory, beside the launch
 #    counts of the trace backend for the same step,
 # 4. times the same steps eager and with their gradient pass replayed as a CUDA graph
-#    (unroll.cuda_graph.StepGraphs; its replay-equals-eager tests ran in stage 2).
-# Every stage has its own time limit (100 + 240 + 110 + 110 s), so the whole script
+#    (unroll.cuda_graph.StepGraphs; its replay-equals-eager tests ran in stage 2), then
+#    the training command's own step (examples.pos_tagging.train.guarded_step, which
+#    replays graphs on a GPU) on packed rows of T = 16, 32, 64 and 159, with and without.
+# Every stage has its own time limit (100 + 240 + 90 + 150 s), so the whole script
 # prints its figures in under 10 minutes even where a stage hangs.
 set -u
 cd "$(dirname "$0")/.."
@@ -40,12 +42,13 @@ echo "== pytest -m gpu"
 timeout 240 "$PY" -m pytest -m gpu -q -p no:cacheprovider --durations=5 || status=1
 
 echo "== GPU throughput (tokens/s, peak device memory)"
-timeout 110 "$PY" - <<'EOF' || status=1
+timeout 90 "$PY" - <<'EOF' || status=1
 import time
 
 import cupy
 
-from bench.gpu_budget import lstm_setup, tagger_setup, traced_step
+from examples.pos_tagging.workload import tagger_setup
+from unroll.step_counts import lstm_setup, traced_step
 
 pool = cupy.get_default_memory_pool()
 for name, setup in (("default tagger T=21 N=32", tagger_setup),
@@ -65,13 +68,15 @@ for name, setup in (("default tagger T=21 N=32", tagger_setup),
           f"peak device memory (CuPy pool) {pool.total_bytes() / 2**20:.0f} MiB")
 EOF
 echo "== CUDA graphs: ms per training step, eager vs the gradient pass replayed"
-timeout 110 "$PY" - <<'EOF' || status=1
+timeout 150 "$PY" - <<'EOF' || status=1
 import time
 
 import cupy
 
-from bench.gpu_budget import lstm_setup, tagger_setup
+from examples.pos_tagging.train import TrainOptions, guarded_step, training_solver
+from examples.pos_tagging.workload import packed_step, packed_tagger, tagger_setup
 from unroll.cuda_graph import GraphError, StepGraphs
+from unroll.step_counts import lstm_setup
 
 
 def ms_per_step(solver, feed, steps=20):
@@ -99,6 +104,41 @@ for name, setup in (("default tagger T=21 N=32", tagger_setup),
     print(f"{name}: eager {eager:.2f} ms/step, graph {graph:.2f} ms/step "
           f"({eager / graph:.1f}x), {solver.graphs.captures} capture(s), "
           f"{solver.graphs.replays} replays")
+
+print("the training command's step (guarded_step), default tagger, packed rows of N=32:")
+options = TrainOptions(data=None, model_dir=None)
+for T in (16, 32, 64, 159):
+    seconds = {}
+    for graphs in (False, True):
+        tagger, feeds = packed_tagger([T], device="gpu")
+        model = tagger.train_model
+        solver = training_solver(model, options, steps_per_epoch=1000)
+        if solver.graphs is None:
+            print(f"T={T}: the training command made no graphs on the GPU")
+            failed = True
+        if not graphs:
+            solver.graphs = None
+        batch = feeds[T]()  # one batch, so that the host's batching is not timed
+        try:
+            for _ in range(3):  # compiles, allocates and, with graphs, captures
+                guarded_step(solver, model, batch)
+            cupy.cuda.Device().synchronize()
+            start = time.perf_counter()
+            for _ in range(20):
+                guarded_step(solver, model, batch)
+            cupy.cuda.Device().synchronize()
+        except GraphError as error:
+            print(f"T={T}: graph: {error}")
+            failed = True
+            break
+        seconds[graphs] = (time.perf_counter() - start) / 20
+    if len(seconds) == 2:
+        launches = {g: packed_step(T, graphs=g, steps=3 if g else 1).launches
+                    for g in (False, True)}
+        print(f"  T={T:<3} eager {1e3 * seconds[False]:6.2f} ms/step ({launches[False]} "
+              f"launches), graphs {1e3 * seconds[True]:6.2f} ms/step ({launches[True]} "
+              f"launches): {seconds[False] / seconds[True]:.1f}x, "
+              f"{32 * T / seconds[True]:,.0f} tokens/s")
 raise SystemExit(failed)
 EOF
 exit $status
