@@ -11,12 +11,18 @@ alone run in bare NumPy, the floor of any NumPy implementation. Prints the media
 milliseconds per step over several rounds and the ratios. A benchmark, not a
 test: run it on an idle machine.
 
+A busy or shared machine drifts: ``--turns K`` runs the sides in turns, K times
+each (A B C A B C ...), and takes each ratio turn by turn, so the ratios hold
+while the machine's speed changes; ``--baseline PATH`` adds the unroll side of
+another checkout (the commit before a change) to the turns.
+
     python -m bench.bench_lstm                                 (from the repository root)
     python -m bench.bench_lstm --torch-python PATH/TO/venv/bin/python --steps 100
     python -m bench.bench_lstm --cell gru --hidden 512
+    python -m bench.bench_lstm --threads 1 --turns 5 --baseline ../before
 
-PyTorch runs under ``--torch-python`` (default: this interpreter); without it
-that side is skipped.
+PyTorch runs under ``--torch-python`` (default: this interpreter); where it
+cannot import torch, that side is skipped.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -110,13 +117,18 @@ def torch_side(args) -> float:
     return median_seconds(step, args.iters, args.rounds) * 1e3
 
 
-def run_side(side: str, python: str, args, engine: str = "fused") -> float | None:
-    """Milliseconds per step of one side, measured in a fresh process; None if it failed."""
-    env = {**os.environ, "UNROLL_ENGINE": engine, "PYTHONPATH": str(ROOT)}
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+def run_side(side: str, python: str, args, engine: str = "fused", root: Path = ROOT
+             ) -> float | None:
+    """Milliseconds per step of one side, measured in a fresh process from the checkout
+    ``root``; None if it failed."""
+    env = {**os.environ, "UNROLL_ENGINE": engine, "PYTHONPATH": str(root)}
+    # the same threads on both sides: unroll's own policy (free cores) is overridden
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "UNROLL_NUM_THREADS"):
         env[var] = str(args.threads)
+    # this script, with the checkout's unroll (and its bench.timing) on the path
     command = [python, str(Path(__file__).resolve()), "--side", side, *sys.argv[1:]]
-    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True)
     if done.returncode:
         print(f"{side} ({python}) failed:\n{done.stderr.strip()}", file=sys.stderr)
         return None
@@ -135,6 +147,9 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--torch-python", default=sys.executable,
                         help="a Python with torch (default: this one)")
+    parser.add_argument("--turns", type=int, default=1,
+                        help="run the sides in turns this many times; ratios turn by turn")
+    parser.add_argument("--baseline", help="another checkout whose unroll side joins the turns")
     parser.add_argument("--side", choices=["unroll", "torch", "gemms"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.side:
@@ -143,21 +158,34 @@ def main(argv=None) -> None:
         return
 
     print(f"{args.cell}: T={args.steps} N={args.batch} D={args.input_dim} H={args.hidden}, "
-          f"float32, {args.threads} threads, median of {args.rounds} x {args.iters} steps")
-    fused = run_side("unroll", sys.executable, args)
-    reference = run_side("unroll", sys.executable, args, engine="reference")
-    gemms = run_side("gemms", sys.executable, args)
-    torch = run_side("torch", args.torch_python, args)
-    for name, ms in [("unroll, fused units", fused), ("unroll, reference units", reference),
-                     ("its GEMMs alone, NumPy", gemms), (f"torch nn.{args.cell.upper()}", torch)]:
+          f"float32, {args.threads} threads, median of {args.rounds} x {args.iters} steps, "
+          f"{args.turns} turn(s)")
+    sides = {
+        "unroll, fused units": lambda: run_side("unroll", sys.executable, args),
+        "unroll, reference units": lambda: run_side("unroll", sys.executable, args,
+                                                    engine="reference"),
+        "its GEMMs alone, NumPy": lambda: run_side("gemms", sys.executable, args),
+        f"torch nn.{args.cell.upper()}": lambda: run_side("torch", args.torch_python, args),
+    }
+    if args.baseline:
+        sides["baseline unroll, fused"] = lambda: run_side(
+            "unroll", sys.executable, args, root=Path(args.baseline).resolve())
+    turns = {name: [] for name in sides}
+    for _ in range(args.turns):
+        for name, run in sides.items():
+            turns[name].append(run())
+    for name, values in turns.items():
+        ms = None if None in values else statistics.median(values)
         print(f"{name:24s} {'-' if ms is None else f'{ms:8.2f} ms/step'}")
-    if fused and reference:
-        print(f"reference / fused units: {reference / fused:.2f}x")
-    if fused and torch:
-        print(f"unroll / torch time: {fused / torch:.2f}x")
-    if gemms and torch:
-        print(f"NumPy GEMMs alone / torch time: {gemms / torch:.2f}x")
-
+    fused, torch = "unroll, fused units", f"torch nn.{args.cell.upper()}"
+    for name, over, under in [("reference / fused units", "unroll, reference units", fused),
+                              ("unroll / torch time", fused, torch),
+                              ("NumPy GEMMs alone / torch time", "its GEMMs alone, NumPy", torch),
+                              ("unroll / baseline time", fused, "baseline unroll, fused")]:
+        pairs = [a / b for a, b in zip(turns.get(over, ()), turns.get(under, ())) if a and b]
+        if pairs:
+            spread = f" (turns {min(pairs):.2f} .. {max(pairs):.2f})" if len(pairs) > 1 else ""
+            print(f"{name}: {statistics.median(pairs):.2f}x{spread}")
 
 if __name__ == "__main__":
     main()

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from unroll.layer import Layer, register_layer
+
+#: up to this many rows (an unrolled timestep's batch), x (M, K) times a transposed weight
+#: view runs on the CPU as the transposed product W x^T written back through a scratch
+#: array: OpenBLAS multiplies a few rows by a transposed operand slowly. At M = 32 the
+#: product takes 0.53-0.87x the time for K = 64..512, 4K outputs, one thread (0.75x at
+#: K = 512 with two); at M = 64 it breaks even (bench/bench_lstm.py has the step's figures)
+FEW_ROWS = 32
 
 
 @register_layer("InnerProduct")
@@ -46,12 +55,25 @@ class InnerProductLayer(Layer):
             )
         self.M = math.prod(shape[:axis])
         tops[0].reshape(shape[:axis] + (self.num_output,))
+        self.few_rows = self.xp is np and self.M <= FEW_ROWS
+        if self.few_rows:  # the transposed products of forward (y) and backward (gx)
+            if not self.transpose:
+                self.reserve("yT", (self.num_output, self.M), lives="forward")
+            else:
+                self.reserve("gxT", (self.K, self.M), lives="backward")
 
     def forward(self, bottoms, tops):
         x = bottoms[0].data.reshape(self.M, self.K)
         y = tops[0].data.reshape(self.M, self.num_output)
         W = self.blobs[0].data
-        self.xp.matmul(x, W if self.transpose else W.T, out=y)
+        if self.transpose:
+            self.xp.matmul(x, W, out=y)
+        elif self.few_rows:
+            yT = self.scratch("yT")
+            np.matmul(W, x.T, out=yT)
+            np.copyto(y, yT.T)
+        else:
+            self.xp.matmul(x, W.T, out=y)
         if self.bias_term:
             y += self.blobs[1].data
 
@@ -62,7 +84,14 @@ class InnerProductLayer(Layer):
         if propagate_down[0]:
             W = self.blobs[0].data
             gx = bottoms[0].diff.reshape(self.M, self.K)
-            self.xp.matmul(gy, W.T if self.transpose else W, out=gx)
+            if not self.transpose:
+                self.xp.matmul(gy, W, out=gx)
+            elif self.few_rows:
+                gxT = self.scratch("gxT")
+                np.matmul(W, gy.T, out=gxT)
+                np.copyto(gx, gxT.T)
+            else:
+                self.xp.matmul(gy, W.T, out=gx)
 
     def param_batch_key(self) -> tuple:
         """Layers with one key may have their param gradients computed together: the same
