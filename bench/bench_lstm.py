@@ -14,12 +14,14 @@ test: run it on an idle machine.
 A busy or shared machine drifts: ``--turns K`` runs the sides in turns, K times
 each (A B C A B C ...), and takes each ratio turn by turn, so the ratios hold
 while the machine's speed changes; ``--baseline PATH`` adds the unroll side of
-another checkout (the commit before a change) to the turns.
+another checkout (the commit before a change) to the turns; ``--clock cpu`` times
+each side by its process's CPU time, which other processes' time slices do not
+inflate (meaningful with ``--threads 1``).
 
     python -m bench.bench_lstm                                 (from the repository root)
     python -m bench.bench_lstm --torch-python PATH/TO/venv/bin/python --steps 100
     python -m bench.bench_lstm --cell gru --hidden 512
-    python -m bench.bench_lstm --threads 1 --turns 5 --baseline ../before
+    python -m bench.bench_lstm --threads 1 --clock cpu --turns 5 --baseline ../before
 
 PyTorch runs under ``--torch-python`` (default: this interpreter); where it
 cannot import torch, that side is skipped.
@@ -33,6 +35,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +43,22 @@ import numpy as np
 from bench.timing import median_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def ms_per_step(run, args) -> float:
+    """Median milliseconds per step of ``run``: wall time, or with ``--clock cpu`` the
+    process's CPU time, which other processes' time slices do not inflate (one thread)."""
+    if args.clock == "wall":
+        return median_seconds(run, args.iters, args.rounds) * 1e3
+    for _ in range(3):  # first-call costs: compilation, allocation
+        run()
+    times = []
+    for _ in range(args.rounds):
+        start = time.process_time()
+        for _ in range(args.iters):
+            run()
+        times.append((time.process_time() - start) / args.iters)
+    return statistics.median(times) * 1e3
 
 
 def data(args):
@@ -64,7 +83,7 @@ def unroll_side(args) -> float:
     cont = np.ones((T, N), np.float32)
     cont[0] = 0
     feed = {"x": x, "cont": cont, "target": y}
-    return median_seconds(lambda: solver.step(1, feed=feed), args.iters, args.rounds) * 1e3
+    return ms_per_step(lambda: solver.step(1, feed=feed), args)
 
 
 def gemm_side(args) -> float:
@@ -95,7 +114,7 @@ def gemm_side(args) -> float:
         np.matmul(flat.T, x, out=dWx)
         np.matmul(flat, Wx, out=dx)
 
-    return median_seconds(step, args.iters, args.rounds) * 1e3
+    return ms_per_step(step, args)
 
 
 def torch_side(args) -> float:
@@ -114,7 +133,7 @@ def torch_side(args) -> float:
         loss.backward()
         optimizer.step()
 
-    return median_seconds(step, args.iters, args.rounds) * 1e3
+    return ms_per_step(step, args)
 
 
 def run_side(side: str, python: str, args, engine: str = "fused", root: Path = ROOT
@@ -147,6 +166,9 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--torch-python", default=sys.executable,
                         help="a Python with torch (default: this one)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: time by the process's CPU time (one thread on a busy "
+                             "machine)")
     parser.add_argument("--turns", type=int, default=1,
                         help="run the sides in turns this many times; ratios turn by turn")
     parser.add_argument("--baseline", help="another checkout whose unroll side joins the turns")
