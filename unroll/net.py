@@ -22,15 +22,13 @@ import gc
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from unroll import graph
-from unroll.atomic import write_atomic
-from unroll.backend import get_array_module, make_rng, to_numpy
+from unroll import graph, weights
+from unroll.backend import get_array_module, make_rng
 from unroll.blob import Blob
-from unroll.errors import FileFormatError, NetError
+from unroll.errors import NetError
 from unroll.fillers import fill
 from unroll.host_checks import check_host_input, input_readers
 from unroll.layer import layer_class
@@ -41,8 +39,6 @@ from unroll.proto import (
     NetParameter,
     ParamSpec,
     array_from_blob_proto,
-    blob_proto_from_array,
-    read_binary,
     read_message,
 )
 from unroll.threads import run_threads
@@ -1016,76 +1012,16 @@ class Net:
 
     # -- weights in Caffe's binary format -------------------------------------------
     def to_proto(self) -> NetParameter:
-        """The net with its learned blobs, as Caffe writes a .caffemodel.
-
-        Only the first layer of this net to hold each param is written; its
-        sharers are left out (real Caffe skips absent layers when it loads,
-        and their weights are that layer's), so the file does not grow with T.
-        """
-        out = NetParameter(name=self.name)
-        for layer in self.layers:
-            if not any((layer.name, k) in self._first_holders for k in range(len(layer.blobs))):
-                continue
-            lp = out.layer.add()
-            lp.CopyFrom(layer.param)
-            del lp.blobs[:]
-            for blob in layer.blobs:
-                lp.blobs.add().CopyFrom(blob_proto_from_array(to_numpy(blob.data)))
-        return out
+        """The net with its learned blobs, as Caffe writes a .caffemodel
+        (:func:`unroll.weights.to_proto`): only the first layer to hold each param."""
+        return weights.to_proto(self.name, self.layers, self._first_holders)
 
     def copy_from(self, source, strict: bool = False, allow_missing: bool = False) -> None:
-        """Load weights from a NetParameter or a .caffemodel path, matching layers by name.
-
-        Source layers that this net lacks are skipped, as Caffe does, unless
-        ``strict``; a blob count or shape mismatch is a NetError. Every
-        learnable param of this net must get a value, so that an empty or
-        truncated file never leaves random weights in place; ``allow_missing``
-        permits a partial load (fine-tuning from a net with fewer layers). A
-        file that does not decode is a FileFormatError naming it.
-        """
-        origin = "the weights"
-        if not isinstance(source, NetParameter):
-            path = Path(source)
-            origin = str(path)
-            source = read_binary(path, NetParameter, ".caffemodel")
-            if not any(lp.blobs for lp in source.layer):
-                raise FileFormatError(path, "holds no weights (an empty or truncated .caffemodel?)")
-        by_name = {layer.name: layer for layer in self.layers}
-        loaded: set[str] = set()
-        for lp in source.layer:
-            if not lp.blobs:
-                continue
-            layer = by_name.get(lp.name)
-            if layer is None:
-                if strict:
-                    raise NetError(f"{origin}: weights for layer '{lp.name}', which this net "
-                                   f"does not have")
-                continue
-            if len(lp.blobs) != len(layer.blobs):
-                raise NetError(
-                    f"{origin}: layer '{lp.name}': the weights hold {len(lp.blobs)} blobs, the "
-                    f"layer has {len(layer.blobs)}"
-                )
-            for k, (bp, blob) in enumerate(zip(lp.blobs, layer.blobs)):
-                try:
-                    value = array_from_blob_proto(bp)
-                except ValueError as e:
-                    raise NetError(f"{origin}: layer '{lp.name}' blob {k}: {e}") from None
-                if value.shape != blob.shape:
-                    raise NetError(
-                        f"{origin}: layer '{lp.name}' blob {k}: the weights have shape "
-                        f"{value.shape}, the layer has {blob.shape}"
-                    )
-                blob.data[...] = self.xp.asarray(value, self.dtype)
-                loaded.add(blob.name)
-        missing = [p.name for p in self.learnable_params if p.blob.name not in loaded]
-        if missing and not allow_missing:
-            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
-                                              else "")
-            raise NetError(f"{origin}: no weights for {len(missing)} of the net's "
-                           f"{len(self.learnable_params)} learnable params ({shown}); pass "
-                           f"allow_missing=True to load only some")
+        """Load weights from a NetParameter or a .caffemodel path, matching layers by name,
+        as Caffe's CopyTrainedLayersFrom (:func:`unroll.weights.copy_into`)."""
+        weights.copy_into(self.layers, self.learnable_params, self.xp, self.dtype, source,
+                          strict=strict, allow_missing=allow_missing)
 
     def save(self, path) -> None:
         """Write the weights as a binary .caffemodel, atomically (temp file, then rename)."""
-        write_atomic(path, self.to_proto().SerializeToString())
+        weights.save(self.to_proto(), path)
