@@ -66,6 +66,7 @@ from unroll.testing.strategies import (
     shapes,
     step_variables,
 )
+from unroll.testing.template_battery import check_template, unrolled_reference
 
 __all__ = [
     "BatteryFailure",
@@ -79,6 +80,7 @@ __all__ = [
     "check_layer",
     "check_layer_gradient",
     "check_net_gradient",
+    "check_template",
     "cont_pattern",
     "cont_patterns",
     "distinct_arrays",
@@ -88,6 +90,7 @@ __all__ = [
     "run_layer",
     "shapes",
     "step_variables",
+    "unrolled_reference",
 ]
 
 del np

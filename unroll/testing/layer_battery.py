@@ -266,7 +266,8 @@ class _Battery:
 
     # -- the checks --------------------------------------------------------------
     def check_reference(self) -> None:
-        want = self.reference(*[v.copy() for v in self.values])
+        blobs = [_host(p.data) for p in self.base.params]
+        want = self.reference(*[v.copy() for v in self.values], *blobs)
         want = list(want) if isinstance(want, (tuple, list)) else [want]
         if len(want) != len(self.tops):
             self.row("forward vs reference", "tops", False, float("inf"),
@@ -312,16 +313,19 @@ class _Battery:
     def check_accumulate(self) -> None:
         bench = self.fresh_with_params()
         rng = np.random.default_rng(self.o["seed"] + 3)
-        bench.forward()
         if self.params_checked:
-            bench.backward(self.weights, self.propagate)
-            _, twice = bench.backward(self.weights, self.propagate)
+            # a forward before each backward: a layer may keep what one backward reads
+            # in memory its backward reuses (a layer that runs a net inside)
+            for _ in range(2):
+                bench.forward()
+                _, twice = bench.backward(self.weights, self.propagate)
             preset = [rng.uniform(-1, 1, g.shape) for g in self.gp]
             bench.set_diffs(params=preset)
+            bench.forward()
             _, added = bench.backward(self.weights, self.propagate)
             for k, g in enumerate(self.gp):
-                worst, detail, ok = _mismatch(f"param {k} diff after two backwards", twice[k],
-                                              2 * g, 1e-9, 1e-12)
+                worst, detail, ok = _mismatch(
+                    f"param {k} diff after two forward-backwards", twice[k], 2 * g, 1e-9, 1e-12)
                 if ok:
                     worst, detail, ok = _mismatch(f"param {k} diff preset to P, after backward",
                                                   added[k], preset[k] + g, 1e-9, 1e-12,
@@ -332,6 +336,7 @@ class _Battery:
         stale = [rng.uniform(-1, 1, v.shape) if self.propagate[i] else None
                  for i, v in enumerate(self.values)]
         bench.set_diffs(bottoms=stale)
+        bench.forward()
         got, _ = bench.backward(self.weights, self.propagate)
         for i in self.grads:
             worst, detail, ok = _mismatch(f"bottom {i} diff (preset to a stale value)", got[i],
@@ -454,14 +459,15 @@ def check_layer(
     """Run the whole battery on one layer; returns the :class:`Report`.
 
     ``layer`` is a LayerParameter or its prototxt text, ``inputs`` the bottom
-    values (NumPy arrays), ``reference`` a NumPy function of the inputs that
+    values (NumPy arrays), ``reference`` a NumPy function of the inputs (then
+    the layer's blobs, for a layer that has some: ``reference(x, W, b)``) that
     returns the top (or a tuple of tops) the layer's equation gives. On each
     of ``devices`` (default :func:`available_devices`): forward against
     ``reference``; bottoms unchanged by forward and by backward; backward
     against central differences in float64, along ``directions`` random
     directions per blob, or entry by entry (``per_entry=True``; by default for
-    blobs of at most 16 entries); param diffs accumulate (two backwards give
-    twice the diff, a preset diff is added to) and bottom diffs are written;
+    blobs of at most 16 entries); param diffs accumulate (two forward-backwards
+    give twice the diff, a preset diff is added to) and bottom diffs are written;
     in place equals out of place (layers that declare ``in_place``); float32
     within ``float32_tol`` (normwise) of float64; strided and transposed-view
     bottoms; and, for each bottom, ``propagate_down`` false leaves its diff

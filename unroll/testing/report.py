@@ -32,7 +32,7 @@ class Check:
     def line(self) -> str:
         worst = "-" if math.isnan(self.worst) else f"{self.worst:.2e}"
         return (f"{'PASS' if self.passed else 'FAIL'}  {self.device:<6} {self.name:<34} "
-                f"{self.subject:<26} {worst:>9}")
+                f"{self.subject:<40} {worst:>9}")
 
 
 @dataclass
@@ -73,7 +73,7 @@ class Report:
         return max(errors, key=lambda e: -1 if math.isnan(e) else e) if errors else float("nan")
 
     def table(self) -> str:
-        head = f"{'':4}  {'device':<6} {'check':<34} {'subject':<26} {'worst err':>9}"
+        head = f"{'':4}  {'device':<6} {'check':<34} {'subject':<40} {'worst err':>9}"
         lines = [f"battery of {self.subject}: {len(self.checks) - len(self.failures)} of "
                  f"{len(self.checks)} checks pass ({self.seconds:.2f} s)", head]
         lines += [c.line() for c in self.checks]
