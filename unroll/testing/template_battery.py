@@ -372,17 +372,16 @@ def check_template(
     ...                configs=["forward"]).passed
     True
     """
-    from unroll.unroller import load_template
+    from unroll.unroller import expand, load_template
 
     loaded = load_template(template, search_path)
+    if loaded.kind == "step":  # a template's own error (a typo in a variable) raises here
+        expand(template, steps=1, batch=1, input_dim=input_dim, search_path=search_path,
+               **variables)
     if loaded.kind != "step":
         raise ValueError(f"check_template needs a step template; {loaded.name} is a "
                          f"{loaded.kind} template")
     values = {**loaded.defaults, **variables}
-    missing = [size for size in loaded.interface["states"].values() if values.get(size) is None]
-    if missing:
-        raise ValueError(f"check_template({loaded.name!r}): give {', '.join(missing)}= (the "
-                         f"size of the states)")
     sizes = {s: int(values[size]) for s, size in loaded.interface["states"].items()}
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
