@@ -37,13 +37,12 @@ the blob, the entry or direction, analytic against numeric, and a hint.
 
 Only the strategies need the ``test`` extra (hypothesis); the checkers do not.
 
+>>> import numpy as np
 >>> report = check_layer('type: "Sigmoid"', [np.linspace(-3, 3, 8)],
 ...                      lambda x: 1 / (1 + np.exp(-x)), devices=["cpu"])
 >>> report.passed
 True
 """
-
-import numpy as np
 
 from unroll.testing.gradients import (
     GradientMismatch,
@@ -92,5 +91,3 @@ __all__ = [
     "step_variables",
     "unrolled_reference",
 ]
-
-del np

@@ -100,8 +100,8 @@ def cont_pattern(kind: str, steps: int, batch: int, seed: int = 0) -> np.ndarray
     sequence; ``"packed"``: several whole sequences one after another in each
     column. As in Caffe, 0 marks a sequence's first step and every padded step.
 
-    >>> cont_pattern("packed", 6, 1, seed=3).T.tolist()
-    [[0.0, 1.0, 0.0, 1.0, 1.0, 0.0]]
+    >>> cont_pattern("padded_left", 5, 2, seed=1).T.tolist()
+    [[0.0, 0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 0.0, 1.0, 1.0]]
     """
     if kind not in CONT_KINDS:
         raise ValueError(f"unknown cont pattern {kind!r}; expected one of {CONT_KINDS}")
