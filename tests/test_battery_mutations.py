@@ -168,6 +168,14 @@ layer { name: "{{ s.layer(name) }}" type: "Scale" bottom: "{{ bottom }}"
 layer { name: "{{ s.layer(name) }}" type: "Eltwise" bottom: "{{ a }}" bottom: "{{ b }}"
         top: "{{ s.blob(name) }}" }
 {% endmacro %}
+{% macro unary(s, type, name, bottom) %}
+layer { name: "{{ s.layer(name) }}" type: "{{ type }}" bottom: "{{ bottom }}"
+        top: "{{ s.blob(name) }}" }
+{% endmacro %}
+{% macro mul(s, name, a, b, top=none) %}
+layer { name: "{{ s.layer(name) }}" type: "Eltwise" bottom: "{{ a }}" bottom: "{{ b }}"
+        top: "{{ top or s.blob(name) }}" eltwise_param { operation: PROD } }
+{% endmacro %}
 {% macro step(s) %}
 layer { name: "{{ s.layer('h_cont') }}" type: "Scale" bottom: "{{ s.prev.h }}"
         bottom: "{{ s.cont }}" top: "{{ s.blob('h_cont') }}" scale_param { axis: 0 } }
@@ -185,21 +193,18 @@ layer { name: "{{ s.layer('c_cont') }}" type: "Scale" bottom: "{{ s.prev.c }}"
 {{ peep(s, 'p_f', s.blob('c_cont')) }}
 {{ add(s, 'i_in', s.blob('i_pre'), s.blob('p_i')) }}
 {{ add(s, 'f_in', s.blob('f_pre'), s.blob('p_f')) }}
-layer { name: "{{ s.layer('i') }}" type: "Sigmoid" bottom: "{{ s.blob('i_in') }}" top: "{{ s.blob('i') }}" }
-layer { name: "{{ s.layer('f') }}" type: "Sigmoid" bottom: "{{ s.blob('f_in') }}" top: "{{ s.blob('f') }}" }
-layer { name: "{{ s.layer('g') }}" type: "TanH" bottom: "{{ s.blob('g_pre') }}" top: "{{ s.blob('g') }}" }
-layer { name: "{{ s.layer('fc') }}" type: "Eltwise" bottom: "{{ s.blob('f') }}"
-        bottom: "{{ s.blob('c_cont') }}" top: "{{ s.blob('fc') }}" eltwise_param { operation: PROD } }
-layer { name: "{{ s.layer('ig') }}" type: "Eltwise" bottom: "{{ s.blob('i') }}"
-        bottom: "{{ s.blob('g') }}" top: "{{ s.blob('ig') }}" eltwise_param { operation: PROD } }
+{{ unary(s, 'Sigmoid', 'i', s.blob('i_in')) }}
+{{ unary(s, 'Sigmoid', 'f', s.blob('f_in')) }}
+{{ unary(s, 'TanH', 'g', s.blob('g_pre')) }}
+{{ mul(s, 'fc', s.blob('f'), s.blob('c_cont')) }}
+{{ mul(s, 'ig', s.blob('i'), s.blob('g')) }}
 layer { name: "{{ s.layer('c') }}" type: "Eltwise" bottom: "{{ s.blob('fc') }}"
         bottom: "{{ s.blob('ig') }}" top: "{{ s.state.c }}" }
 {{ peep(s, 'p_o', OUTPUT_GATE_READS) }}
 {{ add(s, 'o_in', s.blob('o_pre'), s.blob('p_o')) }}
-layer { name: "{{ s.layer('o') }}" type: "Sigmoid" bottom: "{{ s.blob('o_in') }}" top: "{{ s.blob('o') }}" }
-layer { name: "{{ s.layer('tanh_c') }}" type: "TanH" bottom: "{{ s.state.c }}" top: "{{ s.blob('tanh_c') }}" }
-layer { name: "{{ s.layer('h') }}" type: "Eltwise" bottom: "{{ s.blob('o') }}"
-        bottom: "{{ s.blob('tanh_c') }}" top: "{{ s.state.h }}" eltwise_param { operation: PROD } }
+{{ unary(s, 'Sigmoid', 'o', s.blob('o_in')) }}
+{{ unary(s, 'TanH', 'tanh_c', s.state.c) }}
+{{ mul(s, 'h', s.blob('o'), s.blob('tanh_c'), s.state.h) }}
 {% endmacro %}
 """
 
@@ -283,7 +288,8 @@ def test_mutation_table(tmp_path, capsys):
 
 def test_the_lstm_reference_is_the_peephole_one_without_peepholes(tmp_path):
     rng = np.random.default_rng(0)
-    p = {"W_xc": rng.normal(size=(8, 3)), "b_c": rng.normal(size=8), "W_hc": rng.normal(size=(8, 2))}
+    p = {"W_xc": rng.normal(size=(8, 3)), "b_c": rng.normal(size=8),
+         "W_hc": rng.normal(size=(8, 2))}
     s = {"h": rng.normal(size=(2, 2)), "c": rng.normal(size=(2, 2))}
     x = rng.normal(size=(2, 3))
     zero = {k: np.zeros(2) for k in ("p_i", "p_f", "p_o")}
