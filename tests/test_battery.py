@@ -208,6 +208,8 @@ def test_unroll_check_on_a_layer_prototxt(tmp_path, capsys):
     (["check", "rnn", "--reference", "numpy:no_such_thing", "--set", "hidden=2"],
      "module 'numpy' has no 'no_such_thing'"),
     (["check", "rnn", "--set", "hiden=2"], "did you mean 'hidden'"),
+    (["check", "rnn", "--set", "hidden=2", "--set", "direction=reverse"],
+     "direction is chosen by configs="),
 ])
 def test_unroll_check_refuses_bad_arguments_with_exit_2(argv, message, capsys):
     assert main(argv) == 2

@@ -375,6 +375,10 @@ def check_template(
     from unroll.unroller import expand, load_template
 
     loaded = load_template(template, search_path)
+    taken = sorted({"direction", "layers"} & set(variables))
+    if taken:
+        raise ValueError(f"check_template: {taken[0]} is chosen by configs= ({list(CONFIGS)}), "
+                         f"not given as a variable")
     if loaded.kind == "step":  # a template's own error (a typo in a variable) raises here
         expand(template, steps=1, batch=1, input_dim=input_dim, search_path=search_path,
                **variables)
