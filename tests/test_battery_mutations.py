@@ -299,3 +299,12 @@ def test_the_lstm_reference_is_the_peephole_one_without_peepholes(tmp_path):
     np.testing.assert_allclose(out["h"], out2["h"])
     np.testing.assert_allclose(st["c"], st2["c"])
     assert testing.available_devices()[:2] == ["cpu", "trace"]
+
+
+def test_a_backward_with_nothing_to_do_launches_nothing_on_the_trace_device():
+    good = check_layer('type: "TanH"', [X], np.tanh, devices=["trace"])
+    assert "every bottom off: no work" in [c.subject for c in good.checks]
+    bad = check_layer('type: "BatteryTanHIgnoresPropagateDown"', [X], devices=["trace"],
+                      strict=False)
+    (row,) = [c for c in bad.failures if c.subject == "every bottom off: no work"]
+    assert row.name == "propagate_down" and "backward launched 5 operations" in row.detail

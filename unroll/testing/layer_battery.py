@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from unroll import trace
 from unroll.backend import GPU_AVAILABLE, get_array_module, make_rng, to_numpy
 from unroll.blob import Blob
 from unroll.layer import layer_class
@@ -45,8 +46,8 @@ HINTS = {
     "non-contiguous bottoms": "the result depends on the bottoms' memory layout (a raw buffer, "
                               "ravel(order='K'), a kernel that ignores strides): honour strides "
                               "or copy with ascontiguousarray",
-    "propagate_down": "backward writes a bottom's diff though propagate_down is False for it "
-                      "(or its other gradients change)",
+    "propagate_down": "backward writes (or computes) a bottom's diff though propagate_down is "
+                      "False for it, or its other gradients change",
 }
 
 
@@ -436,6 +437,22 @@ class _Battery:
                     worst, detail = w, d
                 ok = ok and o
             self.row("propagate_down", subject, ok, worst, detail)
+        if self.device == "trace" and not (self.cls.learnable and self.base.params):
+            self.check_no_work()
+
+    def check_no_work(self) -> None:
+        """On the trace device, which counts kernel launches: a backward with propagate_down
+        false for every bottom, and no param to update, must launch nothing."""
+        bench = self.fresh_with_params()
+        bench.forward()
+        for t, w in zip(bench.tops, self.weights):
+            t.diff[...] = bench.xp.asarray(w.astype(bench.dtype))
+        with trace.measure() as counts:
+            bench.layer.backward(bench.tops, [False] * len(bench.bottoms), bench.bottoms)
+        ops = ", ".join(f"{op} x{n}" for op, n in sorted(counts.ops.items()))
+        self.row("propagate_down", "every bottom off: no work", counts.launches == 0,
+                 float(counts.launches), f"backward launched {counts.launches} operations "
+                 f"({ops}) though no bottom wants a gradient and no param is learned")
 
 
 def check_layer(
