@@ -165,7 +165,7 @@ def _mismatch(what, got, want, rtol, atol, got_name="found", want_name="expected
                    f"{want[i]:.8g}"), ok
 
 
-def directional_check(subject, analytic, value, set_value, loss, *, directions, per_entry,
+def central_differences(subject, analytic, value, set_value, loss, *, directions, per_entry,
                   eps, rtol, atol, rng):
     """Check ``analytic`` (the gradient of ``loss()`` w.r.t. an array whose value
     ``set_value`` sets) against central differences: entry by entry (2 runs each), or along
@@ -291,7 +291,7 @@ class _Battery:
         if per_entry is None:
             per_entry = np.size(value) <= PER_ENTRY_MAX
         base = self.base
-        worst, detail, ok = directional_check(
+        worst, detail, ok = central_differences(
             subject, analytic, value, set_value,
             lambda: base.loss(self.weights), directions=o["directions"], per_entry=per_entry,
             eps=o["eps"], rtol=o["rtol"], atol=o["atol"], rng=rng)

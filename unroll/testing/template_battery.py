@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from unroll.backend import to_numpy
-from unroll.testing.layer_battery import _mismatch, available_devices, directional_check
+from unroll.testing.layer_battery import _mismatch, available_devices, central_differences
 from unroll.testing.report import Check, Report
 from unroll.testing.strategies import CONT_KINDS, cont_pattern
 
@@ -221,7 +221,7 @@ class _TemplateBattery:
                 def set_value(v, param=param):
                     net.set_param(param, v)
             per_entry = o["per_entry"] if o["per_entry"] is not None else np.size(value) <= 16
-            worst, detail, ok = directional_check(
+            worst, detail, ok = central_differences(
                 f"{name} ({label})", grads[name], value,
                 set_value, lambda: net.loss(x, cont, R), directions=o["directions"],
                 per_entry=per_entry, eps=o["eps"], rtol=o["rtol"], atol=o["atol"], rng=rng)
