@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.net_helpers import T2, X, f64, host, inputs, ip, layer, loss, param_diffs, run
-from unroll import NetError, expand
+from unroll import NetError, expand, testing
 from unroll.bucketed_model import BucketedModel
 from unroll.bucketing import cont_from_lengths
 from unroll.net import Net
@@ -21,56 +21,6 @@ from unroll.proto import NetParameter
 from unroll.workspace import Workspace, place
 
 N, D = 4, 3
-
-
-# -- random nets ------------------------------------------------------------------------
-@st.composite
-def random_nets(draw):
-    """A prototxt over x (N, D): fan-out, in-place chains, views, Slice/Concat, shared
-    params, several losses; with the names worth keeping."""
-    text = "force_backward: true\n" + inputs(x=(N, D), t=(N, D))
-    blobs, k = ["x"], 0
-    for _ in range(draw(st.integers(1, 9))):
-        k += 1
-        src = draw(st.sampled_from(blobs))
-        kind = draw(st.sampled_from(
-            ["ip", "shared_ip", "act", "act_in_place", "view", "slice_concat", "sum", "dropout"]))
-        top = f"b{k}"
-        if kind == "ip":
-            text += ip(f"l{k}", src, top, D)
-        elif kind == "shared_ip":
-            text += ip(f"l{k}", src, top, D, 'param { name: "W" } param { name: "bias" }')
-        elif kind in ("act", "act_in_place"):
-            act = draw(st.sampled_from(["TanH", "Sigmoid", "ReLU"]))
-            if kind == "act_in_place" and src != "x":
-                top = src
-            text += layer(f"l{k}", act, src, top)
-        elif kind == "dropout":
-            text += layer(f"l{k}", "Dropout", src, src if src != "x" else top,
-                          "dropout_param { dropout_ratio: 0.3 }")
-            top = src if src != "x" else top
-        elif kind == "view":
-            text += layer(f"l{k}a", "Reshape", src, f"{top}_3d",
-                          f"reshape_param {{ shape {{ dim: {N} dim: {D} dim: 1 }} }}")
-            text += layer(f"l{k}", "Flatten", f"{top}_3d", top)
-        elif kind == "slice_concat":
-            text += (f'layer {{ name: "l{k}a" type: "Slice" bottom: "{src}" top: "{top}_p0" '
-                     f'top: "{top}_p1" slice_param {{ axis: 0 }} }}\n')
-            text += layer(f"l{k}b", "TanH", f"{top}_p1", f"{top}_q1")
-            text += (f'layer {{ name: "l{k}" type: "Concat" bottom: "{top}_q1" '
-                     f'bottom: "{top}_p0" top: "{top}" concat_param {{ axis: 0 }} }}\n')
-        else:
-            other = draw(st.sampled_from(blobs))
-            text += (f'layer {{ name: "l{k}" type: "Eltwise" bottom: "{src}" bottom: "{other}" '
-                     f'top: "{top}" }}\n')
-        if top not in blobs:
-            blobs.append(top)
-    text += loss(blobs[-1])
-    if len(blobs) > 2 and draw(st.booleans()):
-        text += loss(draw(st.sampled_from(blobs[1:-1])), name="loss2").replace(
-            'top: "loss2"', 'top: "loss2" loss_weight: 0.5')
-    keep = draw(st.lists(st.sampled_from(blobs), max_size=2, unique=True))
-    return text, keep
 
 
 def run_pair(text, keep=(), phase="train", seed=0, feeds=None):
@@ -103,7 +53,8 @@ def assert_same(planned, unplanned):
                                            err_msg=f"{part} {k}")
 
 
-@given(net=random_nets(), phase=st.sampled_from(["train", "test"]), seed=st.integers(0, 3))
+@given(net=testing.random_nets(N, D), phase=st.sampled_from(["train", "test"]),
+       seed=st.integers(0, 3))
 def test_a_planned_random_net_computes_what_an_unplanned_one_does(net, phase, seed):
     text, keep = net
     rng = np.random.default_rng(seed)

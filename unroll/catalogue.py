@@ -131,9 +131,11 @@ def entry(cls) -> LayerEntry:
     )
 
 
-def catalogue() -> list[LayerEntry]:
-    """Every registered layer type, sorted by name."""
-    return [entry(LAYERS[name]) for name in sorted(LAYERS)]
+def catalogue(built_in: bool = False) -> list[LayerEntry]:
+    """Every registered layer type, sorted by name; ``built_in``: only unroll's own (the
+    README's table), not the types a user's or a test's module registered."""
+    return [entry(LAYERS[name]) for name in sorted(LAYERS)
+            if not built_in or LAYERS[name].__module__.startswith("unroll.")]
 
 
 def as_json(entries=None) -> str:
@@ -150,7 +152,7 @@ def markdown(entries=None) -> str:
     rows = ["| type | Caffe | bottoms | tops | learnable blobs | in place | backward reads "
             "| parameters |",
             "|---|---|---|---|---|---|---|---|"]
-    for e in entries or catalogue():
+    for e in entries or catalogue(built_in=True):
         learnable = "; ".join(e.learnable_blobs) or "none"
         if e.state_blobs:
             learnable += " (state, never updated by a solver)"

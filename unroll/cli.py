@@ -276,6 +276,26 @@ def memory_command(args) -> int:
     return 0
 
 
+# -- check --------------------------------------------------------------------------
+
+
+def check_command(args) -> int:
+    """``unroll check``: the battery of a step template or of a net's layers; 1 on a failure."""
+    from unroll.testing.command import import_reference, run_battery
+
+    try:
+        reference = import_reference(args.reference) if args.reference else None
+        reports = run_battery(args.template, reference, dict(args.set or []),
+                              args.template_dir or ())
+    except ValueError as e:  # a --reference, --set or template variable the battery refuses
+        raise CommandError(str(e)) from e
+    for report in reports:
+        print(report.table())
+        if not report.passed:
+            print(report.failure_message())
+    return 0 if all(r.passed for r in reports) else 1
+
+
 # -- the command ---------------------------------------------------------------------
 
 
@@ -376,7 +396,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     la.add_argument("--json", action="store_true", help="print the same as JSON, for tools")
     la.set_defaults(run=layers_command)
-    for command in (ex, ins, dr, me, la):
+    ck = sub.add_parser(
+        "check", help="run the test battery on a step template or on a net's layers",
+        description="Run unroll.testing's battery on TEMPLATE (a step template: unrolled "
+                    "forward against --reference, cont gating, gradients, accumulation, "
+                    "float32) or on each layer of a .prototxt net (check_layer on bottoms "
+                    "drawn from [-1, 1]). Prints a table of checks; exit status 1 if any "
+                    "fails. A gradient check proves backward consistent with forward; only a "
+                    "reference proves forward right.",
+        epilog="examples:\n  unroll check lstm --reference unroll.testing.references:lstm_step "
+               "--set hidden=64 --set steps=10\n  unroll check mycell.prototxt.j2 --reference "
+               "mycells:peephole_step --set hidden=8\n  unroll check mylayer.prototxt",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ck.add_argument("template", metavar="TEMPLATE_OR_PROTOTXT",
+                    help="a step template (name or .prototxt.j2 path) or a .prototxt net")
+    ck.add_argument("--reference", metavar="MODULE:FUNCTION",
+                    help="the NumPy reference: for a template, reference_step(x_t, states, "
+                         "params) -> (outputs, states); for a one-layer net, f(*bottoms, "
+                         "*blobs) -> top(s)")
+    ck.add_argument("--set", action="append", type=parse_assignment, metavar="KEY=VALUE",
+                    help="a template variable or battery option (hidden=64, steps=10, "
+                         "batch=3, input_dim=3); repeatable")
+    ck.add_argument("--template-dir", action="append", metavar="DIR",
+                    help="a folder searched for templates by name (repeatable)")
+    ck.set_defaults(run=check_command)
+    for command in (ex, ins, dr, me, la, ck):
         command.add_argument("--debug", action="store_true",
                              help="show the traceback of an error, not one line")
     return parser

@@ -182,6 +182,8 @@ class EuclideanLossLayer(Layer):
         tops[0].data[...] = self.xp.vdot(d, d) / (2 * a.shape[0])
 
     def backward(self, tops, propagate_down, bottoms):
+        if not any(propagate_down):
+            return
         a, b = bottoms
         scale, d = tops[0].diff / a.shape[0], self.scratch("diff")
         if propagate_down[0]:

@@ -1,17 +1,4 @@
-"""Gradient checking and hypothesis strategies, for our tests and for yours.
-
-Every gradient in unroll is checked against central finite differences in
-float64. The same tools check a layer or a net you write yourself::
-
-    from hypothesis import given
-    from unroll import testing
-
-    @given(x=testing.arrays(testing.shapes(min_dims=2)))
-    def test_my_layer_gradient(x):
-        testing.check_layer_gradient('type: "MyLayer"', [x])
-
-Only the strategies need the ``test`` extra (hypothesis); the checkers do not.
-"""
+"""The per-entry gradient checkers: central differences of every entry, in float64."""
 
 from __future__ import annotations
 
@@ -24,18 +11,8 @@ from unroll.blob import Blob
 from unroll.layer import Layer, layer_class
 from unroll.proto import LayerParameter, parse_text
 
-__all__ = [
-    "GradientMismatch",
-    "arrays",
-    "axes",
-    "check_layer_gradient",
-    "check_net_gradient",
-    "distinct_arrays",
-    "fillers",
-    "numeric_gradient",
-    "run_layer",
-    "shapes",
-]
+__all__ = ["GradientMismatch", "check_layer_gradient", "check_net_gradient", "numeric_gradient",
+           "run_layer"]
 
 FLOAT = np.float64
 
@@ -242,83 +219,3 @@ def check_net_gradient(
         p.blob.data[...] = xp.asarray(host)
         _compare(f"param '{p.name}'", a, numeric, rtol, atol)
     loss()
-
-
-# -- hypothesis strategies --------------------------------------------------
-
-
-def _hypothesis():
-    """hypothesis's ``strategies`` and ``extra.numpy``, imported when a strategy is made."""
-    try:
-        from hypothesis import strategies
-        from hypothesis.extra import numpy
-    except ImportError:
-        raise ImportError(
-            "unroll.testing's strategies need hypothesis (pip install 'unroll[test]'); "
-            "the gradient checkers do not"
-        ) from None
-    return strategies, numpy
-
-
-def shapes(min_dims: int = 1, max_dims: int = 4, min_side: int = 1, max_side: int = 4):
-    """Array shapes, small enough for finite differences."""
-    _, hnp = _hypothesis()
-    return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side,
-                            max_side=max_side)
-
-
-def arrays(shape, low: float = -2.0, high: float = 2.0, away_from=None, margin: float = 1e-2):
-    """float64 arrays of ``shape`` (a tuple or a strategy of shapes) in [low, high].
-
-    ``away_from`` lists kinks (e.g. ``[0.0]`` for ReLU): values closer than
-    ``margin`` are pushed away, so finite differences never straddle a kink.
-    """
-    st, hnp = _hypothesis()
-    elements = st.floats(low, high, allow_nan=False, allow_infinity=False, width=64)
-    strategy = hnp.arrays(FLOAT, shape, elements=elements)
-    if away_from:
-        kinks = np.asarray(away_from, FLOAT)
-
-        def push(a):
-            for k in kinks:
-                near = np.abs(a - k) < margin
-                a = np.where(near, k + np.where(a >= k, margin, -margin) * 2, a)
-            return a
-
-        strategy = strategy.map(push)
-    return strategy
-
-
-def distinct_arrays(shape, low: float = -2.0, high: float = 2.0, gap: float = 1e-2):
-    """float64 arrays whose entries differ pairwise by at least ``gap`` (for MAX-style ops)."""
-    st, _ = _hypothesis()
-
-    def build(args):
-        shape, seed = args
-        n = int(np.prod(shape))
-        values = np.linspace(low, high, max(n, 2))[:n]
-        values = np.random.default_rng(seed).permutation(values)
-        if n > 1 and (high - low) / (n - 1) < gap:
-            values = values * (gap * (n - 1) / (high - low))
-        return values.reshape(shape)
-
-    shape_st = shape if isinstance(shape, st.SearchStrategy) else st.just(tuple(shape))
-    return st.tuples(shape_st, st.integers(0, 2**31 - 1)).map(build)
-
-
-def fillers():
-    """FillerParameter prototxt snippets with Caffe's filler types."""
-    st, _ = _hypothesis()
-    return st.sampled_from([
-        'type: "constant" value: 0.1',
-        'type: "uniform" min: -0.5 max: 0.5',
-        'type: "gaussian" std: 0.3',
-        'type: "xavier"',
-        'type: "msra"',
-    ])
-
-
-def axes(ndim: int):
-    """A valid axis for an ``ndim``-D blob, negative or not."""
-    st, _ = _hypothesis()
-    return st.integers(-ndim, ndim - 1)
