@@ -86,7 +86,7 @@ def write_output(text: str, path=None) -> None:
     A reader that closed standard output early raises :class:`OutputClosed`;
     :func:`run_command` ends the command quietly then.
 
-    >>> write_output("layer {}\n")
+    >>> write_output("layer {}\\n")
     layer {}
     """
     if path is not None and str(path) != "-":
