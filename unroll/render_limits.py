@@ -42,6 +42,8 @@ import jinja2
 from jinja2 import nodes
 from jinja2.sandbox import SandboxedEnvironment
 
+from unroll.errors import TemplateError
+
 __all__ = [
     "CHARS_ENV",
     "DEFAULT_CHARS",
@@ -89,7 +91,7 @@ def _positive(name: str, convert, default):
     except ValueError:
         value = None
     if value is None or not value > 0 or not math.isfinite(value):
-        raise jinja2.TemplateError(f"{name} must be a positive number, found {text!r}")
+        raise TemplateError(f"{name} must be a positive number, found {text!r}")
     return value
 
 
@@ -248,7 +250,12 @@ class _BoundedTemplate(jinja2.Template):
 
     def make_module(self, vars=None, shared=False, locals=None):
         with bounded_rendering():
-            return super().make_module(vars, shared, locals)
+            try:
+                return super().make_module(vars, shared, locals)
+            except Exception:
+                # as render() does, and make_module() does not: map the compiled code's
+                # lines back to the template's, so that errors name the template's line
+                self.environment.handle_exception()
 
 
 class BoundedEnvironment(SandboxedEnvironment):
