@@ -10,8 +10,9 @@ data, for every layer that reads the input (directly or through splits),
 before the data is copied to the device.
 
 Continuation indicators are checked the same way, by name rather than by
-reader: an input named ``cont`` or ending in ``_cont`` (the names the
-unroller and the built-in templates give them) must hold only 0 (a sequence
+reader: an input named ``cont``, or starting with ``cont_`` or ending in
+``_cont`` (the names the unroller, the built-in templates and Caffe's
+examples give them) must hold only 0 (a sequence
 starts at this step) and 1 (it continues). Its readers are often plain
 Scale layers, which would take any value, so a 0.5 would blend two
 sequences' states without an error.
@@ -65,12 +66,13 @@ def input_readers(schedule, inputs) -> dict[str, list]:
 
 
 def is_cont(name: str) -> bool:
-    """Whether input ``name`` holds continuation indicators (``cont``, ``chars_cont``).
+    """Whether input ``name`` holds continuation indicators (``cont``, ``chars_cont``,
+    Caffe's ``cont_sentence``).
 
-    >>> is_cont("cont"), is_cont("chars_cont"), is_cont("contour")
-    (True, True, False)
+    >>> is_cont("cont"), is_cont("chars_cont"), is_cont("cont_sentence"), is_cont("context")
+    (True, True, True, False)
     """
-    return name == "cont" or name.endswith("_cont")
+    return name == "cont" or name.startswith("cont_") or name.endswith("_cont")
 
 
 def check_cont(name: str, values: np.ndarray) -> None:
