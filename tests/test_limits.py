@@ -17,6 +17,7 @@ from unroll.errors import NetError, TemplateError
 from unroll.layer import ALLOW_PYTHON_ENV
 from unroll.net import Net
 from unroll.render_limits import CHARS_ENV, SECONDS_ENV, bounded_rendering
+from unroll.template import load_template, render_error
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +58,10 @@ def one_line(error, where):
     ("{{ 'x' * 10**10 }}", 2, "a value of 10000000000 items or characters passes the limit"),
     ("{{ [0] * 10**10 }}", 2, "a value of 10000000000 items or characters passes the limit"),
     ("{{ 7 ** (10**9) }}", 2, "bits; the template sandbox allows"),
-    ("{{ range(100000) | join('x' * 60000000) }}", 2, "out of memory"),
+    ("{{ 'x'.center(10**10) }}", 2, "a value of 10000000000 items or characters"),
+    ("{{ ('a' * 100000) | replace('a', 'b' * 100000) }}", 2, "a value of 10000100000 items"),
+    ("{{ ['y' * 40000000, 'z' * 40000000] | join }}", 2, "a value of 80000000 items"),
+    ("{{ range(100000) | join('x' * 60000000) }}", 2, "a value of 6000000488890 items"),
     ("{{ no_such_name }}", 2, "undefined variable: 'no_such_name' is undefined"),
     ("{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
      "{% endfor %}", 2, "passes the limit of 67108864"),
@@ -67,6 +71,13 @@ def test_a_template_bomb_is_a_one_line_error_naming_template_and_line(tmp_path, 
     with pytest.raises(TemplateError) as error:
         expand_text(tmp_path, NET_HEAD + body + "\n")
     assert problem in one_line(error, f"bomb.prototxt.j2:{line}: ")
+
+
+def test_running_out_of_memory_is_a_template_error(tmp_path):
+    path = tmp_path / "t.prototxt.j2"
+    path.write_text(NET_HEAD)
+    error = render_error(load_template(str(path)), MemoryError())
+    assert str(error) == "t.prototxt.j2: out of memory (a value too large to make)"
 
 
 @pytest.mark.parametrize("inner, limits, problem", [

@@ -8,8 +8,8 @@ rendered while it is open (a net template and the step templates its
 ``recurrent()`` calls render). Loops check the deadline at every iteration and
 output statements spend the characters, so neither nested loops nor a loop
 that prints stop only when the machine does. Values are bounded before they
-are made: ``'x' * 10**10`` and ``10 ** 10**10`` are refused, not allocated, and
-``range()`` yields at most :data:`MAX_RANGE` items.
+are made: ``'x' * 10**10``, ``10 ** (10**10)`` and ``'x'.center(10**10)`` are
+refused, not allocated, and ``range()`` yields at most :data:`MAX_RANGE` items.
 
 The defaults, :data:`DEFAULT_SECONDS` and :data:`DEFAULT_CHARS`, are far above
 any real template; the environment variables ``UNROLL_TEMPLATE_SECONDS`` and
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 import os
 import time
@@ -220,6 +221,51 @@ def _check_size(size: int) -> None:
                                f"{limit} ({CHARS_ENV})")
 
 
+#: str methods and filters whose result can be far larger than their inputs
+_AMPLIFIERS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "replace", "indent",
+                         "join"})
+
+
+def _amplified_size(name: str, value, args, kwargs) -> int:
+    """An upper bound of the length of ``value.name(*args, **kwargs)`` (or of filter
+    ``name`` on ``value``), where the result can outgrow its inputs; else 0."""
+    first = args[0] if args else None
+    if name in ("center", "ljust", "rjust", "zfill"):
+        width = kwargs.get("width", first)
+        return width if isinstance(width, int) else 0
+    if name == "expandtabs":
+        tabsize = kwargs.get("tabsize", 8 if first is None else first)
+        return len(str(value)) * tabsize if isinstance(tabsize, int) else 0
+    if name == "replace" and len(args) >= 2 and isinstance(args[1], str):
+        text, old = str(value), args[0]
+        found = text.count(old) if isinstance(old, str) and old else len(text) + 1
+        return len(text) + found * len(args[1])
+    if name == "indent":
+        width = kwargs.get("width", 4 if first is None else first)
+        text = str(value)
+        return len(text) + (text.count("\n") + 1) * (width if isinstance(width, int)
+                                                      else len(str(width)))
+    if name == "join":  # str.join(items) on the separator, or the filter join(items, d)
+        items, sep = (first, value) if isinstance(value, str) else (value, kwargs.get("d", first))
+        if isinstance(items, (list, tuple, range)):
+            sep = sep if isinstance(sep, str) else ""
+            return sum(len(i) if isinstance(i, str) else len(str(i)) for i in items) + (
+                len(sep) * len(items))
+    return 0
+
+
+def _bounded_filter(name: str, original):
+    # the value follows the context, eval context or environment a filter may take first
+    skip = 1 if getattr(original, "jinja_pass_arg", None) is not None else 0
+
+    @functools.wraps(original)  # keeps jinja_pass_arg, so Jinja2 passes what it passed
+    def bounded(*args, **kwargs):
+        _check_size(_amplified_size(name, args[skip], args[skip + 1 :], kwargs))
+        return original(*args, **kwargs)
+
+    return bounded
+
+
 def _int_bits(value) -> float:
     return abs(value).bit_length() if isinstance(value, int) else 0
 
@@ -265,7 +311,9 @@ class BoundedEnvironment(SandboxedEnvironment):
     a filter that checks the deadline, each output statement through one that
     spends characters, each ``~`` through one that checks the string's size.
     The sandbox routes calls and ``*``, ``**`` and ``+`` here, where the
-    deadline and the sizes are checked before Python computes anything.
+    deadline and the sizes are checked before Python computes anything; the
+    str methods and filters that can make a result far larger than their
+    inputs (``center``, ``replace``, ``join``, ...) are checked the same way.
     """
 
     intercepted_binops = frozenset({"*", "**", "+"})
@@ -274,6 +322,8 @@ class BoundedEnvironment(SandboxedEnvironment):
     def __init__(self, **options):
         super().__init__(**options)
         self.globals["range"] = _bounded_range
+        self.filters.update({name: _bounded_filter(name, self.filters[name])
+                             for name in _AMPLIFIERS if name in self.filters})
         self.filters.update(unroll_iterations=_iterations, unroll_output=_output,
                             unroll_made=_made)
 
@@ -296,6 +346,9 @@ class BoundedEnvironment(SandboxedEnvironment):
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: B902 (the sandbox's names)
         _budget().tick()
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str) and getattr(__obj, "__name__", None) in _AMPLIFIERS:
+            _check_size(_amplified_size(__obj.__name__, owner, args, kwargs))
         return super().call(__context, __obj, *args, **kwargs)
 
     def call_binop(self, context, operator, left, right):
