@@ -160,9 +160,15 @@ def test_max_bytes_overrides_the_limit():
 
 def test_an_input_too_large_for_the_limit_is_refused_before_it_runs():
     net = Net(SMALL, max_bytes=10_000)
-    with pytest.raises(NetError, match="blob 'y' \\(2000, 10\\)"):
+    with pytest.raises(NetError, match="blob 'x' \\(2000, 3\\)"):
         net.forward(x=np.zeros((2000, 3)))
+    with pytest.raises(NetError, match="blob 'x' \\(2000, 3\\)"):
+        net.forward()  # the input kept its refused shape: refused again, never run
     assert net.forward(x=np.ones((4, 3)))["y"].shape == (4, 10)
+    # each blob fits, all of them do not: the plan names the largest first
+    with pytest.raises(NetError, match=r"largest: blob 'y' \(200, 10\) 7.8 KiB, of layer "
+                                       r"'ip' \(InnerProduct\); blob 'x' \(200, 3\)"):
+        net.forward(x=np.zeros((200, 3)))
 
 
 def test_a_bucketed_model_passes_max_bytes_to_its_nets():

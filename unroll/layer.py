@@ -206,9 +206,9 @@ class Layer:
 
     def __init__(self, param, xp=np, dtype=np.float32, phase="train", rng=None, make_param=None):
         self.param = param
-        # interned: the nets of every T share one string per layer name
         if self.type == "?":  # a class no type registered: a Python layer's, Caffe's name
             self.type = param.type
+        # interned: the nets of every T share one string per layer name
         self.name = sys.intern(param.name) if param.name else self.type
         self.xp = xp
         self.dtype = np.dtype(dtype)

@@ -449,8 +449,6 @@ class Net:
         self._forward_items, self._backward_items = forward, backward[::-1]
 
     def _setup_layers(self) -> None:
-        # a blob larger than the limit is refused as soon as its shape is known: the
-        # layers after it could allocate in proportion to it (the plan is checked later)
         limit = self._memory_limit(self._param_bytes() + self.workspace.nbytes)
         for layer, bottoms, tops in zip(self.layers_run, self._bottoms, self._tops):
             try:
@@ -459,11 +457,7 @@ class Net:
                 raise
             except Exception as e:
                 raise _layer_failure(layer, "cannot set up", e, bottoms) from e
-            for top in tops:
-                if top.nbytes > limit:
-                    raise plan_too_big(self.name, top.nbytes, limit, self.max_bytes is not None,
-                                       [(f"blob '{top.name}'", top.shape, top.nbytes,
-                                         f"layer '{layer.name}' ({layer.type})")])
+            self._check_tops(layer, tops, limit)
         self._input_blobs = [t for layer, t in zip(self.layers_run, self._tops)
                              if layer.type == "Input" for t in t]
         self._input_shapes = [b.shape for b in self._input_blobs]
@@ -625,6 +619,15 @@ class Net:
         """``max_bytes``, or what the device has available plus ``held``: the bytes of the
         need already allocated, no longer available but counted in the need."""
         return self.max_bytes if self.max_bytes is not None else available_bytes(self.xp) + held
+
+    def _check_tops(self, layer, tops, limit: int) -> None:
+        # a blob larger than the limit is refused as soon as its shape is known: the
+        # layers after it could allocate in proportion to it (the whole plan comes later)
+        for top in tops:
+            if top.nbytes > limit:
+                raise plan_too_big(self.name, top.nbytes, limit, self.max_bytes is not None,
+                                   [(f"blob '{top.name}'", top.shape, top.nbytes,
+                                     f"layer '{layer.name}' ({layer.type})")])
 
     def _check_plan(self, placement) -> None:
         """Refuse a plan (its params, kept blobs and workspace) larger than the limit."""
@@ -886,17 +889,19 @@ class Net:
 
     def reshape(self) -> None:
         """Propagate new input shapes through every layer, then lay out memory anew."""
-        self._input_shapes = None  # until every layer has taken the new shapes
+        self._input_shapes = None  # until every layer has taken the new shapes, and they fit
+        limit = self._memory_limit(self._param_bytes() + self.workspace.nbytes)
         opened, self._gate.open = self._gate.open, True
         try:
             for layer, bottoms, tops in self._fwd:
                 _call(layer, "cannot reshape", layer.reshape, bottoms, tops)
+                self._check_tops(layer, tops, limit)
         finally:
             self._gate.open = opened
-        self._input_shapes = [b.shape for b in self._input_blobs]
         self._compact_layers()  # what reshape parsed again
         self.release_memory()
         self._layout()
+        self._input_shapes = [b.shape for b in self._input_blobs]
 
     def set_input(self, name: str, value) -> None:
         """Put ``value`` into input blob ``name``, reshaping it if needed.
