@@ -337,11 +337,10 @@ class BoundedEnvironment(SandboxedEnvironment):
             output.nodes = [_filtered(child, "unroll_output") for child in output.nodes]
         for parent in list(tree.find_all(nodes.Node)):
             for field, value in parent.iter_fields():
-                if isinstance(value, nodes.Concat):
+                if _grows(value):
                     setattr(parent, field, _filtered(value, "unroll_made"))
                 elif isinstance(value, list):
-                    value[:] = [_filtered(v, "unroll_made") if isinstance(v, nodes.Concat)
-                                else v for v in value]
+                    value[:] = [_filtered(v, "unroll_made") if _grows(v) else v for v in value]
         return tree
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: B902 (the sandbox's names)
@@ -354,6 +353,12 @@ class BoundedEnvironment(SandboxedEnvironment):
     def call_binop(self, context, operator, left, right):
         _check_binop(operator, left, right)
         return super().call_binop(context, operator, left, right)
+
+
+def _grows(node) -> bool:
+    # a ``~`` of literals stays a literal (an interface dict may hold one)
+    return isinstance(node, nodes.Concat) and not all(
+        isinstance(n, (nodes.Const, nodes.TemplateData)) for n in node.nodes)
 
 
 def _filtered(node: nodes.Expr, name: str) -> nodes.Filter:
