@@ -184,12 +184,23 @@ def _max_chars() -> int:
     return budget.limits.chars if budget is not None else render_limits().chars
 
 
+def _shown(value) -> str:
+    # Python refuses to print an int of more than 4300 digits
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"{'-' if value < 0 else ''}~2**{value.bit_length() - 1}"
+    return repr(value)
+
+
 def _bounded_range(*args) -> range:
     items = range(*args)
-    if len(items) > MAX_RANGE:
-        shown = ", ".join(str(a) for a in args)
-        raise RenderLimitError(f"range({shown}) has {len(items)} items; the template sandbox "
-                               f"allows at most {MAX_RANGE}")
+    try:
+        count = len(items)
+    except OverflowError:  # more than 2**63 items
+        count = None
+    if count is None or count > MAX_RANGE:
+        shown = ", ".join(_shown(a) for a in args)
+        raise RenderLimitError(f"range({shown}) has {count or 'over 2**63'} items; the template "
+                               f"sandbox allows at most {MAX_RANGE}")
     return items
 
 
@@ -285,8 +296,8 @@ def _check_binop(operator: str, left, right) -> None:
             _check_size(len(left) + len(right))
         bits = 0
     if bits > MAX_INT_BITS:
-        raise RenderLimitError(f"{left!r} {operator} {right!r} would have about {bits:.0f} bits; "
-                               f"the template sandbox allows {MAX_INT_BITS}")
+        raise RenderLimitError(f"{_shown(left)} {operator} {_shown(right)} would have about "
+                               f"{bits:.0f} bits; the template sandbox allows {MAX_INT_BITS}")
 
 
 class _BoundedTemplate(jinja2.Template):
