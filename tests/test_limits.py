@@ -53,6 +53,7 @@ def one_line(error, where):
 @pytest.mark.parametrize("body, line, problem", [
     ("{% for i in range(10**9) %}{{ i }}{% endfor %}", 2,
      "range(1000000000) has 1000000000 items; the template sandbox allows at most 100000"),
+    ("{{ range(10**30) | list }}", 2, "range(~2**99) has over 2**63 items"),
     ("\n{{ 1 // 0 }}", 3, "ZeroDivisionError"),
     ("{{ 10.0 ** 999 }}", 2, "OverflowError"),
     ("{{ 'x' * 10**10 }}", 2, "a value of 10000000000 items or characters passes the limit"),
