@@ -34,6 +34,7 @@ def write_files_atomic(files: list[tuple[Path, bytes]]) -> None:
     """
     temps: list[str] = []
     mode = 0o666 & ~_umask()
+    path = None  # the destination being written, for the error
     try:
         for path, data in files:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -46,10 +47,13 @@ def write_files_atomic(files: list[tuple[Path, bytes]]) -> None:
             os.chmod(tmp, mode)
         for (path, _), tmp in zip(files, temps):
             os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         for tmp in temps:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
+        if isinstance(e, OSError):
+            # a failed write() names no file ("[Errno 28] No space left on device")
+            raise named_os_error(e, path) from e
         raise
     for folder in {path.parent for path, _ in files}:  # make the renames durable (POSIX)
         with contextlib.suppress(OSError):
@@ -58,6 +62,19 @@ def write_files_atomic(files: list[tuple[Path, bytes]]) -> None:
                 os.fsync(dir_fd)
             finally:
                 os.close(dir_fd)
+
+
+def named_os_error(error: OSError, where) -> OSError:
+    """``error`` (of the same class and errno) with a message that starts with ``where``.
+
+    >>> import errno
+    >>> e = named_os_error(OSError(errno.ENOSPC, "No space left on device"), "m/best.caffemodel")
+    >>> str(e), e.errno == errno.ENOSPC
+    ('m/best.caffemodel: No space left on device', True)
+    """
+    named = type(error)(f"{where}: {error.strerror or error}")
+    named.errno = error.errno  # not strerror nor filename: str() would show those instead
+    return named
 
 
 def write_atomic(path, data: bytes) -> None:

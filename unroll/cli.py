@@ -6,7 +6,10 @@
 Errors print one line to stderr (``--debug`` shows the traceback instead):
 exit status 2 for the user's input (a bad argument, template, net, prototxt
 or file, a file that is missing), 1 for a failure while running (a disk that
-is full or read-only, a permission refused).
+is full or read-only, a permission refused). Output is complete or an error:
+a file is written atomically, standard output is flushed and checked, and a
+failed write names the file or "standard output" (a reader that closed the
+pipe early, as ``| head`` does, ends the command quietly, with status 1).
 """
 
 from __future__ import annotations
@@ -14,13 +17,16 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import errno
 import inspect
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from unroll.atomic import named_os_error, write_atomic
 from unroll.draw import to_dot
 from unroll.errors import FileFormatError, NetError, TemplateError
 from unroll.proto import NetParameter, PrototxtError, parse_text, read_prototxt
@@ -73,14 +79,65 @@ USER_ERRORS = (CommandError, TemplateError, NetError, PrototxtError, FileFormatE
 FAILURES = (OSError,)
 
 
+class OutputClosed(Exception):
+    """Standard output's reader went away (a closed pipe): the command ends quietly."""
+
+
+def write_output(text: str, path=None) -> None:
+    """Write ``text`` to file ``path`` (atomically), or to standard output (without a path,
+    or for "-"); all of it, or an OSError that names the file or "standard output".
+
+    A reader that closed standard output early raises :class:`OutputClosed`;
+    :func:`run_command` ends the command quietly then.
+
+    >>> write_output("layer {}\\n")
+    layer {}
+    """
+    if path is not None and str(path) != "-":
+        path = Path(path)
+        if path.exists() and not path.is_file():  # a device or a pipe: written through,
+            try:  # not replaced by a file of the same name
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text)
+            except OSError as e:
+                raise named_os_error(e, path) from None
+            return
+        if not path.parent.is_dir():  # a typo in the folder, not a folder to make
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(path))
+        write_atomic(path, text.encode("utf-8"))
+        return
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as e:
+        # what is still buffered would fail again, with a traceback, when Python exits
+        _discard_stdout()
+        if isinstance(e, BrokenPipeError):
+            raise OutputClosed() from None
+        raise named_os_error(e, "standard output") from None
+
+
+def _discard_stdout() -> None:
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def run_command(prog: str, run, args, user_errors=USER_ERRORS, failures=FAILURES) -> int:
     """``run(args)``'s exit status; a known error prints one line and gives 2 or 1.
 
     With ``args.debug`` the error propagates, traceback and all. Anything
-    else is a bug in unroll and keeps its traceback.
+    else is a bug in unroll and keeps its traceback. A closed standard output
+    (:class:`OutputClosed`) gives 1 and prints nothing.
     """
     try:
         return run(args)
+    except OutputClosed:
+        return 1
     except (*user_errors, *failures) as e:
         if getattr(args, "debug", False):
             raise
@@ -200,13 +257,9 @@ def expand_command(args) -> int:
     if args.caffe:  # summarize what was written: the lowered net
         net_param = parse_text(text, NetParameter(), "the exported net")
     summary = summarize(net_param, text)
-    if args.output and args.output != "-":
-        Path(args.output).write_text(text)
-        where = f"written to {args.output}"
-    else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        where = "written to stdout"
+    write_output(text, args.output)
+    where = (f"written to {args.output}" if args.output and args.output != "-"
+             else "written to stdout")
     print(f"unroll expand {args.template}, T={args.steps}: {summary} {where}", file=sys.stderr)
     return 0
 
@@ -216,7 +269,7 @@ def inspect_command(args) -> int:
     from unroll.net import Net
 
     report = Net(_net_param(args), phase=args.phase).inspect()
-    print(json.dumps(report.as_dict(), indent=2) if args.json else report)
+    write_output(f"{json.dumps(report.as_dict(), indent=2) if args.json else report}\n")
     return 0
 
 
@@ -228,20 +281,20 @@ def draw_command(args) -> int:
     net_param = parse_text(read_prototxt(args.net), NetParameter(), args.net)
     dot_text = to_dot(net_param, args.rankdir)
     if not args.output or args.output == "-":
-        sys.stdout.write(dot_text)
+        write_output(dot_text)
         return 0
     out = Path(args.output)
     fmt = out.suffix.lower().lstrip(".")
     if fmt not in ("dot", "gv", "svg", "png", "pdf"):
         raise CommandError(f"cannot draw to '{out}': use a .dot, .svg, .png or .pdf file name")
     if fmt in ("dot", "gv"):
-        out.write_text(dot_text)
+        write_output(dot_text, out)
         print(f"unroll draw: wrote {out}", file=sys.stderr)
         return 0
     dot = shutil.which("dot")
     if dot is None:
         fallback = out.with_suffix(".dot")
-        fallback.write_text(dot_text)
+        write_output(dot_text, fallback)
         print(f"unroll draw: Graphviz's `dot` is not on PATH, so {out} was not made; wrote "
               f"{fallback} instead (render it with: dot -T{fmt} {fallback} -o {out})",
               file=sys.stderr)
@@ -272,7 +325,7 @@ def memory_command(args) -> int:
     net_param = parse_text(read_prototxt(args.net), NetParameter(), args.net)
     net = Net(net_param, phase=args.phase, dtype=args.dtype)
     solver = Solver(net, type=args.solver, base_lr=0.01) if args.solver else None
-    print(net.memory_report(solver=solver, largest=args.largest))
+    write_output(f"{net.memory_report(solver=solver, largest=args.largest)}\n")
     return 0
 
 

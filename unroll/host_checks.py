@@ -10,6 +10,14 @@ NumPy ``values`` of bottom ``index``; ``Net.set_input`` calls it on host
 data, for every layer that reads the input (directly or through splits),
 before the data is copied to the device.
 
+Continuation indicators are checked the same way, by name rather than by
+reader: an input named ``cont``, or starting with ``cont_`` or ending in
+``_cont`` (the names the unroller, the built-in templates and Caffe's
+examples give them) must hold only 0 (a sequence
+starts at this step) and 1 (it continues). Its readers are often plain
+Scale layers, which would take any value, so a 0.5 would blend two
+sequences' states without an error.
+
 >>> from unroll import Net
 >>> net = Net('''
 ...   layer { name: "in" type: "Input" top: "ids" input_param { shape { dim: 3 } } }
@@ -26,6 +34,8 @@ expected an integer in [0, 4)
 from __future__ import annotations
 
 import numpy as np
+
+from unroll.errors import NetError
 
 
 def input_readers(schedule, inputs) -> dict[str, list]:
@@ -56,7 +66,37 @@ def input_readers(schedule, inputs) -> dict[str, list]:
     return readers
 
 
+def is_cont(name: str) -> bool:
+    """Whether input ``name`` holds continuation indicators (``cont``, ``chars_cont``,
+    Caffe's ``cont_sentence``).
+
+    >>> is_cont("cont"), is_cont("chars_cont"), is_cont("cont_sentence"), is_cont("context")
+    (True, True, True, False)
+    """
+    return name == "cont" or name.startswith("cont_") or name.endswith("_cont")
+
+
+def check_cont(name: str, values: np.ndarray) -> None:
+    """Raise a NetError unless the host ``values`` of input ``name`` are all 0 or 1.
+
+    >>> check_cont("cont", np.array([[0.0, 1.0], [1.0, 0.5]]))
+    Traceback (most recent call last):
+    unroll.errors.NetError: input 'cont' holds 0.5 at index (1, 1); cont must be 0 (a \
+sequence starts at this step) or 1 (it continues)
+    """
+    x = values.reshape(-1)
+    bad = ~((x == 0) | (x == 1))  # NaN is neither
+    if bad.any():
+        i = int(np.argmax(bad))
+        at = tuple(int(k) for k in np.unravel_index(i, values.shape))
+        raise NetError(f"input '{name}' holds {float(x[i])!r} at index {at}; cont must be 0 "
+                       f"(a sequence starts at this step) or 1 (it continues)")
+
+
 def check_host_input(readers, name: str, values: np.ndarray) -> None:
-    """Run every reader's check of input ``name`` on its host ``values``."""
+    """Run every reader's check of input ``name`` on its host ``values``, and the cont check
+    where ``name`` is a cont."""
+    if is_cont(name):
+        check_cont(name, values)
     for layer, k in readers.get(name, ()):
         layer.check_host_bottom(k, values, name)

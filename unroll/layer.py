@@ -106,7 +106,7 @@ def layer_class(param, allow_python: bool = False) -> type:
 
 def _python_layer_class(param, allow_python: bool) -> type:
     spec = param.python_param
-    where = f"layer '{param.name}' (Python)"
+    where = f"layer '{param.name}' (Python, module '{spec.module}', class '{spec.layer}')"
     if not (allow_python or os.environ.get(ALLOW_PYTHON_ENV) == "1"):
         raise NetError(
             f"{where}: refusing to import module '{spec.module}', since importing runs its "
@@ -118,16 +118,24 @@ def _python_layer_class(param, allow_python: bool) -> type:
                        f"(dotted names, e.g. 'mypackage.layers')")
     if not spec.layer.isidentifier():
         raise NetError(f"{where}: python_param.layer '{spec.layer}' is not a class name")
+    # finding a dotted module imports its packages: their code runs too, and whatever it
+    # raises (SystemExit included) is the module's failure, not a traceback of ours
     try:
         found = importlib.util.find_spec(spec.module)
-    except (ImportError, ValueError) as e:
-        raise NetError(f"{where}: cannot find module '{spec.module}': {e}") from None
+    except (Exception, SystemExit) as e:
+        raise NetError(f"{where}: cannot find module '{spec.module}': "
+                       f"{type(e).__name__}: {e}") from None
     if found is None:
         raise NetError(f"{where}: no module '{spec.module}' on the import path")
     try:
-        cls = getattr(importlib.import_module(spec.module), spec.layer)
-    except (ImportError, AttributeError) as e:
-        raise NetError(f"{where}: cannot load {spec.module}.{spec.layer}: {e}") from None
+        module = importlib.import_module(spec.module)
+    except (Exception, SystemExit) as e:
+        raise NetError(f"{where}: importing module '{spec.module}' raised "
+                       f"{type(e).__name__}: {e}") from None
+    try:
+        cls = getattr(module, spec.layer)
+    except AttributeError:
+        raise NetError(f"{where}: module '{spec.module}' has no '{spec.layer}'") from None
     if not (isinstance(cls, type) and issubclass(cls, Layer)):
         raise NetError(f"{where}: {spec.module}.{spec.layer} is not a unroll Layer")
     return cls
@@ -238,6 +246,8 @@ class Layer:
 
     def __init__(self, param, xp=np, dtype=np.float32, phase="train", rng=None, make_param=None):
         self.param = param
+        if self.type == "?" and param.type:  # a class no type registered: a Python layer
+            self.type = param.type
         # interned: the nets of every T share one string per layer name
         self.name = sys.intern(param.name) if param.name else self.type
         self.xp = xp

@@ -11,7 +11,9 @@ Memory (docs/design.md, 6. Memory): params live in the :class:`ParamStore`; ever
 other buffer comes from the :class:`~unroll.workspace.Workspace` of all nets
 over that store, reused as the memory plan allows. After a run, inputs,
 outputs, losses and ``keep=`` blobs are readable; reading another blob is an
-error that names ``keep=``.
+error that names ``keep=``. A net whose plan needs more memory than
+``max_bytes`` (by default, what the device has available) is refused before
+anything of that size is allocated (:mod:`unroll.memory_limit`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import math
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +35,7 @@ from unroll.errors import NetError
 from unroll.fillers import fill
 from unroll.host_checks import check_host_input, input_readers
 from unroll.layer import layer_class
+from unroll.memory_limit import available_bytes, plan_too_big
 from unroll.param_store import LearnableParam, ParamStore
 from unroll.proto import (
     TEST,
@@ -47,10 +51,32 @@ from unroll.workspace import Workspace, place, workspace_for
 PHASES = {"train": TRAIN, "test": TEST}
 
 
+def _layer_kind(param) -> str:
+    """A LayerParameter's type, and for a Python layer the module and class it runs."""
+    if param.type != "Python":
+        return param.type
+    spec = param.python_param
+    return f"Python, module '{spec.module}', class '{spec.layer}'"
+
+
 def _layer_failure(layer, what: str, error: Exception, bottoms) -> NetError:
     """A layer's unexpected exception as a NetError naming the layer and its bottoms."""
     shapes = ", ".join(f"'{b.name}' {b.shape}" for b in bottoms) or "none"
-    return NetError(f"layer '{layer.name}' ({layer.type}) {what}: {error}; bottoms: {shapes}")
+    kind = layer.type if layer.type != "Python" else _layer_kind(layer.param)
+    return NetError(f"layer '{layer.name}' ({kind}) {what}: "
+                    f"{type(error).__name__}: {error}; bottoms: {shapes}")
+
+
+def _make_layer(param, allow_python: bool, **options):
+    """The layer of LayerParameter ``param``; its constructor's failure is a NetError."""
+    cls = layer_class(param, allow_python)
+    try:
+        return cls(param, **options)
+    except NetError:
+        raise
+    except Exception as e:
+        raise NetError(f"layer '{param.name}' ({_layer_kind(param)}) cannot be made: "
+                       f"{type(e).__name__}: {e}") from e
 
 
 def _failing_layer(error: Exception, layers):
@@ -275,6 +301,11 @@ class Net:
     independent branches, such as the two directions of a bidirectional layer,
     on threads at once; results are bit-identical to the serial order, and the
     memory plan keeps every buffer of such a region live through all of it.
+    ``max_bytes`` bounds the memory the net may plan (its params, kept blobs
+    and workspace, as :meth:`memory_report` counts them); by default it is
+    what the device has available. A net planning more is a NetError at
+    build, or at the forward whose input shapes would need it, naming its
+    largest blobs and their layers, before any of them is allocated.
 
     >>> net = Net('''
     ...   layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
@@ -299,6 +330,7 @@ class Net:
         plan_memory: bool = True,
         workspace: Workspace | None = None,
         concurrent: bool = False,
+        max_bytes: int | None = None,
     ):
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {list(PHASES)}, found {phase!r}")
@@ -322,6 +354,7 @@ class Net:
         self.concurrent = concurrent and self.xp is np
         self.workspace = workspace if workspace is not None else workspace_for(self.store, self.xp)
         self.workspace.attach(self)
+        self.max_bytes = max_bytes
         self._gate = _Gate(self)
         self._kept_blobs: set[int] = set()  # asked for by forward(blobs=...)
         self.learnable_params: list[LearnableParam] = []
@@ -378,9 +411,8 @@ class Net:
     # -- building -------------------------------------------------------------
     def _build(self, layer_params) -> None:
         self.layers = [
-            layer_class(lp, self.allow_python_layers)(
-                lp, xp=self.xp, dtype=self.dtype, phase=self.phase, rng=self._rng,
-                make_param=self._make_param)
+            _make_layer(lp, self.allow_python_layers, xp=self.xp, dtype=self.dtype,
+                        phase=self.phase, rng=self._rng, make_param=self._make_param)
             for lp in layer_params
         ]
         for layer, lp in zip(self.layers, layer_params):
@@ -456,6 +488,7 @@ class Net:
         self._forward_items, self._backward_items = forward, backward[::-1]
 
     def _setup_layers(self) -> None:
+        limit = self._memory_limit(self._param_bytes() + self.workspace.nbytes)
         for layer, bottoms, tops in zip(self.layers_run, self._bottoms, self._tops):
             try:
                 layer.set_up(bottoms, tops)
@@ -463,6 +496,7 @@ class Net:
                 raise
             except Exception as e:
                 raise _layer_failure(layer, "cannot set up", e, bottoms) from e
+            self._check_tops(layer, tops, limit)
         self._input_blobs = [t for layer, t in zip(self.layers_run, self._tops)
                              if layer.type == "Input" for t in t]
         self._input_shapes = [b.shape for b in self._input_blobs]
@@ -522,6 +556,7 @@ class Net:
         """
         self._bound = False
         if not self.plan_memory:
+            self._check_plan(None)
             self._placement = None
             return
         # a bucket's last batch is smaller than the others, so a net's shapes go back and
@@ -531,7 +566,9 @@ class Net:
         if key in self._layouts:
             self._placement, flags = self._layouts[key]
         else:
-            self._placement, flags = self._new_layout()
+            placement, flags = self._new_layout()
+            self._check_plan(placement)  # before the layers hear of it, or memory is taken
+            self._placement = placement
             if len(self._layouts) >= LAYOUTS_KEPT:
                 del self._layouts[next(iter(self._layouts))]
             self._layouts[key] = (self._placement, flags)
@@ -606,6 +643,56 @@ class Net:
                 roots = np.fromiter(host, np.int64, len(host))
                 whole[kind][roots], within[kind][roots] = zip(*host.values())
         return _Placement(offset, whole, within, scratch, total, groups, sizes), list(told.items())
+
+    # -- the memory limit ----------------------------------------------------------
+    def _param_bytes(self) -> int:
+        # from the shapes: reading a param's diff would allocate it
+        return sum(2 * p.blob.nbytes for p in self.store)
+
+    def _memory_limit(self, held: int) -> int:
+        """``max_bytes``, or what the device has available plus ``held``: the bytes of the
+        need already allocated, no longer available but counted in the need."""
+        return self.max_bytes if self.max_bytes is not None else available_bytes(self.xp) + held
+
+    def _check_tops(self, layer, tops, limit: int) -> None:
+        # a blob larger than the limit is refused as soon as its shape is known: the
+        # layers after it could allocate in proportion to it (the whole plan comes later)
+        for top in tops:
+            if top.nbytes > limit:
+                raise plan_too_big(self.name, top.nbytes, limit, self.max_bytes is not None,
+                                   [(f"blob '{top.name}'", top.shape, top.nbytes,
+                                     f"layer '{layer.name}' ({layer.type})")])
+
+    def _check_plan(self, placement) -> None:
+        """Refuse a plan (its params, kept blobs and workspace) larger than the limit."""
+        plan, blobs = self.memory_plan, self._blob_list
+        kept_roots = [r for r in set(plan.data_root) if r in plan.private]
+        kept = sum(blobs[r].nbytes for r in kept_roots)
+        kept += sum(blobs[r].nbytes for r in set(plan.diff_root)
+                    if r in plan.private and r in plan.diff_life)
+        if placement is not None:
+            workspace = placement.total
+        else:  # every blob is kept; the layers' scratch is their own
+            workspace = sum(math.prod(shape) * np.dtype(dtype).itemsize
+                            for layer in self.layers_run
+                            for shape, dtype, _ in layer.scratch_specs.values())
+        params = self._param_bytes()
+        need = params + kept + workspace
+        held = params + self.workspace.nbytes + sum(
+            blobs[r].nbytes for r in kept_roots if blobs[r]._data is not None)
+        limit = self._memory_limit(held)
+        if need <= limit:
+            return
+        producer = {}
+        for step, layer in zip(self.graph.steps, self.layers_run):
+            for b in step.tops:
+                producer.setdefault(b, f"layer '{layer.name}' ({layer.type})")
+        culprits = [(f"blob '{blobs[r].name}'", blobs[r].shape, blobs[r].nbytes,
+                     producer.get(r, "no layer")) for r in set(plan.data_root)]
+        culprits += [(f"param '{p.name}'", p.blob.shape, 2 * p.blob.nbytes,
+                      f"layer '{p.owner}'") for p in self.store]
+        culprits.sort(key=lambda c: -c[2])
+        raise plan_too_big(self.name, need, limit, self.max_bytes is not None, culprits[:3])
 
     def _bind(self) -> None:
         """Give every planned blob and scratch buffer its memory in the workspace."""
@@ -756,6 +843,12 @@ class Net:
                 f"a net built over a shared parameter store must be named"
             )
         blob = Blob(shape, self.xp, self.dtype, spec.name or f"{layer.name}.{index}")
+        have, nbytes = self._param_bytes(), 2 * blob.nbytes  # its data and its diff
+        limit = self._memory_limit(have + self.workspace.nbytes)
+        if have + nbytes > limit:
+            raise plan_too_big(self.name, have + nbytes, limit, self.max_bytes is not None,
+                               [(f"param {index} ('{blob.name}')", shape, nbytes,
+                                 f"layer '{layer.name}' ({layer.type})")])
         if index < len(lp.blobs):
             value = array_from_blob_proto(lp.blobs[index])
             if value.shape != tuple(shape):
@@ -830,17 +923,19 @@ class Net:
 
     def reshape(self) -> None:
         """Propagate new input shapes through every layer, then lay out memory anew."""
-        self._input_shapes = None  # until every layer has taken the new shapes
+        self._input_shapes = None  # until every layer has taken the new shapes, and they fit
+        limit = self._memory_limit(self._param_bytes() + self.workspace.nbytes)
         opened, self._gate.open = self._gate.open, True
         try:
             for layer, bottoms, tops in self._fwd:
                 _call(layer, "cannot reshape", layer.reshape, bottoms, tops)
+                self._check_tops(layer, tops, limit)
         finally:
             self._gate.open = opened
-        self._input_shapes = [b.shape for b in self._input_blobs]
         self._compact_layers()  # what reshape parsed again
         self.release_memory()
         self._layout()
+        self._input_shapes = [b.shape for b in self._input_blobs]
 
     def set_input(self, name: str, value) -> None:
         """Put ``value`` into input blob ``name``, reshaping it if needed.

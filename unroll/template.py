@@ -24,9 +24,9 @@ from pathlib import Path
 import jinja2
 from jinja2 import nodes
 from jinja2.exceptions import SecurityError
-from jinja2.sandbox import SandboxedEnvironment
 
 from unroll.errors import TemplateError
+from unroll.render_limits import BoundedEnvironment, RenderLimitError
 
 __all__ = [
     "RENDER_ERRORS",
@@ -266,7 +266,7 @@ class Template:
 
 
 def _environment(path: Path) -> jinja2.Environment:
-    return SandboxedEnvironment(
+    return BoundedEnvironment(
         loader=jinja2.FileSystemLoader([str(path.parent), str(builtin_template_dir())]),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
@@ -391,11 +391,18 @@ def render_error(template: Template, error: BaseException) -> TemplateError:
                              f"end?)")
     if isinstance(error, jinja2.UndefinedError):
         return TemplateError(f"{where}: undefined variable: {error.message}")
+    if isinstance(error, RenderLimitError):
+        return TemplateError(f"{where}: {error.message}")
+    if isinstance(error, MemoryError):
+        return TemplateError(f"{where}: out of memory (a value too large to make)")
     return TemplateError(f"{where}: {type(error).__name__}: {error}")
 
 
-#: what rendering raises for a template's own mistake (render_error words it)
-RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, RecursionError)
+#: what rendering raises for a template's own mistake (render_error words it): a bad
+#: operation (``1 // 0``, ``10.0 ** 999``, ``'{0}'.format()``), one past the limits of
+#: :mod:`unroll.render_limits`, or one that ran out of memory
+RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, ArithmeticError, LookupError,
+                 MemoryError, RecursionError)
 
 
 def unknown_error(what: str, unknown, known) -> TemplateError:

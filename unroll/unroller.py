@@ -27,6 +27,7 @@ from pathlib import Path
 
 from unroll.errors import NetError, TemplateError
 from unroll.proto import LayerParameter, NetParameter, PrototxtError, parse_text, to_text
+from unroll.render_limits import bounded_rendering
 from unroll.template import (
     RENDER_ERRORS,
     SUFFIX,
@@ -236,7 +237,8 @@ class NetBuilder:
     def _text(template: Template, module, macro: str, s: Step) -> str:
         try:
             try:
-                text = str(getattr(module, macro)(s))
+                with bounded_rendering():
+                    text = str(getattr(module, macro)(s))
             except Exception:
                 # a macro called from Python bypasses Jinja's traceback rewriting, which maps
                 # the compiled code's lines back to the template's lines: do it here
@@ -816,7 +818,8 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
             f"(see the built-in siamese template)"
         )
     batch = int(variables.pop("batch", 1))
-    net, _ = _build(template, steps, batch, search_path, dict(variables), hyper)
+    with bounded_rendering():  # one budget for all the templates an expansion renders
+        net, _ = _build(template, steps, batch, search_path, dict(variables), hyper)
     _check_shapes(template, batch, search_path, variables, hyper)
     return net
 
