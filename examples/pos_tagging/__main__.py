@@ -5,12 +5,16 @@
   echo "I saw her duck ." | python -m examples.pos_tagging tag --model-dir runs/ewt
 
 Errors print one line (--debug: the traceback); exit status 2 for bad input
-or usage, 1 for a failure while running (divergence, a full disk).
+or usage, 1 for a failure while running (divergence, a full disk, output that
+could not be written), 130 for a training stopped by Ctrl-C (the folder keeps
+its last epoch, to --resume).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -46,8 +50,16 @@ def _train(args) -> int:
         skip_bad_batches=args.skip_bad_batches, device=args.device, quiet=args.quiet,
         sizes=_sizes(args), pack=args.pack,
     )
-    with distributed.init(args.device) as comm:  # a failing rank ends every rank
-        result = train(opts)
+    try:
+        with distributed.init(args.device) as comm:  # a failing rank ends every rank
+            result = train(opts)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        # every file is written atomically and log.json commits an epoch: nothing to undo
+        print("python -m examples.pos_tagging train: interrupted; resume with --resume",
+              file=sys.stderr)
+        return 130
     if comm.rank:
         return 0
     print(f"done: {result.get('epoch', 0)} epochs, last dev UPOS "
@@ -74,7 +86,8 @@ def _evaluate(args) -> int:
     sentences = _read_tagged(args.file, upos=True)
     tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
     predicted = tagger.predict([forms for forms, _ in sentences])
-    print(report(score(tag_ids([tags for _, tags in sentences]), predicted)))
+    with standard_output() as out:
+        print(report(score(tag_ids([tags for _, tags in sentences]), predicted)), file=out)
     return 0
 
 
@@ -96,12 +109,36 @@ def _tag(args) -> int:
         sentences = [line.split() for line in sys.stdin if line.strip()]
     tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
     tags = [[UPOS_TAGS[i] for i in ids] for ids in tagger.predict(sentences)]
-    if args.conllu:
-        fill_upos(args.conllu, tags, sys.stdout)
-    else:
-        for forms, upos in zip(sentences, tags):
-            print(" ".join(f"{w}/{t}" for w, t in zip(forms, upos)))
+    with standard_output() as out:
+        if args.conllu:
+            fill_upos(args.conllu, tags, out)
+        else:
+            for forms, upos in zip(sentences, tags):
+                print(" ".join(f"{w}/{t}" for w, t in zip(forms, upos)), file=out)
     return 0
+
+
+class OutputClosed(Exception):
+    """The reader of standard output went away (``| head``): stop quietly, as Unix tools do."""
+
+
+@contextlib.contextmanager
+def standard_output():
+    """sys.stdout for a command's output, flushed at the end, so that a write that fails
+    (a full disk) is an OSError naming "standard output", never a silently short file."""
+    try:
+        yield sys.stdout
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the interpreter's own flush at exit would fail again and complain: point it at
+        # nothing (where stdout is a real file descriptor)
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise OutputClosed from None
+    except OSError as e:
+        if e.errno is None or e.filename is not None:  # not a write to stdout
+            raise
+        raise type(e)(e.errno, e.strerror, "standard output") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     sizes.add_argument("--char-length", type=int,
                        help=f"characters read per word, long words keep their start and end "
                             f"(default {d.chars['length']})")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int,
+                   help="of the initial weights, shuffles and dropout (default 0; with "
+                        "--resume the folder's)")
     t.add_argument("--limit", type=int, default=0, help="use only the first N sentences")
     again = t.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true",
@@ -197,8 +236,11 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     # ValueError: a bad size or option value, which the tagger names
     user_errors = (*USER_ERRORS, CoNLLUError, ModelFolderError, ValueError)
-    return run_command(f"python -m examples.pos_tagging {args.command}", args.run, args,
-                       user_errors, (*FAILURES, TrainingDiverged))
+    try:
+        return run_command(f"python -m examples.pos_tagging {args.command}", args.run, args,
+                           user_errors, (*FAILURES, TrainingDiverged))
+    except OutputClosed:
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool stopped by a closed pipe
 
 
 if __name__ == "__main__":
