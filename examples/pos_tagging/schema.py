@@ -33,6 +33,9 @@ from unroll.errors import FileFormatError
 MAX_BYTES, MAX_DEPTH, MAX_DIGITS = 1 << 28, 16, 18
 #: entries of one vocabulary (EWT's largest, words, has about 16k)
 MAX_VOCAB = 5_000_000
+#: the largest embedding, hidden or batch size a config may ask for (the default hidden
+#: is 256; whether a net of such sizes fits in memory is for the net to check)
+MAX_WIDTH = 8192
 
 
 def _count(maximum: int) -> dict:
@@ -51,19 +54,19 @@ CONFIG_SCHEMA = {
     "description": "an object {...}",
     "additionalProperties": False,
     "properties": {
-        "embed": _count(1 << 16), "hidden": _count(1 << 16), "layers": _count(64),
-        "batch": _count(1 << 16),
+        "embed": _count(MAX_WIDTH), "hidden": _count(MAX_WIDTH), "layers": _count(16),
+        "batch": _count(MAX_WIDTH),
         "cell": {"type": "string", "minLength": 1, "maxLength": 4096,
                  "description": "a template name"},
         "dropout": _ratio(), "word_dropout": _ratio(),
         "feature_dims": {"type": "object", "description": "an object",
                          "propertyNames": {"enum": list(FEATURES)},
-                         "additionalProperties": _count(1 << 16)},
+                         "additionalProperties": _count(MAX_WIDTH)},
         "chars": {
             "type": "object", "description": "{} or an object with embed, hidden, length",
             "additionalProperties": False,
-            "properties": {"embed": _count(1 << 16), "hidden": _count(1 << 16),
-                           "length": _count(1024)},
+            "properties": {"embed": _count(MAX_WIDTH), "hidden": _count(MAX_WIDTH),
+                           "length": _count(256)},
             "dependentRequired": {"embed": ["hidden", "length"], "hidden": ["embed", "length"],
                                   "length": ["embed", "hidden"]},
         },
@@ -220,7 +223,7 @@ def problem(value, schema: dict) -> str | None:
     >>> problem({"hidden": 0}, CONFIG_SCHEMA)
     'hidden must be an integer >= 1, found 0'
     >>> problem({"chars": {"length": 10**9, "embed": 8, "hidden": 8}}, CONFIG_SCHEMA)
-    'chars.length must be at most 1024, found 1000000000'
+    'chars.length must be at most 256, found 1000000000'
     """
     error = jsonschema.exceptions.best_match(_Validator(schema).iter_errors(value))
     if error is None:
@@ -244,8 +247,16 @@ def problem(value, schema: dict) -> str | None:
     if description is None:
         return f"{field}: {error.message:.200}"
     if not error.absolute_path:
-        return f"expected {description}, found {type(error.instance).__name__}"
+        return f"expected {description}, found {_json_type(error.instance)}"
     return f"{field} must be {description}, {found}"
+
+
+def _json_type(value) -> str:
+    for kind, name in ((bool, "true or false"), (dict, "an object"), (list, "a list"),
+                       (str, "a string"), ((int, float), "a number")):
+        if isinstance(value, kind):
+            return name
+    return "null"
 
 
 def _field(path) -> str:

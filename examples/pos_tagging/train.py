@@ -37,7 +37,13 @@ from examples.pos_tagging.data import DEV_FILE, TRAIN_FILE, read_split
 from examples.pos_tagging.evaluate import score
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.packing import batch_inputs, training_sampler
-from examples.pos_tagging.tagger import Tagger, TaggerConfig, builtin_cells, tag_ids
+from examples.pos_tagging.tagger import (
+    Tagger,
+    TaggerConfig,
+    builtin_cells,
+    cell_template,
+    tag_ids,
+)
 from unroll import distributed
 from unroll.atomic import write_atomic
 from unroll.backend import module_of
@@ -235,6 +241,7 @@ def _describe(opts: TrainOptions, model_dir: Path, train_sents):
     if log:  # folder.claimed let only a complete, consistent folder through
         try:
             config = TaggerConfig.load(config_path)
+            cell_template(config.cell, model_dir)
             featurizer = Featurizer.load(features_path)
         except FileFormatError as e:
             raise folder.resume_error(model_dir, str(e)) from None
