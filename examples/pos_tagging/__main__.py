@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import os
 import sys
 from dataclasses import fields
@@ -122,13 +123,46 @@ class OutputClosed(Exception):
     """The reader of standard output went away (``| head``): stop quietly, as Unix tools do."""
 
 
+class _WholeWrites(io.RawIOBase):
+    """A file descriptor whose every write goes out whole or raises.
+
+    Python's own stdout takes a short write (what a nearly full disk gives) as
+    the whole and drops the rest silently; here the rest is written again, and
+    the disk's ENOSPC comes back as an error.
+    """
+
+    def __init__(self, fd: int):
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.write(self._fd, view[done:])
+        return done
+
+
 @contextlib.contextmanager
 def standard_output():
-    """sys.stdout for a command's output, flushed at the end, so that a write that fails
-    (a full disk) is an OSError naming "standard output", never a silently short file."""
+    """A text stream to standard output, flushed at the end, so that a write that fails (a
+    full disk) is an OSError naming "standard output", never a silently short file."""
     try:
-        yield sys.stdout
         sys.stdout.flush()
+        try:
+            fd = sys.stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # a stream without a descriptor
+            yield sys.stdout
+            sys.stdout.flush()
+        else:
+            out = io.TextIOWrapper(io.BufferedWriter(_WholeWrites(fd)), sys.stdout.encoding,
+                                   sys.stdout.errors)
+            yield out
+            out.flush()
+            out.detach()  # stdout stays open
     except BrokenPipeError:
         # the interpreter's own flush at exit would fail again and complain: point it at
         # nothing (where stdout is a real file descriptor)

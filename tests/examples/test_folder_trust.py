@@ -1,4 +1,4 @@
-"""A model folder that trusts nothing it reads (docs/design.md, the tagger's model folder).
+"""A model folder that trusts nothing it reads (design: 8. Trust; examples/pos_tagging/folder.py).
 
 Each test damages a trained folder the way a probe or an accident would: names
 that lead out of it, names of its own best weights, missing or unreadable
@@ -389,6 +389,43 @@ def test_tag_conllu_on_a_full_disk_is_one_line_and_status_1(model, tmp_path, cap
         one_line(capsys, "No space left on device", "standard output")
     finally:
         subprocess.run(["umount", str(full)], check=True)
+
+
+@pytest.mark.slow
+def test_tag_conllu_redirected_to_a_full_disk_exits_1(model, tmp_path):
+    """As a shell runs it: the output is a file on a full disk, not a Python stream."""
+    big = tmp_path / "big.conllu"
+    many = sentences(600, 3)
+    write_conllu([f for f, _ in many], [t for _, t in many], big)
+    full = tmp_path / "full"
+    _tmpfs(full)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get(
+        "PYTHONPATH", "")]))
+    try:
+        with open(full / "out.conllu", "wb") as out:
+            done = subprocess.run(
+                [sys.executable, "-m", "examples.pos_tagging", "tag", "--model-dir", str(model),
+                 "--conllu", str(big)], cwd=REPO, env=env, stdout=out, stderr=subprocess.PIPE,
+                text=True, timeout=300)
+        assert done.returncode == 1, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "standard output" in lines[0], done.stderr
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
+
+
+def test_a_closed_pipe_ends_tag_quietly(model, capsys, monkeypatch):
+    """`tag ... | head -1`: the reader went away; no error, no traceback, status 141."""
+    read, write = os.pipe()
+    os.close(read)
+    with open(write, "w") as out:
+        monkeypatch.setattr(sys, "stdout", out)
+        status = tag(model, model.parent)
+        monkeypatch.undo()
+        with contextlib.suppress(OSError):
+            out.close()
+    assert status == 141
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")

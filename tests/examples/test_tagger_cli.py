@@ -139,7 +139,7 @@ def test_a_full_disk_fails_at_once_with_status_1(corpus, tmp_path, capsys, monke
             *tiny_args]
     assert main(argv) == 1
     monkeypatch.setattr(os, "write", real_write)
-    one_line_error(capsys, "No space left on device")
+    one_line_error(capsys, "No space left on device", str(tmp_path / "m"))  # names the folder
     assert not (tmp_path / "m" / "config.json").exists()
 
 
