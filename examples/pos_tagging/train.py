@@ -48,7 +48,7 @@ from unroll import distributed
 from unroll.atomic import write_atomic
 from unroll.backend import module_of
 from unroll.errors import FileFormatError, NetError
-from unroll.proto import SolverState
+from unroll.proto import SolverState, read_binary
 from unroll.solver import Solver
 
 __all__ = ["BUCKETED_LR", "DEV_FILE", "PACKED_LR", "TRAIN_FILE", "TrainOptions",
@@ -345,7 +345,8 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
         _commit_epoch(model_dir, solver, averaged, dev["accuracy"] > best, log, result)
         best = max(best, dev["accuracy"])
         plot(log, model_dir / "curve.png")
-        tqdm.write(f"epoch {epoch + 1}: loss {result['train_loss'] or math.nan:.4f}  dev UPOS "
+        loss = math.nan if result["train_loss"] is None else result["train_loss"]
+        tqdm.write(f"epoch {epoch + 1}: loss {loss:.4f}  dev UPOS "
                    f"{100 * dev['accuracy']:.2f}%  (best {100 * best:.2f}%)  "
                    f"{result['tokens_per_s']:.0f} tokens/s  {result['seconds']:.0f} s")
     return result
@@ -366,7 +367,10 @@ def _restore(solver: Solver, average: ParamAverage, tagger: Tagger, model_dir: P
     folder.claimed checked; the state may name no weights but its own."""
     state = folder.inside(model_dir, entry["snapshot"])
     weights = folder.snapshot_names(entry["iter"])[1]
-    learned = SolverState.FromString(state.read_bytes()).learned_net
+    try:
+        learned = read_binary(state, SolverState, "solver state").learned_net
+    except FileFormatError as e:
+        raise folder.resume_error(model_dir, str(e)) from None
     if learned != weights:
         raise folder.resume_error(model_dir, f"{state}: its learned_net is {learned!r:.80}; "
                                              f"the trainer writes {weights!r}")

@@ -158,6 +158,17 @@ def test_a_solverstate_naming_weights_elsewhere_is_refused(trained, model, learn
     assert contents(victim) == before
 
 
+def test_a_solverstate_that_does_not_decode_is_one_line_even_with_its_checksum(trained, model,
+                                                                              capsys):
+    log = log_of(model)
+    entry = log[-1]
+    (model / entry["snapshot"]).write_bytes(b"\xff" * 20)
+    entry["sha256"][entry["snapshot"]] = folder.sha256(b"\xff" * 20)
+    write_log(model, log)
+    assert resume(trained[0], model) == 2
+    one_line(capsys, entry["snapshot"], "not a solver state", "--overwrite")
+
+
 def test_symlinks_leading_out_are_never_followed_for_writing(trained, model, capsys):
     corpus = trained[0]
     victim = model.parent / "victim"

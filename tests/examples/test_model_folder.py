@@ -61,6 +61,10 @@ def test_resume_with_other_sizes_names_them(options, corpus, tmp_path):
     with pytest.raises(ModelFolderError, match="hidden 64 \\(the folder has 8\\)"):
         train(opts)
     opts.sizes = {"embed": 8}  # agreeing sizes are fine
+    opts.seed = 5  # the folder's seed is 0: its shuffles and dropout would not continue
+    with pytest.raises(ModelFolderError, match="seed 5 \\(the folder has 0\\)"):
+        train(opts)
+    opts.seed = None
     assert train(opts)["epoch"] == 2
 
 
