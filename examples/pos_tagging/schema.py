@@ -13,7 +13,7 @@ used. Every problem is a :class:`FileFormatError` naming the file and the field.
 >>> _ = path.write_text('{"hidden": 1e400}')
 >>> read_checked(path, CONFIG_SCHEMA)
 Traceback (most recent call last):
-unroll.errors.FileFormatError: ...config.json: not valid JSON: the number 1e400 is not finite
+unroll.errors.FileFormatError: ...config.json: hidden must be an integer >= 1, found 1e400
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _finite(maximum: float | None = None) -> dict:
 
 #: an epoch record of log.json (the names in it are checked further by folder.read_log)
 LOG_ENTRY_SCHEMA = {
-    "type": "object", "description": "an epoch record {...}",
+    "type": "object", "description": "an epoch record {...}", "additionalProperties": False,
     "required": ["epoch", "iter", "train_loss", "dev_accuracy", "seconds", "snapshot",
                  "average", "seed", "sha256"],
     "properties": {
@@ -191,30 +191,31 @@ def parse(path, data: bytes):
         elif bracket in (b"]", b"}"):
             depth -= 1
     try:
-        return json.loads(text, parse_constant=_no_constant, parse_float=_finite_float,
+        return json.loads(text, parse_constant=Unusable, parse_float=_finite_float,
                           parse_int=_bounded_int)
     except json.JSONDecodeError as e:
         raise FileFormatError(path, f"not valid JSON (line {e.lineno} column {e.colno}: "
                                     f"{e.msg})") from None
-    except ValueError as e:  # from the hooks below
-        raise FileFormatError(path, f"not valid JSON: {e}") from None
 
 
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a number JSON allows")
+class Unusable:
+    """A number no field takes (NaN, Infinity, 1e400, a thousand digits), kept as its text
+    so that the schema, which matches it to no type, names its field."""
+
+    def __init__(self, text: str):
+        self.text = text if len(text) <= 24 else f"{text[:20]}... ({len(text)} digits)"
+
+    def __repr__(self) -> str:
+        return self.text
 
 
-def _finite_float(text: str) -> float:
+def _finite_float(text: str):
     value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the number {text:.40} is not finite")
-    return value
+    return value if math.isfinite(value) else Unusable(text)
 
 
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_DIGITS:
-        raise ValueError(f"the integer {text[:20]}... has more than {MAX_DIGITS} digits")
-    return int(text)
+def _bounded_int(text: str):
+    return int(text) if len(text.lstrip("-")) <= MAX_DIGITS else Unusable(text)
 
 
 def problem(value, schema: dict) -> str | None:
@@ -267,7 +268,8 @@ def _field(path) -> str:
 
 
 def read_checked(path, schema: dict):
-    """The JSON value in ``path``, bounded (see the module) and valid under ``schema``."""
+    """The JSON value in ``path``, bounded (see the module) and valid under ``schema``,
+    which must type every value (so that no :class:`Unusable` number gets through)."""
     value = parse(path, read_bytes(path))
     wrong = problem(value, schema)
     if wrong is not None:

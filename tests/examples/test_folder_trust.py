@@ -10,6 +10,7 @@ outside the folder, nor the folder's own model.
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -280,15 +281,39 @@ def _features_text(old, new):
     return damage
 
 
+def _config_text(old, new):
+    def damage(m):
+        text = (m / "config.json").read_text()
+        assert old in text
+        (m / "config.json").write_text(text.replace(old, new, 1))
+    return damage
+
+
+def _log_seconds(text):
+    def damage(m):
+        log = (m / "log.json").read_text()
+        changed = re.sub(r'"seconds": [-+.eE0-9]+', f'"seconds": {text}', log, count=1)
+        assert changed != log
+        (m / "log.json").write_text(changed)
+    return damage
+
+
 def _deep(name):
     return lambda m: (m / name).write_text("[" * 100_000 + "]" * 100_000)
 
 
 HOSTILE = [
-    ("features.json", _features_text('"counts": [', '"counts": [1e400, '), "not finite"),
+    ("features.json", _features_text('"counts": [', '"counts": [1e400, '),
+     "features.word.counts[0] must be a count (an integer >= 0), found 1e400"),
     ("features.json", _features_text('"counts": [', '"counts": [1' + "0" * 5000 + ', '),
-     "digits"),
-    ("features.json", _features_text('"counts": [', '"counts": [NaN, '), "NaN"),
+     "features.word.counts[0] must be a count (an integer >= 0), found 10000"),
+    ("features.json", _features_text('"counts": [', '"counts": [NaN, '),
+     "features.word.counts[0] must be a count (an integer >= 0), found NaN"),
+    ("config.json", _config_text('"dropout": 0.0', '"dropout": -Infinity'),
+     "dropout must be a number in [0, 1), found -Infinity"),
+    ("log.json", _log_seconds("1e999"),
+     "[0].seconds must be a finite number >= 0, found 1e999"),
+    ("log.json", _log_entry("lr", 0.1), "unknown key(s) ['lr'] in [1]"),
     ("features.json", _deep("features.json"), "nested deeper"),
     ("config.json", _deep("config.json"), "nested deeper"),
     ("log.json", _deep("log.json"), "nested deeper"),
