@@ -56,10 +56,8 @@ CHECKPOINTS = ("best", "last")
 #: the names the trainer gives its own files, and the suffixes of its weights
 TRAINER_NAMES = (LOG, CONFIG, FEATURES, CURVE, LOCK)
 WEIGHT_SUFFIXES = (".caffemodel", ".solverstate")
-#: the keys every log.json entry has
-LOG_KEYS = tuple(schema.LOG_ENTRY_SCHEMA["required"])
 #: the names of the snapshot files the trainer writes (N: the solver's iteration)
-SNAPSHOT_NAME = re.compile(r"snapshot_iter_([0-9]+)\.(solverstate|caffemodel|average\.caffemodel)")
+SNAPSHOT_NAME = re.compile(r"snapshot_iter_[0-9]+\.(?:solverstate|caffemodel|average\.caffemodel)")
 
 
 class ModelFolderError(ValueError):
@@ -132,12 +130,12 @@ def snapshot_files(entry: dict) -> set[str]:
     return set(snapshot_names(entry["iter"]))
 
 
-def verified(path: Path, expected: str | set, what: str = "log.json") -> bytes:
+def verified(path: Path, expected: str | set) -> bytes:
     """The bytes of ``path`` if their SHA-256 is (one of) ``expected``, else a FileFormatError."""
     data = schema.read_bytes(path, limit=1 << 40)
     accepted = {expected} if isinstance(expected, str) else expected
     if sha256(data) not in accepted:
-        raise FileFormatError(path, f"its checksum is not the one {what} records: the file "
+        raise FileFormatError(path, f"its checksum is not the one {LOG} records: the file "
                                     f"is damaged or was replaced")
     return data
 
