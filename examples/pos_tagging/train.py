@@ -49,7 +49,7 @@ from unroll.atomic import write_atomic
 from unroll.backend import module_of
 from unroll.errors import FileFormatError, NetError
 from unroll.proto import SolverState, read_binary
-from unroll.solver import Solver
+from unroll.solver import Solver, SolverError
 
 __all__ = ["BUCKETED_LR", "DEV_FILE", "PACKED_LR", "TRAIN_FILE", "TrainOptions",
            "TrainingDiverged", "train"]
@@ -375,12 +375,15 @@ def _restore(solver: Solver, average: ParamAverage, tagger: Tagger, model_dir: P
         raise folder.resume_error(model_dir, f"{state}: its learned_net is {learned!r:.80}; "
                                              f"the trainer writes {weights!r}")
     try:
-        solver.restore(state)
-    except NetError as e:  # the solver hands the weights over without their file name
-        raise NetError(f"{model_dir / weights}: {e}") from None
-    with average.applied():
-        tagger.train_model.copy_from(folder.inside(model_dir, entry["average"]))
-        average.values = [p.blob.data.copy() for p in average.params]
+        try:
+            solver.restore(state)
+        except NetError as e:  # the solver hands the weights over without their file name
+            raise NetError(f"{model_dir / weights}: {e}") from None
+        with average.applied():
+            tagger.train_model.copy_from(folder.inside(model_dir, entry["average"]))
+            average.values = [p.blob.data.copy() for p in average.params]
+    except (NetError, SolverError, FileFormatError) as e:  # weights that do not fit the config
+        raise folder.resume_error(model_dir, str(e)) from None
     average.updates = solver.iter
 
 

@@ -352,6 +352,18 @@ def test_hostile_json_is_one_line_naming_file_and_field(trained, model, name, da
     assert contents(model) == before
 
 
+def test_a_config_that_does_not_fit_the_weights_is_refused(trained, model, capsys):
+    _config(lambda c: c.update(hidden=9))(model)  # valid, but not what the weights are
+    before = contents(model)
+    assert tag(model, model.parent) == 2
+    one_line(capsys, "best.caffemodel")
+    argv = ["train", "--data", str(trained[0]), "--model-dir", str(model), "--epochs", "3",
+            "--quiet", "--resume"]  # no sizes asked: the folder's are taken
+    assert main(argv) == 2
+    one_line(capsys, "--resume:", "snapshot_iter_", "has shape", "--overwrite")
+    assert contents(model) == before
+
+
 # -- checksums ---------------------------------------------------------------------
 
 def _flip(path: Path) -> None:
