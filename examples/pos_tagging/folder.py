@@ -267,6 +267,9 @@ def _locked(model_dir: Path):
                                    f"lock file)") from None
         raise
     try:
+        if os.fstat(fd).st_nlink > 1:  # a hard link: truncating it would truncate elsewhere
+            raise ModelFolderError(f"{lock} is a hard link to another file; remove it (a "
+                                   f"trainer makes its own lock file)")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

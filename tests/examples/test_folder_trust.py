@@ -179,6 +179,10 @@ def test_symlinks_leading_out_are_never_followed_for_writing(trained, model, cap
     assert resume(corpus, model) == 2
     one_line(capsys, "train.lock is a symlink")
     (model / folder.LOCK).unlink()
+    os.link(victim / "log.json", model / folder.LOCK)
+    assert resume(corpus, model) == 2
+    one_line(capsys, "train.lock is a hard link")
+    (model / folder.LOCK).unlink()
     (model / "best.caffemodel").unlink()
     (model / "best.caffemodel").symlink_to(victim / "best.caffemodel")
     assert tag(model, model.parent) == 2
