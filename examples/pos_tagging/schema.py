@@ -78,7 +78,7 @@ _VOCAB = {
     "required": ["tokens", "counts"], "additionalProperties": False,
     "properties": {
         "tokens": {"type": "array", "maxItems": MAX_VOCAB, "description": "a list of strings",
-                   "items": {"type": "string", "maxLength": 4096, "description": "a string"}},
+                   "items": {"type": "string", "description": "a string"}},
         "counts": {"type": "array", "maxItems": MAX_VOCAB, "description": "a list of counts",
                    "items": {"type": "integer", "minimum": 0, "maximum": 1 << 53,
                              "description": "a count (an integer >= 0)"}},
