@@ -27,7 +27,7 @@ def loads(model_dir: Path) -> None:
     """What `tag`, `evaluate` and `--resume` need from a folder with a finished epoch."""
     log = folder.read_log(model_dir)
     if not log:
-        return  # no epoch finished: nothing to load yet, and --resume starts over
+        return  # no epoch finished: nothing to load yet (--resume refuses; --overwrite starts over)
     assert folder.snapshot_files(log[-1]) <= {p.name for p in model_dir.iterdir()}
     for checkpoint in folder.CHECKPOINTS:
         tagger = Tagger.load(model_dir, checkpoint)
