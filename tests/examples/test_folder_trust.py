@@ -209,7 +209,7 @@ def test_a_log_naming_the_folders_own_weights_is_refused(trained, model, field, 
     assert contents(model) == before
 
 
-def test_a_resume_that_trains_keeps_best_and_the_named_snapshot_until_replaced(trained, model):
+def test_tidying_on_resume_keeps_best_last_and_the_named_snapshot(trained, model):
     log = log_of(model)
     orphan = model / "snapshot_iter_999.solverstate"
     orphan.write_bytes(b"a killed epoch's")
