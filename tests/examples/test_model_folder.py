@@ -63,6 +63,10 @@ def test_resume_with_other_sizes_names_them(options, corpus, tmp_path):
     with pytest.raises(ModelFolderError, match="hidden 64 \\(the folder has 8\\)"):
         train(opts)
     opts.sizes = {"embed": 8}  # agreeing sizes are fine
+    opts.seed = 5  # the folder's seed is 0: its shuffles and dropout would not continue
+    with pytest.raises(ModelFolderError, match="seed 5 \\(the folder has 0\\)"):
+        train(opts)
+    opts.seed = None
     assert train(opts)["epoch"] == 2
 
 
@@ -85,12 +89,16 @@ def test_divergence_stops_before_anything_is_written(options, corpus, tmp_path):
     assert train(options(corpus, model_dir, epochs=2, resume=True))["epoch"] == 2
 
 
-def test_divergence_in_a_fresh_run_leaves_a_folder_that_resumes(options, corpus, tmp_path):
+def test_divergence_in_a_fresh_run_leaves_a_folder_that_starts_over_with_overwrite(
+        options, corpus, tmp_path):
     model_dir = tmp_path / "m"
-    with pytest.raises(TrainingDiverged, match="no epoch had ended"):
+    with pytest.raises(TrainingDiverged, match="no epoch had ended.*--overwrite"):
         train(options(corpus, model_dir, lr=1e38))
     assert not list(model_dir.glob("*.caffemodel"))
-    assert train(options(corpus, model_dir, epochs=1, resume=True))["epoch"] == 1
+    # --resume never starts over by itself in a folder holding the trainer's files
+    with pytest.raises(ModelFolderError, match="log.json is missing.*--overwrite"):
+        train(options(corpus, model_dir, epochs=1, resume=True))
+    assert train(options(corpus, model_dir, epochs=1, overwrite=True))["epoch"] == 1
 
 
 def test_bad_batches_are_skipped_up_to_the_limit(options, corpus, tmp_path, monkeypatch):
@@ -195,5 +203,6 @@ def test_resume_from_an_empty_snapshot_is_an_error_naming_it(options, corpus, tm
     train(options(corpus, model_dir, epochs=1))
     snapshot = (model_dir / folder.read_log(model_dir)[-1]["snapshot"]).with_suffix(".caffemodel")
     snapshot.write_bytes(b"")
-    with pytest.raises(NetError, match=f"{snapshot.name}: .*no weights for"):
+    # the log's checksum finds it before the solver reads it
+    with pytest.raises(ModelFolderError, match=f"{snapshot.name}: its checksum.*--overwrite"):
         train(options(corpus, model_dir, epochs=2, resume=True))
