@@ -20,8 +20,9 @@ unrolled layer and of ``shared()`` on :func:`expand`.
 
 from __future__ import annotations
 
+import os
 import re
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -177,6 +178,8 @@ class NetBuilder:
         self._scopes: set[str] = set()
         #: block index of each shared() call -> (module template name, its layers)
         self.modules: dict[int, tuple[str, list[LayerParameter]]] = {}
+        #: the files of the templates recurrent() and shared() loaded
+        self.loaded: set[Path] = set()
 
     def net_param(self, name: str = "") -> NetParameter:
         net = NetParameter(name=name)
@@ -286,6 +289,7 @@ class NetBuilder:
         keywords, or ``hyper={...}`` for one whose name is an option (``layers``).
         """
         template = load_template(step, self.search_path)
+        self.loaded.add(template.path)
         what = f"recurrent({Path(str(step)).name!r})"
         if template.kind != "step":
             raise TemplateError(f"{what}: '{step}' is a {template.kind} template, not a step")
@@ -510,6 +514,7 @@ class NetBuilder:
             f"state '{local}' ('{blob}') does not depend on s.cont at step {t}; a step must "
             f"restart its state where a sequence starts (cont 0), e.g. with a Scale of "
             f"s.prev.{local} by s.cont"))
+        _check_gated(d, layers, s, prev, t)
 
     def shared(self, module, bottoms, tops, *, scope: str = "", hyper: dict | None = None,
                **more_hyper) -> str:
@@ -528,6 +533,7 @@ class NetBuilder:
         other keywords, or ``hyper={...}``.
         """
         template = load_template(module, self.search_path)
+        self.loaded.add(template.path)
         what = f"shared({Path(str(module)).name!r})"
         if template.kind != "module":
             use = "unroll it with recurrent()" if template.kind == "step" else "it renders a net"
@@ -629,6 +635,41 @@ def _check_shared_params(net, builder: NetBuilder) -> None:
                     )
 
 
+def _gates(lp: LayerParameter, blob: str, cont: str) -> bool:
+    """Whether layer ``lp``, reading state ``blob``, multiplies it by ``cont`` or resets it:
+    a Scale of it by cont, or a recurrent unit whose roles say it takes a state first and
+    cont last (Caffe's LSTMUnit: c = cont * f * c_prev + i * g)."""
+    from unroll.layer import LAYERS  # here: the layers package imports the unroller
+
+    if lp.type == "Scale":
+        return list(lp.bottom) == [blob, cont]
+    roles = getattr(LAYERS.get(lp.type), "roles", ())
+    return (len(roles) == len(lp.bottom) > 1 and roles[0].endswith("_prev")
+            and roles[-1] == "cont" and lp.bottom[0] == blob and lp.bottom[-1] == cont
+            and blob not in lp.bottom[1:])
+
+
+def _check_gated(d: _Direction, layers, s: Step, prev: dict, t: int) -> None:
+    """Each state entering the step is multiplied by s.cont, or reset by it, before any
+    other layer reads it: else a sequence that starts here inherits the last one's state."""
+    ungated = {blob: local for local, blob in prev.items()}
+    for lp in layers:
+        for blob in [b for b in lp.bottom if b in ungated]:
+            if not _gates(lp, blob, s.cont):
+                local = ungated[blob]
+                raise TemplateError(
+                    f"{d.template.name}: state '{local}' (s.prev.{local}, '{blob}') is read by "
+                    f"layer '{lp.name}' ({lp.type}) at step {t} before s.cont gates it, so a "
+                    f"sequence starting there would carry the previous sequence's {local}; "
+                    f"multiply it by cont first and read that instead: layer {{ type: "
+                    f"\"Scale\" bottom: \"{{{{ s.prev.{local} }}}}\" bottom: \"{{{{ s.cont }}}}\" "
+                    f"top: \"{{{{ s.blob('{local}_cont') }}}}\" scale_param {{ axis: 0 }} }} (or "
+                    f"hand it, with s.cont, to a unit that resets it: LSTMUnit, GRUUnit)"
+                )
+            if blob in lp.top:  # gated in place: later readers see the gated state
+                del ungated[blob]
+
+
 def _require(d: _Direction, blobs: dict, found: set, problem) -> None:
     """Each of ``blobs`` (local name -> blob) is in ``found``; else ``problem(local, blob)``."""
     for local, blob in blobs.items():
@@ -710,25 +751,18 @@ def _assemble(template: Template, text: str, builder: NetBuilder) -> NetParamete
     return net
 
 
-# configurations whose step shapes passed: a bucketed model expands one per T
-_SHAPES_CHECKED: set[str] = set()
-
-
-def _check_shapes(template: Template, batch: int, search_path, variables: dict,
-                  hyper: dict | None) -> None:
-    """Build the net unrolled to one step and check the step's declared shapes."""
+def _net_of(net_param: NetParameter, builder: NetBuilder):
+    """(the Net of ``net_param``, keeping the declared blobs, None), or (None, its NetError)."""
     from unroll.net import Net
 
-    key = repr((str(template.path), template.path.stat().st_mtime_ns, batch,
-                tuple(search_path), sorted(variables.items()), sorted((hyper or {}).items())))
-    if key in _SHAPES_CHECKED:
-        return
-    net_param, builder = _build(template, 1, batch, search_path, dict(variables), hyper)
     try:
-        net = Net(net_param, keep=[blob for _, blob, _, _ in builder.declared])
+        return Net(net_param, keep=[blob for _, blob, _, _ in builder.declared]), None
     except NetError as e:
-        raise TemplateError(f"{template.name}: the net unrolled to one step does not build: "
-                            f"{e}") from None
+        return None, e
+
+
+def _check_declared(net, builder: NetBuilder) -> None:
+    """Each declared state and output comes out of its step in the declared shape."""
     for where, blob, want, what in builder.declared:
         found = tuple(net.blobs[blob].shape)
         if len(found) != len(want) or any(w is not None and w != f for w, f in zip(want, found)):
@@ -737,8 +771,63 @@ def _check_shapes(template: Template, batch: int, search_path, variables: dict,
                 f"{where}: {what} ('{blob}') comes out {found}, but must be {shape}: "
                 f"(1, N, size) per step (an InnerProduct without axis: 2 flattens N away)"
             )
+
+
+def _check_shapes(template: Template, net_param: NetParameter, builder: NetBuilder,
+                  one_step=None) -> None:
+    """Build the unrolled net, at the T it was unrolled to, and check its declared shapes.
+
+    Where it does not build, ``one_step()`` (the same unrolled to one step: net, builder)
+    may say why better: a state of the wrong shape breaks the step after it, far from the
+    mistake."""
+    net, error = _net_of(net_param, builder)
+    if error is not None:
+        try:  # T-dependent structure may not unroll to one step: then T's error stands
+            small_param, small_builder = one_step() if one_step is not None else (None, None)
+        except TemplateError:
+            small_param = None
+        if small_param is not None:
+            small, _ = _net_of(small_param, small_builder)
+            if small is not None:
+                _check_declared(small, small_builder)
+        raise TemplateError(f"{template.name}: the net unrolled to {builder.T} step(s) does not "
+                            f"build: {error}") from None
+    _check_declared(net, builder)
     _check_shared_params(net, builder)
-    _SHAPES_CHECKED.add(key)
+
+
+#: (template, T, variables) -> (the template files it read, their state, the net serialized):
+#: a bucketed model, a twin test model and a shape check ask for the same nets again
+_EXPANDED: OrderedDict[str, tuple[tuple, tuple, bytes]] = OrderedDict()
+_EXPANDED_MAX = 512
+
+
+def _plain(value) -> bool:
+    """Whether ``value``'s repr says all of it (so that it can key the cache)."""
+    if value is None or isinstance(value, (str, bool, int, float, Path)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def _cache_key(template: Template, steps: int, batch: int, search_path, variables: dict,
+               hyper: dict | None) -> str | None:
+    given = (list(search_path), variables, hyper or {})
+    if not _plain(given):
+        return None
+    return repr((str(template.path), int(steps), batch, [str(p) for p in search_path],
+                 os.environ.get("UNROLL_TEMPLATE_PATH", ""), sorted(variables.items()),
+                 sorted((hyper or {}).items())))
+
+
+def _state(files, folders) -> tuple:
+    """The modification times of ``files`` and of every template in ``folders`` (what a
+    template may import): a cached net is stale once one changes."""
+    paths = set(files) | {p for d in folders if d.is_dir() for p in d.glob("*.j2")}
+    return tuple(sorted((str(p), p.stat().st_mtime_ns if p.exists() else -1) for p in paths))
 
 
 def expand(template, steps: int, search_path=(), hyper: dict | None = None,
@@ -754,6 +843,13 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
     bottom, top, cont="cont", ...options, **hyper) }}``. A hyper-parameter
     whose name is taken (``layers``, ``steps``) goes in ``hyper`` (a dict). An
     unknown variable or option is an error that suggests the close one.
+
+    The net is checked as it is unrolled, at ``steps``: it must build, and each
+    step's states and outputs must come out (1, N, ...), so structure that
+    depends on T (a Slice whose points the caller computes from T) works at
+    every T it is valid for. Each (template, steps, variables) is expanded
+    once: asked again, ``expand`` returns a copy of that net, until a template
+    file it read (or one beside it, which it may import) changes.
 
     Options of an unrolled layer (``expand`` and ``recurrent()``):
 
@@ -816,8 +912,20 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
             f"(see the built-in siamese template)"
         )
     batch = int(variables.pop("batch", 1))
-    net, _ = _build(template, steps, batch, search_path, dict(variables), hyper)
-    _check_shapes(template, batch, search_path, variables, hyper)
+    key = _cache_key(template, steps, batch, search_path, variables, hyper)
+    cached = _EXPANDED.get(key) if key is not None else None
+    if cached is not None and _state(*cached[0]) == cached[1]:
+        _EXPANDED.move_to_end(key)
+        return NetParameter.FromString(cached[2])
+    net, builder = _build(template, steps, batch, search_path, dict(variables), hyper)
+    _check_shapes(template, net, builder, None if steps == 1 else lambda: _build(
+        template, 1, batch, search_path, dict(variables), hyper))
+    if key is not None:
+        files = (template.path, *builder.loaded)
+        sources = (files, {p.parent for p in files} | {builtin_template_dir()})
+        _EXPANDED[key] = (sources, _state(*sources), net.SerializeToString())
+        while len(_EXPANDED) > _EXPANDED_MAX:
+            _EXPANDED.popitem(last=False)
     return net
 
 
