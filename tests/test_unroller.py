@@ -1011,3 +1011,113 @@ def test_every_builtin_step_template_gates_every_state(kind, options):
 def test_the_tagger_gates_every_state_of_its_cells(cell):
     expand("tagger", steps=3, batch=2, vocab=9, tags=3, embed=4, hidden=3, cell=cell,
            chars={"vocab": 6, "embed": 3, "hidden": 2, "length": 4}, char_columns=3)
+
+
+# -- a recurrence started from blobs: encoder -> decoder ----------------------------------------
+
+SEQ2SEQ = """\
+{#- an LSTM encoder over src; an LSTM decoder over tgt started from its final states #}
+{% set interface = {"kind": "net", "defaults": {"input_dim": none, "hidden": none,
+                                                 "source": none}} %}
+force_backward: true
+layer { name: "input" type: "Input"
+        top: "src" top: "src_cont" top: "tgt" top: "tgt_cont" top: "y"
+        input_param { shape { dim: {{ source }} dim: {{ batch }} dim: {{ input_dim }} }
+                      shape { dim: {{ source }} dim: {{ batch }} }
+                      shape { dim: {{ T }} dim: {{ batch }} dim: {{ input_dim }} }
+                      shape { dim: {{ T }} dim: {{ batch }} }
+                      shape { dim: {{ T }} dim: {{ batch }} dim: {{ hidden }} } } }
+{{ recurrent("lstm", "src", "enc_h", "src_cont", scope="enc_", steps=source,
+             expose_hidden=True, hidden=hidden) }}
+{{ recurrent("lstm", "tgt", "dec_h", "tgt_cont", scope="dec_", hidden=hidden,
+             initial_state={"h": "enc_h_T", "c": "enc_c_T"}) }}
+layer { name: "loss" type: "EuclideanLoss" bottom: "dec_h" bottom: "y" top: "loss" }
+"""
+
+
+def np_lstm(p, x, cont, h, c, given=None):
+    """Caffe's LSTM over x (T, N, D) from (h, c); with ``given`` states, a sequence starts
+    from them (step 0 whatever its cont) instead of from zeros. Returns hs, final h, c."""
+    hs = []
+    for t in range(len(x)):
+        keep = cont[t][:, None]
+        if given is not None:
+            h, c = (given[0], given[1]) if t == 0 else (
+                keep * h + (1 - keep) * given[0], keep * c + (1 - keep) * given[1])
+            keep = np.ones_like(keep)
+        a = x[t] @ p["W_xc"].T + p["b_c"] + (keep * h) @ p["W_hc"].T
+        i, f, o, g = np.split(a, 4, axis=-1)
+        sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+        c = sig(f) * keep * c + sig(i) * np.tanh(g)
+        h = sig(o) * np.tanh(c)
+        hs.append(h)
+    return np.stack(hs), h, c
+
+
+def test_a_decoder_started_from_the_encoders_final_states_equals_numpy_and_its_gradient(
+        tmp_path):
+    path = tmp_path / "seq2seq.prototxt.j2"
+    path.write_text(SEQ2SEQ)
+    S, T, N, D, H = 4, 3, 2, 3, 4
+    net = Net(expand(str(path), steps=T, batch=N, input_dim=D, hidden=H, source=S),
+              dtype="float64")
+    assert "dec_h_0" not in net.inputs and "enc_h_T" not in net.outputs
+    rng = np.random.default_rng(5)
+    randomize(net, rng, scale=0.6)
+    src_cont = cont_from_lengths([4, 2], S)
+    tgt_cont = np.array([[0, 0], [1, 0], [1, 1]], float)  # column 1: a second sequence at t=1
+    inputs = {"src": rng.normal(size=(S, N, D)), "src_cont": src_cont,
+              "tgt": rng.normal(size=(T, N, D)), "tgt_cont": tgt_cont,
+              "y": rng.normal(size=(T, N, H)), "enc_h_0": np.zeros((1, N, H)),
+              "enc_c_0": np.zeros((1, N, H))}
+    dec_h = net.forward(blobs=["dec_h"], **inputs)["dec_h"].copy()
+    p = {name: {w: net.store[f"{name}_{w}"].blob.data for w in ("W_xc", "b_c", "W_hc")}
+         for name in ("enc", "dec")}
+    zeros = np.zeros((N, H))
+    # the encoder's final state of column 1 is the one after its last step (t = S - 1), as
+    # cont_from_lengths left-aligns: the padded steps run on, as expose_hidden carries them
+    _, enc_h, enc_c = np_lstm(p["enc"], inputs["src"], src_cont, zeros, zeros)
+    want, _, _ = np_lstm(p["dec"], inputs["tgt"], tgt_cont, zeros, zeros, given=(enc_h, enc_c))
+    np.testing.assert_allclose(dec_h, want, rtol=1e-10, atol=1e-12)
+    # cont 0 at the decoder's first step does not drop the given state
+    cold, _, _ = np_lstm(p["dec"], inputs["tgt"], tgt_cont, zeros, zeros)
+    assert not np.allclose(dec_h[0], cold[0])
+    for name, value in inputs.items():
+        net.set_input(name, value)
+    check_net_gradient(net, wrt=["src", "tgt"])  # every param: the encoder's through the decoder
+    net.forward()
+    net.clear_param_diffs()
+    net.backward()
+    assert np.abs(net.store["enc_W_hc"].blob.diff).max() > 1e-6
+
+
+def test_an_initial_state_from_blobs_must_name_every_state_and_an_existing_blob(tmp_path):
+    path = tmp_path / "seq2seq.prototxt.j2"
+    with pytest.raises(TemplateError, match=r"initial_state gives no blob for state 'c'; "
+                                            r"lstm\.prototxt\.j2 starts from one blob per state, "
+                                            r"'h' \(1, N, 4\), 'c' \(1, N, 4\)"):
+        path.write_text(SEQ2SEQ.replace(', "c": "enc_c_T"', ""))
+        expand(str(path), steps=3, batch=2, input_dim=3, hidden=4, source=4)
+    path.write_text(SEQ2SEQ.replace('"enc_c_T"', '"enc_cell_T"'))
+    with pytest.raises(TemplateError, match=r"starts state 'c' from blob 'enc_cell_T', which no "
+                                            r"layer above the recurrence makes"):
+        expand(str(path), steps=3, batch=2, input_dim=3, hidden=4, source=4)
+    path.write_text(SEQ2SEQ.replace("hidden=hidden,\n", "hidden=5,\n"))
+    with pytest.raises(TemplateError, match=r"initial state 'h' \('enc_h_T'\) comes out "
+                                            r"\(1, 2, 4\), but must be \(1, 2, 5\)"):
+        expand(str(path), steps=3, batch=2, input_dim=3, hidden=4, source=4)
+
+
+def test_expand_takes_the_initial_states_as_inputs():
+    net = Net(expand("gru", steps=3, batch=2, input_dim=3, hidden=4,
+                     initial_state={"h": "h_start"}), dtype="float64")
+    assert net.inputs == ["x", "cont", "h_start"]
+    rng = np.random.default_rng(0)
+    x, start = rng.normal(size=(3, 2, 3)), rng.normal(size=(1, 2, 4))
+    carried = Net(expand("gru", steps=3, batch=2, input_dim=3, hidden=4, expose_hidden=True),
+                  dtype="float64")
+    copy_params(net, carried)
+    h = net.forward(x=x, cont=np.array([[0, 0], [1, 1], [1, 1]], float), h_start=start)["h"]
+    # the carried-state net with cont 1 at the start: the same, as nothing restarts after it
+    want = carried.forward(x=x, cont=np.ones((3, 2)), h_0=start)["h"]
+    np.testing.assert_allclose(h, want, rtol=1e-12)
