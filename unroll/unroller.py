@@ -894,7 +894,7 @@ def _check_shapes(template: Template, net_param: NetParameter, builder: NetBuild
 #: (template, T, variables) -> (the template files it read, their state, the net serialized):
 #: a bucketed model, a twin test model and a shape check ask for the same nets again
 _EXPANDED: OrderedDict[str, tuple[tuple, tuple, bytes]] = OrderedDict()
-_EXPANDED_MAX = 512
+_EXPANDED_BYTES = 32 << 20  # the oldest go first past this (a T = 100 tagger is ~170 KB)
 
 
 def _plain(value) -> bool:
@@ -919,10 +919,11 @@ def _cache_key(template: Template, steps: int, batch: int, search_path, variable
 
 
 def _state(files, folders) -> tuple:
-    """The modification times of ``files`` and of every template in ``folders`` (what a
-    template may import): a cached net is stale once one changes."""
+    """The modification times and sizes of ``files`` and of every template in ``folders``
+    (what a template may import): a cached net is stale once one changes."""
     paths = set(files) | {p for d in folders if d.is_dir() for p in d.glob("*.j2")}
-    return tuple(sorted((str(p), p.stat().st_mtime_ns if p.exists() else -1) for p in paths))
+    stats = {p: p.stat() if p.exists() else None for p in paths}
+    return tuple(sorted((str(p), st and (st.st_mtime_ns, st.st_size)) for p, st in stats.items()))
 
 
 def expand(template, steps: int, search_path=(), hyper: dict | None = None,
@@ -1027,7 +1028,7 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
         files = (template.path, *builder.loaded)
         sources = (files, {p.parent for p in files} | {builtin_template_dir()})
         _EXPANDED[key] = (sources, _state(*sources), net.SerializeToString())
-        while len(_EXPANDED) > _EXPANDED_MAX:
+        while sum(len(entry[2]) for entry in _EXPANDED.values()) > _EXPANDED_BYTES:
             _EXPANDED.popitem(last=False)
     return net
 
