@@ -921,6 +921,9 @@ class Solver:
         1, and a restored solver asks for the batches it would have seen), an
         iterator of such dicts, or one dict used for every pass.
         ``solver.loss`` is the mean loss of the last ``average_loss`` iterations.
+        Under ``nonfinite="skip"`` a skipped iteration still counts (and its loss,
+        returned if it is the last, is the one checked); ``solver.skipped`` says
+        which were.
 
         For example, ``solver.step(100, feed=lambda k: batches[k % len(batches)])``.
         """
