@@ -147,12 +147,12 @@ class BucketedModel:
         return self._canonical().device_loss if self.active is None else self.active.device_loss
 
     def forward(self, blobs=(), **inputs) -> dict:
-        """Run the net whose T is axis 0 of the inputs (of ``steps_from``); returns its outputs
-        and the blobs named in ``blobs`` (kept from now on, as :meth:`Net.forward` does).
+        """Run the net whose T is the time axis of the time-major inputs (axis 0 of
+        ``steps_from``); returns its outputs and the blobs named in ``blobs`` (kept from now
+        on, as :meth:`Net.forward` does).
 
-        An input not given (an initial recurrent state, say) follows the batch
-        size of the given inputs that had the same batch size (axis 1) when
-        the net was built.
+        An input not given (an initial recurrent state, say) takes, on each axis
+        the net ties to a given input (see the class), that input's size.
         """
         if not inputs:
             raise ValueError("BucketedModel.forward needs its inputs: forward(x=..., cont=...)")
