@@ -104,11 +104,14 @@ class BucketedModel:
         return NetParameter.FromString(self.net_params[steps])
 
     def _time_axes(self) -> dict:
-        """Each input's time axis: declared, else the axis whose size is T at T = 1 and 2."""
+        """Each input's time axis: declared, else the axis whose size is T at T = 1 and 2
+        (with ``steps_from``, which sets T, only those declared)."""
         unknown = sorted(set(self._declared_time_axes) - set(self._built[1]))
         if unknown:
             raise ValueError(f"time_axes names {unknown}, which are not inputs of the net; "
                              f"inputs: {list(self._built[1])}")
+        if self.steps_from is not None or set(self._declared_time_axes) >= set(self._built[1]):
+            return {name: self._declared_time_axes.get(name) for name in self._built[1]}
         two = {lp.top[k]: tuple(shape.dim) for lp in self._net_param(2).layer
                if lp.type == "Input" for k, shape in enumerate(lp.input_param.shape)}
         axes = {}
