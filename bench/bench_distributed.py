@@ -53,7 +53,8 @@ def worker(args) -> None:
     model = tagger.train_model
     for b in mine:  # every bucket's net before timing
         model.net(sampler.bucket_length(b))
-    solver = Solver(model, type="Adam", base_lr=2e-3, clip_gradients=5.0, comm=comm)
+    solver = Solver(model, type="Adam", base_lr=2e-3, momentum=0.9, momentum2=0.999,
+                    clip_gradients=5.0, comm=comm)
     solver.step(1, feed=lambda _: feeds[0])  # first touch of every buffer
     comm.barrier()
     start = time.perf_counter()

@@ -50,7 +50,6 @@ def train_worker(args) -> dict:
     from examples.pos_tagging.train import (
         ParamAverage,
         TrainOptions,
-        guarded_step,
         training_solver,
     )
 
@@ -69,7 +68,7 @@ def train_worker(args) -> dict:
     for k, batch in enumerate(batches[: args.warmup + args.time]):
         inputs, n = batch_inputs(tagger, encoded, gold, batch, sampler)
         start = time.perf_counter()
-        guarded_step(solver, tagger.train_model, inputs)
+        solver.step(1, feed=inputs)
         average.update()
         if k >= args.warmup:
             seconds += time.perf_counter() - start

@@ -75,7 +75,7 @@ def run_unroll(mode: str, args, queue) -> None:
                 for rows in sampler.epoch_batches(0)[: args.batches]]
     else:
         plan = batches_for(mode, lengths, args.batch_size, args.seed)[: args.batches]
-    solver = Solver(tagger.train_model, type="Adam", base_lr=1e-3)
+    solver = Solver(tagger.train_model, type="Adam", base_lr=1e-3, momentum=0.9, momentum2=0.999)
     t0 = time.perf_counter()
     for T in dict.fromkeys(T for _b, T in plan):  # every net, built before the timing
         tagger.train_model.net(T)

@@ -6,13 +6,13 @@ deterministic, so they need no GPU and no idle machine. Two workloads:
 
 - the default tagger (:class:`TaggerConfig`'s defaults: word features, the
   character model, two BiLSTM layers), T = 21, N = 32, Adam with clipping at 5
-  as the training command runs it;
+  and the non-finite check, as the training command runs it;
 - an LSTM layer (``unroll.expand("lstm")`` + EuclideanLoss), T = 25, N = 32,
   D = 100, H = 128, Adam.
 
 A step is the training command's sequence: the batch's inputs to the device,
-clear the param diffs, forward, backward, the divergence guard (the tagger's
-one read per batch, :func:`examples.pos_tagging.train.checked_loss`), update.
+clear the param diffs, forward, backward, update (for the tagger, after the
+solver's non-finite check, its one read per batch: ``Solver(nonfinite=...)``).
 The tagger packs its inputs into one transfer (:meth:`Tagger.inputs`); the
 LSTM's inputs are host arrays that ``forward`` sends. Each workload runs one
 step first, so that lazy allocations (diffs, solver history) are not counted.
@@ -31,15 +31,14 @@ from unroll import Net, expand, to_prototxt, trace
 from unroll.cuda_graph import StepGraphs
 from unroll.solver import Solver
 
-PHASES = ("inputs", "clear", "forward", "backward", "guard", "update")
+PHASES = ("inputs", "clear", "forward", "backward", "update")
 
 
-def count_step(net, solver: Solver, feed, guard=None) -> dict[str, trace.Counts]:
+def count_step(net, solver: Solver, feed) -> dict[str, trace.Counts]:
     """The counts of each phase of one training step.
 
     ``feed`` is the inputs (a dict) or, as Solver.step takes it, a callable
-    ``feed(k)`` that makes them (then counted as the "inputs" phase);
-    ``guard(model)`` is the training loop's check between backward and update.
+    ``feed(k)`` that makes them (then counted as the "inputs" phase).
     """
     inputs = {}
 
@@ -51,7 +50,6 @@ def count_step(net, solver: Solver, feed, guard=None) -> dict[str, trace.Counts]
         "clear": net.clear_param_diffs,
         "forward": lambda: net.forward(**inputs),
         "backward": net.backward,
-        "guard": lambda: guard(net) if guard is not None else None,
         "update": solver.update,
     }
     counts = {}
@@ -79,16 +77,10 @@ def tagger_setup(device: str, T: int = 21, N: int = 32, seed: int = 0):
     tagger = Tagger(Featurizer.build(sentences), TaggerConfig(batch=N), device=device,
                     seed=seed)
     encoded, labels = tagger.encode(sentences), tag_ids(tags)
-    solver = Solver(tagger.train_model, type="Adam", base_lr=2e-3, clip_gradients=5.0)
+    solver = Solver(tagger.train_model, type="Adam", base_lr=2e-3, momentum=0.9,
+                    momentum2=0.999, clip_gradients=5.0, nonfinite="skip", max_skipped=0)
     return (tagger.train_model, solver, lambda k: tagger.inputs(encoded, T, labels, train=True),
             sum(lengths))
-
-
-def tagger_guard(model) -> float:
-    """The training command's divergence guard (one read): gradient norm, then the check."""
-    from examples.pos_tagging.train import checked_loss, gradient_norm
-
-    return checked_loss(model, gradient_norm(model))
 
 
 def lstm_setup(device: str, T: int = 25, N: int = 32, D: int = 100, H: int = 128,
@@ -106,14 +98,14 @@ layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "target" top: "l
     rng = np.random.default_rng(seed)
     inputs = {"x": rng.normal(size=(T, N, D)), "cont": (np.arange(T) > 0)[:, None].repeat(N, 1),
               "target": rng.uniform(-1, 1, (T, N, H))}
-    return net, Solver(net, type="Adam", base_lr=1e-3), inputs, T * N
+    return net, Solver(net, type="Adam", base_lr=1e-3, momentum=0.9, momentum2=0.999), inputs, T * N
 
 
-def traced_step(setup, guard=None, **sizes) -> dict[str, trace.Counts]:
+def traced_step(setup, **sizes) -> dict[str, trace.Counts]:
     """The per-phase counts of a workload's second step (the first allocates lazily)."""
     model, solver, feed, _ = setup("trace", **sizes)
     solver.step(1, feed=feed)
-    return count_step(model, solver, feed, guard)
+    return count_step(model, solver, feed)
 
 
 def replayed_step(setup, **sizes) -> trace.Counts:
@@ -148,7 +140,7 @@ def table(name: str, counts: dict[str, trace.Counts]) -> str:
 
 def main() -> None:
     print(table("default tagger, T=21 N=32 (Adam, clip 5)",
-                traced_step(tagger_setup, tagger_guard)))
+                traced_step(tagger_setup)))
     print(table("LSTM layer, T=25 N=32 D=100 H=128 (Adam)", traced_step(lstm_setup)))
     print("targets for the tagger step: <= 1200 launches, <= 2 syncs, 1 transfer")
     for name, setup in (("tagger", tagger_setup), ("LSTM", lstm_setup)):

@@ -32,7 +32,7 @@ layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "target" top: "l
 
 def train(text, concurrent, feeds, dtype="float64"):
     net = Net(text, dtype=dtype, concurrent=concurrent, seed=3)
-    solver = Solver(net, type="Adam", base_lr=0.01)
+    solver = Solver(net, type="Adam", base_lr=0.01, momentum=0.9, momentum2=0.999)
     grads = []
     for feed in feeds:
         solver.step(1, feed=lambda _, feed=feed: feed)
@@ -79,7 +79,7 @@ def test_the_tagger_trains_bit_identically_concurrent_and_serial():
     results = []
     for concurrent in (True, False):
         net = Net(text, dtype="float64", concurrent=concurrent)
-        solver = Solver(net, type="Adam", base_lr=0.01)
+        solver = Solver(net, type="Adam", base_lr=0.01, momentum=0.9, momentum2=0.999)
         for feed in feeds:
             solver.step(1, feed=lambda _, feed=feed: feed)
         results.append((len(net.regions), host(net.store.data).copy()))
@@ -127,5 +127,6 @@ def test_a_failure_on_a_branch_thread_names_the_layer():
         raise ValueError("boom")
 
     layer.forward = broken
-    with pytest.raises(NetError, match=f"layer '{layer.name}'.*failed in forward: boom"):
+    with pytest.raises(NetError,
+                       match=f"layer '{layer.name}'.*failed in forward: ValueError: boom"):
         net.forward(**feed)

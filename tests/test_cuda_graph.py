@@ -68,7 +68,8 @@ def test_a_replayed_step_is_one_launch_and_reads_nothing_back():
 def rnn_model(device="trace"):
     make = lambda T: unroll.expand("rnn", steps=T, batch=2, input_dim=3, hidden=4)  # noqa: E731
     model = BucketedModel(make, device=device, seed=3)
-    return model, Solver(model, type="Adam", base_lr=0.05, lr_policy="inv", gamma=0.1,
+    return model, Solver(model, type="Adam", base_lr=0.05, momentum=0.9, momentum2=0.999,
+                         lr_policy="inv", gamma=0.1,
                          power=0.75)
 
 

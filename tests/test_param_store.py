@@ -108,7 +108,7 @@ def test_params_added_after_packing_grow_the_buffers_and_train_identically(tmp_p
     early.net(3)  # 'gain' exists before the solver packs
     files = []
     for model, name in ((late, "late"), (early, "early")):
-        solver = Solver(model, type="Adam", base_lr=0.05)
+        solver = Solver(model, type="Adam", base_lr=0.05, momentum=0.9, momentum2=0.999)
         solver.step(4, feed=batch)
         assert [p.name for p in model.store] == ["W", "b", "gain"]
         assert model.store.packed and model.store.data.size == 12 + 4 + 4

@@ -164,10 +164,9 @@ def test_a_tiny_nets_step_is_counted_exactly():
         # top diff filled with the loss weight; loss: scale, multiply (t needs no gradient);
         # ip: gy.T @ x, add into W.diff, sum over rows, add into b.diff (x needs none)
         "backward": (7, 0, 0, 0),
-        # no guard: Solver.update follows backward directly
-        "guard": (0, 0, 0, 0),
-        # SGD once over the flat buffers (W and b are adjacent): h *= momentum,
-        # rate * diff, h += that, diff[...] = h, data -= diff
+        # no non-finite check (no policy), nothing read back; SGD once over the flat
+        # buffers (W and b are adjacent): h *= momentum, rate * diff, h += that,
+        # diff[...] = h, data -= diff
         "update": (5, 0, 0, 0),
     }
 
@@ -176,18 +175,18 @@ def test_a_tiny_nets_step_is_counted_exactly():
 # last: a change that adds launches, syncs or transfers to a training step fails here; lower
 # the bounds when work cuts them.
 # The tagger's step is the training command's: one packed transfer of the batch, and one
-# sync, the divergence guard's read (the character Scatter's positions are checked on the
+# sync, the solver's non-finite check (the character Scatter's positions are checked on the
 # host, before the transfer); the targets were 1200 launches, 2 syncs, 1 transfer.
 TAGGER_BUDGET = {"launches": 1106, "syncs": 1, "h2d": 1, "d2h": 0}
 LSTM_BUDGET = {"launches": 221, "syncs": 0, "h2d": 3, "d2h": 0}
 
 
-@pytest.mark.parametrize("setup, guard, budget", [
-    (gpu_budget.tagger_setup, gpu_budget.tagger_guard, TAGGER_BUDGET),
-    (gpu_budget.lstm_setup, None, LSTM_BUDGET),
+@pytest.mark.parametrize("setup, budget", [
+    (gpu_budget.tagger_setup, TAGGER_BUDGET),
+    (gpu_budget.lstm_setup, LSTM_BUDGET),
 ])
-def test_a_training_step_stays_within_its_gpu_budget(setup, guard, budget):
-    counts = gpu_budget.traced_step(setup, guard).values()
+def test_a_training_step_stays_within_its_gpu_budget(setup, budget):
+    counts = gpu_budget.traced_step(setup).values()
     spent = {k: sum(getattr(c, k) for c in counts) for k in budget}
     over = {k: f"{spent[k]} > {budget[k]}" for k in budget if spent[k] > budget[k]}
     assert not over, f"{setup.__name__} is over its GPU budget: {over}"
@@ -348,24 +347,23 @@ def test_a_packed_tagger_step_sends_its_batch_in_one_transfer():
 
     solver.step(1, feed=feed)
     counts = gpu_budget.count_step(tagger.train_model, solver, feed)
-    assert [counts[phase].h2d for phase in gpu_budget.PHASES] == [1, 0, 0, 0, 0, 0]
+    assert [counts[phase].h2d for phase in gpu_budget.PHASES] == [1, 0, 0, 0, 0]
     assert to_numpy(feed(0)["cont"])[:, 0].tolist() == [0, 1, 1, 1, 0, 1, 1]
 
 
-def test_the_training_guard_reads_one_number_per_batch():
-    from examples.pos_tagging.train import guarded_step
-
+def test_the_non_finite_check_reads_one_number_per_step():
     tagger, encoded, labels = tiny_tagger("trace")
-    solver = Solver(tagger.train_model, type="Adam", base_lr=1e-3, clip_gradients=5.0)
+    solver = Solver(tagger.train_model, type="Adam", base_lr=1e-3, momentum=0.9,
+                    momentum2=0.999, clip_gradients=5.0, nonfinite="skip", max_skipped=1)
     inputs = tagger.inputs(encoded, 4, labels, train=True)
-    guarded_step(solver, tagger.train_model, inputs)
+    solver.step(1, feed=inputs)
     with trace.measure() as c:
-        loss, norm, applied = guarded_step(solver, tagger.train_model, inputs)
-    # the guard reads one number (float), and nothing else is read back
-    assert c.sync_sites == {"float": 1} and applied and norm is None
+        loss = solver.step(1, feed=inputs)
+    # the check reads one number (float), the step's loss, and nothing else is read back
+    assert c.sync_sites == {"float": 1} and not solver.skipped
     assert loss == tagger.train_model.loss
     tagger.train_model.store.data[0] = np.nan  # a NaN weight: gradient and loss go NaN
     before = to_numpy(tagger.train_model.store.data).copy()
-    loss, norm, applied = guarded_step(solver, tagger.train_model, inputs)
-    assert not applied and math.isnan(norm)
+    solver.step(1, feed=inputs)
+    assert [s.iter for s in solver.skipped] == [2] and math.isnan(solver.skipped[0].gradient_norm)
     np.testing.assert_array_equal(to_numpy(tagger.train_model.store.data), before)

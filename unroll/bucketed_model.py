@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from unroll.atomic import write_atomic
+from unroll.layer import LAYERS
 from unroll.net import Net
 from unroll.param_store import ParamStore
 from unroll.proto import NetParameter
@@ -19,11 +20,21 @@ class BucketedModel:
     ``lambda T: unroll.expand("tagger", steps=T, ...)``). Every net is built
     over the same :class:`~unroll.param_store.ParamStore`, so a param named
     "W" is one data and one diff buffer whatever T runs, and a solver step
-    updates every bucket's net at once. Inputs are time-major: axis 0 is T
-    (it picks the net), axis 1 the batch (inputs not given, such as initial
-    recurrent states, follow the batch size of those given). ``steps_from``
-    names the input whose axis 0 is T when inputs differ there (a tagger's
-    words (T, N) beside its characters (C, T * N)).
+    updates every bucket's net at once.
+
+    **Axes.** An input has a time axis, or none. The time axes are declared
+    by the nets themselves: an axis whose size is the step count (the
+    template's ``dim: {{ T }}``) in the nets unrolled to 1 and 2 steps, such
+    as axis 0 of ``x``, ``cont`` and per-step labels, while a (1, N, H) state,
+    an (N,) label or a tagger's (C, columns) characters have none. Callers
+    may declare them too, ``time_axes={"words": 0, "lengths": None}``, which
+    wins. T is read only from the time-major inputs given, which must agree
+    on it; ``steps_from`` reads it from one input's axis 0. An input not
+    given (an initial recurrent state) follows, axis by axis, the given
+    inputs the net ties it to: a state's batch is its recurrence's cont's
+    (through the Scale by cont, or the unit, that gates it), so a character
+    model's states follow the character columns and a word model's the
+    sentences, whatever their sizes.
 
     The model is a :class:`~unroll.solver.TrainableNet`, the interface the
     Solver drives. A test-phase model shares the
@@ -43,14 +54,19 @@ class BucketedModel:
     (9, 2, 4)
     >>> len(model.learnable_params), sorted(model.nets)
     (3, [1, 5, 9])
+    >>> model.time_axes
+    {'x': 0, 'cont': 0, 'h_0': None}
     """
 
     def __init__(self, make_net_param, phase="train", device="cpu", dtype="float32", seed=0,
                  store=None, steps_from=None, net_params=None, plan_memory=True,
-                 max_bytes=None):
+                 max_bytes=None, time_axes=None):
         self.make_net_param = make_net_param
         self.steps_from = steps_from
+        self._declared_time_axes = dict(time_axes or {})
         self._built: dict[int, dict] = {}  # T -> input shapes as built
+        #: T -> {input: {axis: [(input, axis) the net ties it to]}}
+        self._ties: dict[int, dict] = {}
         self.phase = phase
         self.device = device
         self.dtype = dtype
@@ -66,22 +82,48 @@ class BucketedModel:
         # the T = 1 net creates every param now, so learnable_params is complete
         # before the first batch (a solver sizes its history from it)
         self._canonical()
+        #: each input's time axis (None: it has none), declared or read off the nets
+        self.time_axes = self._time_axes()
 
     def net(self, steps: int) -> Net:
         """The net unrolled to ``steps``, built on first use and cached."""
         steps = int(steps)
         if steps not in self.nets:
-            if steps not in self.net_params:
-                self.net_params[steps] = self.make_net_param(steps).SerializeToString()
             net = Net(
-                NetParameter.FromString(self.net_params[steps]), phase=self.phase,
-                device=self.device,
+                self._net_param(steps), phase=self.phase, device=self.device,
                 dtype=self.dtype, seed=self._seed + steps, param_store=self.store,
                 plan_memory=self.plan_memory, max_bytes=self.max_bytes,
             )
             self._built[steps] = {name: net.blobs[f"{name}@0"].shape for name in net.inputs}
+            self._ties[steps] = _input_ties(self._net_param(steps), net)
             self.nets[steps] = net
         return self.nets[steps]
+
+    def _net_param(self, steps: int) -> NetParameter:
+        if steps not in self.net_params:
+            self.net_params[steps] = self.make_net_param(steps).SerializeToString()
+        return NetParameter.FromString(self.net_params[steps])
+
+    def _time_axes(self) -> dict:
+        """Each input's time axis: declared, else the axis whose size is T at T = 1 and 2
+        (with ``steps_from``, which sets T, only those declared)."""
+        unknown = sorted(set(self._declared_time_axes) - set(self._built[1]))
+        if unknown:
+            raise ValueError(f"time_axes names {unknown}, which are not inputs of the net; "
+                             f"inputs: {list(self._built[1])}")
+        if self.steps_from is not None or set(self._declared_time_axes) >= set(self._built[1]):
+            return {name: self._declared_time_axes.get(name) for name in self._built[1]}
+        two = {lp.top[k]: tuple(shape.dim) for lp in self._net_param(2).layer
+               if lp.type == "Input" for k, shape in enumerate(lp.input_param.shape)}
+        axes = {}
+        for name, one in self._built[1].items():
+            if name in self._declared_time_axes:
+                axes[name] = self._declared_time_axes[name]
+                continue
+            found = [a for a, n in enumerate(one)
+                     if n == 1 and name in two and len(two[name]) == len(one) and two[name][a] == 2]
+            axes[name] = found[0] if len(found) == 1 else None
+        return axes
 
     @property
     def workspace(self):
@@ -115,40 +157,63 @@ class BucketedModel:
         return self._canonical().device_loss if self.active is None else self.active.device_loss
 
     def forward(self, blobs=(), **inputs) -> dict:
-        """Run the net whose T is axis 0 of the inputs (of ``steps_from``); returns its outputs
-        and the blobs named in ``blobs`` (kept from now on, as :meth:`Net.forward` does).
+        """Run the net whose T is the time axis of the time-major inputs (axis 0 of
+        ``steps_from``); returns its outputs and the blobs named in ``blobs`` (kept from now
+        on, as :meth:`Net.forward` does).
 
-        An input not given (an initial recurrent state, say) follows the batch
-        size of the given inputs that had the same batch size (axis 1) when
-        the net was built.
+        An input not given (an initial recurrent state, say) takes, on each axis
+        the net ties to a given input (see the class), that input's size.
         """
         if not inputs:
             raise ValueError("BucketedModel.forward needs its inputs: forward(x=..., cont=...)")
         shapes = {name: np.shape(v) for name, v in inputs.items()}
+        unknown = sorted(set(shapes) - set(self.time_axes))
+        if unknown:
+            raise ValueError(f"'{unknown[0]}' is not an input of the net; inputs: "
+                             f"{list(self.time_axes)}")
+        net_steps = self._steps(shapes)
+        net = self.net(net_steps)
+        built, ties = self._built[net_steps], self._ties[net_steps]
+        for name in net.inputs:
+            if name in inputs:
+                continue
+            shape = list(built[name])
+            for axis, tied in ties.get(name, {}).items():
+                sizes = {shapes[other][b] for other, b in tied
+                         if other in shapes and b < len(shapes[other])}
+                if len(sizes) > 1:
+                    given = {other: shapes[other] for other, _ in tied if other in shapes}
+                    raise ValueError(f"input '{name}' (not given) follows axis {axis} of "
+                                     f"inputs that disagree on its size: {given}")
+                if sizes:
+                    shape[axis] = sizes.pop()
+            net.blobs[f"{name}@0"].reshape(tuple(shape))
+        self.active = net
+        return net.forward(blobs=blobs, **inputs)
+
+    def _steps(self, shapes: dict) -> int:
+        """T: the time axis of the time-major inputs given (or axis 0 of ``steps_from``)."""
         if self.steps_from is not None:
             if self.steps_from not in shapes:
                 raise ValueError(f"forward needs input '{self.steps_from}' (it sets T)")
-            steps = {shapes[self.steps_from][0]}
-        else:
-            steps = {s[0] for s in shapes.values() if len(s) >= 1}
-        if len(steps) != 1:
-            raise ValueError(f"inputs must agree on T (axis 0); found {shapes}")
-        net_steps = int(steps.pop())
-        net = self.net(net_steps)
-        built = self._built[net_steps]
-        batch = {}
-        for name, shape in shapes.items():
-            if name not in built:
-                raise ValueError(f"'{name}' is not an input of the net; inputs: {net.inputs}")
-            if len(shape) >= 2 and len(built[name]) >= 2:
-                if batch.setdefault(built[name][1], shape[1]) != shape[1]:
-                    raise ValueError(f"inputs built with one batch size now disagree: {shapes}")
-        for name in net.inputs:
-            shape = built[name]
-            if name not in inputs and len(shape) >= 2 and shape[1] in batch:
-                net.blobs[f"{name}@0"].reshape((shape[0], batch[shape[1]]) + shape[2:])
-        self.active = net
-        return net.forward(blobs=blobs, **inputs)
+            return int(shapes[self.steps_from][0])
+        timed = {name: shapes[name][axis] for name, axis in self.time_axes.items()
+                 if axis is not None and name in shapes and axis < len(shapes[name])}
+        if not timed:
+            major = [name for name, axis in self.time_axes.items() if axis is not None]
+            raise ValueError(
+                f"forward needs a time-major input to read T from (time-major: {major}; "
+                f"given: {list(shapes)}); give one, or declare which axis of a given input "
+                f"is T: BucketedModel(..., time_axes={{'name': axis}})")
+        if len(set(timed.values())) != 1:
+            axes = {name: self.time_axes[name] for name in timed}
+            raise ValueError(
+                f"the time-major inputs disagree on T: {timed} (their time axes {axes}, "
+                f"shapes {dict((n, shapes[n]) for n in timed)}); an input that has no time "
+                f"axis, or another one, is declared with BucketedModel(..., "
+                f"time_axes={{'{next(iter(timed))}': None}}), or T read from one input with "
+                f"steps_from='{next(iter(timed))}'")
+        return int(next(iter(timed.values())))
 
     def backward(self) -> None:
         if self.active is None:
@@ -183,3 +248,72 @@ class BucketedModel:
     def param_nbytes(self) -> int:
         """Bytes of learnable memory: one data and one diff per param, for all buckets together."""
         return self.store.nbytes
+
+
+# -- which axes of an input the net ties to which of another -------------------------------
+
+#: layers whose tops have their bottom's shape (the neurons, and the rest in DESIGN 2)
+_SAME_SHAPE = frozenset({"ReLU", "Sigmoid", "TanH", "Power", "Dropout", "AbsVal", "Exp", "Log",
+                         "ELU", "BNLL", "Threshold", "PReLU", "BatchNorm", "Split", "Eltwise"})
+
+
+def _input_ties(net_param: NetParameter, net: Net) -> dict:
+    """{input: {axis: [(other input, its axis), ...]}}: the axes of other inputs that the
+    layers of ``net_param`` force to the same size, through shape-keeping layers, Slice and
+    Concat (but their axis), Scale and Bias (the second bottom along the first from
+    ``axis``) and the recurrent units (every leading axis)."""
+    parent: dict = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def tie(a, b):
+        parent[find(a)] = find(b)
+
+    def ndim(blob):
+        return net.blobs[blob].ndim if blob in net.blobs else 0
+
+    for lp in net_param.layer:
+        blobs = [*lp.bottom, *lp.top]
+        if lp.type in _SAME_SHAPE:
+            for other in blobs[1:]:
+                for k in range(min(ndim(blobs[0]), ndim(other))):
+                    tie((blobs[0], k), (other, k))
+        elif lp.type in ("Slice", "Concat"):
+            field = lp.slice_param if lp.type == "Slice" else lp.concat_param
+            for other in blobs[1:]:
+                n = ndim(other)
+                axis = field.axis % n if n else 0
+                for k in range(min(ndim(blobs[0]), n)):
+                    if k != axis:
+                        tie((blobs[0], k), (other, k))
+        elif lp.type in ("Scale", "Bias") and lp.bottom:
+            field = lp.scale_param if lp.type == "Scale" else lp.bias_param
+            first, n = lp.bottom[0], ndim(lp.bottom[0])
+            for top in lp.top:
+                for k in range(min(n, ndim(top))):
+                    tie((first, k), (top, k))
+            if len(lp.bottom) > 1 and n:
+                axis = field.axis % n
+                for j in range(ndim(lp.bottom[1])):
+                    tie((lp.bottom[1], j), (first, axis + j))
+        elif getattr(LAYERS.get(lp.type), "roles", ()) and lp.bottom:
+            lead = ndim(lp.bottom[-1])  # the recurrent units: cont is the state's leading axes
+            for other in blobs:
+                for k in range(min(lead, ndim(other))):
+                    tie((lp.bottom[-1], k), (other, k))
+    inputs = list(net.inputs)
+    groups: dict = {}
+    for name in inputs:
+        for k in range(ndim(name)):
+            groups.setdefault(find((name, k)), []).append((name, k))
+    ties = {}
+    for name in inputs:
+        for k in range(ndim(name)):
+            tied = [m for m in groups[find((name, k))] if m[0] != name]
+            if tied:
+                ties.setdefault(name, {})[k] = tied
+    return ties

@@ -320,11 +320,12 @@ def layers_command(args) -> int:
 def memory_command(args) -> int:
     """``unroll memory``: what a net's memory costs, planned against unplanned."""
     from unroll.net import Net
-    from unroll.solver import Solver
+    from unroll.solver import Solver, usual_fields
 
     net_param = parse_text(read_prototxt(args.net), NetParameter(), args.net)
     net = Net(net_param, phase=args.phase, dtype=args.dtype)
-    solver = Solver(net, type=args.solver, base_lr=0.01) if args.solver else None
+    solver = (Solver(net, type=args.solver, base_lr=0.01, **usual_fields(args.solver))
+              if args.solver else None)
     write_output(f"{net.memory_report(solver=solver, largest=args.largest)}\n")
     return 0
 

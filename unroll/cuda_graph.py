@@ -11,7 +11,7 @@ stays eager, after the replay: its host numbers (the learning rate of
 would keep the first ones; over the flat parameter buffers it is some 20
 launches.
 
-    solver = Solver(model, type="Adam", base_lr=1e-3)
+    solver = Solver(model, type="Adam", base_lr=1e-3, momentum=0.9, momentum2=0.999)
     solver.graphs = StepGraphs(model)      # a model on device "gpu" (or "trace")
     solver.step(1000, feed=batches)
 

@@ -13,6 +13,14 @@ class TemplateError(ValueError):
     """A template that cannot be expanded: names the template, line and offending name."""
 
 
+class UngatedStateError(TemplateError):
+    """A step template that reads a state before cont gates it: ``state`` names it."""
+
+    def __init__(self, message: str, state: str):
+        self.state = state
+        super().__init__(message)
+
+
 class FileFormatError(ValueError):
     """A file whose bytes are not what it should hold (a .caffemodel, a JSON file).
 

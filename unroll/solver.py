@@ -63,6 +63,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
 from google.protobuf import message as _pb_message
 
 from unroll.atomic import write_files_atomic
@@ -79,8 +80,9 @@ from unroll.proto import (
     read_message,
 )
 
-__all__ = ["LR_POLICIES", "SOLVERS", "Solver", "SolverError", "SolverType", "TrainableNet",
-           "register_solver"]
+__all__ = ["LR_POLICIES", "LR_POLICY_FIELDS", "NONFINITE_POLICIES", "NonFiniteError", "SOLVERS",
+           "SkippedStep", "Solver", "SolverError", "SolverType", "TrainableNet", "register_solver",
+           "usual_fields"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,18 @@ _LEGACY_TYPES = {  # SolverParameter.solver_type (enum, deprecated in Caffe) -> 
 #: Caffe's learning-rate policies (``lr_policy``); an unset policy means "fixed".
 LR_POLICIES = ("fixed", "step", "exp", "inv", "multistep", "poly", "sigmoid")
 
+#: the fields each lr policy needs given explicitly -> an example value: Caffe's default (0,
+#: none) would silently make the rate 0 after the first step ("step", "exp", "multistep") or
+#: constant ("inv", "poly", "sigmoid", "multistep" without steps)
+LR_POLICY_FIELDS = {
+    "step": {"gamma": 0.1},
+    "exp": {"gamma": 0.999},
+    "inv": {"gamma": 1e-4, "power": 0.75},
+    "multistep": {"gamma": 0.1, "stepvalue": [10000, 20000]},
+    "poly": {"power": 1.0},
+    "sigmoid": {"gamma": 0.01},
+}
+
 # Fields of a Caffe solver file that concern what the caller owns here: the net
 # (passed in), test nets, and the device (the net's). Set, they draw a warning.
 _IGNORED_FIELDS = (
@@ -109,6 +123,30 @@ _IGNORED_FIELDS = (
 
 class SolverError(ValueError):
     """A solver setting, snapshot or net that the solver cannot use; says which and why."""
+
+
+#: what a Solver does with an iteration whose loss or gradient is not finite: None applies
+#: it (Caffe's behaviour, no read), "stop" raises, "skip" leaves it out (up to max_skipped)
+NONFINITE_POLICIES = (None, "stop", "skip")
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedStep:
+    """An iteration whose update was not applied: its loss or a gradient was not finite."""
+
+    iter: int
+    loss: float
+    gradient_norm: float
+
+
+class NonFiniteError(SolverError):
+    """A non-finite loss or gradient that the solver's ``nonfinite`` policy does not allow
+    (``"stop"``, or one more skip than ``max_skipped``); raised before the update, so the
+    weights are those of the last good iteration. ``step`` says which iteration and why."""
+
+    def __init__(self, message: str, step: SkippedStep):
+        super().__init__(message)
+        self.step = step
 
 
 class TrainableNet(Protocol):
@@ -165,6 +203,9 @@ class SolverType:
     update: Callable
     check: Callable[[SolverParameter], None]
     elementwise: bool = True
+    #: fields this type needs given explicitly -> their usual value (for the error and
+    #: for callers that want the usual settings: :func:`usual_fields`)
+    required: Mapping = dataclasses.field(default_factory=dict)
 
 
 #: Registered solver types by Caffe's ``type`` string (see :func:`register_solver`).
@@ -172,7 +213,7 @@ SOLVERS: dict[str, SolverType] = {}
 
 
 def register_solver(name: str, slots: int, check: Callable[[SolverParameter], None] = None,
-                    elementwise: bool = True):
+                    elementwise: bool = True, required: Mapping | None = None):
     """Register an update function as solver type ``name`` (Caffe's REGISTER_SOLVER_CLASS).
 
     ``update(diff, history, rate, solver)`` is Caffe's ComputeUpdateValue:
@@ -187,7 +228,10 @@ def register_solver(name: str, slots: int, check: Callable[[SolverParameter], No
     differ; give ``elementwise=False`` for a rule that needs each param whole
     (a per-param norm), which then gets one param at a time in its shape.
     ``check(param)`` raises :class:`SolverError` for settings the type cannot use.
-    Names are matched in any case.
+    ``required`` maps the fields the type needs given explicitly to their usual
+    value: where Caffe's default for an unset field would silently change the
+    method (Adam's ``momentum`` is beta1; unset it is 0), leaving it unset is
+    an error naming the field and that value. Names are matched in any case.
 
     >>> @register_solver("SignSGD", slots=0)
     ... def sign_sgd(diff, history, rate, solver):
@@ -203,7 +247,7 @@ def register_solver(name: str, slots: int, check: Callable[[SolverParameter], No
         if any(known.lower() == name.lower() for known in SOLVERS):
             raise ValueError(f"a solver type named '{name}' is already registered")
         SOLVERS[name] = SolverType(name, slots, update, check or (lambda param: None),
-                                   elementwise)
+                                   elementwise, dict(required or {}))
         return update
 
     return register
@@ -242,7 +286,8 @@ def _sgd(diff, history, rate, solver) -> None:
     diff[...] = h
 
 
-@register_solver("Nesterov", slots=1, check=_momentum_below_one("Nesterov", "momentum"))
+@register_solver("Nesterov", slots=1, check=_momentum_below_one("Nesterov", "momentum"),
+                 required={"momentum": 0.9})
 def _nesterov(diff, history, rate, solver) -> None:
     (h,) = history
     dt = diff.dtype.type
@@ -264,7 +309,8 @@ def _adagrad(diff, history, rate, solver) -> None:
 
 
 @register_solver("RMSProp", slots=1, check=_adaptive(
-    "RMSProp", _no_momentum("RMSProp"), _momentum_below_one("RMSProp", "rms_decay")))
+    "RMSProp", _no_momentum("RMSProp"), _momentum_below_one("RMSProp", "rms_decay")),
+    required={"rms_decay": 0.99})
 def _rmsprop(diff, history, rate, solver) -> None:
     (h,) = history
     dt = diff.dtype.type
@@ -276,7 +322,8 @@ def _rmsprop(diff, history, rate, solver) -> None:
 
 
 @register_solver("AdaDelta", slots=2,
-                 check=_adaptive("AdaDelta", _momentum_below_one("AdaDelta", "momentum")))
+                 check=_adaptive("AdaDelta", _momentum_below_one("AdaDelta", "momentum")),
+                 required={"momentum": 0.95, "delta": 1e-6})
 def _adadelta(diff, history, rate, solver) -> None:
     h_grad, h_step = history
     dt = diff.dtype.type
@@ -290,7 +337,8 @@ def _adadelta(diff, history, rate, solver) -> None:
 
 
 @register_solver("Adam", slots=2, check=_adaptive(
-    "Adam", _momentum_below_one("Adam (its beta1, beta2)", "momentum", "momentum2")))
+    "Adam", _momentum_below_one("Adam (its beta1, beta2)", "momentum", "momentum2")),
+    required={"momentum": 0.9, "momentum2": 0.999})
 def _adam(diff, history, rate, solver) -> None:
     m, v = history
     xp, dt = module_of(diff), diff.dtype.type
@@ -448,6 +496,8 @@ def _check_param(param: SolverParameter, kind: SolverType) -> str:
         raise _bad("clip_gradients", "a norm > 0 (leave it unset for no clipping)",
                    p.clip_gradients)
     kind.check(p)
+    _require_set(p, kind.required, kind.name, "usually")
+    _require_set(p, LR_POLICY_FIELDS.get(policy, {}), f'lr_policy "{policy}"', "e.g.")
     if p.snapshot_format != SolverParameter.BINARYPROTO:
         raise _bad("snapshot_format", "BINARYPROTO (unroll writes no HDF5)",
                    SolverParameter.SnapshotFormat.Name(p.snapshot_format))
@@ -457,6 +507,34 @@ def _check_param(param: SolverParameter, kind: SolverType) -> str:
             f"give the prefix of the snapshot files"
         )
     return policy
+
+
+def _is_set(p: SolverParameter, name: str) -> bool:
+    fd = p.DESCRIPTOR.fields_by_name[name]
+    return len(getattr(p, name)) > 0 if fd.is_repeated else p.HasField(name)
+
+
+def _require_set(p: SolverParameter, fields: Mapping, what: str, hint: str) -> None:
+    """Each of ``fields`` is set, to any value, 0 included (presence, not value, tells): an
+    unset one is an error naming it, Caffe's default for it and a value to give."""
+    for name, value in fields.items():
+        if not _is_set(p, name):
+            fd = p.DESCRIPTOR.fields_by_name[name]
+            default = "none" if fd.is_repeated else f"{fd.default_value:g}"
+            raise SolverError(
+                f"solver field '{name}' is not set, and {what} needs it: Caffe would use its "
+                f"default ({default}) without a word; give it explicitly ({hint} "
+                f"{name}={value!r}); a value given is used as given, 0 included"
+            )
+
+
+def usual_fields(type: str) -> dict:
+    """The fields solver ``type`` needs given explicitly, at their usual values.
+
+    >>> usual_fields("adam")
+    {'momentum': 0.9, 'momentum2': 0.999}
+    """
+    return dict(_solver_type(SolverParameter(type=type)).required)
 
 
 # -- atomic files --------------------------------------------------------------------
@@ -492,6 +570,21 @@ class Solver:
     the solver trains the net it is given, on that net's device. ``weights``
     are loaded into the net at construction, as Caffe does.
 
+    Fields whose Caffe default would silently change the method must be
+    given (Adam's ``momentum`` and ``momentum2``, the ``gamma`` of a decaying
+    ``lr_policy``, ...: :func:`usual_fields`, :data:`LR_POLICY_FIELDS`); a value
+    given is used as given, 0 included.
+
+    ``nonfinite`` says what an iteration whose loss or gradient is not finite
+    does (checked after the gradients of every pass and rank are summed, so
+    every rank decides alike): None applies it, as Caffe does; ``"stop"``
+    raises :class:`NonFiniteError` before the update; ``"skip"`` leaves the
+    weights and history as they are, counts the iteration (``iter`` and the
+    lr schedule move on, so ``feed(k)`` asks for the next batch) and records
+    it in ``skipped``, a list of :class:`SkippedStep`; skip number
+    ``max_skipped + 1`` raises. A policy costs one read from the device per
+    iteration (the loss, made NaN there when a gradient is not finite).
+
     ``net`` is a :class:`TrainableNet`: a :class:`unroll.net.Net` or a
     bucketed model. The solver packs its store into flat buffers
     (:meth:`~unroll.param_store.ParamStore.pack`). ``comm`` (from
@@ -512,15 +605,30 @@ class Solver:
     ...   layer { name: "ip" type: "InnerProduct" bottom: "x" top: "p"
     ...           inner_product_param { num_output: 2 weight_filler { type: "gaussian" } } }
     ...   layer { name: "loss" type: "EuclideanLoss" bottom: "p" bottom: "y" top: "loss" }''')
-    >>> solver = Solver(net, type="Adam", base_lr=0.01, momentum=0.9, lr_policy="step",
-    ...                 gamma=0.5, stepsize=100)
+    >>> solver = Solver(net, type="Adam", base_lr=0.01, momentum=0.9, momentum2=0.999,
+    ...                 lr_policy="step", gamma=0.5, stepsize=100, nonfinite="stop")
     >>> x, y = np.ones((4, 3)), np.zeros((4, 2))
     >>> loss = solver.step(3, feed=lambda i: {"x": x, "y": y})
     >>> solver.iter
     3
     """
 
-    def __init__(self, net: TrainableNet, solver_param=None, comm: Comm | None = None, **fields):
+    def __init__(self, net: TrainableNet, solver_param=None, comm: Comm | None = None,
+                 nonfinite: str | None = None, max_skipped: int | None = None, **fields):
+        if nonfinite not in NONFINITE_POLICIES:
+            raise SolverError(f"nonfinite: expected one of {list(NONFINITE_POLICIES)}, found "
+                              f"{nonfinite!r}")
+        if (nonfinite == "skip") != (max_skipped is not None):
+            raise SolverError(
+                f"max_skipped goes with nonfinite=\"skip\" (how many iterations may be "
+                f"skipped in all); found nonfinite={nonfinite!r}, max_skipped={max_skipped!r}"
+            )
+        if max_skipped is not None and (not isinstance(max_skipped, int) or max_skipped < 0):
+            raise SolverError(f"max_skipped: expected an integer >= 0, found {max_skipped!r}")
+        self.nonfinite = nonfinite
+        self.max_skipped = max_skipped
+        #: the iterations skipped under nonfinite="skip", oldest first
+        self.skipped: list[SkippedStep] = []
         missing = [name for name in _NET_MEMBERS if not hasattr(net, name)]
         if missing:
             raise TypeError(
@@ -688,19 +796,36 @@ class Solver:
         return self._learning_rate(self.iter, self.current_step)[0]
 
     # -- one update ---------------------------------------------------------------------
-    def update(self) -> None:
+    def update(self) -> bool:
         """Apply one update from the gradients now in the net's diffs (Caffe's ApplyUpdate).
 
         For loops that run forward and backward themselves; :meth:`step` calls
-        it. Increments ``iter``.
+        it. Increments ``iter``. Returns whether the update was applied: False
+        for an iteration skipped by ``nonfinite="skip"`` (the net's last loss is
+        the one checked).
         """
+        return self._update(_unread_loss(self.net) if self.nonfinite is not None else None)[0]
+
+    def _update(self, loss) -> tuple[bool, float | None]:
+        """The update after a pass whose (summed) loss is ``loss``: (applied, the loss read
+        back by the non-finite check, or None when there is no policy)."""
         params = self._sync_history()
-        rate, self.current_step = self._learning_rate(self.iter, self.current_step)
+        rate, current_step = self._learning_rate(self.iter, self.current_step)
         self.rate = rate
         if self.param.display and self.iter % self.param.display == 0 and self.comm.rank == 0:
             log.info("Iteration %d, lr = %g", self.iter, rate)
         if self._store.diff is not None:
             self.comm.allreduce_sum(self._store.diff)
+        checked = None
+        if self.nonfinite is not None:
+            checked = self._checked_loss(loss)
+            if not math.isfinite(checked):
+                self._skip(loss)
+                self.current_step = current_step
+                self.iter += 1
+                return False, checked
+        self.current_step = current_step
+        if self._store.diff is not None:
             self._clip_gradients()
         passes = self.param.iter_size * self.comm.size  # gradients summed so far
         data, diff = self._store.data, self._store.diff
@@ -718,6 +843,33 @@ class Solver:
             self._kind.update(d, history, dt(rate) * span.lr_mult, self)
             w -= d
         self.iter += 1
+        return True, checked
+
+    def _checked_loss(self, loss) -> float:
+        """One read: ``loss``, or NaN where it or any gradient is not finite (a float64 sum
+        of the diffs is finite exactly when they all are, short of overflowing it)."""
+        diff = self._store.diff
+        if diff is None:
+            return float(loss)
+        xp = module_of(diff)
+        return float(xp.where(xp.isfinite(xp.sum(diff, dtype=xp.float64)), loss, xp.nan))
+
+    def _skip(self, loss) -> None:
+        """Record a non-finite iteration, or raise where the policy does not allow it."""
+        diff = self._store.diff
+        with np.errstate(over="ignore", invalid="ignore"):
+            norm = math.nan if diff is None else float(module_of(diff).sqrt(diff @ diff))
+        step = SkippedStep(self.iter, float(loss), norm)
+        what = (f"iteration {step.iter}: loss {step.loss:g}, gradient norm {step.gradient_norm:g}"
+                f"; not updated, the weights are those of the iteration before")
+        if self.nonfinite == "stop":
+            raise NonFiniteError(f"{what} (nonfinite=\"stop\")", step)
+        if len(self.skipped) >= self.max_skipped:
+            raise NonFiniteError(
+                f"{what}: one skip more than max_skipped={self.max_skipped} (skipped before: "
+                f"iterations {[s.iter for s in self.skipped]})", step)
+        self.skipped.append(step)
+        log.warning("Skipped %s (%d of at most %d)", what, len(self.skipped), self.max_skipped)
 
     def _spans(self, params) -> list[_Span]:
         """The spans of the flat buffers one update goes over, rebuilt when a param changes."""
@@ -769,6 +921,9 @@ class Solver:
         1, and a restored solver asks for the batches it would have seen), an
         iterator of such dicts, or one dict used for every pass.
         ``solver.loss`` is the mean loss of the last ``average_loss`` iterations.
+        Under ``nonfinite="skip"`` a skipped iteration still counts (and its loss,
+        returned if it is the last, is the one checked); ``solver.skipped`` says
+        which were.
 
         For example, ``solver.step(100, feed=lambda k: batches[k % len(batches)])``.
         """
@@ -777,36 +932,48 @@ class Solver:
             raise ValueError(f"step(iters): expected an integer >= 0, found {iters}")
         inputs_for = self._feeder(feed)
         iter_size = self.param.iter_size
+        # under a policy, overflow and NaN in the pass are reported once, by the check
+        quiet = dict(over="ignore", invalid="ignore") if self.nonfinite is not None else {}
         last = None
         for _ in range(iters):
             self._sync_history()
-            if self.graphs is not None:
-                if iter_size != 1:
-                    raise SolverError(f"graphs replay one pass per iteration; iter_size is "
-                                      f"{iter_size}")
-                loss = self.graphs.gradients(inputs_for(self.iter, 0))
-            else:
-                if self._store.diff is not None:
-                    self._store.diff.fill(0)
-                loss = 0.0
-                for i in range(iter_size):
-                    self.net.forward(**inputs_for(self.iter * iter_size + i, i))
-                    loss = loss + _unread_loss(self.net)
-                    self.net.backward()
+            with np.errstate(**quiet):
+                loss = self._gradients(inputs_for, iter_size)
             # several ranks sum their losses on the host: one read per iteration
             loss = self.comm.sum(loss) / (iter_size * self.comm.size)
-            self._losses.append(loss)
-            if self.param.display and self.iter % self.param.display == 0 and self.comm.rank == 0:
-                log.info("Iteration %d, loss = %g (last %g)", self.iter, self.loss, float(loss))
-            self.update()
+            at = self.iter
+            applied, checked = self._update(loss)
+            if checked is not None:
+                loss = checked if applied else loss  # read once already: keep the host value
+            if applied:
+                self._losses.append(loss)
+            if self.param.display and at % self.param.display == 0 and self.comm.rank == 0:
+                log.info("Iteration %d, loss = %g (last %g)", at, self.loss, float(loss))
             if self.param.snapshot and self.iter % self.param.snapshot == 0:
                 self.snapshot()
             last = loss
         return None if last is None else float(last)
 
+    def _gradients(self, inputs_for, iter_size: int):
+        """One iteration's passes: the param diffs cleared and summed; returns the loss sum."""
+        if self.graphs is not None:
+            if iter_size != 1:
+                raise SolverError(f"graphs replay one pass per iteration; iter_size is "
+                                  f"{iter_size}")
+            return self.graphs.gradients(inputs_for(self.iter, 0))
+        if self._store.diff is not None:
+            self._store.diff.fill(0)
+        loss = 0.0
+        for i in range(iter_size):
+            self.net.forward(**inputs_for(self.iter * iter_size + i, i))
+            loss = loss + _unread_loss(self.net)
+            self.net.backward()
+        return loss
+
     @property
     def loss(self) -> float:
-        """The mean loss of the last ``average_loss`` iterations (NaN before any).
+        """The mean loss of the last ``average_loss`` iterations (NaN before any; skipped
+        iterations are left out).
 
         The iterations' losses stay on the device until this is read.
         """

@@ -39,6 +39,7 @@ round trips on a GPU.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import operator
 import weakref
@@ -578,5 +579,6 @@ def __getattr__(name: str):
     else:
         wrapped = _function(name, attr)
         wrapped.__name__ = name
-    globals()[name] = wrapped
+    if not hasattr(builtins, name):  # trace.sum must not shadow sum() inside this module
+        globals()[name] = wrapped
     return wrapped

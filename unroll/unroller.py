@@ -20,12 +20,13 @@ unrolled layer and of ``shared()`` on :func:`expand`.
 
 from __future__ import annotations
 
+import os
 import re
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from unroll.errors import NetError, TemplateError
+from unroll.errors import NetError, TemplateError, UngatedStateError
 from unroll.proto import LayerParameter, NetParameter, PrototxtError, parse_text, to_text
 from unroll.render_limits import bounded_rendering
 from unroll.template import (
@@ -142,6 +143,7 @@ class _Direction:
     sequence_output: bool
     align: str
     learned_init: bool
+    given_init: dict = field(default_factory=dict)  # state -> the blob it starts from
     states: dict = field(default_factory=dict)  # state -> size
     module: object = None  # the template run with hyper
     shapes: dict = field(default_factory=dict)  # step text up to names -> _Shape
@@ -178,6 +180,10 @@ class NetBuilder:
         self._scopes: set[str] = set()
         #: block index of each shared() call -> (module template name, its layers)
         self.modules: dict[int, tuple[str, list[LayerParameter]]] = {}
+        #: the files of the templates recurrent() and shared() loaded
+        self.loaded: set[Path] = set()
+        #: (where, state, blob) for each state a recurrent layer starts from a given blob
+        self.initial_blobs: list[tuple[str, str, str]] = []
 
     def net_param(self, name: str = "") -> NetParameter:
         net = NetParameter(name=name)
@@ -275,7 +281,7 @@ class NetBuilder:
     def recurrent(self, step, bottom: str, top: str, cont: str = "cont", *,
                   direction: str = "forward", layers: int = 1, scope: str = "",
                   expose_hidden: bool = False, sequence_output: bool = True,
-                  align: str = "right", initial_state: str = "zeros", batch: int | None = None,
+                  align: str = "right", initial_state="zeros", batch: int | None = None,
                   steps: int | None = None, hyper: dict | None = None, **more_hyper) -> str:
         """Unroll step template ``step`` over ``bottom`` (T, N, D) into ``top`` (T, N, ...).
 
@@ -283,17 +289,22 @@ class NetBuilder:
         returns a marker that :func:`expand` replaces with the unrolled layers,
         so they go where the call is printed. ``cont`` names the
         (T, N) cont blob; ``batch`` and ``steps`` are N and T of ``bottom``
-        where they differ from the net's. The other options are described in
+        where they differ from the net's; ``initial_state`` may give each state
+        a blob made above the call, ``initial_state={"h": "enc_h_T", "c":
+        "enc_c_T"}``. The other options are described in
         :func:`expand`. The step template's hyper-parameters are the other
         keywords, or ``hyper={...}`` for one whose name is an option (``layers``).
         """
         template = load_template(step, self.search_path)
+        self.loaded.add(template.path)
         what = f"recurrent({Path(str(step)).name!r})"
         if template.kind != "step":
             raise TemplateError(f"{what}: '{step}' is a {template.kind} template, not a step")
         for option, value, allowed in (("direction", direction, DIRECTIONS),
                                        ("align", align, ALIGNS),
-                                       ("initial_state", initial_state, INITIAL_STATES)):
+                                       ("initial_state", "zeros" if isinstance(
+                                           initial_state, dict) else initial_state,
+                                        INITIAL_STATES)):
             if value not in allowed:
                 raise TemplateError(f"{what}: {option} must be one of {allowed}, found {value!r}")
         if expose_hidden and direction != "forward":
@@ -310,6 +321,7 @@ class NetBuilder:
             )
         hyper = hyper_parameters(template, merge_hyper(what, more_hyper, hyper),
                                  also=RECURRENT_OPTIONS)
+        given = _given_states(what, template, initial_state, direction, layers, hyper)
         first = len(self.layers)
         x = bottom
         for k in range(layers):
@@ -322,7 +334,7 @@ class NetBuilder:
                     template, hyper, x, f"{out}_{side[:-1]}" if side else out, cont, reverse,
                     sc + side, self.T if steps is None else int(steps),
                     self.batch if batch is None else int(batch), expose_hidden,
-                    sequence_output, align, initial_state == "learned")
+                    sequence_output, align, initial_state == "learned", given)
                 self._direction(d)
             if direction == "bidirectional":
                 self.concat(f"{sc}bi_concat", [f"{out}_fw", f"{out}_bw"], out, axis=2)
@@ -338,8 +350,15 @@ class NetBuilder:
         conts = self.slice_steps(d.cont, d.T)
         d.states = {state: int(d.hyper[size]) for state, size in
                     d.template.interface["states"].items()}
-        self.input(f"{d.scope}initial_state",
-                   {f"{d.scope}{s}_0": (1, d.N, size) for s, size in d.states.items()})
+        if d.given_init:
+            for state, blob in d.given_init.items():
+                self.consumed.add(blob)
+                self.initial_blobs.append((d.where(), state, blob))
+                self.declared.append((d.where(), blob, (1, d.N, d.states[state]),
+                                      f"initial state '{state}'"))
+        else:
+            self.input(f"{d.scope}initial_state",
+                       {f"{d.scope}{s}_0": (1, d.N, size) for s, size in d.states.items()})
         outputs, final, run_conts = self._unroll_steps(d, per_step, conts)
         unread = self._outputs(d, outputs, run_conts)
         self._final_states(d, final, outputs, conts, unread)
@@ -370,8 +389,13 @@ class NetBuilder:
         """Render every step; returns outputs by t, the final states, and the conts by run step."""
         iface = d.template.interface
         prev = {state: f"{d.scope}{state}_0" for state in d.states}
+        init = {}  # state -> the blob every sequence starts from (learned or given)
         if d.learned_init:
-            prev = {state: self._learned_state(d.scope, state) for state in d.states}
+            init = {state: self._learned_state(d.scope, state) for state in d.states}
+        elif d.given_init:
+            init = dict(d.given_init)
+        if init:
+            prev = dict(init)
             ones = self._power(conts[0], f"{d.cont}_ones", scale=0.0, shift=1.0)
         outputs = {name: [None] * d.T for name in iface["outputs"]}
         run_conts = []
@@ -381,11 +405,12 @@ class NetBuilder:
             # exactly when t+1 does not start a sequence (cont[t+1] == 1)
             cont_t = conts[t + 1] if d.reverse and t + 1 < d.T else conts[t]
             run_conts.append(cont_t)
-            if d.learned_init:
+            if init:
                 # the step's own cont-masking becomes a no-op (cont = 1): the mix
-                # cont * prev + (1 - cont) * init already restarted where needed
+                # cont * prev + (1 - cont) * init already restarted where needed, and the
+                # first step takes the initial state as it is, whatever its cont
                 if k > 1:
-                    prev = {name: self._mix(d.scope, name, prev[name], cont_t, t)
+                    prev = {name: self._mix(d.scope, name, prev[name], cont_t, t, init[name])
                             for name in d.states}
                 cont_t = ones
             state = {name: f"{d.scope}{name}_{k}" for name in d.states}
@@ -480,11 +505,12 @@ class NetBuilder:
             self.add_layer(lp, f"layer '{top}'")
         return top
 
-    def _mix(self, sc: str, state: str, prev: str, cont: str, t: int) -> str:
-        """cont * prev + (1 - cont) * init: the state entering step t, learned where one starts."""
+    def _mix(self, sc: str, state: str, prev: str, cont: str, t: int, init: str) -> str:
+        """cont * prev + (1 - cont) * init: the state entering step t, ``init`` where a
+        sequence starts."""
         inv = self._power(cont, f"{cont}_inv", scale=-1.0, shift=1.0)
         kept, fresh, mixed = (f"{sc}{state}_{what}_t{t}" for what in ("kept", "fresh", "in"))
-        for name, bottoms in ((kept, [prev, cont]), (fresh, [f"{sc}{state}_init", inv])):
+        for name, bottoms in ((kept, [prev, cont]), (fresh, [init, inv])):
             lp = LayerParameter(name=name, type="Scale", bottom=bottoms, top=[name])
             lp.scale_param.axis = 0
             self.add_layer(lp, f"layer '{name}'")
@@ -512,6 +538,7 @@ class NetBuilder:
             f"state '{local}' ('{blob}') does not depend on s.cont at step {t}; a step must "
             f"restart its state where a sequence starts (cont 0), e.g. with a Scale of "
             f"s.prev.{local} by s.cont"))
+        _check_gated(d, layers, s, prev, t)
 
     def shared(self, module, bottoms, tops, *, scope: str = "", hyper: dict | None = None,
                **more_hyper) -> str:
@@ -530,6 +557,7 @@ class NetBuilder:
         other keywords, or ``hyper={...}``.
         """
         template = load_template(module, self.search_path)
+        self.loaded.add(template.path)
         what = f"shared({Path(str(module)).name!r})"
         if template.kind != "module":
             use = "unroll it with recurrent()" if template.kind == "step" else "it renders a net"
@@ -631,6 +659,82 @@ def _check_shared_params(net, builder: NetBuilder) -> None:
                     )
 
 
+def _gates(lp: LayerParameter, blob: str, cont: str) -> bool:
+    """Whether layer ``lp``, reading state ``blob``, multiplies it by ``cont`` or resets it:
+    a Scale of it by cont, or a recurrent unit whose roles say it takes a state first and
+    cont last (Caffe's LSTMUnit: c = cont * f * c_prev + i * g)."""
+    from unroll.layer import LAYERS  # here: the layers package imports the unroller
+
+    if lp.type == "Scale":
+        return list(lp.bottom) == [blob, cont]
+    roles = getattr(LAYERS.get(lp.type), "roles", ())
+    return (len(roles) == len(lp.bottom) > 1 and roles[0].endswith("_prev")
+            and roles[-1] == "cont" and lp.bottom[0] == blob and lp.bottom[-1] == cont
+            and blob not in lp.bottom[1:])
+
+
+def _check_gated(d: _Direction, layers, s: Step, prev: dict, t: int) -> None:
+    """Each state entering the step is multiplied by s.cont, or reset by it, before any
+    other layer reads it: else a sequence that starts here inherits the last one's state."""
+    ungated = {blob: local for local, blob in prev.items()}
+    for lp in layers:
+        for blob in [b for b in lp.bottom if b in ungated]:
+            if not _gates(lp, blob, s.cont):
+                local = ungated[blob]
+                raise UngatedStateError(
+                    f"{d.template.name}: state '{local}' (s.prev.{local}, '{blob}') is read by "
+                    f"layer '{lp.name}' ({lp.type}) at step {t} before s.cont gates it, so a "
+                    f"sequence starting there would carry the previous sequence's {local}; "
+                    f"multiply it by cont first and read that instead: layer {{ type: "
+                    f"\"Scale\" bottom: \"{{{{ s.prev.{local} }}}}\" bottom: \"{{{{ s.cont }}}}\" "
+                    f"top: \"{{{{ s.blob('{local}_cont') }}}}\" scale_param {{ axis: 0 }} }} (or "
+                    f"hand it, with s.cont, to a unit that resets it: LSTMUnit, GRUUnit)", local)
+            if blob in lp.top:  # gated in place: later readers see the gated state
+                del ungated[blob]
+
+
+def _given_states(what: str, template: Template, initial_state, direction: str,
+                  layers, hyper: dict) -> dict:
+    """The {state: blob} an ``initial_state`` dict gives, checked against the template's
+    states; {} for "zeros" and "learned"."""
+    if not isinstance(initial_state, dict):
+        return {}
+    states = template.interface["states"]
+    shapes = ", ".join(f"'{s}' (1, N, {hyper[size]})" for s, size in states.items())
+    missing = [s for s in states if s not in initial_state]
+    unknown = sorted(set(initial_state) - set(states))
+    if missing or unknown:
+        problem = (f"gives no blob for state '{missing[0]}'" if missing
+                   else f"names '{unknown[0]}', which is not a state")
+        raise TemplateError(
+            f"{what}: initial_state {problem}; {template.name} starts from one blob per state, "
+            f"{shapes}: initial_state={{{', '.join(f'{s!r}: ...' for s in states)}}}"
+        )
+    bad = {s: b for s, b in initial_state.items() if not isinstance(b, str) or not b}
+    if bad:
+        raise TemplateError(f"{what}: initial_state must map each state to a blob name, found "
+                            f"{bad}")
+    if direction == "bidirectional" or layers != 1:
+        raise TemplateError(
+            f"{what}: initial_state from blobs starts one recurrence; found direction "
+            f"{direction!r} and layers {layers!r}: make one recurrent() call per direction "
+            f"and layer, each with its own initial_state"
+        )
+    return dict(initial_state)
+
+
+def _check_initial_blobs(template: Template, net: NetParameter, builder: NetBuilder) -> None:
+    """Each blob a recurrent layer starts from is made by a layer above it, or an input."""
+    for where, state, blob in builder.initial_blobs:
+        first = next((lp for lp in net.layer if blob in lp.bottom or blob in lp.top), None)
+        if first is None or blob not in first.top:
+            raise TemplateError(
+                f"{template.name}: {where} starts state '{state}' from blob '{blob}', which no "
+                f"layer above the recurrence makes; it must be a (1, N, size) blob made by a "
+                f"layer before the recurrent() call, or an input of the net"
+            )
+
+
 def _require(d: _Direction, blobs: dict, found: set, problem) -> None:
     """Each of ``blobs`` (local name -> blob) is in ``found``; else ``problem(local, blob)``."""
     for local, blob in blobs.items():
@@ -660,7 +764,15 @@ def _build(template: Template, steps: int, batch: int, search_path, variables: d
                 f"as the batches are padded (time_major(..., align=...)): it finds each "
                 f"sequence's last step from cont and refuses batches padded otherwise"
             )
-        builder.input("input", {"x": (steps, batch, int(input_dim)), "cont": (steps, batch)})
+        tops = {"x": (steps, batch, int(input_dim)), "cont": (steps, batch)}
+        given = options.get("initial_state")
+        if isinstance(given, dict):  # the blobs the states start from are inputs here
+            sizes = hyper_parameters(template, merge_hyper(template.name, variables, hyper))
+            states = template.interface["states"]
+            tops.update((blob, (1, batch, int(sizes[states[state]])))
+                        for state, blob in given.items()
+                        if state in states and isinstance(blob, str) and blob not in tops)
+        builder.input("input", tops)
         builder.recurrent(str(template.path), "x", "h", "cont", hyper=hyper, **options,
                           **variables)
         return builder.net_param(f"{template.name[: -len(SUFFIX)]}_T{steps}"), builder
@@ -712,25 +824,18 @@ def _assemble(template: Template, text: str, builder: NetBuilder) -> NetParamete
     return net
 
 
-# configurations whose step shapes passed: a bucketed model expands one per T
-_SHAPES_CHECKED: set[str] = set()
-
-
-def _check_shapes(template: Template, batch: int, search_path, variables: dict,
-                  hyper: dict | None) -> None:
-    """Build the net unrolled to one step and check the step's declared shapes."""
+def _net_of(net_param: NetParameter, builder: NetBuilder):
+    """(the Net of ``net_param``, keeping the declared blobs, None), or (None, its NetError)."""
     from unroll.net import Net
 
-    key = repr((str(template.path), template.path.stat().st_mtime_ns, batch,
-                tuple(search_path), sorted(variables.items()), sorted((hyper or {}).items())))
-    if key in _SHAPES_CHECKED:
-        return
-    net_param, builder = _build(template, 1, batch, search_path, dict(variables), hyper)
     try:
-        net = Net(net_param, keep=[blob for _, blob, _, _ in builder.declared])
+        return Net(net_param, keep=[blob for _, blob, _, _ in builder.declared]), None
     except NetError as e:
-        raise TemplateError(f"{template.name}: the net unrolled to one step does not build: "
-                            f"{e}") from None
+        return None, e
+
+
+def _check_declared(net, builder: NetBuilder) -> None:
+    """Each declared state and output comes out of its step in the declared shape."""
     for where, blob, want, what in builder.declared:
         found = tuple(net.blobs[blob].shape)
         if len(found) != len(want) or any(w is not None and w != f for w, f in zip(want, found)):
@@ -739,8 +844,87 @@ def _check_shapes(template: Template, batch: int, search_path, variables: dict,
                 f"{where}: {what} ('{blob}') comes out {found}, but must be {shape}: "
                 f"(1, N, size) per step (an InnerProduct without axis: 2 flattens N away)"
             )
+
+
+def _check_initial_shapes(net_param: NetParameter, builder: NetBuilder) -> None:
+    """Each blob a recurrence starts from is (1, N, size), built up to its first reader: a
+    wrong one would break the recurrence's first step, which says less."""
+    from unroll.net import Net
+
+    wanted = {declared[1]: declared for declared in builder.declared}
+    for _, _, blob in builder.initial_blobs:
+        prefix = NetParameter()
+        for lp in net_param.layer:
+            if blob in lp.bottom:
+                break
+            prefix.layer.add().CopyFrom(lp)
+        try:
+            found = Net(prefix, keep=[blob]).blobs[blob].shape
+        except (NetError, KeyError):
+            continue
+        where, _, want, what = wanted[blob]
+        if tuple(found) != want:
+            raise TemplateError(f"{where}: {what} ('{blob}') comes out {tuple(found)}, but "
+                                f"must be {want}: (1, N, size) for every sequence")
+
+
+def _check_shapes(template: Template, net_param: NetParameter, builder: NetBuilder,
+                  one_step=None) -> None:
+    """Build the unrolled net, at the T it was unrolled to, and check its declared shapes.
+
+    Where it does not build, ``one_step()`` (the same unrolled to one step: net, builder)
+    may say why better: a state of the wrong shape breaks the step after it, far from the
+    mistake."""
+    net, error = _net_of(net_param, builder)
+    if error is not None:
+        _check_initial_shapes(net_param, builder)
+        try:  # T-dependent structure may not unroll to one step: then T's error stands
+            small_param, small_builder = one_step() if one_step is not None else (None, None)
+        except TemplateError:
+            small_param = None
+        if small_param is not None:
+            small, _ = _net_of(small_param, small_builder)
+            if small is not None:
+                _check_declared(small, small_builder)
+        raise TemplateError(f"{template.name}: the net unrolled to {builder.T} step(s) does not "
+                            f"build: {error}") from None
+    _check_declared(net, builder)
     _check_shared_params(net, builder)
-    _SHAPES_CHECKED.add(key)
+
+
+#: (template, T, variables) -> (the template files it read, their state, the net serialized):
+#: a bucketed model, a twin test model and a shape check ask for the same nets again
+_EXPANDED: OrderedDict[str, tuple[tuple, tuple, bytes]] = OrderedDict()
+_EXPANDED_BYTES = 32 << 20  # the oldest go first past this (a T = 100 tagger is ~170 KB)
+
+
+def _plain(value) -> bool:
+    """Whether ``value``'s repr says all of it (so that it can key the cache)."""
+    if value is None or isinstance(value, (str, bool, int, float, Path)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def _cache_key(template: Template, steps: int, batch: int, search_path, variables: dict,
+               hyper: dict | None) -> str | None:
+    given = (list(search_path), variables, hyper or {})
+    if not _plain(given):
+        return None
+    return repr((str(template.path), int(steps), batch, [str(p) for p in search_path],
+                 os.environ.get("UNROLL_TEMPLATE_PATH", ""), sorted(variables.items()),
+                 sorted((hyper or {}).items())))
+
+
+def _state(files, folders) -> tuple:
+    """The modification times and sizes of ``files`` and of every template in ``folders``
+    (what a template may import): a cached net is stale once one changes."""
+    paths = set(files) | {p for d in folders if d.is_dir() for p in d.glob("*.j2")}
+    stats = {p: p.stat() if p.exists() else None for p in paths}
+    return tuple(sorted((str(p), st and (st.st_mtime_ns, st.st_size)) for p, st in stats.items()))
 
 
 def expand(template, steps: int, search_path=(), hyper: dict | None = None,
@@ -756,6 +940,13 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
     bottom, top, cont="cont", ...options, **hyper) }}``. A hyper-parameter
     whose name is taken (``layers``, ``steps``) goes in ``hyper`` (a dict). An
     unknown variable or option is an error that suggests the close one.
+
+    The net is checked as it is unrolled, at ``steps``: it must build, and each
+    step's states and outputs must come out (1, N, ...), so structure that
+    depends on T (a Slice whose points the caller computes from T) works at
+    every T it is valid for. Each (template, steps, variables) is expanded
+    once: asked again, ``expand`` returns a copy of that net, until a template
+    file it read (or one beside it, which it may import) changes.
 
     Options of an unrolled layer (``expand`` and ``recurrent()``):
 
@@ -780,7 +971,14 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
       :func:`carry_hidden` between chunks; ``cont_from_lengths(...,
       continues=True)`` so that a stream's next chunk carries on).
     - ``initial_state``: "zeros", or "learned": every sequence starts from a
-      learned state, a (size,) param ``<scope><state>_init`` shared by all steps.
+      learned state, a (size,) param ``<scope><state>_init`` shared by all steps;
+      or a dict giving each state a (1, N, size) blob to start from, made by a
+      layer above the recurrence (an encoder's final states, ``enc_h_T``, with
+      ``expose_hidden``) or, in ``expand``, an input of that name:
+      ``initial_state={"h": "enc_h_T", "c": "enc_c_T"}``. The first step takes
+      the given state whatever its cont (cont gates only a carried state); a
+      sequence that starts later in a column starts from it too, and the
+      gradient flows back into the blobs. One direction, one layer.
     - ``cont``, ``batch``, ``steps`` (``recurrent()`` only): the cont blob, and
       N and T of the bottom where they differ from the net's.
 
@@ -818,9 +1016,22 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
             f"(see the built-in siamese template)"
         )
     batch = int(variables.pop("batch", 1))
+    key = _cache_key(template, steps, batch, search_path, variables, hyper)
+    cached = _EXPANDED.get(key) if key is not None else None
+    if cached is not None and _state(*cached[0]) == cached[1]:
+        _EXPANDED.move_to_end(key)
+        return NetParameter.FromString(cached[2])
     with bounded_rendering():  # one budget for all the templates an expansion renders
-        net, _ = _build(template, steps, batch, search_path, dict(variables), hyper)
-    _check_shapes(template, batch, search_path, variables, hyper)
+        net, builder = _build(template, steps, batch, search_path, dict(variables), hyper)
+    _check_initial_blobs(template, net, builder)
+    _check_shapes(template, net, builder, None if steps == 1 else lambda: _build(
+        template, 1, batch, search_path, dict(variables), hyper))
+    if key is not None:
+        files = (template.path, *builder.loaded)
+        sources = (files, {p.parent for p in files} | {builtin_template_dir()})
+        _EXPANDED[key] = (sources, _state(*sources), net.SerializeToString())
+        while sum(len(entry[2]) for entry in _EXPANDED.values()) > _EXPANDED_BYTES:
+            _EXPANDED.popitem(last=False)
     return net
 
 

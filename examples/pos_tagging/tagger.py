@@ -169,10 +169,9 @@ class Tagger:
         )
         # one NetParameter per T serves both phases: Net filters the TRAIN-only layers
         self.train_model = BucketedModel(self.net_param, phase="train", device=device,
-                                         seed=seed, steps_from=WORD_INPUT)
+                                         seed=seed)
         self.test_model = BucketedModel(self.net_param, phase="test", device=device,
                                         seed=seed, store=self.train_model.store,
-                                        steps_from=WORD_INPUT,
                                         net_params=self.train_model.net_params)
         self.rng = np.random.default_rng(seed)
         # (T, N) -> character columns its batches are padded to: it only grows, so each
@@ -182,10 +181,9 @@ class Tagger:
     def net_param(self, steps: int):
         """The tagger net unrolled to ``steps`` words (the two models share what they
         expand: each T is expanded once)."""
-        # the packed character columns vary per batch (the net reshapes); built as N + 1,
-        # their count is never N, so BucketedModel tells them apart, and the same for
-        # every T, so expand checks the template's step shapes once, not once per T
-        return unroll.expand(TAGGER_TEMPLATE, steps=steps, char_columns=self.config.batch + 1,
+        # the packed character columns vary per batch: the net reshapes, and the character
+        # LSTM's states follow chars_cont (BucketedModel ties each state to its cont)
+        return unroll.expand(TAGGER_TEMPLATE, steps=steps, char_columns=self.config.batch,
                              **self._variables)
 
     def encode(self, sentences) -> list[dict]:

@@ -11,9 +11,9 @@ A batch whose loss or gradient norm is not finite stops training with
 params or any file: the folder keeps the last good epoch, to ``--resume``
 from with a lower learning rate. ``skip_bad_batches`` instead drops up to that
 many such batches (their update is not applied), as large-scale trainers do.
-The check costs one read from the device per batch (:func:`checked_loss`):
-the loss, which the device turns into NaN when the gradient norm is not
-finite; the same number feeds the progress bar.
+The check is the solver's ``nonfinite`` policy (:class:`unroll.solver.Solver`):
+one read from the device per batch, the loss, which the device turns into
+NaN when a gradient is not finite; the same number feeds the progress bar.
 
 Under ``mpirun -n N`` it trains data-parallel (:mod:`unroll.distributed`):
 each rank takes its share of every epoch's batches and rank 0 prints,
@@ -49,7 +49,7 @@ from unroll.atomic import write_atomic
 from unroll.backend import module_of
 from unroll.errors import FileFormatError, NetError
 from unroll.proto import SolverState, read_binary
-from unroll.solver import Solver, SolverError
+from unroll.solver import NonFiniteError, Solver, SolverError
 
 __all__ = ["BUCKETED_LR", "DEV_FILE", "PACKED_LR", "TRAIN_FILE", "TrainOptions",
            "TrainingDiverged", "train"]
@@ -99,10 +99,12 @@ class TrainOptions:
 
 def training_solver(model, opts: TrainOptions, steps_per_epoch: int, comm=None) -> Solver:
     """The tagger's Adam: ``opts``' learning rate, decayed by ``lr_gamma`` every epoch of
-    ``steps_per_epoch`` steps (Caffe's lr_policy "step"), gradients clipped at ``clip``."""
+    ``steps_per_epoch`` steps (Caffe's lr_policy "step"), gradients clipped at ``clip``;
+    a non-finite batch is skipped, ``skip_bad_batches`` times at most."""
     return Solver(model, type="Adam", base_lr=opts.learning_rate, momentum=0.9,
                   momentum2=0.999, delta=1e-8, lr_policy="step", gamma=opts.lr_gamma,
-                  stepsize=steps_per_epoch, clip_gradients=opts.clip, comm=comm)
+                  stepsize=steps_per_epoch, clip_gradients=opts.clip, comm=comm,
+                  nonfinite="skip", max_skipped=opts.skip_bad_batches)
 
 
 class TrainingDiverged(RuntimeError):
@@ -170,43 +172,8 @@ def plot(log: list, path: Path) -> None:
     write_atomic(path, png.getvalue())
 
 
-def gradient_norm(model):
-    """The global L2 norm of the model's gradients (what clip_gradients compares), left on
-    the device as a 0-d array: one product over the store's flat diff buffer."""
-    diff = model.store.diff
-    return module_of(diff).sqrt(diff @ diff)
-
-
-def checked_loss(model, norm) -> float:
-    """The guard's one read per batch: the loss, made NaN on the device where the gradient
-    norm is not finite, so that one number says whether the update may go ahead."""
-    xp = module_of(model.store.diff)
-    return float(xp.where(xp.isfinite(norm), model.device_loss, xp.nan))
-
-
 def all_finite(arrays) -> bool:
     return all(bool(module_of(a).isfinite(a).all()) for a in arrays)
-
-
-def guarded_step(solver: Solver, model, inputs: dict) -> tuple[float, float | None, bool]:
-    """One iteration that updates only on a finite loss and gradient norm.
-
-    Returns (loss, gradient norm, whether the update was applied). On a device
-    the host waits once per batch, for :func:`checked_loss`; the loss and the
-    norm of a batch that is not applied are read back for the report (the norm
-    is None for an applied batch).
-    """
-    model.clear_param_diffs()
-    with np.errstate(over="ignore", invalid="ignore"):  # reported below, as one error
-        model.forward(**inputs)
-        model.backward()
-        norm = gradient_norm(model)
-        loss = checked_loss(model, norm)
-    # every rank must take the same decision, or the others would wait in the all-reduce
-    if solver.comm.sum(not math.isfinite(loss)):
-        return model.loss, float(norm), False
-    solver.update()
-    return loss, None, True
 
 
 def train(opts: TrainOptions) -> dict:
@@ -311,13 +278,14 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
             # --pack: the call site of packing.py (packed rows or padded sentences)
             inputs, batch_tokens = batch_inputs(tagger, encoded, gold, batch, sampler)
             t0 = time.perf_counter()
-            loss, norm, updated = guarded_step(solver, tagger.train_model, inputs)
-            if not updated:
-                skipped += 1
-                where = (f"epoch {epoch + 1}, batch {k + 1} (iteration {solver.iter}): loss "
-                         f"{loss:g}, gradient norm {norm:g}")
-                if skipped > opts.skip_bad_batches:
-                    raise TrainingDiverged(_diverged(where, model_dir, log, opts))
+            try:
+                loss = solver.step(1, feed=inputs)
+            except NonFiniteError as e:
+                raise TrainingDiverged(_diverged(_bad_batch(epoch, k, e.step), model_dir, log,
+                                                 opts)) from None
+            if len(solver.skipped) > skipped:
+                skipped = len(solver.skipped)
+                where = _bad_batch(epoch, k, solver.skipped[-1])
                 if lead:
                     tqdm.write(f"skipped a bad batch at {where} ({skipped} of at most "
                                f"{opts.skip_bad_batches})")
@@ -419,6 +387,11 @@ def _stopped_early(model_dir: Path, log: list, epoch: int, epochs: int) -> dict:
     log[-1]["stopped"] = stopped
     folder.write_json(model_dir / folder.LOG, log)
     return log[-1]
+
+
+def _bad_batch(epoch: int, k: int, step) -> str:
+    return (f"epoch {epoch + 1}, batch {k + 1} (iteration {step.iter}): loss {step.loss:g}, "
+            f"gradient norm {step.gradient_norm:g}")
 
 
 def _diverged(where: str, model_dir: Path, log: list, opts: TrainOptions) -> str:

@@ -38,6 +38,8 @@ HINTS = {
     "float32 vs float64": "float32 disagrees with float64: an overflow or a cancellation",
 }
 
+#: the static check: the unroller refuses a step that reads a state before cont gates it
+GATED = "cont: every state gated (expand)"
 #: the unrolled layouts a battery runs: expand() options
 CONFIGS = {"forward": {}, "reverse": {"direction": "reverse"},
            "bidirectional": {"direction": "bidirectional"}, "stacked": {"layers": 2}}
@@ -372,6 +374,7 @@ def check_template(
     ...                configs=["forward"]).passed
     True
     """
+    from unroll.errors import UngatedStateError
     from unroll.unroller import expand, load_template
 
     loaded = load_template(template, search_path)
@@ -380,8 +383,15 @@ def check_template(
         raise ValueError(f"check_template: {taken[0]} is chosen by configs= ({list(CONFIGS)}), "
                          f"not given as a variable")
     if loaded.kind == "step":  # a template's own error (a typo in a variable) raises here
-        expand(template, steps=1, batch=1, input_dim=input_dim, search_path=search_path,
-               **variables)
+        try:
+            expand(template, steps=1, batch=1, input_dim=input_dim, search_path=search_path,
+                   **variables)
+        except UngatedStateError as e:  # the unroller proves gating before anything runs
+            report = Report(f"template '{loaded.name}'")
+            report.add(Check(GATED, "-", f"state '{e.state}'", False, detail=str(e),
+                             hint="a state entering the step is read before it is multiplied "
+                                  "by cont: packed sequences would leak into each other"))
+            return report.raise_on_failure() if strict else report
     if loaded.kind != "step":
         raise ValueError(f"check_template needs a step template; {loaded.name} is a "
                          f"{loaded.kind} template")
