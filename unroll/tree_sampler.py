@@ -1,0 +1,124 @@
+"""Batches of trees bucketed by height and level widths, as BucketSampler buckets by length.
+
+A tree net depends only on its level widths (``docs/design.md``, "Unrolling
+over trees"), so a batch's widths, rounded up to a coarse grid, are its
+bucket: every batch of one bucket runs the one net built for it.
+
+>>> from unroll.tree import Tree
+>>> ts = [Tree.from_heads(h) for h in ([0], [0, 1], [2, 0], [0, 1, 2], [0, 1, 1], [2, 0, 2])]
+>>> s = TreeBucketSampler(ts, batch_size=2, shuffle=False)
+>>> [s.key(b) for b in s.epoch_batches(0)]
+[(1,), (2, 2), (4, 2), (1, 1, 1)]
+>>> round(s.padding_fraction(0), 3)
+0.0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from unroll.tree import Tree, level_widths
+from unroll.tree_unroller import TREE_DIRECTIONS
+
+__all__ = ["TreeBucketSampler", "round_width"]
+
+
+def round_width(width: int, ratio: float = 1.25) -> int:
+    """``width`` rounded up to the grid 1, 2, .., 8, then steps of about ``ratio``.
+
+    >>> [round_width(w) for w in (1, 8, 9, 11, 12, 100)]
+    [1, 8, 10, 13, 13, 117]
+    """
+    if width <= 8:
+        return int(width)
+    # the grid's k-th value is ceil(8 * ratio ** k): the first one that holds width
+    k = max(0, math.floor(math.log(width / 8, ratio)) - 1)
+    while math.ceil(8 * ratio ** k) < width:
+        k += 1
+    return int(math.ceil(8 * ratio ** k))
+
+
+class TreeBucketSampler:
+    """Batches of tree indices, each from one height, with its widths rounded to a grid.
+
+    Trees of one height (the number of levels of every direction) are sorted by
+    size, cut into batches of ``batch_size`` trees, and each batch's level
+    widths (of ``direction``: "up", "down" or "bidirectional", both) are
+    rounded up with :func:`round_width`: :meth:`key` is the widths an
+    unrolled net is built for (:func:`~unroll.tree_unroller.expand_tree`), so
+    all batches of one key share one net. With ``shuffle``, each epoch
+    shuffles the trees of equal size within a height first (so batches mix
+    differently), and the order of the batches, from ``(seed, epoch)``.
+
+    :meth:`padding_fraction` is the share of padded slots over an epoch;
+    :meth:`keys` the distinct nets an epoch needs.
+    """
+
+    def __init__(self, trees: Sequence[Tree], batch_size: int = 32, direction: str = "up",
+                 seed: int = 0, shuffle: bool = True, ratio: float = 1.25):
+        if direction not in TREE_DIRECTIONS:
+            raise ValueError(f"direction must be one of {TREE_DIRECTIONS}, found {direction!r}")
+        if not trees:
+            raise ValueError("no trees to batch")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, found {batch_size}")
+        self.trees = list(trees)
+        self.batch_size, self.direction = int(batch_size), direction
+        self.seed, self.shuffle, self.ratio = int(seed), bool(shuffle), float(ratio)
+        self.sizes = np.array([len(t) for t in self.trees])
+        self.heights = np.array([int(t.heights().max()) for t in self.trees])
+        self.epoch = 0
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """The batches of epoch ``epoch`` (lists of tree indices)."""
+        rng = np.random.default_rng([self.seed, int(epoch)])
+        batches = []
+        for height in np.unique(self.heights).tolist():
+            ids = np.flatnonzero(self.heights == height)
+            if self.shuffle:
+                ids = rng.permutation(ids)
+            ids = ids[np.argsort(self.sizes[ids], kind="stable")]
+            batches += [ids[i: i + self.batch_size].tolist()
+                        for i in range(0, ids.size, self.batch_size)]
+        if self.shuffle:
+            batches = [batches[k] for k in rng.permutation(len(batches)).tolist()]
+        return batches
+
+    def __iter__(self):
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        return iter(self.epoch_batches(epoch))
+
+    def __len__(self) -> int:
+        return sum(math.ceil(int((self.heights == h).sum()) / self.batch_size)
+                   for h in np.unique(self.heights).tolist())
+
+    def _widths(self, batch, direction: str) -> tuple:
+        return tuple(round_width(w, self.ratio)
+                     for w in level_widths([self.trees[i] for i in batch], direction))
+
+    def key(self, batch: Sequence[int]) -> tuple:
+        """The level widths ``batch`` is padded to: a tuple, or (up, down) for bidirectional."""
+        if self.direction == "bidirectional":
+            return (self._widths(batch, "up"), self._widths(batch, "down"))
+        return self._widths(batch, self.direction)
+
+    def keys(self, epoch: int | None = None) -> set:
+        """The distinct keys (nets) of an epoch."""
+        return {self.key(b) for b in self.epoch_batches(self.epoch if epoch is None else epoch)}
+
+    def padding_fraction(self, epoch: int | None = None) -> float:
+        """Padded slots / all slots over an epoch's batches (both directions counted)."""
+        slots = real = 0
+        dirs = 2 if self.direction == "bidirectional" else 1
+        for batch in self.epoch_batches(self.epoch if epoch is None else epoch):
+            key = self.key(batch)
+            slots += sum(map(sum, key)) if dirs == 2 else sum(key)
+            real += dirs * int(self.sizes[batch].sum())
+        return 1.0 - real / slots
+
+    def __repr__(self) -> str:
+        return (f"TreeBucketSampler({len(self.trees)} trees, batch_size={self.batch_size}, "
+                f"direction={self.direction!r}, {len(self)} batches)")
