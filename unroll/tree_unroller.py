@@ -458,3 +458,32 @@ def expand_tree(template, widths, input_dim: int, direction: str = "up",
                fixed_arity=fixed_arity, hyper=hyper, **variables)
     name = template.name[: -len(SUFFIX)] if template.name.endswith(SUFFIX) else template.name
     return builder.net_param(f"{name}_{direction}")
+
+
+def parse_widths(text: str) -> tuple:
+    """Level widths from the command line: "4,2,1", or "4,2,1/1,2,4" (up widths/down widths).
+
+    >>> parse_widths("4,2,1"), parse_widths("3,1/1,3")
+    ((4, 2, 1), ((3, 1), (1, 3)))
+    """
+    parts = text.split("/")
+    try:
+        widths = [tuple(int(w) for w in part.split(",")) for part in parts]
+    except ValueError:
+        raise TemplateError(f"--tree {text!r}: expected nodes per level, e.g. 4,2,1 (or up "
+                            f"widths/down widths, 4,2,1/1,2,4)") from None
+    if len(widths) > 2:
+        raise TemplateError(f"--tree {text!r}: at most two lists of widths (up/down)")
+    return widths[0] if len(widths) == 1 else tuple(widths)
+
+
+def expand_tree_command_net(args, variables: dict) -> NetParameter:
+    """The net of ``unroll expand TEMPLATE --tree WIDTHS --set ...`` (see :func:`expand_tree`)."""
+    widths = parse_widths(args.tree)
+    direction = variables.pop("direction", "bidirectional" if len(widths) == 2 and isinstance(
+        widths[0], tuple) else "up")
+    if "input_dim" not in variables:
+        raise TemplateError(f"{args.template}: expanding a tree_step template needs "
+                            f"--set input_dim=D")
+    return expand_tree(args.template, widths, direction=direction,
+                       search_path=args.template_dir or (), **variables)
