@@ -22,18 +22,19 @@ def test_round_width_rounds_up_onto_a_grid(width, ratio):
 @settings(max_examples=20, deadline=None)
 @given(batch=st.lists(trees(max_height=6, max_extra=5), min_size=1, max_size=12),
        size=st.integers(1, 5), direction=st.sampled_from(["up", "down", "bidirectional"]),
-       epoch=st.integers(0, 3))
+       epoch=st.integers(0, 3), group=st.integers(1, 3))
 def test_every_tree_once_in_a_batch_of_one_height_whose_key_holds_it(batch, size, direction,
-                                                                       epoch):
-    s = TreeBucketSampler(batch, batch_size=size, direction=direction, seed=3)
+                                                                       epoch, group):
+    s = TreeBucketSampler(batch, batch_size=size, direction=direction, seed=3, group=group)
     batches = s.epoch_batches(epoch)
+    keys = s.epoch_keys(epoch)
+    assert len(s.keys(epoch)) <= len(batches)
     assert sorted(i for b in batches for i in b) == list(range(len(batch)))
     assert len(batches) == len(s) and batches == s.epoch_batches(epoch)
     slots = real = 0
-    for b in batches:
+    for b, key in zip(batches, keys):
         assert 1 <= len(b) <= size
         assert len({int(batch[i].heights().max()) for i in b}) == 1
-        key = s.key(b)
         for d, widths in (zip(("up", "down"), key) if direction == "bidirectional"
                           else [(direction, key)]):
             got = level_widths([batch[i] for i in b], d)

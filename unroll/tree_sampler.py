@@ -49,16 +49,18 @@ class TreeBucketSampler:
     widths (of ``direction``: "up", "down" or "bidirectional", both) are
     rounded up with :func:`round_width`: :meth:`key` is the widths an
     unrolled net is built for (:func:`~unroll.tree_unroller.expand_tree`), so
-    all batches of one key share one net. With ``shuffle``, each epoch
-    shuffles the trees of equal size within a height first (so batches mix
-    differently), and the order of the batches, from ``(seed, epoch)``.
+    all batches of one key share one net. ``group`` consecutive batches of a
+    height (by size) share one key, the widths that hold all of them
+    (:meth:`epoch_keys`): fewer nets for more padding. With ``shuffle``, each
+    epoch shuffles the trees of equal size within a height first (so batches
+    mix differently), and the order of the batches, from ``(seed, epoch)``.
 
     :meth:`padding_fraction` is the share of padded slots over an epoch;
     :meth:`keys` the distinct nets an epoch needs.
     """
 
     def __init__(self, trees: Sequence[Tree], batch_size: int = 32, direction: str = "up",
-                 seed: int = 0, shuffle: bool = True, ratio: float = 1.25):
+                 seed: int = 0, shuffle: bool = True, ratio: float = 1.25, group: int = 1):
         if direction not in TREE_DIRECTIONS:
             raise ValueError(f"direction must be one of {TREE_DIRECTIONS}, found {direction!r}")
         if not trees:
@@ -68,24 +70,46 @@ class TreeBucketSampler:
         self.trees = list(trees)
         self.batch_size, self.direction = int(batch_size), direction
         self.seed, self.shuffle, self.ratio = int(seed), bool(shuffle), float(ratio)
+        if group < 1:
+            raise ValueError(f"group must be >= 1, found {group}")
+        self.group = int(group)
         self.sizes = np.array([len(t) for t in self.trees])
         self.heights = np.array([int(t.heights().max()) for t in self.trees])
         self.epoch = 0
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """The batches of epoch ``epoch`` (lists of tree indices)."""
-        rng = np.random.default_rng([self.seed, int(epoch)])
-        batches = []
+        return [batch for batch, _ in self._plan(int(epoch))]
+
+    def epoch_keys(self, epoch: int) -> list[tuple]:
+        """The key of each batch of :meth:`epoch_batches` (``group`` batches share one)."""
+        return [key for _, key in self._plan(int(epoch))]
+
+    def _plan(self, epoch: int) -> list[tuple[list[int], tuple]]:
+        rng = np.random.default_rng([self.seed, epoch])
+        planned = []
         for height in np.unique(self.heights).tolist():
             ids = np.flatnonzero(self.heights == height)
             if self.shuffle:
                 ids = rng.permutation(ids)
             ids = ids[np.argsort(self.sizes[ids], kind="stable")]
-            batches += [ids[i: i + self.batch_size].tolist()
-                        for i in range(0, ids.size, self.batch_size)]
+            batches = [ids[i: i + self.batch_size].tolist()
+                       for i in range(0, ids.size, self.batch_size)]
+            for g in range(0, len(batches), self.group):
+                chunk = batches[g: g + self.group]
+                key = self._held(chunk)
+                planned += [(b, key) for b in chunk]
         if self.shuffle:
-            batches = [batches[k] for k in rng.permutation(len(batches)).tolist()]
-        return batches
+            planned = [planned[k] for k in rng.permutation(len(planned)).tolist()]
+        return planned
+
+    def _held(self, chunk) -> tuple:
+        """The widths that hold every batch of ``chunk``: the most of each level, rounded."""
+        keys = [self.key(b) for b in chunk]
+        if self.direction == "bidirectional":
+            return tuple(tuple(max(k[d][lv] for k in keys) for lv in range(len(keys[0][d])))
+                         for d in range(2))
+        return tuple(max(k[lv] for k in keys) for lv in range(len(keys[0])))
 
     def __iter__(self):
         epoch, self.epoch = self.epoch, self.epoch + 1
@@ -107,14 +131,13 @@ class TreeBucketSampler:
 
     def keys(self, epoch: int | None = None) -> set:
         """The distinct keys (nets) of an epoch."""
-        return {self.key(b) for b in self.epoch_batches(self.epoch if epoch is None else epoch)}
+        return set(self.epoch_keys(self.epoch if epoch is None else epoch))
 
     def padding_fraction(self, epoch: int | None = None) -> float:
         """Padded slots / all slots over an epoch's batches (both directions counted)."""
         slots = real = 0
         dirs = 2 if self.direction == "bidirectional" else 1
-        for batch in self.epoch_batches(self.epoch if epoch is None else epoch):
-            key = self.key(batch)
+        for batch, key in self._plan(self.epoch if epoch is None else epoch):
             slots += sum(map(sum, key)) if dirs == 2 else sum(key)
             real += dirs * int(self.sizes[batch].sum())
         return 1.0 - real / slots
