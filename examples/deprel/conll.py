@@ -70,7 +70,9 @@ def read_deprel(source, labelled: bool = True) -> list[Sentence]:
     ``labelled=False`` reads files to label: column 8 may hold anything.
     """
     lines, name = _lines(source)
-    sentences = list(read_conllu(io.BytesIO(b"".join(lines)), upos=True))
+    checked = io.BytesIO(b"".join(lines))
+    checked.name = name  # the tagger's reader names the file in its errors
+    sentences = list(read_conllu(checked, upos=True))
     out, words, k = [], [], 0
     for lineno, cols in _word_lines(lines):
         if cols is not None:
