@@ -52,8 +52,7 @@ def test_a_model_runs_every_bucket_over_one_store_and_workspace():
     sampler = TreeBucketSampler(forest, batch_size=4, seed=0)
     template = load_template(CHILD_SUM)
     model = TreeModel(lambda w: expand_tree(CHILD_SUM, w, input_dim=3, hidden=4), canonical=(1,))
-    for batch in sampler:
-        key = sampler.key(batch)
+    for batch, key in zip(sampler.epoch_batches(0), sampler.epoch_keys(0)):
         ts = [forest[i] for i in batch]
         rows = sum(key)
         model.forward(widths=key, x=rng.normal(size=(rows, 3)), **tree_inputs(ts, template, key))

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from unroll.tree import Tree, level_widths
+from unroll.tree import DIRECTIONS, Tree, levels_of
 from unroll.tree_unroller import TREE_DIRECTIONS
 
 __all__ = ["TreeBucketSampler", "round_width"]
@@ -75,7 +75,13 @@ class TreeBucketSampler:
         self.group = int(group)
         self.sizes = np.array([len(t) for t in self.trees])
         self.heights = np.array([int(t.heights().max()) for t in self.trees])
+        #: each tree's nodes per level, by direction (heights and depths cost a pass a tree)
+        self._counts = {d: [np.bincount(levels_of(t, d)) for t in self.trees] for d in DIRECTIONS}
         self.epoch = 0
+        # the keys of the unshuffled batches: a shuffled epoch's batches take these where
+        # they hold them, so that later epochs build few nets of their own
+        self._profiles: dict = {}
+        self._profiles = {h: [k for _, k in plan] for h, plan in self._by_height(None)}
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """The batches of epoch ``epoch`` (lists of tree indices)."""
@@ -87,25 +93,32 @@ class TreeBucketSampler:
 
     def _plan(self, epoch: int) -> list[tuple[list[int], tuple]]:
         rng = np.random.default_rng([self.seed, epoch])
-        planned = []
-        for height in np.unique(self.heights).tolist():
-            ids = np.flatnonzero(self.heights == height)
-            if self.shuffle:
-                ids = rng.permutation(ids)
-            ids = ids[np.argsort(self.sizes[ids], kind="stable")]
-            batches = [ids[i: i + self.batch_size].tolist()
-                       for i in range(0, ids.size, self.batch_size)]
-            for g in range(0, len(batches), self.group):
-                chunk = batches[g: g + self.group]
-                key = self._held(chunk)
-                planned += [(b, key) for b in chunk]
+        planned = [p for _, plan in self._by_height(rng if self.shuffle else None) for p in plan]
         if self.shuffle:
             planned = [planned[k] for k in rng.permutation(len(planned)).tolist()]
         return planned
 
-    def _held(self, chunk) -> tuple:
-        """The widths that hold every batch of ``chunk``: the most of each level, rounded."""
-        keys = [self.key(b) for b in chunk]
+    def _by_height(self, rng):
+        """(height, [(batch, key)]) for each height; trees of equal size shuffled by ``rng``."""
+        for height in np.unique(self.heights).tolist():
+            ids = np.flatnonzero(self.heights == height)
+            if rng is not None:
+                ids = rng.permutation(ids)
+            ids = ids[np.argsort(self.sizes[ids], kind="stable")]
+            batches = [ids[i: i + self.batch_size].tolist()
+                       for i in range(0, ids.size, self.batch_size)]
+            profiles = self._profiles.get(height)
+            plan = []
+            for g in range(0, len(batches), self.group):
+                chunk = batches[g: g + self.group]
+                key = self._held(chunk, profiles[g] if profiles else None)
+                plan += [(b, key) for b in chunk]
+            yield height, plan
+
+    def _held(self, chunk, profile=None) -> tuple:
+        """The widths that hold every batch of ``chunk`` (and ``profile``, a key): the most
+        of each level, rounded."""
+        keys = [self.key(b) for b in chunk] + ([profile] if profile is not None else [])
         if self.direction == "bidirectional":
             return tuple(tuple(max(k[d][lv] for k in keys) for lv in range(len(keys[0][d])))
                          for d in range(2))
@@ -120,8 +133,11 @@ class TreeBucketSampler:
                    for h in np.unique(self.heights).tolist())
 
     def _widths(self, batch, direction: str) -> tuple:
-        return tuple(round_width(w, self.ratio)
-                     for w in level_widths([self.trees[i] for i in batch], direction))
+        counts = [self._counts[direction][i] for i in batch]
+        total = np.zeros(max(c.size for c in counts), np.int64)
+        for c in counts:
+            total[: c.size] += c
+        return tuple(round_width(int(w), self.ratio) for w in total)
 
     def key(self, batch: Sequence[int]) -> tuple:
         """The level widths ``batch`` is padded to: a tuple, or (up, down) for bidirectional."""
