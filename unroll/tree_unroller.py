@@ -54,6 +54,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jinja2
+
 from unroll.errors import TemplateError
 from unroll.proto import LayerParameter, NetParameter
 from unroll.template import (
@@ -109,8 +111,6 @@ class TreeStep(Step):
     def __getattr__(self, name):
         if name.startswith("_"):
             raise AttributeError(name)
-        import jinja2
-
         raise jinja2.UndefinedError(
             f"s.{name}: a tree step's s has no '{name}' (it has level, levels, direction, "
             f"input, inbox, state, output, sender, receiver, message, blob(), layer(), param())")
@@ -253,8 +253,11 @@ class _TreeDirection:
                     tops[n(f"src_{lv}")] = (self.arity * width,)
                 tops[n(f"parent_{lv}")] = (width,)
             below += width
-        for m, size in {**self.messages, **self.states}.items():
-            tops.setdefault(n(f"{m}_zero"), (1, size))
+        # the tables hold messages (child sums bottom-up) or states (everything else)
+        tabled = self.messages if self.children == "sum" and self.direction == "up" else (
+            self.states)
+        for m, size in tabled.items():
+            tops[n(f"{m}_zero")] = (1, size)
         self.b.input(n("tree_input"), tops)
 
     def table(self, name: str, parts: list[str], level: int) -> str:
@@ -278,11 +281,11 @@ class _TreeDirection:
         self.add(lp)
         return top
 
-    def render(self, macro: str, s: TreeStep, must: dict, what: str) -> None:
+    def render(self, macro: str, s: TreeStep, must: list) -> None:
+        """Render ``macro`` for ``s``; it must top each (kind, local name, blob) of ``must``."""
         layers = self.b.render(self.template, self.module, macro, s)
         tops = {t for lp in layers for t in lp.top}
-        for local, blob in must.items():
-            kind = "output" if blob.endswith(f"{local}_out_l{s.level}") else what
+        for kind, local, blob in must:
             if blob not in tops:
                 raise TemplateError(f"{self.template.name}: the {macro} macro at level {s.level} "
                                     f"must produce {kind} '{local}' (s.{kind}.{local}, "
@@ -317,7 +320,8 @@ class _TreeDirection:
             extra = {o: n(f"{o}_out", lv) for o in outputs if o not in self.states}
             s = TreeStep(self.scope, "node", lv, levels, self.direction,
                          input={self.input_name: xs[lv]}, inbox=inbox, state=state, output=extra)
-            self.render("node", s, {**state, **extra}, "state")
+            self.render("node", s, [*(("state", k, v) for k, v in state.items()),
+                                    *(("output", k, v) for k, v in extra.items())])
             for k, blob in state.items():
                 state_blobs[k].append(blob)
             for o in outputs:
@@ -328,7 +332,7 @@ class _TreeDirection:
                 message = {m: n(f"{m}_msg", lv) for m in self.messages}
                 e = TreeStep(self.scope, "edge", lv, levels, self.direction,
                              sender=state, receiver={self.input_name: receiver}, message=message)
-                self.render("edge", e, message, "message")
+                self.render("edge", e, [("message", k, v) for k, v in message.items()])
                 for m, blob in message.items():
                     msg_blobs[m].append(blob)
         for i, (o, blobs) in enumerate(outputs.items()):
@@ -360,7 +364,7 @@ class _TreeDirection:
             message = {m: n(f"{m}_msg", lv) for m in self.messages}
             e = TreeStep(self.scope, "edge", lv, len(self.widths), self.direction,
                          sender=sender, receiver={self.input_name: x}, message=message)
-            self.render("edge", e, message, "message")
+            self.render("edge", e, [("message", k, v) for k, v in message.items()])
             return message
         out = {}
         for m, size in self.messages.items():
