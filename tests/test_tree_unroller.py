@@ -255,3 +255,14 @@ def test_template_errors_name_the_template(tmp_path):
         expand_tree(str(path), (1,), input_dim=1)
     with pytest.raises(TemplateError, match=r"is a step template; expand_tree takes a tree_step"):
         expand_tree("lstm", (1,), input_dim=1, hidden=2)
+
+
+def test_a_tree_template_reading_what_a_tree_step_lacks_names_its_line(tmp_path):
+    source = (load_template(CHILD_SUM).path.read_text()
+              .replace('bottom: "{{ s.inbox.h }}"', 'bottom: "{{ s.cont }}"', 1))
+    path = tmp_path / "mine.prototxt.j2"
+    path.write_text(source)
+    line = source[: source.index("s.cont")].count("\n") + 1
+    with pytest.raises(TemplateError, match=rf"mine\.prototxt\.j2:{line}: undefined variable: "
+                                            r"s\.cont: a tree step's s has no 'cont'"):
+        expand_tree(str(path), (1,), input_dim=2, hidden=2)
