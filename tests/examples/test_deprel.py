@@ -124,13 +124,14 @@ def test_label_fill_keeps_every_other_byte(tmp_path):
             assert g == w
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tree labeller trained on the made-up corpus (one per module: it takes seconds)."""
+@pytest.fixture(scope="module", params=["tree", "baseline"])
+def trained(tmp_path_factory, request):
+    """A labeller of each model trained on the made-up corpus (once a module: seconds)."""
     data = _corpus(tmp_path_factory.mktemp("corpus"))
-    model_dir = tmp_path_factory.mktemp("runs") / "tree"
+    model_dir = tmp_path_factory.mktemp("runs") / request.param
     status = cli.main(["train", "--model-dir", str(model_dir), "--data", str(data),
-                       "--epochs", "12", "--lr", "0.01", "--hidden", "16", "--quiet"])
+                       "--model", request.param, "--epochs", "12", "--lr", "0.01",
+                       "--hidden", "16", "--quiet"])
     assert status == 0
     return data, model_dir
 
