@@ -232,7 +232,7 @@ def test_exported_nets_set_only_fields_caffe_has(name, variables):
 
 def test_module_templates_are_not_nets():
     kinds = {name: load_template(name).kind for name in builtin_templates()}
-    assert set(kinds.values()) <= {"step", "net", "module"}
+    assert set(kinds.values()) <= {"step", "net", "module", "tree_step"}
     assert set(NET_TEMPLATES) == {n for n, k in kinds.items() if k == "net"}
 
 

@@ -361,6 +361,10 @@ NOTES = {
                           "holds one left-aligned sequence",
 }
 def _why_not(lp: LayerParameter) -> str:
+    if lp.type == "SegmentSum":
+        return ("a tree net's child sum by segment ids, which Caffe's layers cannot add up; "
+                "expand the tree net with fixed_arity=A (the sum of A gathers, one per child "
+                "slot, in BatchReindex, Reshape, Slice and Eltwise) to export it")
     if lp.type in LAYERS:
         return "a layer type of unroll's own (registered by @register_layer) that BVLC Caffe " \
                "lacks, with no lowering to Caffe's layers"

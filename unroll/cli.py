@@ -230,6 +230,10 @@ def _net_param(args) -> NetParameter:
     for folder in args.template_dir or ():
         if not Path(folder).is_dir():
             raise CommandError(f"--template-dir {folder}: no such folder")
+    if getattr(args, "tree", None) is not None:  # a tree-step template over level widths
+        from unroll.tree_unroller import expand_tree_command_net
+
+        return expand_tree_command_net(args, variables)
     caffe_net = args.template.endswith(".prototxt")  # a net, maybe with Caffe's LSTM/RNN
     if caffe_net and args.steps is None:
         return parse_text(read_prototxt(args.template), NetParameter(), args.template)
@@ -390,7 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "prototxt (to stdout without -o).",
         epilog=EXPAND_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _template_arguments(ex, steps_required=True)
+    _template_arguments(ex, steps_required=False)
+    ex.add_argument("--tree", metavar="WIDTHS",
+                    help="a tree_step template: unroll it over level widths (nodes per level, "
+                         "e.g. 4,2,1; bidirectional: up widths/down widths, 4,2,1/1,2,4), "
+                         "with --set direction=up|down|bidirectional and, for Caffe, "
+                         "--set fixed_arity=A")
     ex.add_argument("-o", "--output", metavar="FILE",
                     help="write the prototxt to FILE (default: stdout)")
     ex.add_argument("--caffe", action="store_true",

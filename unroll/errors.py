@@ -31,3 +31,8 @@ class FileFormatError(ValueError):
     def __init__(self, path, problem: str):
         self.path, self.problem = str(path), problem
         super().__init__(f"{path}: {problem}")
+
+
+class TreeError(ValueError):
+    """A tree that is not one (several roots, a cycle, a head out of range): names it and
+    the node."""

@@ -299,9 +299,9 @@ def _read_interface(tree: nodes.Template, path: Path) -> dict:
 
 def _check_interface(interface: dict, path: Path, macros: frozenset) -> None:
     kind = interface.get("kind", "step")
-    if kind not in ("step", "net", "module"):
-        raise TemplateError(f"{path.name}: interface kind must be 'step', 'net' or 'module', "
-                            f"found {kind!r}")
+    if kind not in ("step", "net", "module", "tree_step"):
+        raise TemplateError(f"{path.name}: interface kind must be 'step', 'net', 'module' or "
+                            f"'tree_step', found {kind!r}")
     if not isinstance(interface.get("defaults", {}), dict):
         raise TemplateError(f"{path.name}: interface 'defaults' must be a dict of "
                             f"hyper-parameters, found {interface['defaults']!r}")
@@ -309,6 +309,11 @@ def _check_interface(interface: dict, path: Path, macros: frozenset) -> None:
         return
     if kind == "module":
         _check_module_interface(interface, path, macros)
+        return
+    if kind == "tree_step":
+        from unroll.tree_unroller import check_tree_interface
+
+        check_tree_interface(interface, path, macros)
         return
     for key in ("inputs", "states", "outputs"):
         if key not in interface:
