@@ -144,6 +144,14 @@ def _scatter(x, at, like):
     return y.reshape(*like.shape, D)
 
 
+def _segment_sum(x, seg, like):
+    out = np.zeros((like.shape[0],) + x.shape[1:])
+    for row, s in zip(x, seg.astype(int)):
+        if s >= 0:
+            out[s] += row
+    return out
+
+
 def _accuracy(scores, labels):
     return np.mean(scores.argmax(axis=1) == labels.astype(int))
 
@@ -240,6 +248,8 @@ LAYER_CASES: dict[str, list[LayerCase]] = {
     ],
     "Scatter": [LayerCase('type: "Scatter"', [_u(3, 2), np.array([2.0, -1.0, 0.0]),
                                               np.zeros((2, 2))], _scatter)],
+    "SegmentSum": [LayerCase('type: "SegmentSum"', [_u(4, 2), np.array([1.0, -1.0, 1.0, 0.0]),
+                                                    np.zeros((3, 1))], _segment_sum)],
     "Sigmoid": [LayerCase('type: "Sigmoid"', [_u(3, 4, low=-4, high=4)], sigmoid)],
     "Silence": [LayerCase('type: "Silence"', [_u(2, 3), _u(4)], lambda a, b: ())],
     "Slice": [LayerCase('type: "Slice" top: "a" top: "b" slice_param { axis: 1 slice_point: 1 }',
