@@ -19,9 +19,9 @@ import time
 import numpy as np
 
 from unroll import testing
-from unroll.net import Net
+from unroll.engine.net import Net
 from unroll.testing.references import LAYER_CASES, STEP_REFERENCES
-from unroll.unroller import expand
+from unroll.frontend.unroller import expand
 
 
 def seconds(run, *args, **kwargs) -> float:

@@ -33,9 +33,9 @@ def worker(args) -> None:
 
     from bench.bench_tagger import load
     from examples.pos_tagging.tagger import Tagger, TaggerConfig
-    from unroll import distributed
-    from unroll.bucketing import BucketSampler
-    from unroll.solver import Solver
+    from unroll.train import distributed
+    from unroll.train.bucketing import BucketSampler
+    from unroll.train.solver import Solver
 
     comm = distributed.init()
     sents, featurizer, gold = load(args.data)

@@ -97,7 +97,7 @@ def time_training(args) -> None:
 def main(argv=None) -> None:
     from examples.pos_tagging.conll import read_conllu
     from examples.pos_tagging.packing import training_sampler
-    from unroll.bucketing import BucketSampler, choose_row_lengths
+    from unroll.train.bucketing import BucketSampler, choose_row_lengths
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA)

@@ -35,7 +35,7 @@ from examples.pos_tagging.data import data_dir
 
 def batches_for(mode: str, lengths, batch_size: int, seed: int):
     """Index batches and their padded length: bucketed by unroll's sampler, or random."""
-    from unroll.bucketing import BucketSampler
+    from unroll.train.bucketing import BucketSampler
 
     if mode == "bucketed":
         sampler = BucketSampler(lengths, batch_size=batch_size, seed=seed)
@@ -61,7 +61,7 @@ def load(data: Path):
 def run_unroll(mode: str, args, queue) -> None:
     from examples.pos_tagging.packing import packed_inputs, training_sampler
     from examples.pos_tagging.tagger import Tagger, TaggerConfig
-    from unroll.solver import Solver
+    from unroll.train.solver import Solver
 
     sents, featurizer, gold = load(args.data)
     config = TaggerConfig(embed=100, hidden=128, dropout=0.0, word_dropout=0.0,

@@ -4,8 +4,8 @@ tree at a time, in nodes per second.
 Both run forward and backward of a bidirectional child-sum Tree-LSTM
 (``child_sum_tree_lstm``, D=100, H=100) with a EuclideanLoss, over the first
 sentences of UD English EWT train (or random trees where the data is absent),
-through :class:`~unroll.tree_model.TreeModel`: batches of ``--batch`` trees from
-:class:`~unroll.tree_sampler.TreeBucketSampler` (level by level, one net per
+through :class:`~unroll.train.tree_model.TreeModel`: batches of ``--batch`` trees from
+:class:`~unroll.train.tree_sampler.TreeBucketSampler` (level by level, one net per
 widths bucket), against batches of one tree. A first pass builds the nets; the
 second is timed. A benchmark, not a test: run it on an idle machine.
 
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from unroll.template import load_template
-from unroll.tree import Tree
-from unroll.tree_model import TreeModel
-from unroll.tree_sampler import TreeBucketSampler
-from unroll.tree_unroller import expand_tree, tree_inputs
+from unroll.frontend.template import load_template
+from unroll.frontend.tree import Tree
+from unroll.train.tree_model import TreeModel
+from unroll.train.tree_sampler import TreeBucketSampler
+from unroll.frontend.tree_unroller import expand_tree, tree_inputs
 
 TEMPLATE = "child_sum_tree_lstm"
 EWT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud_english_ewt"

@@ -1,6 +1,6 @@
 """What one training step asks of a GPU: kernel launches, host syncs, transfers, per phase.
 
-Counted on the CPU by the trace backend (``device="trace"``, :mod:`unroll.trace`),
+Counted on the CPU by the trace backend (``device="trace"``, :mod:`unroll.engine.trace`),
 which runs NumPy in place of CuPy and records what CuPy would do; the counts are
 deterministic, so they need no GPU and no idle machine. Two workloads:
 
@@ -18,7 +18,7 @@ LSTM's inputs are host arrays that ``forward`` sends. Each workload runs one
 step first, so that lazy allocations (diffs, solver history) are not counted.
 
 The last lines count a step whose gradient pass is replayed as a CUDA graph
-(:mod:`unroll.cuda_graph`, simulated by the trace backend).
+(:mod:`unroll.engine.cuda_graph`, simulated by the trace backend).
 
     python -m bench.gpu_budget            (from the repository root)
 """
@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from unroll import Net, expand, to_prototxt, trace
-from unroll.cuda_graph import StepGraphs
-from unroll.solver import Solver
+from unroll import Net, expand, to_prototxt
+
+from unroll.engine import trace
+from unroll.engine.cuda_graph import StepGraphs
+from unroll.train.solver import Solver
 
 PHASES = ("inputs", "clear", "forward", "backward", "update")
 
@@ -110,7 +112,7 @@ def traced_step(setup, **sizes) -> dict[str, trace.Counts]:
 
 def replayed_step(setup, **sizes) -> trace.Counts:
     """The counts of ``solver.step(1)`` with its gradient pass replayed as a CUDA graph
-    (:class:`unroll.cuda_graph.StepGraphs`, captured in an earlier step)."""
+    (:class:`unroll.engine.cuda_graph.StepGraphs`, captured in an earlier step)."""
     model, solver, feed, _ = setup("trace", **sizes)
     solver.graphs = StepGraphs(model, warmup=1)
     solver.step(2, feed=feed)  # one eager pass, then the capture

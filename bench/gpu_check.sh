@@ -10,7 +10,7 @@
 #    H=128) on the GPU and prints tokens/s and peak device memory, beside the launch
 #    counts of the trace backend for the same step,
 # 4. times the same steps eager and with their gradient pass replayed as a CUDA graph
-#    (unroll.cuda_graph.StepGraphs; its replay-equals-eager tests ran in stage 2).
+#    (unroll.engine.cuda_graph.StepGraphs; its replay-equals-eager tests ran in stage 2).
 # Every stage has its own time limit (100 + 240 + 110 + 110 s), so the whole script
 # prints its figures in under 10 minutes even where a stage hangs.
 set -u
@@ -71,7 +71,7 @@ import time
 import cupy
 
 from bench.gpu_budget import lstm_setup, tagger_setup
-from unroll.cuda_graph import GraphError, StepGraphs
+from unroll.engine.cuda_graph import GraphError, StepGraphs
 
 
 def ms_per_step(solver, feed, steps=20):

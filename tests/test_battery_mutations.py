@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from unroll import testing
-from unroll.layer import register_layer
-from unroll.layers.inner_product import InnerProductLayer
-from unroll.layers.neuron import SigmoidLayer, TanHLayer
-from unroll.template import builtin_template_dir
+from unroll.engine.layer import register_layer
+from unroll.engine.layers.inner_product import InnerProductLayer
+from unroll.engine.layers.neuron import SigmoidLayer, TanHLayer
+from unroll.frontend.template import builtin_template_dir
 from unroll.testing import BatteryFailure, check_layer, check_template
 from unroll.testing.references import lstm_step, sigmoid
 from unroll.testing.template_battery import GATED

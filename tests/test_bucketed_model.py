@@ -4,17 +4,17 @@ import numpy as np
 import pytest
 
 import unroll
-from unroll.bucketed_model import BucketedModel
-from unroll.solver import Solver
+from unroll.train.bucketed_model import BucketedModel
+from unroll.train.solver import Solver
 
 
 def make(T, batch=3):
     net = unroll.expand("lstm", steps=T, batch=batch, input_dim=4, hidden=5)
     loss = net.layer.add()
-    loss.CopyFrom(unroll.proto.LayerParameter(name="target", type="Input", top=["y"]))
+    loss.CopyFrom(unroll.core.proto.LayerParameter(name="target", type="Input", top=["y"]))
     loss.input_param.shape.add().dim.extend([T, batch, 5])
     euclid = net.layer.add()
-    euclid.CopyFrom(unroll.proto.LayerParameter(name="loss", type="EuclideanLoss",
+    euclid.CopyFrom(unroll.core.proto.LayerParameter(name="loss", type="EuclideanLoss",
                                                 bottom=["h", "y"], top=["loss"]))
     return net
 

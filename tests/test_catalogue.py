@@ -5,11 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from unroll import Net, cli, expand
-from unroll.caffe_export import caffe_layer_types
-from unroll.catalogue import catalogue, markdown, readme_table, update_readme
-from unroll.layer import LAYERS, Layer
-from unroll.proto import LayerParameter
+from unroll import Net, expand
+
+from unroll.tools import cli
+from unroll.frontend.caffe_export import caffe_layer_types
+from unroll.tools.catalogue import catalogue, markdown, readme_table, update_readme
+from unroll.engine.layer import LAYERS, Layer
+from unroll.core.proto import LayerParameter
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -17,7 +19,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def test_the_readme_table_is_the_catalogue():
     assert readme_table(README.read_text()) == markdown(), (
         "the README's layer table differs from the layer classes; run "
-        "`python -m unroll.catalogue --readme README.md`")
+        "`python -m unroll.tools.catalogue --readme README.md`")
 
 
 def test_update_readme_writes_the_table_between_its_markers(tmp_path):
@@ -129,6 +131,6 @@ def test_unroll_layers_command(capsys):
 def test_doctests():
     import doctest
 
-    import unroll.catalogue
+    import unroll.tools.catalogue
 
-    assert doctest.testmod(unroll.catalogue).failed == 0
+    assert doctest.testmod(unroll.tools.catalogue).failed == 0

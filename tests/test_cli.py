@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from tests.hang import limit
-from unroll import cli
-from unroll.net import Net
-from unroll.proto import NetParameter, parse_text
-from unroll.unroller import expand
+from unroll.tools import cli
+from unroll.engine.net import Net
+from unroll.core.proto import NetParameter, parse_text
+from unroll.frontend.unroller import expand
 
 LSTM5 = ["expand", "lstm", "--steps", "5", "--set", "batch=2", "--set", "input_dim=3",
          "--set", "hidden=4"]

@@ -9,11 +9,12 @@ import pytest
 import unroll
 from bench import gpu_budget
 from tests.test_trace import TINY
-from unroll import Net, trace
-from unroll.backend import GPU_AVAILABLE, to_numpy
-from unroll.bucketed_model import BucketedModel
-from unroll.cuda_graph import GraphError, StepGraphs, check_capturable
-from unroll.solver import Solver, SolverError
+from unroll import Net
+from unroll.engine import trace
+from unroll.engine.backend import GPU_AVAILABLE, to_numpy
+from unroll.train.bucketed_model import BucketedModel
+from unroll.engine.cuda_graph import GraphError, StepGraphs, check_capturable
+from unroll.train.solver import Solver, SolverError
 
 
 @pytest.fixture(params=["trace", pytest.param("gpu", marks=pytest.mark.gpu)])

@@ -11,13 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from unroll import BucketedModel, atomic, expand
-from unroll.atomic import write_atomic
-from unroll.errors import NetError, TemplateError
-from unroll.layer import ALLOW_PYTHON_ENV
-from unroll.net import Net
-from unroll.render_limits import CHARS_ENV, SECONDS_ENV, bounded_rendering
-from unroll.template import load_template, render_error
+from unroll import BucketedModel, expand
+
+from unroll.core import atomic
+from unroll.core.atomic import write_atomic
+from unroll.core.errors import NetError, TemplateError
+from unroll.engine.layer import ALLOW_PYTHON_ENV
+from unroll.engine.net import Net
+from unroll.frontend.render_limits import CHARS_ENV, SECONDS_ENV, bounded_rendering
+from unroll.frontend.template import load_template, render_error
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -180,7 +182,7 @@ def test_a_bucketed_model_passes_max_bytes_to_its_nets():
 
 
 def run_cli(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "unroll.cli", *args], cwd=ROOT, text=True,
+    return subprocess.run([sys.executable, "-m", "unroll.tools.cli", *args], cwd=ROOT, text=True,
                           timeout=120, check=False, **kwargs)
 
 
@@ -203,7 +205,7 @@ layer { name: "py" type: "Python" bottom: "x" top: "y"
         python_param { module: "%s" layer: "Bad" } }
 """
 PY_LAYER = """
-from unroll.layer import Layer
+from unroll.engine.layer import Layer
 %s
 class Bad(Layer):
     def __init__(self, *args, **kwargs):

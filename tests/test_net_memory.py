@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from tests.net_helpers import T2, X, f64, host, inputs, ip, layer, loss, param_diffs, run
 from unroll import NetError, expand, testing
-from unroll.bucketed_model import BucketedModel
-from unroll.bucketing import cont_from_lengths
-from unroll.net import Net
-from unroll.param_store import ParamStore
-from unroll.proto import NetParameter
-from unroll.workspace import Workspace, place
+from unroll.train.bucketed_model import BucketedModel
+from unroll.train.bucketing import cont_from_lengths
+from unroll.engine.net import Net
+from unroll.engine.param_store import ParamStore
+from unroll.core.proto import NetParameter
+from unroll.engine.workspace import Workspace, place
 
 N, D = 4, 3
 
@@ -280,7 +280,7 @@ def chain(n_layers):
 
 def build_opcodes(text) -> int:
     """Python bytecodes run to build ``text``'s net: a count, the same on any machine."""
-    from unroll.proto import NetParameter, read_message
+    from unroll.core.proto import NetParameter, read_message
 
     net_param = read_message(text, NetParameter)
     count = 0
@@ -359,8 +359,8 @@ def test_place_never_overlaps_live_buffers():
 
 # -- the report and its command ------------------------------------------------------------------
 def test_memory_report_and_the_cli_view(tmp_path, capsys):
-    from unroll import cli
-    from unroll.unroller import to_prototxt
+    from unroll.tools import cli
+    from unroll.frontend.unroller import to_prototxt
 
     path = tmp_path / "lstm.prototxt"
     net_param = expand("lstm", steps=20, batch=2, input_dim=3, hidden=4)
@@ -430,7 +430,7 @@ def test_shapes_going_back_and_forth_reuse_their_layouts_and_values(cell):
 
 
 def test_a_borrowed_input_rebinds_the_parts_placed_inside_it():
-    from unroll import trace
+    from unroll.engine import trace
 
     net = Net('''
       layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from unroll.blob import Blob
-from unroll.bucketed_model import BucketedModel
-from unroll.net import Net
-from unroll.param_store import LearnableParam, ParamStore
-from unroll.proto import NetParameter
-from unroll.solver import Solver
+from unroll.engine.blob import Blob
+from unroll.train.bucketed_model import BucketedModel
+from unroll.engine.net import Net
+from unroll.engine.param_store import LearnableParam, ParamStore
+from unroll.core.proto import NetParameter
+from unroll.train.solver import Solver
 
 # ip2 shares ip1's weight by count (2 x 3 as 3 x 2) and freezes its own bias
 NET = """

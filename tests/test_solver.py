@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll.net import Net
-from unroll.param_store import ParamStore
-from unroll.proto import NetParameter, SolverParameter, SolverState
-from unroll.solver import (
+from unroll.engine.net import Net
+from unroll.engine.param_store import ParamStore
+from unroll.core.proto import NetParameter, SolverParameter, SolverState
+from unroll.train.solver import (
     LR_POLICY_FIELDS,
     SOLVERS,
     NonFiniteError,

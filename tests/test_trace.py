@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from bench import gpu_budget
-from unroll import Net, NetError, trace
-from unroll.backend import device_of, get_array_module, module_of, to_numpy
-from unroll.solver import Solver
+from unroll import Net, NetError
+from unroll.engine import trace
+from unroll.engine.backend import device_of, get_array_module, module_of, to_numpy
+from unroll.train.solver import Solver
 
 
 def test_the_trace_device_is_the_trace_module():

@@ -8,11 +8,11 @@ from hypothesis import strategies as st
 
 from tests.tree_reference import child_sum, nary
 from unroll import Net, testing
-from unroll.errors import TemplateError
-from unroll.proto import LayerParameter
-from unroll.tree import Tree
-from unroll.tree_unroller import expand_tree, tree_inputs, tree_widths
-from unroll.unroller import load_template
+from unroll.core.errors import TemplateError
+from unroll.core.proto import LayerParameter
+from unroll.frontend.tree import Tree
+from unroll.frontend.tree_unroller import expand_tree, tree_inputs, tree_widths
+from unroll.frontend.unroller import load_template
 
 CHILD_SUM, NARY = "child_sum_tree_lstm", "nary_tree_lstm"
 MAX_ARITY = 6

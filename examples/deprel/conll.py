@@ -3,7 +3,7 @@
 The tagger's reader (:func:`examples.pos_tagging.conll.read_conllu`) checks
 every line (columns, IDs, FORM, UPOS; multiword-token ranges and empty nodes
 are not words); a second pass here reads columns 7 and 8 of each word line
-and makes each sentence a :class:`~unroll.tree.Tree`. A head that is not a
+and makes each sentence a :class:`~unroll.frontend.tree.Tree`. A head that is not a
 word of its sentence, several roots or none, or a cycle is a
 :class:`~examples.pos_tagging.conll.CoNLLUError` naming the file and line.
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from examples.pos_tagging.conll import CoNLLUError, read_conllu
-from unroll.errors import TreeError
-from unroll.tree import Tree
+from unroll.core.errors import TreeError
+from unroll.frontend.tree import Tree
 
 __all__ = ["Sentence", "fill_deprel", "read_deprel"]
 
@@ -134,7 +134,7 @@ def fill_deprel(source, labels, file) -> None:
         out.append(raw)
     data = b"".join(out)
     if isinstance(file, (str, Path)):
-        from unroll.atomic import write_atomic
+        from unroll.core.atomic import write_atomic
 
         write_atomic(file, data)
     else:

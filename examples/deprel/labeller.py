@@ -5,13 +5,13 @@ the word's UPOS and its head's direction and distance, encode every word, and
 label it from its own encoding beside its head's (a gather by the gold head):
 
 - ``baseline``: a sequence BiLSTM over the sentence (the ``lstm`` template, both
-  directions), batches bucketed by length (:class:`~unroll.bucketing.BucketSampler`).
+  directions), batches bucketed by length (:class:`~unroll.train.bucketing.BucketSampler`).
 - ``tree``: a bidirectional child-sum Tree-LSTM over the gold tree
-  (:mod:`unroll.tree_unroller`: leaves to root and root to leaves), batches
-  bucketed by height and level widths (:class:`~unroll.tree_sampler.TreeBucketSampler`).
+  (:mod:`unroll.frontend.tree_unroller`: leaves to root and root to leaves), batches
+  bucketed by height and level widths (:class:`~unroll.train.tree_sampler.TreeBucketSampler`).
 
 Each keeps one net per bucket over one parameter store
-(:class:`~unroll.tree_model.TreeModel`, a model keyed by the bucket).
+(:class:`~unroll.train.tree_model.TreeModel`, a model keyed by the bucket).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ import numpy as np
 
 from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import FEATURES, Featurizer
-from unroll.atomic import write_atomic
-from unroll.bucketing import BucketSampler, cont_from_lengths, time_major
-from unroll.errors import FileFormatError
-from unroll.proto import LayerParameter
-from unroll.tree_model import TreeModel
-from unroll.tree_sampler import TreeBucketSampler
-from unroll.tree_unroller import tree_block, tree_inputs
-from unroll.unroller import NetBuilder, load_template
+from unroll.core.atomic import write_atomic
+from unroll.train.bucketing import BucketSampler, cont_from_lengths, time_major
+from unroll.core.errors import FileFormatError
+from unroll.core.proto import LayerParameter
+from unroll.train.tree_model import TreeModel
+from unroll.train.tree_sampler import TreeBucketSampler
+from unroll.frontend.tree_unroller import tree_block, tree_inputs
+from unroll.frontend.unroller import NetBuilder, load_template
 
 __all__ = ["MODELS", "DeprelConfig", "Labeller", "distance_id"]
 

@@ -20,7 +20,7 @@ from examples.deprel.conll import read_deprel
 from examples.deprel.labeller import DeprelConfig, Labeller
 from examples.pos_tagging import folder
 from examples.pos_tagging.features import Featurizer, word_dropout
-from unroll.solver import Solver
+from unroll.train.solver import Solver
 
 __all__ = ["TrainOptions", "accuracy", "train"]
 

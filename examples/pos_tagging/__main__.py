@@ -25,7 +25,7 @@ from pathlib import Path
 
 from examples.pos_tagging.data import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE
 from examples.pos_tagging.output import OutputClosed, standard_output
-from unroll import distributed
+from unroll.train import distributed
 
 #: TaggerConfig fields and the train options that set them
 SIZE_OPTIONS = ("embed", "hidden", "layers", "cell", "dropout", "word_dropout", "batch_size")
@@ -76,7 +76,7 @@ def _train(args) -> int:
 
 def _read_tagged(path: Path, upos: bool):
     from examples.pos_tagging.conll import read_conllu
-    from unroll.errors import FileFormatError
+    from unroll.core.errors import FileFormatError
 
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder; expected a CoNLL-U file")
@@ -90,7 +90,7 @@ def _evaluate(args) -> int:
     from examples.pos_tagging.data import fetched_data_dir, split_file
     from examples.pos_tagging.evaluate import report, score
     from examples.pos_tagging.tagger import Tagger, tag_ids
-    from unroll.cli import CommandError
+    from unroll.tools.cli import CommandError
 
     if (args.file is None) == (args.split is None):
         raise CommandError("give either a CoNLL-U FILE or --split dev|test")
@@ -106,7 +106,7 @@ def _evaluate(args) -> int:
 def _tag(args) -> int:
     from examples.pos_tagging.conll import UPOS_TAGS, fill_upos
     from examples.pos_tagging.tagger import Tagger
-    from unroll.errors import FileFormatError
+    from unroll.core.errors import FileFormatError
 
     if args.conllu:
         sentences = [forms for forms, _ in _read_tagged(args.conllu, upos=False)]
@@ -256,8 +256,8 @@ def main(argv=None) -> int:
     from examples.pos_tagging.fetch import FetchError
     from examples.pos_tagging.folder import ModelFolderError
     from examples.pos_tagging.train import TrainingDiverged
-    from unroll.cli import FAILURES, USER_ERRORS, run_command
-    from unroll.threads import set_num_threads
+    from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
+    from unroll.engine.threads import set_num_threads
 
     args = build_parser().parse_args(argv)
     if getattr(args, "threads", None):  # `fetch` runs no net

@@ -33,8 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from examples.pos_tagging.conll import UPOS_TAGS
-from unroll.atomic import write_atomic
-from unroll.errors import FileFormatError
+from unroll.core.atomic import write_atomic
+from unroll.core.errors import FileFormatError
 
 __all__ = [
     "FEATURES",

@@ -42,8 +42,8 @@ import re
 from pathlib import Path
 
 from examples.pos_tagging import schema
-from unroll.atomic import remove_stale_temps, write_atomic
-from unroll.errors import FileFormatError
+from unroll.core.atomic import remove_stale_temps, write_atomic
+from unroll.core.errors import FileFormatError
 
 LOG = "log.json"
 CONFIG = "config.json"

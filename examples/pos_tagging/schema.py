@@ -13,7 +13,7 @@ used. Every problem is a :class:`FileFormatError` naming the file and the field.
 >>> _ = path.write_text('{"hidden": 1e400}')
 >>> read_checked(path, CONFIG_SCHEMA)
 Traceback (most recent call last):
-unroll.errors.FileFormatError: ...config.json: hidden must be an integer >= 1, found 1e400
+unroll.core.errors.FileFormatError: ...config.json: hidden must be an integer >= 1, found 1e400
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import stat
 import jsonschema
 
 from examples.pos_tagging.features import FEATURES
-from unroll.errors import FileFormatError
+from unroll.core.errors import FileFormatError
 
 #: bounds of any model-folder JSON file: bytes, nesting, digits of an integer
 MAX_BYTES, MAX_DEPTH, MAX_DIGITS = 1 << 28, 16, 18

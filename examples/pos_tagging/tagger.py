@@ -1,6 +1,6 @@
 """The tagger: the `tagger` net template over bucketed unrolled nets, and batching.
 
-One :class:`unroll.bucketed_model.BucketedModel` trains (dropout, loss), a second one
+One :class:`unroll.train.bucketed_model.BucketedModel` trains (dropout, loss), a second one
 with phase "test" shares its parameter store and predicts from its ``scores``
 output, so evaluation always sees the current weights without a copy. Both
 build their nets from the same NetParameter per T.
@@ -22,12 +22,12 @@ from examples.pos_tagging import schema
 from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import Featurizer, encode_tags, word_dropout
 from examples.pos_tagging.folder import CONFIG, FEATURES
-from unroll.atomic import write_atomic
-from unroll.backend import get_array_module
-from unroll.bucketed_model import BucketedModel
-from unroll.bucketing import time_major
-from unroll.errors import FileFormatError
-from unroll.unroller import builtin_template_dir
+from unroll.core.atomic import write_atomic
+from unroll.engine.backend import get_array_module
+from unroll.train.bucketed_model import BucketedModel
+from unroll.train.bucketing import time_major
+from unroll.core.errors import FileFormatError
+from unroll.frontend.unroller import builtin_template_dir
 
 IGNORE = -1
 TAGGER_TEMPLATE = builtin_template_dir() / "tagger.prototxt.j2"
@@ -291,7 +291,7 @@ class Tagger:
             idx = order[start : start + batch_size]
             length = self._padded_length(max(1, max(len(encoded[i]["word"]) for i in idx)))
             outputs = self.test_model.forward(**self.inputs([encoded[i] for i in idx], length))
-            scores = unroll.backend.to_numpy(outputs["scores"])
+            scores = unroll.engine.backend.to_numpy(outputs["scores"])
             best = scores.argmax(axis=2)
             for column, i in enumerate(idx):
                 result[i] = best[: len(encoded[i]["word"]), column]

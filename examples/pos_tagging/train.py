@@ -11,11 +11,11 @@ A batch whose loss or gradient norm is not finite stops training with
 params or any file: the folder keeps the last good epoch, to ``--resume``
 from with a lower learning rate. ``skip_bad_batches`` instead drops up to that
 many such batches (their update is not applied), as large-scale trainers do.
-The check is the solver's ``nonfinite`` policy (:class:`unroll.solver.Solver`):
+The check is the solver's ``nonfinite`` policy (:class:`unroll.train.solver.Solver`):
 one read from the device per batch, the loss, which the device turns into
 NaN when a gradient is not finite; the same number feeds the progress bar.
 
-Under ``mpirun -n N`` it trains data-parallel (:mod:`unroll.distributed`):
+Under ``mpirun -n N`` it trains data-parallel (:mod:`unroll.train.distributed`):
 each rank takes its share of every epoch's batches and rank 0 prints,
 evaluates and writes the model folder.
 """
@@ -44,12 +44,12 @@ from examples.pos_tagging.tagger import (
     cell_template,
     tag_ids,
 )
-from unroll import distributed
-from unroll.atomic import write_atomic
-from unroll.backend import module_of
-from unroll.errors import FileFormatError, NetError
-from unroll.proto import SolverState, read_binary
-from unroll.solver import NonFiniteError, Solver, SolverError
+from unroll.train import distributed
+from unroll.core.atomic import write_atomic
+from unroll.engine.backend import module_of
+from unroll.core.errors import FileFormatError, NetError
+from unroll.core.proto import SolverState, read_binary
+from unroll.train.solver import NonFiniteError, Solver, SolverError
 
 __all__ = ["BUCKETED_LR", "DEV_FILE", "PACKED_LR", "TRAIN_FILE", "TrainOptions",
            "TrainingDiverged", "train"]

@@ -28,7 +28,7 @@ from examples.pos_tagging.data import DEV_FILE, TRAIN_FILE
 from examples.pos_tagging.tagger import Tagger
 from examples.pos_tagging.train import TrainOptions, train
 from tests.examples.conftest import TINY, TINY_ARGS, sentences, write_corpus
-from unroll.proto import SolverState
+from unroll.core.proto import SolverState
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,8 @@ from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.folder import ModelFolderError
 from examples.pos_tagging.tagger import Tagger, TaggerConfig
 from examples.pos_tagging.train import TrainingDiverged, train
-from unroll.errors import FileFormatError, NetError
-from unroll.net import Net
+from unroll.core.errors import FileFormatError, NetError
+from unroll.engine.net import Net
 
 pytestmark = pytest.mark.slow
 
@@ -177,7 +177,7 @@ def test_a_bad_config_json_names_the_file(tiny, tmp_path, text, problem):
 
 
 def test_a_folder_template_loads_from_the_folder_only(options, corpus, tmp_path):
-    from unroll.unroller import builtin_template_dir
+    from unroll.frontend.unroller import builtin_template_dir
 
     mine = tmp_path / "mycell.prototxt.j2"
     mine.write_text((builtin_template_dir() / "rnn.prototxt.j2").read_text())

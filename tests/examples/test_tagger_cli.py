@@ -108,7 +108,7 @@ def test_damaged_folder_files_are_one_line_errors(model_dir, tmp_path, capsys):
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    from unroll.errors import FileFormatError
+    from unroll.core.errors import FileFormatError
 
     (tmp_path / "empty.conllu").write_text("")
     with pytest.raises(FileFormatError, match="holds no sentences"):

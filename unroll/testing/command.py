@@ -40,7 +40,7 @@ def check_net_layers(net_param, reference=None, seed: int = 0) -> list[Report]:
     shapes the net gives them, drawn uniformly from [-1, 1] (a layer that reads indices or
     labels needs its own inputs: call check_layer from Python). ``reference`` is for a net
     with a single such layer."""
-    from unroll.net import Net
+    from unroll.engine.net import Net
 
     layers = [lp for lp in net_param.layer if lp.type != "Input"]
     if reference is not None and len(layers) != 1:
@@ -57,7 +57,7 @@ def check_net_layers(net_param, reference=None, seed: int = 0) -> list[Report]:
 
 def run_battery(target: str, reference=None, variables=None, search_path=()) -> list[Report]:
     """The reports of ``unroll check TARGET``: a .prototxt net's layers, or a step template."""
-    from unroll.proto import NetParameter, parse_text, read_prototxt
+    from unroll.core.proto import NetParameter, parse_text, read_prototxt
 
     if target.endswith(".prototxt"):
         if variables:

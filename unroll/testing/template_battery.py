@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from unroll.backend import to_numpy
+from unroll.engine.backend import to_numpy
 from unroll.testing.layer_battery import _mismatch, available_devices, central_differences
 from unroll.testing.report import Check, Report
 from unroll.testing.strategies import CONT_KINDS, cont_pattern
@@ -95,8 +95,8 @@ class _Unrolled:
     """A step template unrolled to T steps on one device and dtype, with force_backward."""
 
     def __init__(self, template, T, N, D, dtype, device, search_path, variables, options):
-        from unroll.net import Net
-        from unroll.unroller import expand
+        from unroll.engine.net import Net
+        from unroll.frontend.unroller import expand
 
         net_param = expand(template, steps=T, batch=N, input_dim=D, search_path=search_path,
                            **variables, **options)
@@ -374,8 +374,8 @@ def check_template(
     ...                configs=["forward"]).passed
     True
     """
-    from unroll.errors import UngatedStateError
-    from unroll.unroller import expand, load_template
+    from unroll.core.errors import UngatedStateError
+    from unroll.frontend.unroller import expand, load_template
 
     loaded = load_template(template, search_path)
     taken = sorted({"direction", "layers"} & set(variables))
