@@ -21,7 +21,7 @@ import numpy as np
 
 from bench.timing import median_seconds
 from unroll import Net, expand
-from unroll.bucketing import cont_from_lengths
+from unroll.train.bucketing import cont_from_lengths
 
 
 def bidirectional_net(args, concurrent: bool):

@@ -33,9 +33,9 @@ def worker(args) -> None:
 
     from bench.bench_tagger import load
     from examples.pos_tagging.tagger import Tagger, TaggerConfig
-    from unroll import distributed
-    from unroll.bucketing import BucketSampler
-    from unroll.solver import Solver
+    from unroll.train import distributed
+    from unroll.train.bucketing import BucketSampler
+    from unroll.train.solver import Solver
 
     comm = distributed.init()
     sents, featurizer, gold = load(args.data)
@@ -53,7 +53,8 @@ def worker(args) -> None:
     model = tagger.train_model
     for b in mine:  # every bucket's net before timing
         model.net(sampler.bucket_length(b))
-    solver = Solver(model, type="Adam", base_lr=2e-3, clip_gradients=5.0, comm=comm)
+    solver = Solver(model, type="Adam", base_lr=2e-3, momentum=0.9, momentum2=0.999,
+                    clip_gradients=5.0, comm=comm)
     solver.step(1, feed=lambda _: feeds[0])  # first touch of every buffer
     comm.barrier()
     start = time.perf_counter()

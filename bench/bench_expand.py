@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from unroll.unroller import expand
+from unroll.frontend.unroller import expand
 
 CASES = {
     "lstm T=10000": ("lstm", dict(steps=10000, batch=2, input_dim=3, hidden=4)),

@@ -69,9 +69,7 @@ def data(args):
 
 
 def unroll_side(args) -> float:
-    from unroll.net import Net
-    from unroll.solver import Solver
-    from unroll.unroller import expand
+    from unroll import Net, Solver, expand  # the names of every layout (--baseline)
 
     T, N, H = args.steps, args.batch, args.hidden
     net_param = expand(args.cell, steps=T, batch=N, input_dim=args.input_dim, hidden=H)

@@ -40,7 +40,7 @@ def default_tagger(data: Path, sentences: int):
 
 def net_cost(model, steps: int) -> tuple[float, int]:
     """(seconds to build, bytes it holds) of one more net of ``model`` unrolled to ``steps``."""
-    from unroll.net import Net
+    from unroll.engine.net import Net
 
     def build():
         return Net(model.net(steps).net_param, phase=model.phase, param_store=model.store)
@@ -62,7 +62,7 @@ def net_cost(model, steps: int) -> tuple[float, int]:
 def build_buckets(args) -> None:
     """Build the nets of every bucket of the default training, train and test, timed."""
     from examples.pos_tagging.conll import read_conllu
-    from unroll.bucketing import BucketSampler
+    from unroll.train.bucketing import BucketSampler
 
     tagger, _ = default_tagger(args.data, args.sentences)
     lengths = [len(f) for f, _ in read_conllu(args.data / "en_ewt-ud-train.conllu")]

@@ -50,7 +50,6 @@ def train_worker(args) -> dict:
     from examples.pos_tagging.train import (
         ParamAverage,
         TrainOptions,
-        guarded_step,
         training_solver,
     )
 
@@ -69,7 +68,7 @@ def train_worker(args) -> dict:
     for k, batch in enumerate(batches[: args.warmup + args.time]):
         inputs, n = batch_inputs(tagger, encoded, gold, batch, sampler)
         start = time.perf_counter()
-        guarded_step(solver, tagger.train_model, inputs)
+        solver.step(1, feed=inputs)
         average.update()
         if k >= args.warmup:
             seconds += time.perf_counter() - start
@@ -98,7 +97,7 @@ def time_training(args) -> None:
 def main(argv=None) -> None:
     from examples.pos_tagging.conll import read_conllu
     from examples.pos_tagging.packing import training_sampler
-    from unroll.bucketing import BucketSampler, choose_row_lengths
+    from unroll.train.bucketing import BucketSampler, choose_row_lengths
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA)

@@ -35,7 +35,7 @@ from examples.pos_tagging.data import data_dir
 
 def batches_for(mode: str, lengths, batch_size: int, seed: int):
     """Index batches and their padded length: bucketed by unroll's sampler, or random."""
-    from unroll.bucketing import BucketSampler
+    from unroll.train.bucketing import BucketSampler
 
     if mode == "bucketed":
         sampler = BucketSampler(lengths, batch_size=batch_size, seed=seed)
@@ -61,7 +61,7 @@ def load(data: Path):
 def run_unroll(mode: str, args, queue) -> None:
     from examples.pos_tagging.packing import packed_inputs, training_sampler
     from examples.pos_tagging.tagger import Tagger, TaggerConfig
-    from unroll.solver import Solver
+    from unroll.train.solver import Solver
 
     sents, featurizer, gold = load(args.data)
     config = TaggerConfig(embed=100, hidden=128, dropout=0.0, word_dropout=0.0,
@@ -75,7 +75,7 @@ def run_unroll(mode: str, args, queue) -> None:
                 for rows in sampler.epoch_batches(0)[: args.batches]]
     else:
         plan = batches_for(mode, lengths, args.batch_size, args.seed)[: args.batches]
-    solver = Solver(tagger.train_model, type="Adam", base_lr=1e-3)
+    solver = Solver(tagger.train_model, type="Adam", base_lr=1e-3, momentum=0.9, momentum2=0.999)
     t0 = time.perf_counter()
     for T in dict.fromkeys(T for _b, T in plan):  # every net, built before the timing
         tagger.train_model.net(T)

@@ -1,26 +1,26 @@
 """What one training step asks of a GPU: kernel launches, host syncs, transfers, per phase.
 
-Counted on the CPU by the trace backend (``device="trace"``, :mod:`unroll.trace`),
+Counted on the CPU by the trace backend (``device="trace"``, :mod:`unroll.engine.trace`),
 which runs NumPy in place of CuPy and records what CuPy would do; the counts are
 deterministic, so they need no GPU and no idle machine. Two workloads:
 
 - the default tagger (:class:`TaggerConfig`'s defaults: word features, the
   character model, two BiLSTM layers), T = 21, N = 32, Adam with clipping at 5
-  as the training command runs it;
+  and the non-finite check, as the training command runs it;
 - an LSTM layer (``unroll.expand("lstm")`` + EuclideanLoss), T = 25, N = 32,
   D = 100, H = 128, Adam.
 
 A step is the training command's sequence: the batch's inputs to the device,
-clear the param diffs, forward, backward, the divergence guard (the tagger's
-one read per batch, :func:`examples.pos_tagging.train.checked_loss`), update.
+clear the param diffs, forward, backward, update (for the tagger, after the
+solver's non-finite check, its one read per batch: ``Solver(nonfinite=...)``).
 The tagger packs its inputs into one transfer (:meth:`Tagger.inputs`); the
 LSTM's inputs are host arrays that ``forward`` sends. Each workload runs one
 step first, so that lazy allocations (diffs, solver history) are not counted.
 
 The last lines count a step whose gradient pass is replayed as a CUDA graph
-(:mod:`unroll.cuda_graph`, simulated by the trace backend), and the training
+(:mod:`unroll.engine.cuda_graph`, simulated by the trace backend), and the training
 command's own step on packed rows at each row length, eager and with graphs.
-The counting is :mod:`unroll.step_counts`; the tagger's workloads are
+The counting is :mod:`unroll.train.step_counts`; the tagger's workloads are
 :mod:`examples.pos_tagging.workload`.
 
     python -m bench.gpu_budget            (from the repository root)
@@ -28,9 +28,9 @@ The counting is :mod:`unroll.step_counts`; the tagger's workloads are
 
 from __future__ import annotations
 
-from examples.pos_tagging.workload import packed_step, tagger_guard, tagger_setup
-from unroll import trace
-from unroll.step_counts import PHASES, lstm_setup, replayed_step, traced_step
+from examples.pos_tagging.workload import packed_step, tagger_setup
+from unroll.engine import trace
+from unroll.train.step_counts import PHASES, lstm_setup, replayed_step, traced_step
 
 #: the training command's packed row lengths on EWT
 ROW_LENGTHS = (16, 32, 64, 159)
@@ -57,7 +57,7 @@ def table(name: str, counts: dict[str, trace.Counts]) -> str:
 
 def main() -> None:
     print(table("default tagger, T=21 N=32 (Adam, clip 5)",
-                traced_step(tagger_setup, tagger_guard)))
+                traced_step(tagger_setup)))
     print(table("LSTM layer, T=25 N=32 D=100 H=128 (Adam)", traced_step(lstm_setup)))
     print("targets for the tagger step: <= 1200 launches, <= 2 syncs, 1 transfer")
     for name, setup in (("tagger", tagger_setup), ("LSTM", lstm_setup)):
@@ -65,7 +65,7 @@ def main() -> None:
         print(f"{name} solver.step with the gradient pass a CUDA graph (StepGraphs): "
               f"{c.launches} launches ({c.ops['graph.launch']} graph, the rest copies of the "
               f"inputs into its buffers and the update), {c.syncs} sync, {c.h2d} h2d")
-    print("the training command's step (packed rows, N=32, guard and update), per row length:")
+    print("the training command's step (packed rows, N=32, its solver), per row length:")
     for T in ROW_LENGTHS:
         eager, graphs = packed_step(T, graphs=False, steps=1), packed_step(T)
         print(f"  T={T:<3}  eager {eager.launches:>5} launches, {eager.syncs} sync, "

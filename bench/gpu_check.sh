@@ -10,9 +10,10 @@
 #    H=128) on the GPU and prints tokens/s and peak device memory, beside the launch
 #    counts of the trace backend for the same step,
 # 4. times the same steps eager and with their gradient pass replayed as a CUDA graph
-#    (unroll.cuda_graph.StepGraphs; its replay-equals-eager tests ran in stage 2), then
-#    the training command's own step (examples.pos_tagging.train.guarded_step, which
-#    replays graphs on a GPU) on packed rows of T = 16, 32, 64 and 159, with and without.
+#    (unroll.engine.cuda_graph.StepGraphs; its replay-equals-eager tests ran in stage 2),
+#    then the training command's own step (its solver,
+#    examples.pos_tagging.train.training_solver, which replays graphs on a GPU) on packed
+#    rows of T = 16, 32, 64 and 159, with and without.
 # Every stage has its own time limit (100 + 240 + 70 + 80 + 100 s), so the whole script
 # prints its figures in under 10 minutes even where a stage hangs.
 set -u
@@ -48,7 +49,7 @@ import time
 import cupy
 
 from examples.pos_tagging.workload import tagger_setup
-from unroll.step_counts import lstm_setup, traced_step
+from unroll.train.step_counts import lstm_setup, traced_step
 
 pool = cupy.get_default_memory_pool()
 for name, setup in (("default tagger T=21 N=32", tagger_setup),
@@ -74,8 +75,8 @@ import time
 import cupy
 
 from examples.pos_tagging.workload import tagger_setup
-from unroll.cuda_graph import GraphError, StepGraphs
-from unroll.step_counts import lstm_setup
+from unroll.engine.cuda_graph import GraphError, StepGraphs
+from unroll.train.step_counts import lstm_setup
 
 
 def ms_per_step(solver, feed, steps=20):
@@ -105,15 +106,15 @@ for name, setup in (("default tagger T=21 N=32", tagger_setup),
           f"{solver.graphs.replays} replays")
 raise SystemExit(failed)
 EOF
-echo "== the training command's step (guarded_step), default tagger, packed rows of N=32"
+echo "== the training command's step (its solver), default tagger, packed rows of N=32"
 timeout 100 "$PY" - <<'EOF' || status=1
 import time
 
 import cupy
 
-from examples.pos_tagging.train import TrainOptions, guarded_step, training_solver
+from examples.pos_tagging.train import TrainOptions, training_solver
 from examples.pos_tagging.workload import packed_step, packed_tagger
-from unroll.cuda_graph import GraphError
+from unroll.engine.cuda_graph import GraphError
 
 failed = False
 options = TrainOptions(data=None, model_dir=None)
@@ -131,11 +132,11 @@ for T in (16, 32, 64, 159):
         batch = feeds[T]()  # one batch, so that the host's batching is not timed
         try:
             for _ in range(3):  # compiles, allocates and, with graphs, captures
-                guarded_step(solver, model, batch)
+                solver.step(1, feed=batch)
             cupy.cuda.Device().synchronize()
             start = time.perf_counter()
             for _ in range(20):
-                guarded_step(solver, model, batch)
+                solver.step(1, feed=batch)
             cupy.cuda.Device().synchronize()
         except GraphError as error:
             print(f"T={T}: graph: {error}")

@@ -48,9 +48,7 @@ def phase_of(layer, method: str) -> str:
 
 def profile(T: int, N: int, D: int, H: int, steps: int) -> tuple[float, dict[str, float]]:
     """(ms per step, ms per step of each phase) over ``steps`` steps after a warm-up."""
-    from unroll.net import Net
-    from unroll.solver import Solver
-    from unroll.unroller import expand
+    from unroll import Net, Solver, expand  # the names of every layout (--baseline)
 
     net_param = expand("lstm", steps=T, batch=N, input_dim=D, hidden=H)
     target = net_param.layer.add(name="target", type="Input", top=["target"])

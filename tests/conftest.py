@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 
-from unroll.backend import GPU_AVAILABLE, get_array_module
+from unroll.engine.backend import GPU_AVAILABLE, get_array_module
 
 _quiet = [HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 # CI draws the same examples on every run (derandomize), so a red CI reproduces anywhere and

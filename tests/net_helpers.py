@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from unroll.backend import to_numpy
-from unroll.net import Net
+from unroll.engine.backend import to_numpy
+from unroll.engine.net import Net
 
 GAUSS = 'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 }'
 

@@ -3,16 +3,16 @@
 import numpy as np
 import pytest
 
-from unroll import backend
-from unroll.backend import (
+from unroll.engine import backend
+from unroll.engine.backend import (
     GPU_AVAILABLE,
     device_of,
     get_array_module,
     make_rng,
     to_numpy,
 )
-from unroll.blob import Blob
-from unroll.net import Net
+from unroll.engine.blob import Blob
+from unroll.engine.net import Net
 
 
 def test_cpu_is_numpy():

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from tests.net_helpers import host
 from unroll import expand, to_prototxt
-from unroll.net import Net
+from unroll.engine.net import Net
 
 CELLS = ["rnn", "lstm", "lstm_primitive", "gru", "gru_primitive"]
 RECURRENT_WEIGHT = {"rnn": "W_hh", "lstm": "W_hc", "lstm_primitive": "W_hc", "gru": "W_h",

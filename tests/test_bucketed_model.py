@@ -4,17 +4,17 @@ import numpy as np
 import pytest
 
 import unroll
-from unroll.bucketed_model import BucketedModel
-from unroll.solver import Solver
+from unroll.train.bucketed_model import BucketedModel
+from unroll.train.solver import Solver
 
 
 def make(T, batch=3):
     net = unroll.expand("lstm", steps=T, batch=batch, input_dim=4, hidden=5)
     loss = net.layer.add()
-    loss.CopyFrom(unroll.proto.LayerParameter(name="target", type="Input", top=["y"]))
+    loss.CopyFrom(unroll.core.proto.LayerParameter(name="target", type="Input", top=["y"]))
     loss.input_param.shape.add().dim.extend([T, batch, 5])
     euclid = net.layer.add()
-    euclid.CopyFrom(unroll.proto.LayerParameter(name="loss", type="EuclideanLoss",
+    euclid.CopyFrom(unroll.core.proto.LayerParameter(name="loss", type="EuclideanLoss",
                                                 bottom=["h", "y"], top=["loss"]))
     return net
 
@@ -120,3 +120,91 @@ def test_saved_params_load_into_a_fresh_model(tmp_path):
         np.testing.assert_array_equal(a.blob.data, b.blob.data)
     np.testing.assert_array_equal(fresh.forward(**batch_of(11))["loss"],
                                   model.forward(**batch_of(11))["loss"])
+
+
+# -- inputs with and without a time axis --------------------------------------------------
+
+
+def classifier(T, batch=3, D=4, H=5, K=3):
+    """A many-to-one LSTM with exposed states: x (T, N, D), cont (T, N), states (1, N, H),
+    one label per sequence (N,)."""
+    net = unroll.expand("lstm", steps=T, batch=batch, input_dim=D, hidden=H,
+                        expose_hidden=True, sequence_output=False, align="right")
+    net.layer.add(name="label_in", type="Input", top=["label"]).input_param.shape.add().dim.append(
+        batch)
+    score = net.layer.add(name="score", type="InnerProduct", bottom=["h"], top=["score"])
+    score.param.add(name="W_score")
+    score.param.add(name="b_score")
+    score.inner_product_param.num_output = K
+    score.inner_product_param.axis = 2
+    score.inner_product_param.weight_filler.type = "gaussian"
+    flat = net.layer.add(name="flat", type="Reshape", bottom=["score"], top=["score_flat"])
+    flat.reshape_param.shape.dim.extend([-1, K])
+    net.layer.add(name="loss", type="SoftmaxWithLoss", bottom=["score_flat", "label"],
+                  top=["loss"])
+    return net
+
+
+def classifier_batch(T, N, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"x": rng.normal(size=(T, N, 4)), "cont": (np.arange(T) > 0)[:, None].repeat(N, 1),
+            "h_0": rng.normal(size=(1, N, 5)), "c_0": rng.normal(size=(1, N, 5)),
+            "label": rng.integers(0, 3, N)}
+
+
+def test_state_and_label_inputs_need_no_steps_from():
+    model = BucketedModel(classifier, dtype="float64")
+    assert model.time_axes == {"x": 0, "cont": 0, "h_0": None, "c_0": None, "label": None}
+    for T, N in ((1, 3), (6, 3), (6, 2), (3, 1)):  # T = 1 and N = 1 look like anything
+        inputs = classifier_batch(T, N, seed=T + N)
+        loss = model.forward(**inputs)["loss"]
+        assert model.active is model.net(T)
+        alone = unroll.Net(classifier(T, batch=N), dtype="float64", param_store=model.store)
+        assert loss == pytest.approx(alone.forward(**inputs)["loss"], rel=1e-12)
+
+
+def test_the_ambiguous_T_error_names_the_inputs_and_the_fix():
+    model = BucketedModel(classifier, dtype="float64")
+    inputs = classifier_batch(6, 3)
+    with pytest.raises(ValueError, match=r"time-major inputs disagree on T: \{'x': 6, 'cont': 5\}"
+                                         r".*time_axes=\{'x': None\}.*steps_from='x'"):
+        model.forward(**dict(inputs, cont=inputs["cont"][:5]))
+    with pytest.raises(ValueError, match=r"needs a time-major input to read T from \(time-major: "
+                                         r"\['x', 'cont'\].*time_axes="):
+        model.forward(h_0=inputs["h_0"], c_0=inputs["c_0"], label=inputs["label"])
+    with pytest.raises(ValueError, match=r"time_axes names \['y'\], which are not inputs"):
+        BucketedModel(classifier, time_axes={"y": 0})
+
+
+def test_declared_time_axes_win_over_the_nets():
+    """Declared without a time axis, cont no longer sets T: x alone does."""
+    model = BucketedModel(classifier, dtype="float64", time_axes={"cont": None})
+    assert model.time_axes["cont"] is None and model.time_axes["x"] == 0
+    inputs = classifier_batch(4, 2)
+    assert np.isfinite(model.forward(**inputs)["loss"])  # T from x alone
+
+
+def test_each_recurrence_state_follows_its_own_cont_whatever_the_sizes():
+    """The tagger's character LSTM runs over as many columns as the word LSTM has sentences
+    when built (no N + 1): each initial state still follows its own recurrence's batch."""
+    def net_param(T):
+        return unroll.expand("tagger", steps=T, batch=2, vocab=9, tags=3, embed=4, hidden=3,
+                             char_columns=2,
+                             chars={"vocab": 6, "embed": 3, "hidden": 2, "length": 4})
+
+    model = BucketedModel(net_param, dtype="float64")
+    assert {name: axis for name, axis in model.time_axes.items() if axis is not None} == {
+        "words": 0, "cont": 0, "labels": 0}
+    rng = np.random.default_rng(0)
+    for T, N, columns in ((3, 2, 5), (5, 1, 2), (2, 3, 1)):
+        cont = np.ones((T, N))
+        cont[0] = 0
+        chars = rng.integers(0, 6, (4, columns))
+        at = -np.ones((4, columns))
+        at[3, : min(columns, T * N)] = np.arange(min(columns, T * N))
+        out = model.forward(words=rng.integers(0, 9, (T, N)), cont=cont,
+                            labels=rng.integers(0, 3, (T, N)), chars_fw=chars, chars_bw=chars,
+                            chars_cont=np.ones((4, columns)), chars_at=at)
+        assert np.isfinite(out["loss"])
+        assert model.active.blobs["char_fw_h_0"].shape == (1, columns, 2)
+        assert model.active.blobs["fw_h_0"].shape == (1, N, 3)

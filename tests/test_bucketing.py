@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll.bucketing import (
+from unroll.train.bucketing import (
     BucketSampler,
     choose_boundaries,
     choose_row_lengths,
@@ -488,8 +488,8 @@ def test_the_sampler_imports_without_protobuf_or_the_layers():
     import subprocess
     import sys
 
-    code = ("import sys, unroll.bucketing; "
-            "print(sorted(m for m in ('google.protobuf', 'unroll.layer', 'unroll.net') "
+    code = ("import sys, unroll.train.bucketing; "
+            "print(sorted(m for m in ('google.protobuf', 'unroll.engine.layer', 'unroll.engine.net') "
             "if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)

@@ -14,19 +14,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unroll import NetError, cli, expand, to_prototxt
-from unroll.bucketing import cont_from_lengths
-from unroll.caffe_export import (
+from unroll import NetError, expand, to_prototxt
+
+from unroll.tools import cli
+from unroll.train.bucketing import cont_from_lengths
+from unroll.frontend.caffe_export import (
     caffe_layer_types,
     export_for_caffe,
     unroll_only_header,
     unroll_only_types,
 )
-from unroll.layer import LAYERS, Layer
-from unroll.net import Net
-from unroll.proto import NetParameter, parse_text
-from unroll.template import load_template
-from unroll.unroller import builtin_template_dir
+from unroll.engine.layer import LAYERS, Layer
+from unroll.engine.net import Net
+from unroll.core.proto import NetParameter, parse_text
+from unroll.frontend.template import load_template
+from unroll.frontend.unroller import builtin_template_dir
 
 SHARED_TYPES = Path(__file__).resolve().parents[1].parent / "shared" / "caffe_layer_types.txt"
 CELLS = ("gru", "gru_primitive", "lstm", "lstm_primitive", "rnn")
@@ -232,7 +234,7 @@ def test_exported_nets_set_only_fields_caffe_has(name, variables):
 
 def test_module_templates_are_not_nets():
     kinds = {name: load_template(name).kind for name in builtin_templates()}
-    assert set(kinds.values()) <= {"step", "net", "module"}
+    assert set(kinds.values()) <= {"step", "net", "module", "tree_step"}
     assert set(NET_TEMPLATES) == {n for n, k in kinds.items() if k == "net"}
 
 

@@ -5,11 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from unroll import Net, cli, expand
-from unroll.caffe_export import caffe_layer_types
-from unroll.catalogue import catalogue, markdown, readme_table, update_readme
-from unroll.layer import LAYERS, Layer
-from unroll.proto import LayerParameter
+from unroll import Net, expand
+
+from unroll.tools import cli
+from unroll.frontend.caffe_export import caffe_layer_types
+from unroll.tools.catalogue import catalogue, markdown, readme_table, update_readme
+from unroll.engine.layer import LAYERS, Layer
+from unroll.core.proto import LayerParameter
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -17,7 +19,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def test_the_readme_table_is_the_catalogue():
     assert readme_table(README.read_text()) == markdown(), (
         "the README's layer table differs from the layer classes; run "
-        "`python -m unroll.catalogue --readme README.md`")
+        "`python -m unroll.tools.catalogue --readme README.md`")
 
 
 def test_update_readme_writes_the_table_between_its_markers(tmp_path):
@@ -32,12 +34,12 @@ def test_update_readme_writes_the_table_between_its_markers(tmp_path):
 
 
 def test_every_registered_type_is_listed_with_its_origin():
-    entries = {e.type: e for e in catalogue()}
-    assert set(entries) == set(LAYERS)
+    assert {e.type for e in catalogue()} == set(LAYERS)
+    entries = {e.type: e for e in catalogue(built_in=True)}
     for name, e in entries.items():
         assert e.caffe == (name in caffe_layer_types()), name
     assert {n for n, e in entries.items() if not e.caffe} == {
-        "GRUUnit", "LeadingSequenceEnd", "Scatter", "TrailingSequenceEnd"}
+        "GRUUnit", "LeadingSequenceEnd", "Scatter", "SegmentSum", "TrailingSequenceEnd"}
 
 
 def test_entries_are_the_class_attributes():
@@ -88,7 +90,7 @@ def test_learnable_blobs_declared_are_those_the_layers_make():
     for source in built_nets():
         for layer in Net(source, dtype="float64").layers:
             made.setdefault(layer.type, set()).add(len(layer.blobs))
-    declared = {e.type: len(e.learnable_blobs) for e in catalogue()}
+    declared = {e.type: len(e.learnable_blobs) for e in catalogue(built_in=True)}
     for name, counts in made.items():
         assert max(counts) <= declared[name], (name, counts)
         assert (declared[name] == 0) == (counts == {0}), (name, counts)
@@ -129,6 +131,6 @@ def test_unroll_layers_command(capsys):
 def test_doctests():
     import doctest
 
-    import unroll.catalogue
+    import unroll.tools.catalogue
 
-    assert doctest.testmod(unroll.catalogue).failed == 0
+    assert doctest.testmod(unroll.tools.catalogue).failed == 0

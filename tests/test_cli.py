@@ -1,5 +1,6 @@
 """The ``unroll`` command, run in-process through main(argv) and once as the console script."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -9,10 +10,10 @@ import numpy as np
 import pytest
 
 from tests.hang import limit
-from unroll import cli
-from unroll.net import Net
-from unroll.proto import NetParameter, parse_text
-from unroll.unroller import expand
+from unroll.tools import cli
+from unroll.engine.net import Net
+from unroll.core.proto import NetParameter, parse_text
+from unroll.frontend.unroller import expand
 
 LSTM5 = ["expand", "lstm", "--steps", "5", "--set", "batch=2", "--set", "input_dim=3",
          "--set", "hidden=4"]
@@ -224,10 +225,11 @@ def test_failures_exit_1_and_debug_shows_the_traceback(tmp_path, capsys, monkeyp
     def full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(Path, "write_text", full)
+    monkeypatch.setattr(os, "fsync", full)  # where the atomic writer finds a full disk
     out = str(tmp_path / "lstm5.prototxt")
     assert cli.main([*LSTM5, "-o", out]) == 1
-    one_line_error(capsys, "No space left on device")
+    one_line_error(capsys, f"{out}: No space left on device")
+    assert not Path(out).exists()
     with pytest.raises(OSError, match="No space left"):
         cli.main([*LSTM5, "-o", out, "--debug"])
 

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from tests.net_helpers import host
 from unroll import NetError, expand, to_prototxt
-from unroll.bucketing import cont_from_lengths
-from unroll.net import Net
-from unroll.solver import Solver
+from unroll.train.bucketing import cont_from_lengths
+from unroll.engine.net import Net
+from unroll.train.solver import Solver
 
 CELLS = ["rnn", "lstm", "lstm_primitive", "gru", "gru_primitive"]
 
@@ -32,7 +32,7 @@ layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "target" top: "l
 
 def train(text, concurrent, feeds, dtype="float64"):
     net = Net(text, dtype=dtype, concurrent=concurrent, seed=3)
-    solver = Solver(net, type="Adam", base_lr=0.01)
+    solver = Solver(net, type="Adam", base_lr=0.01, momentum=0.9, momentum2=0.999)
     grads = []
     for feed in feeds:
         solver.step(1, feed=lambda _, feed=feed: feed)
@@ -79,7 +79,7 @@ def test_the_tagger_trains_bit_identically_concurrent_and_serial():
     results = []
     for concurrent in (True, False):
         net = Net(text, dtype="float64", concurrent=concurrent)
-        solver = Solver(net, type="Adam", base_lr=0.01)
+        solver = Solver(net, type="Adam", base_lr=0.01, momentum=0.9, momentum2=0.999)
         for feed in feeds:
             solver.step(1, feed=lambda _, feed=feed: feed)
         results.append((len(net.regions), host(net.store.data).copy()))
@@ -127,5 +127,6 @@ def test_a_failure_on_a_branch_thread_names_the_layer():
         raise ValueError("boom")
 
     layer.forward = broken
-    with pytest.raises(NetError, match=f"layer '{layer.name}'.*failed in forward: boom"):
+    with pytest.raises(NetError,
+                       match=f"layer '{layer.name}'.*failed in forward: ValueError: boom"):
         net.forward(**feed)

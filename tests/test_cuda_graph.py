@@ -9,12 +9,13 @@ import pytest
 import unroll
 from examples.pos_tagging.workload import packed_tagger, tagger_setup
 from tests.test_trace import SMALL_TAGGER, TINY
-from unroll import Net, trace
-from unroll.backend import GPU_AVAILABLE, to_numpy
-from unroll.bucketed_model import BucketedModel
-from unroll.cuda_graph import GraphError, StepGraphs, check_capturable
-from unroll.solver import Solver, SolverError
-from unroll.step_counts import lstm_setup
+from unroll import Net
+from unroll.engine import trace
+from unroll.engine.backend import GPU_AVAILABLE, to_numpy
+from unroll.engine.cuda_graph import GraphError, StepGraphs, check_capturable
+from unroll.train.bucketed_model import BucketedModel
+from unroll.train.solver import Solver, SolverError
+from unroll.train.step_counts import lstm_setup
 
 
 @pytest.fixture(params=["trace", pytest.param("gpu", marks=pytest.mark.gpu)])
@@ -55,10 +56,11 @@ def test_replays_give_the_eager_steps(device, setup):
 
 
 def test_the_training_commands_graphed_steps_give_its_eager_steps(device):
-    """guarded_step with the training command's graphs, against the same steps eager, on
-    packed batches whose row length changes (one graph each, captured after warm-up)."""
+    """The training command's solver (its graphs, its non-finite check) against the same
+    steps eager, on packed batches whose row length changes (one graph each, captured after
+    warm-up)."""
     from examples.pos_tagging.tagger import TaggerConfig
-    from examples.pos_tagging.train import TrainOptions, guarded_step, training_solver
+    from examples.pos_tagging.train import TrainOptions, training_solver
 
     config, options = TaggerConfig(**SMALL_TAGGER), TrainOptions(data=None, model_dir=None)
     runs = []
@@ -70,14 +72,14 @@ def test_the_training_commands_graphed_steps_give_its_eager_steps(device):
             solver.graphs = None
         runs.append((tagger.train_model, solver, feeds))
     rtol = 0 if device == "trace" else 1e-5
+    (eager, eager_solver, eager_feeds), (model, solver, feeds) = runs
     for k, T in enumerate([5, 5, 9, 5, 9, 9, 5, 9, 5, 9]):
-        (eager, eager_solver, eager_feeds), (model, solver, feeds) = runs
-        want = guarded_step(eager_solver, eager, eager_feeds[T]())
-        got = guarded_step(solver, model, feeds[T]())
-        assert got[1:] == want[1:] == (None, True)
-        np.testing.assert_allclose(got[0], want[0], rtol=rtol, err_msg=f"step {k}")
+        want = eager_solver.step(1, feed=eager_feeds[T]())
+        got = solver.step(1, feed=feeds[T]())
+        np.testing.assert_allclose(got, want, rtol=rtol, err_msg=f"step {k}")
         np.testing.assert_allclose(params(model), params(eager), rtol=rtol, atol=rtol / 10,
                                    err_msg=f"step {k}")
+    assert not solver.skipped and not eager_solver.skipped
     assert (solver.graphs.captures, solver.graphs.replays) == (2, 4)
     assert eager_solver.rate == solver.rate != options.learning_rate  # decayed: eager updates
 
@@ -97,7 +99,8 @@ def test_a_replayed_step_is_one_launch_and_reads_nothing_back():
 def rnn_model(device="trace"):
     make = lambda T: unroll.expand("rnn", steps=T, batch=2, input_dim=3, hidden=4)  # noqa: E731
     model = BucketedModel(make, device=device, seed=3)
-    return model, Solver(model, type="Adam", base_lr=0.05, lr_policy="inv", gamma=0.1,
+    return model, Solver(model, type="Adam", base_lr=0.05, momentum=0.9, momentum2=0.999,
+                         lr_policy="inv", gamma=0.1,
                          power=0.75)
 
 

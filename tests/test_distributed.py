@@ -1,4 +1,4 @@
-"""unroll.distributed in one process, and the sharded BucketSampler (multi-rank runs: _mpi)."""
+"""unroll.train.distributed in one process, and the sharded BucketSampler (multi-rank runs: _mpi)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import unroll.distributed
-from unroll.bucketing import BucketSampler
-from unroll.distributed import Comm, init, launched
-from unroll.net import Net
-from unroll.solver import Solver, SolverError
+import unroll.train.distributed
+from unroll.train.bucketing import BucketSampler
+from unroll.train.distributed import Comm, init, launched
+from unroll.engine.net import Net
+from unroll.train.solver import Solver, SolverError
 
 
 @st.composite
@@ -52,7 +52,7 @@ def test_bad_rank_or_size_is_an_error(rank, size):
 
 
 def test_without_a_launcher_init_is_one_process(monkeypatch):
-    for name in unroll.distributed.LAUNCH_VARIABLES:
+    for name in unroll.train.distributed.LAUNCH_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     assert not launched()
     init.cache_clear()
@@ -93,7 +93,7 @@ def test_a_failure_inside_the_comm_block_aborts_naming_the_rank(error):
     comm = Recording()
     with pytest.raises(type(error)), comm:
         raise error
-    expected = f"unroll.distributed: rank 1 of 2 failed ({type(error).__name__}"
+    expected = f"unroll.train.distributed: rank 1 of 2 failed ({type(error).__name__}"
     assert comm.aborted.startswith(expected)
 
 

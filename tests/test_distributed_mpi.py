@@ -23,11 +23,11 @@ from google.protobuf import text_format
 
 import unroll
 from tests.hang import limit
-from unroll import distributed
-from unroll.backend import GPU_AVAILABLE, to_numpy
-from unroll.bucketed_model import BucketedModel
-from unroll.bucketing import time_major
-from unroll.solver import Solver
+from unroll.train import distributed
+from unroll.engine.backend import GPU_AVAILABLE, to_numpy
+from unroll.train.bucketed_model import BucketedModel
+from unroll.train.bucketing import time_major
+from unroll.train.solver import Solver
 
 ROOT = Path(__file__).resolve().parents[1]  # on the ranks' PYTHONPATH: this checkout's unroll
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unroll import Net, expand, to_prototxt
-from unroll.layers import inner_product
+from unroll.engine.layers import inner_product
 
 CELLS = ("rnn", "lstm", "lstm_primitive", "gru", "gru_primitive")
 TOLERANCE = {"float32": dict(rtol=1e-5, atol=1e-6), "float64": dict(rtol=1e-12, atol=1e-13)}

@@ -1,7 +1,7 @@
 """The GPU matrix: what the CPU tests cover, run on a device and compared with the CPU.
 
 Each test takes ``device``: "gpu" (CuPy; marked ``gpu`` and skipped without a CUDA
-device, so ``pytest -m gpu`` runs exactly that half) or "trace" (unroll.trace: NumPy
+device, so ``pytest -m gpu`` runs exactly that half) or "trace" (unroll.engine.trace: NumPy
 behind CuPy's API, refusing implicit host conversions as CuPy does), so the tests' own
 logic runs on every machine and a device only has to confirm it.
 """
@@ -14,9 +14,9 @@ from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
 from unroll import Net, testing
-from unroll.backend import GPU_AVAILABLE, get_array_module, to_numpy
-from unroll.bucketed_model import BucketedModel
-from unroll.solver import Solver
+from unroll.engine.backend import GPU_AVAILABLE, get_array_module, to_numpy
+from unroll.train.bucketed_model import BucketedModel
+from unroll.train.solver import Solver
 
 
 @pytest.fixture(params=["trace", pytest.param("gpu", marks=pytest.mark.gpu)])

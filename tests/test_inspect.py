@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import unroll
-from unroll import cli
+from unroll.tools import cli
 
 TEMPLATES = [("rnn", {}), ("lstm", {}), ("lstm_primitive", {}), ("gru", {}),
              ("lstm", {"direction": "bidirectional", "layers": 2}),

@@ -126,7 +126,7 @@ def test_illegal_in_place_is_refused_at_build_time(type_, extra):
 
 
 def test_in_place_layer_whose_backward_reads_its_bottom_is_refused():
-    from unroll.layer import LAYERS, Layer, register_layer
+    from unroll.engine.layer import LAYERS, Layer, register_layer
 
     if "TestSquareReadsBottom" not in LAYERS:
 

@@ -12,65 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.net_helpers import T2, X, f64, host, inputs, ip, layer, loss, param_diffs, run
-from unroll import NetError, expand
-from unroll.bucketed_model import BucketedModel
-from unroll.bucketing import cont_from_lengths
-from unroll.net import Net
-from unroll.param_store import ParamStore
-from unroll.proto import NetParameter
-from unroll.workspace import Workspace, place
+from unroll import NetError, expand, testing
+from unroll.core.proto import NetParameter
+from unroll.engine.net import Net
+from unroll.engine.param_store import ParamStore
+from unroll.engine.workspace import Workspace, place
+from unroll.train.bucketed_model import BucketedModel
+from unroll.train.bucketing import cont_from_lengths
 
 N, D = 4, 3
-
-
-# -- random nets ------------------------------------------------------------------------
-@st.composite
-def random_nets(draw):
-    """A prototxt over x (N, D): fan-out, in-place chains, views, Slice/Concat, shared
-    params, several losses; with the names worth keeping."""
-    text = "force_backward: true\n" + inputs(x=(N, D), t=(N, D))
-    blobs, k = ["x"], 0
-    for _ in range(draw(st.integers(1, 9))):
-        k += 1
-        src = draw(st.sampled_from(blobs))
-        kind = draw(st.sampled_from(
-            ["ip", "shared_ip", "act", "act_in_place", "view", "slice_concat", "sum", "dropout"]))
-        top = f"b{k}"
-        if kind == "ip":
-            text += ip(f"l{k}", src, top, D)
-        elif kind == "shared_ip":
-            text += ip(f"l{k}", src, top, D, 'param { name: "W" } param { name: "bias" }')
-        elif kind in ("act", "act_in_place"):
-            act = draw(st.sampled_from(["TanH", "Sigmoid", "ReLU"]))
-            if kind == "act_in_place" and src != "x":
-                top = src
-            text += layer(f"l{k}", act, src, top)
-        elif kind == "dropout":
-            text += layer(f"l{k}", "Dropout", src, src if src != "x" else top,
-                          "dropout_param { dropout_ratio: 0.3 }")
-            top = src if src != "x" else top
-        elif kind == "view":
-            text += layer(f"l{k}a", "Reshape", src, f"{top}_3d",
-                          f"reshape_param {{ shape {{ dim: {N} dim: {D} dim: 1 }} }}")
-            text += layer(f"l{k}", "Flatten", f"{top}_3d", top)
-        elif kind == "slice_concat":
-            text += (f'layer {{ name: "l{k}a" type: "Slice" bottom: "{src}" top: "{top}_p0" '
-                     f'top: "{top}_p1" slice_param {{ axis: 0 }} }}\n')
-            text += layer(f"l{k}b", "TanH", f"{top}_p1", f"{top}_q1")
-            text += (f'layer {{ name: "l{k}" type: "Concat" bottom: "{top}_q1" '
-                     f'bottom: "{top}_p0" top: "{top}" concat_param {{ axis: 0 }} }}\n')
-        else:
-            other = draw(st.sampled_from(blobs))
-            text += (f'layer {{ name: "l{k}" type: "Eltwise" bottom: "{src}" bottom: "{other}" '
-                     f'top: "{top}" }}\n')
-        if top not in blobs:
-            blobs.append(top)
-    text += loss(blobs[-1])
-    if len(blobs) > 2 and draw(st.booleans()):
-        text += loss(draw(st.sampled_from(blobs[1:-1])), name="loss2").replace(
-            'top: "loss2"', 'top: "loss2" loss_weight: 0.5')
-    keep = draw(st.lists(st.sampled_from(blobs), max_size=2, unique=True))
-    return text, keep
 
 
 def run_pair(text, keep=(), phase="train", seed=0, feeds=None):
@@ -103,7 +53,8 @@ def assert_same(planned, unplanned):
                                            err_msg=f"{part} {k}")
 
 
-@given(net=random_nets(), phase=st.sampled_from(["train", "test"]), seed=st.integers(0, 3))
+@given(net=testing.random_nets(N, D), phase=st.sampled_from(["train", "test"]),
+       seed=st.integers(0, 3))
 def test_a_planned_random_net_computes_what_an_unplanned_one_does(net, phase, seed):
     text, keep = net
     rng = np.random.default_rng(seed)
@@ -329,7 +280,7 @@ def chain(n_layers):
 
 def build_opcodes(text) -> int:
     """Python bytecodes run to build ``text``'s net: a count, the same on any machine."""
-    from unroll.proto import NetParameter, read_message
+    from unroll.core.proto import NetParameter, read_message
 
     net_param = read_message(text, NetParameter)
     count = 0
@@ -408,8 +359,8 @@ def test_place_never_overlaps_live_buffers():
 
 # -- the report and its command ------------------------------------------------------------------
 def test_memory_report_and_the_cli_view(tmp_path, capsys):
-    from unroll import cli
-    from unroll.unroller import to_prototxt
+    from unroll.frontend.unroller import to_prototxt
+    from unroll.tools import cli
 
     path = tmp_path / "lstm.prototxt"
     net_param = expand("lstm", steps=20, batch=2, input_dim=3, hidden=4)
@@ -481,7 +432,7 @@ def test_shapes_going_back_and_forth_reuse_their_layouts_and_values(cell):
 
 
 def test_a_borrowed_input_rebinds_the_parts_placed_inside_it():
-    from unroll import trace
+    from unroll.engine import trace
 
     net = Net('''
       layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }

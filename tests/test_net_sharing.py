@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.net_helpers import T2, X, assert_names, f64, host, inputs, ip, layer, loss, run
 from unroll import NetError, testing
-from unroll.param_store import ParamStore
+from unroll.engine.param_store import ParamStore
 
 # -- splits ---------------------------------------------------------------------
 

@@ -10,8 +10,8 @@ import pytest
 
 from tests.net_helpers import T2, X, f64, host, inputs, ip, layer, loss, run
 from unroll import NetError
-from unroll.net import Net
-from unroll.proto import NetParameter, parse_text
+from unroll.engine.net import Net
+from unroll.core.proto import NetParameter, parse_text
 
 # -- weights: to_proto, copy_from, save ------------------------------------------------
 
@@ -132,7 +132,7 @@ def test_forward_with_a_new_shape_reallocates_and_works():
 
 
 def test_a_net_gives_the_same_results_on_every_device(xp):
-    from unroll.backend import device_of
+    from unroll.engine.backend import device_of
 
     text = "force_backward: true\n" + SHARED_IO + ip("head", "y", "p", 2) + loss("p")
     text = text.replace(inputs(x=(4, 3)), inputs(x=(4, 3), t=(4, 2)))

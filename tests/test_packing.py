@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import unroll
-from unroll.bucketing import time_major, time_major_packed, unpack_time_major
+from unroll.train.bucketing import time_major, time_major_packed, unpack_time_major
 
 KINDS = ["rnn", "lstm", "lstm_primitive", "gru"]
 DIRECTIONS = ["forward", "reverse", "bidirectional"]

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from unroll.blob import Blob
-from unroll.bucketed_model import BucketedModel
-from unroll.net import Net
-from unroll.param_store import LearnableParam, ParamStore
-from unroll.proto import NetParameter
-from unroll.solver import Solver
+from unroll.engine.blob import Blob
+from unroll.train.bucketed_model import BucketedModel
+from unroll.engine.net import Net
+from unroll.engine.param_store import LearnableParam, ParamStore
+from unroll.core.proto import NetParameter
+from unroll.train.solver import Solver
 
 # ip2 shares ip1's weight by count (2 x 3 as 3 x 2) and freezes its own bias
 NET = """
@@ -108,7 +108,7 @@ def test_params_added_after_packing_grow_the_buffers_and_train_identically(tmp_p
     early.net(3)  # 'gain' exists before the solver packs
     files = []
     for model, name in ((late, "late"), (early, "early")):
-        solver = Solver(model, type="Adam", base_lr=0.05)
+        solver = Solver(model, type="Adam", base_lr=0.05, momentum=0.9, momentum2=0.999)
         solver.step(4, feed=batch)
         assert [p.name for p in model.store] == ["W", "b", "gain"]
         assert model.store.packed and model.store.data.size == 12 + 4 + 4

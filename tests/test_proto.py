@@ -10,10 +10,12 @@ from google.protobuf.descriptor import FieldDescriptor
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll import proto, testing
-from unroll._generated import unroll_pb2
-from unroll.net import Net
-from unroll.proto import (
+from unroll import testing
+
+from unroll.core import proto
+from unroll.core._generated import unroll_pb2
+from unroll.engine.net import Net
+from unroll.core.proto import (
     BlobProto,
     LayerParameter,
     NetParameter,
@@ -35,7 +37,7 @@ def test_generated_module_is_not_stale(tmp_path):
     proto.generate(fresh)
     assert fresh.read_bytes() == proto.GENERATED.read_bytes(), (
         f"{proto.GENERATED.relative_to(REPO)} is stale: it differs from what "
-        f"{proto.SCHEMA.relative_to(REPO)} generates; run `python -m unroll.proto --generate`"
+        f"{proto.SCHEMA.relative_to(REPO)} generates; run `python -m unroll.core.proto --generate`"
     )
 
 

@@ -3,9 +3,9 @@
 import numpy as np
 
 import unroll
-from unroll.blob import Blob
-from unroll.bucketing import BucketSampler
-from unroll.template import load_template
+from unroll.engine.blob import Blob
+from unroll.train.bucketing import BucketSampler
+from unroll.frontend.template import load_template
 
 
 def lstm_net():

@@ -15,11 +15,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import testing
-from unroll.cli import main
-from unroll.errors import TemplateError
-from unroll.net import Net
-from unroll.solver import Solver
-from unroll.unroller import expand
+from unroll.tools.cli import main
+from unroll.core.errors import TemplateError
+from unroll.engine.net import Net
+from unroll.train.solver import Solver
+from unroll.frontend.unroller import expand
 
 BATCH, DIM = 3, 4
 TOWER = ["tower_W_fc1", "tower_b_fc1", "tower_W_out", "tower_b_out"]
@@ -131,7 +131,7 @@ def test_siamese_expands_from_the_command_line_and_learns(tmp_path, rng):
         return {"left": centres[a] + noise[0], "right": centres[b] + noise[1],
                 "same": (a == b).astype(float)}
 
-    solver = Solver(net, type="Adam", base_lr=0.01)
+    solver = Solver(net, type="Adam", base_lr=0.01, momentum=0.9, momentum2=0.999)
     first = np.mean([solver.step(1, feed=batch) for _ in range(5)])
     solver.step(150, feed=batch)
     last = np.mean([solver.step(1, feed=batch) for _ in range(5)])

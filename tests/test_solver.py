@@ -11,10 +11,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll.net import Net
-from unroll.param_store import ParamStore
-from unroll.proto import NetParameter, SolverParameter, SolverState
-from unroll.solver import SOLVERS, Solver, SolverError, register_solver
+from unroll.engine.net import Net
+from unroll.engine.param_store import ParamStore
+from unroll.core.proto import NetParameter, SolverParameter, SolverState
+from unroll.train.solver import (
+    LR_POLICY_FIELDS,
+    SOLVERS,
+    NonFiniteError,
+    Solver,
+    SolverError,
+    register_solver,
+    usual_fields,
+)
 
 NET = """
 layer { name: "in" type: "Input" top: "x" top: "y"
@@ -218,7 +226,7 @@ def test_lr_policy_follows_caffe_formula(policy, it, base_lr, gamma, power, step
 
 
 @given(
-    stepvalues=st.lists(st.integers(0, 40), max_size=5, unique=True).map(sorted),
+    stepvalues=st.lists(st.integers(0, 40), min_size=1, max_size=5, unique=True).map(sorted),
     gamma=st.floats(0.1, 0.9),
 )
 def test_multistep_policy_steps_at_each_stepvalue(stepvalues, gamma):
@@ -362,7 +370,7 @@ def test_restore_of_shared_params_is_bit_identical(tmp_path):
     """The caffemodel holds a shared param once (its owner's layer); restore fills every sharer."""
     def solver_for(seed):
         return Solver(Net(SHARED_NET, dtype="float64", seed=seed), type="Adam", base_lr=0.01,
-                      momentum=0.9)
+                      momentum=0.9, momentum2=0.999)
 
     straight, interrupted = solver_for(0), solver_for(0)
     straight.step(5, feed=batch)
@@ -380,7 +388,7 @@ def test_restore_of_shared_params_is_bit_identical(tmp_path):
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_snapshot_files_are_caffe_protos(dtype, tmp_path):
     net = make_net(dtype=dtype)
-    solver = Solver(net, type="Adam", base_lr=0.01, momentum=0.9)
+    solver = Solver(net, type="Adam", base_lr=0.01, momentum=0.9, momentum2=0.999)
     solver.step(2, feed=batch)
     model, state_path = solver.snapshot(tmp_path / "run" / "tagger")
     assert model == tmp_path / "run" / "tagger_iter_2.caffemodel"
@@ -472,7 +480,7 @@ def test_restore_errors(tmp_path):
     solver.step(1, feed=batch)
     model, state_path = solver.snapshot(tmp_path / "s")
     with pytest.raises(SolverError, match="holds 2 history blobs; a Adam solver .* needs 4"):
-        Solver(make_net(), type="Adam", base_lr=0.1).restore(state_path)
+        Solver(make_net(), type="Adam", base_lr=0.1, **usual_fields("Adam")).restore(state_path)
     with pytest.raises(FileNotFoundError, match="no solver state file"):
         solver.restore(tmp_path / "missing.solverstate")
     garbage = tmp_path / "garbage.solverstate"
@@ -500,13 +508,14 @@ def test_solver_prototxt_text_path_and_overrides(tmp_path):
     for source in (text, str(path), path, SolverParameter(type="Nesterov", base_lr=0.5,
                                                           momentum=0.9, lr_policy="step",
                                                           stepsize=10, gamma=0.1)):
-        solver = Solver(FakeNet(), source, base_lr=0.25, type="adam")
+        solver = Solver(FakeNet(), source, base_lr=0.25, type="adam", momentum2=0.999)
         assert solver.type == "Adam" and solver.param.type == "Adam"
         assert solver.param.base_lr == 0.25 and solver.param.stepsize == 10
-    legacy = Solver(FakeNet(), "base_lr: 0.1 solver_type: ADAM")
+    legacy = Solver(FakeNet(), "base_lr: 0.1 momentum: 0.9 momentum2: 0.999 solver_type: ADAM")
     assert legacy.type == "Adam" and not legacy.param.HasField("solver_type")
     assert Solver(FakeNet(), "base_lr: 0.1 solver_type: ADAM", type="SGD").type == "SGD"
-    assert Solver(FakeNet(), 'base_lr: 0.1 type: "Adam"', solver_type="NESTEROV").type == "Nesterov"
+    assert Solver(FakeNet(), 'base_lr: 0.1 momentum: 0.9 type: "Adam"',
+                  solver_type="NESTEROV").type == "Nesterov"
     assert Solver(FakeNet(), base_lr=0.1, stepvalue=5, max_iter=1e4).param.max_iter == 10000
     with pytest.raises(SolverError, match="'type' and 'solver_type' are both set"):
         Solver(FakeNet(), 'base_lr: 0.1 type: "SGD" solver_type: ADAM')
@@ -689,3 +698,150 @@ def test_fused_adam_equals_its_array_reference(monkeypatch, dtype, tol):
     np.testing.assert_allclose(data, want_data, rtol=tol, atol=tol)
     for got, want in zip(history, want_history):
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+# -- no silent Caffe defaults ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [k for k in SOLVERS if SOLVERS[k].required])
+def test_every_field_a_type_needs_is_refused_unset_naming_its_usual_value(kind):
+    usual = usual_fields(kind)
+    assert usual == SOLVERS[kind].required
+    for missing, value in usual.items():
+        given = {k: v for k, v in usual.items() if k != missing}
+        with pytest.raises(SolverError, match=rf"'{missing}' is not set, and {kind} needs it.*"
+                                              rf"usually {missing}={value}"):
+            Solver(FakeNet(), type=kind, base_lr=0.1, **given)
+    Solver(FakeNet(), type=kind, base_lr=0.1, **usual)
+
+
+def test_adam_without_momentum_is_refused_and_an_explicit_zero_runs_as_given():
+    with pytest.raises(SolverError, match=r"'momentum' is not set.*Adam.*momentum=0\.9"):
+        Solver(make_net(), type="Adam", base_lr=0.01, momentum2=0.999)
+    with pytest.raises(SolverError, match=r"'momentum2' is not set.*Adam.*momentum2=0\.999"):
+        Solver(make_net(), type="Adam", base_lr=0.01, momentum=0.9)
+    # an explicit 0 (beta1 = 0: RMSProp-like Adam) is what it says, by keyword or from a file
+    for source, fields in ((None, dict(type="Adam", momentum=0, momentum2=0.999)),
+                           ('type: "Adam" momentum: 0 momentum2: 0.999', {})):
+        net = make_net()
+        solver = Solver(net, source, base_lr=0.01, **fields)
+        assert solver.param.momentum == 0 and solver.param.HasField("momentum")
+        w = net.params["ip"][0].data.copy()
+        hist = [np.zeros_like(w), np.zeros_like(w)]
+        for k in range(3):
+            g = gradients(net, batch(k))["w"]
+            w = hand_step("Adam", solver.param, w, g, hist, k + 1, lr_mult=1.0, decay_mult=1.0)
+            solver.step(1, feed=batch)
+            np.testing.assert_allclose(net.params["ip"][0].data, w, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("policy, fields", [
+    ("step", dict(stepsize=10, gamma=0.1)),
+    ("exp", dict(gamma=0.99)),
+    ("inv", dict(gamma=1e-4, power=0.75)),
+    ("multistep", dict(gamma=0.1, stepvalue=[5, 10])),
+    ("poly", dict(power=1.0, max_iter=100)),
+    ("sigmoid", dict(gamma=0.01, stepsize=10)),
+])
+def test_every_field_an_lr_policy_needs_is_refused_unset(policy, fields):
+    for missing in LR_POLICY_FIELDS[policy]:
+        given = {k: v for k, v in fields.items() if k != missing}
+        with pytest.raises(SolverError, match=rf"'{missing}' is not set, and lr_policy "
+                                              rf"\"{policy}\" needs it"):
+            Solver(FakeNet(), base_lr=0.1, lr_policy=policy, **given)
+    # an explicit 0 is taken as given: "step" with gamma 0 stops learning after one step
+    zeros = {k: ([0] if k == "stepvalue" else 0) for k in LR_POLICY_FIELDS[policy]}
+    solver = Solver(FakeNet(), base_lr=0.1, lr_policy=policy, **{**fields, **zeros})
+    assert all(solver.param.HasField(k) for k in zeros if k != "stepvalue")
+
+
+def test_a_caffe_solver_file_that_sets_its_fields_runs_as_in_caffe(tmp_path):
+    path = tmp_path / "lenet_solver_adam.prototxt"  # BVLC examples/mnist, the test net dropped
+    path.write_text('base_lr: 0.001 momentum: 0.9 momentum2: 0.999 lr_policy: "fixed"\n'
+                    'delta: 1e-8 max_iter: 10000 type: "Adam"\n')
+    assert Solver(FakeNet(), path).param.momentum == pytest.approx(0.9)
+    path.write_text('base_lr: 0.01 momentum: 0.9 weight_decay: 0.0005 lr_policy: "inv"\n'
+                    'gamma: 0.0001 power: 0.75 max_iter: 10000\n')
+    assert Solver(FakeNet(), path).lr_policy == "inv"
+
+
+# -- non-finite iterations ----------------------------------------------------------------
+
+
+def poisoned(bad: set):
+    """batch(k), with a NaN input at the iterations in ``bad``."""
+    def feed(k):
+        inputs = batch(k)
+        if k in bad:
+            inputs["x"][0, 0] = np.nan
+        return inputs
+    return feed
+
+
+def test_stop_raises_before_a_non_finite_update_and_leaves_the_weights():
+    net = make_net()
+    solver = Solver(net, type="SGD", base_lr=0.1, momentum=0.9, nonfinite="stop")
+    solver.step(2, feed=poisoned(set()))
+    before, history = weights(net), [h.copy() for h in solver.history]
+    with pytest.raises(NonFiniteError, match=r"iteration 2: loss nan, gradient norm nan; not "
+                                             r"updated.*nonfinite=\"stop\"") as caught:
+        solver.step(3, feed=poisoned({2}))
+    assert caught.value.step.iter == 2 and math.isnan(caught.value.step.loss)
+    assert solver.iter == 2
+    for name, w in weights(net).items():
+        np.testing.assert_array_equal(w, before[name])
+    for h, h0 in zip(solver.history, history):
+        np.testing.assert_array_equal(h, h0)
+
+
+def test_skip_leaves_bad_iterations_out_up_to_max_skipped():
+    net, clean = make_net(), make_net()
+    solver = Solver(net, type="Adam", base_lr=0.01, momentum=0.9, momentum2=0.999,
+                    nonfinite="skip", max_skipped=2)
+    reference = Solver(clean, type="Adam", base_lr=0.01, momentum=0.9, momentum2=0.999)
+    losses = [solver.step(1, feed=poisoned({1, 3})) for _ in range(5)]
+    assert [s.iter for s in solver.skipped] == [1, 3] and solver.iter == 5
+    assert all(math.isnan(s.loss) and math.isnan(s.gradient_norm) for s in solver.skipped)
+    assert math.isnan(losses[1]) and np.isfinite([losses[k] for k in (0, 2, 4)]).all()
+    assert math.isfinite(solver.loss)  # the average leaves the skipped ones out
+    # the applied iterations are those of a run that never saw the bad batches (iterations
+    # still count: Adam's bias correction sees t = iter + 1)
+    for k in (0, 2, 4):
+        reference.iter = k
+        reference.step(1, feed=batch)
+    for name, w in weights(net).items():
+        np.testing.assert_allclose(w, weights(clean)[name], rtol=1e-12)
+    with pytest.raises(NonFiniteError, match=r"iteration 5.*one skip more than max_skipped=2 "
+                                             r"\(skipped before: iterations \[1, 3\]\)"):
+        solver.step(1, feed=poisoned({5}))
+
+
+def test_a_finite_loss_with_a_non_finite_gradient_is_skipped_too():
+    net = make_net()
+    solver = Solver(net, base_lr=0.1, nonfinite="skip", max_skipped=1)
+    net.forward(**batch(0))
+    net.clear_param_diffs()
+    net.backward()
+    net.store.diff[0] = np.inf
+    before = weights(net)
+    assert solver.update() is False and solver.skipped[0].gradient_norm == math.inf
+    assert math.isfinite(solver.skipped[0].loss)
+    assert all(np.array_equal(w, before[n]) for n, w in weights(net).items())
+
+
+def test_without_a_policy_a_non_finite_step_is_applied_as_caffe_does():
+    net = make_net()
+    with np.errstate(invalid="ignore"):
+        Solver(net, base_lr=0.1).step(1, feed=poisoned({0}))
+    assert np.isnan(net.store.data).any()
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(nonfinite="ignore"), r"nonfinite: expected one of \[None, 'stop', 'skip'\]"),
+    (dict(nonfinite="skip"), "max_skipped goes with nonfinite=\"skip\""),
+    (dict(nonfinite="stop", max_skipped=3), "max_skipped goes with"),
+    (dict(nonfinite="skip", max_skipped=-1), "max_skipped: expected an integer >= 0"),
+])
+def test_bad_nonfinite_policies_are_refused(options, message):
+    with pytest.raises(SolverError, match=message):
+        Solver(FakeNet(), base_lr=0.1, **options)

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll.bucketing import cont_from_lengths
-from unroll.net import Net
+from unroll.train.bucketing import cont_from_lengths
+from unroll.engine.net import Net
 from unroll.testing import numeric_gradient
-from unroll.unroller import expand
+from unroll.frontend.unroller import expand
 
 KINDS = ["rnn", "lstm", "lstm_primitive", "gru"]
 PARAMS = {  # learnable param names of a single unscoped layer, in creation order

@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info
 
-from unroll import Net, threads
-from unroll.layer import Layer, register_layer
+from unroll import Net
+
+from unroll.engine import threads
+from unroll.engine.layer import Layer, register_layer
 
 SEEN: list[int] = []
 

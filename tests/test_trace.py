@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 
 from examples.pos_tagging.tagger import TaggerConfig
-from examples.pos_tagging.workload import packed_step, tagger_guard, tagger_setup
-from unroll import Net, NetError, step_counts, trace
-from unroll.backend import device_of, get_array_module, module_of, to_numpy
-from unroll.solver import Solver
+from examples.pos_tagging.workload import packed_step, tagger_setup
+from unroll import Net, NetError
+from unroll.engine import trace
+from unroll.engine.backend import device_of, get_array_module, module_of, to_numpy
+from unroll.train import step_counts
+from unroll.train.solver import Solver
 
 
 def test_the_trace_device_is_the_trace_module():
@@ -165,10 +167,9 @@ def test_a_tiny_nets_step_is_counted_exactly():
         # top diff filled with the loss weight; loss: scale, multiply (t needs no gradient);
         # ip: gy.T @ x, add into W.diff, sum over rows, add into b.diff (x needs none)
         "backward": (7, 0, 0, 0),
-        # no guard: Solver.update follows backward directly
-        "guard": (0, 0, 0, 0),
-        # SGD once over the flat buffers (W and b are adjacent): h *= momentum,
-        # rate * diff, h += that, diff[...] = h, data -= diff
+        # no non-finite check (no policy), nothing read back; SGD once over the flat
+        # buffers (W and b are adjacent): h *= momentum, rate * diff, h += that,
+        # diff[...] = h, data -= diff
         "update": (5, 0, 0, 0),
     }
 
@@ -177,18 +178,18 @@ def test_a_tiny_nets_step_is_counted_exactly():
 # last: a change that adds launches, syncs or transfers to a training step fails here; lower
 # the bounds when work cuts them.
 # The tagger's step is the training command's: one packed transfer of the batch, and one
-# sync, the divergence guard's read (the character Scatter's positions are checked on the
+# sync, the solver's non-finite check (the character Scatter's positions are checked on the
 # host, before the transfer); the targets were 1200 launches, 2 syncs, 1 transfer.
 TAGGER_BUDGET = {"launches": 1106, "syncs": 1, "h2d": 1, "d2h": 0}
 LSTM_BUDGET = {"launches": 221, "syncs": 0, "h2d": 3, "d2h": 0}
 
 
-@pytest.mark.parametrize("setup, guard, budget", [
-    (tagger_setup, tagger_guard, TAGGER_BUDGET),
-    (step_counts.lstm_setup, None, LSTM_BUDGET),
+@pytest.mark.parametrize("setup, budget", [
+    (tagger_setup, TAGGER_BUDGET),
+    (step_counts.lstm_setup, LSTM_BUDGET),
 ])
-def test_a_training_step_stays_within_its_gpu_budget(setup, guard, budget):
-    counts = step_counts.traced_step(setup, guard).values()
+def test_a_training_step_stays_within_its_gpu_budget(setup, budget):
+    counts = step_counts.traced_step(setup).values()
     spent = {k: sum(getattr(c, k) for c in counts) for k in budget}
     over = {k: f"{spent[k]} > {budget[k]}" for k in budget if spent[k] > budget[k]}
     assert not over, f"{setup.__name__} is over its GPU budget: {over}"
@@ -196,10 +197,10 @@ def test_a_training_step_stays_within_its_gpu_budget(setup, guard, budget):
 
 # The training command on a GPU replays each batch shape's gradient pass as a CUDA graph
 # (docs/design.md, 4. Devices): its step is then the graph, the copies of the batch's inputs
-# into the graph's buffers, the guard and the update, whatever the row length (eager, the
-# default tagger's step grows with T: 946 launches at T=16, 5,522 at T=159). The launches
-# depend on the layers, not on their sizes, so a small tagger of the default's layers
-# counts what the default one does.
+# into the graph's buffers, the non-finite check and the update, whatever the row length
+# (eager, the default tagger's step grows with T: 946 launches at T=16, 5,522 at T=159).
+# The launches depend on the layers, not on their sizes, so a small tagger of the default's
+# layers counts what the default one does.
 GRAPHED_STEP_BUDGET = {"launches": 60, "syncs": 1, "h2d": 1, "d2h": 0}
 SMALL_TAGGER = dict(embed=8, hidden=8, batch=4, chars={"embed": 4, "hidden": 4, "length": 16})
 
@@ -218,7 +219,7 @@ def test_the_training_commands_graphed_step_makes_as_many_launches_at_every_row_
 
 def test_the_training_command_replays_graphs_only_on_devices_that_have_them():
     from examples.pos_tagging.train import TrainOptions, training_solver
-    from unroll.cuda_graph import StepGraphs
+    from unroll.engine.cuda_graph import StepGraphs
 
     options = TrainOptions(data=None, model_dir=None)
     for device, graphs in (("trace", StepGraphs), ("cpu", type(None))):
@@ -382,24 +383,23 @@ def test_a_packed_tagger_step_sends_its_batch_in_one_transfer():
 
     solver.step(1, feed=feed)
     counts = step_counts.count_step(tagger.train_model, solver, feed)
-    assert [counts[phase].h2d for phase in step_counts.PHASES] == [1, 0, 0, 0, 0, 0]
+    assert [counts[phase].h2d for phase in step_counts.PHASES] == [1, 0, 0, 0, 0]
     assert to_numpy(feed(0)["cont"])[:, 0].tolist() == [0, 1, 1, 1, 0, 1, 1]
 
 
-def test_the_training_guard_reads_one_number_per_batch():
-    from examples.pos_tagging.train import guarded_step
-
+def test_the_non_finite_check_reads_one_number_per_step():
     tagger, encoded, labels = tiny_tagger("trace")
-    solver = Solver(tagger.train_model, type="Adam", base_lr=1e-3, clip_gradients=5.0)
+    solver = Solver(tagger.train_model, type="Adam", base_lr=1e-3, momentum=0.9,
+                    momentum2=0.999, clip_gradients=5.0, nonfinite="skip", max_skipped=1)
     inputs = tagger.inputs(encoded, 4, labels, train=True)
-    guarded_step(solver, tagger.train_model, inputs)
+    solver.step(1, feed=inputs)
     with trace.measure() as c:
-        loss, norm, applied = guarded_step(solver, tagger.train_model, inputs)
-    # the guard reads one number (float), and nothing else is read back
-    assert c.sync_sites == {"float": 1} and applied and norm is None
+        loss = solver.step(1, feed=inputs)
+    # the check reads one number (float), the step's loss, and nothing else is read back
+    assert c.sync_sites == {"float": 1} and not solver.skipped
     assert loss == tagger.train_model.loss
     tagger.train_model.store.data[0] = np.nan  # a NaN weight: gradient and loss go NaN
     before = to_numpy(tagger.train_model.store.data).copy()
-    loss, norm, applied = guarded_step(solver, tagger.train_model, inputs)
-    assert not applied and math.isnan(norm)
+    solver.step(1, feed=inputs)
+    assert [s.iter for s in solver.skipped] == [2] and math.isnan(solver.skipped[0].gradient_norm)
     np.testing.assert_array_equal(to_numpy(tagger.train_model.store.data), before)

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll.atomic import remove_stale_temps, write_atomic
-from unroll.errors import FileFormatError, NetError, TemplateError
-from unroll.layer import ALLOW_PYTHON_ENV
-from unroll.net import Net
-from unroll.proto import NetParameter, PrototxtError, parse_text, read_message
+from unroll.core.atomic import remove_stale_temps, write_atomic
+from unroll.core.errors import FileFormatError, NetError, TemplateError
+from unroll.engine.layer import ALLOW_PYTHON_ENV
+from unroll.engine.net import Net
+from unroll.core.proto import NetParameter, PrototxtError, parse_text, read_message
 
 FILLED = 'weight_filler { type: "gaussian" std: 1 }'
 TWO_IP = f"""
@@ -79,7 +79,7 @@ layer { name: "py" type: "Python" bottom: "x" top: "y"
 PYTHON_MODULE = """
 import pathlib
 pathlib.Path(%r).write_text("imported")
-from unroll.layer import Layer
+from unroll.engine.layer import Layer
 
 class Double(Layer):
     def reshape(self, bottoms, tops):

@@ -5,18 +5,20 @@ here the nets are compared with each other and with the contract of docs/design.
 3. Unrolling.
 """
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll.bucketed_model import BucketedModel
-from unroll.bucketing import cont_from_lengths, time_major
-from unroll.errors import NetError, TemplateError
-from unroll.net import Net
-from unroll.proto import LayerParameter, NetParameter, parse_text
+from unroll.train.bucketed_model import BucketedModel
+from unroll.train.bucketing import cont_from_lengths, time_major
+from unroll.core.errors import NetError, TemplateError
+from unroll.engine.net import Net
+from unroll.core.proto import LayerParameter, NetParameter, parse_text
 from unroll.testing import check_net_gradient
-from unroll.unroller import builtin_template_dir, carry_hidden, expand, to_prototxt
+from unroll.frontend.unroller import builtin_template_dir, carry_hidden, expand, to_prototxt
 
 KINDS = ["rnn", "lstm", "lstm_primitive", "gru"]
 PARAMS = {"rnn": ["W_xh", "b_h", "W_hh"], "lstm": ["W_xc", "b_c", "W_hc"],
@@ -680,8 +682,8 @@ def test_help_of_expand_lists_every_option():
         assert f"``{option}``" in unroll.expand.__doc__, option
 
 
-@pytest.mark.parametrize("module", ["unroll.unroller", "unroll.template", "unroll.testing",
-                                    "unroll.bucketing"])
+@pytest.mark.parametrize("module", ["unroll.frontend.unroller", "unroll.frontend.template", "unroll.testing",
+                                    "unroll.train.bucketing"])
 def test_every_public_helper_is_in_all(module):
     import importlib
     import inspect
@@ -809,11 +811,11 @@ def test_learned_initial_state_is_a_bias_without_a_dummy_param():
 def test_steps_parsed_once_per_shape_equal_steps_parsed_one_by_one(tmp_path, monkeypatch, kind,
                                                                    options):
     """Steps whose text differs only in names reuse one parse; a text that names s.t doesn't."""
-    import unroll.unroller
+    import unroll.frontend.unroller
 
     parses = []
-    parse = unroll.unroller.parse_text
-    monkeypatch.setattr(unroll.unroller, "parse_text",
+    parse = unroll.frontend.unroller.parse_text
+    monkeypatch.setattr(unroll.frontend.unroller, "parse_text",
                         lambda text, *a: parses.append(text) or parse(text, *a))
     source = (builtin_template_dir() / f"{kind}.prototxt.j2").read_text()
     every_step = tmp_path / f"{kind}_each.prototxt.j2"
@@ -840,3 +842,283 @@ def test_a_recurrent_block_must_be_placed_once(tmp_path):
                     .replace("CALL) }}", "hidden=hidden) %}\n{{ block }}\n{{ block }}"))
     with pytest.raises(TemplateError, match="block 0 is placed 2 times"):
         expand(str(path), steps=2)
+
+
+# -- expand checks the net at the T it is asked for, and builds each net once ----------------
+
+CHUNKS_TEMPLATE = """\
+{#- the recurrence's output cut in time where the caller says (points depend on T), the
+    chunks put back in reverse order: y = h[p_k:] ++ ... ++ h[:p_1] #}
+{% set interface = {"kind": "net", "defaults": {"input_dim": none, "hidden": none,
+                                                 "points": []}} %}
+layer { name: "input" type: "Input" top: "x" top: "cont"
+        input_param { shape { dim: {{ T }} dim: {{ batch }} dim: {{ input_dim }} }
+                      shape { dim: {{ T }} dim: {{ batch }} } } }
+{{ recurrent("rnn", "x", "h", hidden=hidden) }}
+layer { name: "chunks" type: "Slice" bottom: "h"
+{% for i in range(points | length + 1) %}  top: "h_part{{ i }}"
+{% endfor %}  slice_param { axis: 0 {% for p in points %} slice_point: {{ p }}{% endfor %} } }
+layer { name: "reversed" type: "Concat"
+{% for i in range(points | length, -1, -1) %}  bottom: "h_part{{ i }}"
+{% endfor %}  top: "y" concat_param { axis: 0 } }
+"""
+
+
+def chunk_points(T):
+    return sorted({p for p in (T // 3, 2 * T // 3) if 0 < p < T})
+
+
+@pytest.mark.parametrize("T", [1, 7, 11])
+def test_a_template_whose_slice_points_depend_on_T_expands_and_runs(tmp_path, T):
+    """Slice points past 1 do not build at T = 1: the check must build the net at T."""
+    path = tmp_path / "chunks.prototxt.j2"
+    path.write_text(CHUNKS_TEMPLATE)
+    points = chunk_points(T)
+    net = Net(expand(str(path), steps=T, batch=2, input_dim=3, hidden=4, points=points),
+              dtype="float64")
+    plain = Net(expand("rnn", steps=T, batch=2, input_dim=3, hidden=4), dtype="float64")
+    copy_params(net, plain)
+    rng = np.random.default_rng(T)
+    x, cont = rng.normal(size=(T, 2, 3)), cont_from_lengths([T, max(1, T - 2)], T)
+    y = net.forward(x=x, cont=cont)["y"]
+    h = plain.forward(x=x, cont=cont)["h"]
+    bounds = [0, *points, T]
+    want = np.concatenate([h[a:b] for a, b in zip(bounds, bounds[1:])][::-1])
+    np.testing.assert_allclose(y, want, rtol=1e-12)
+
+
+def test_a_net_that_does_not_build_at_its_T_names_the_T(tmp_path):
+    path = tmp_path / "chunks.prototxt.j2"
+    path.write_text(CHUNKS_TEMPLATE)
+    with pytest.raises(TemplateError, match=r"chunks\.prototxt\.j2: the net unrolled to 4 "
+                                            r"step\(s\) does not build: layer 'chunks' \(Slice\)"):
+        expand(str(path), steps=4, batch=2, input_dim=3, hidden=4, points=[5])
+
+
+def test_each_template_variables_and_T_is_expanded_once(tmp_path, monkeypatch):
+    """Asked again, expand hands out a copy of the net it built; a changed file is rebuilt."""
+    import unroll.frontend.unroller
+
+    parses = []
+    parse = unroll.frontend.unroller.parse_text
+    monkeypatch.setattr(unroll.frontend.unroller, "parse_text",
+                        lambda text, *a: parses.append(text) or parse(text, *a))
+    cell = tmp_path / "cell.prototxt.j2"
+    cell.write_text((builtin_template_dir() / "rnn.prototxt.j2").read_text())
+    path = tmp_path / "chunks.prototxt.j2"
+    path.write_text(CHUNKS_TEMPLATE.replace('recurrent("rnn"', 'recurrent("cell.prototxt.j2"'))
+    options = dict(batch=2, input_dim=3, hidden=4, search_path=[tmp_path])
+    first = expand(str(path), steps=5, points=[2], **options)
+    built = len(parses)
+    assert built > 0
+    first.name = "changed by its caller"
+    again = expand(str(path), steps=5, points=[2], **options)
+    assert len(parses) == built and again.name != first.name
+    assert again == expand(str(path), steps=5, points=[2], **options)
+    expand(str(path), steps=6, points=[2], **options)  # another T: another net
+    assert len(parses) > built
+    built = len(parses)
+    # the step template it calls changes: the cached nets are stale
+    cell.write_text(cell.read_text().replace("TanH", "Sigmoid"))
+    os.utime(cell, ns=(cell.stat().st_atime_ns, cell.stat().st_mtime_ns + 10**9))
+    changed = expand(str(path), steps=5, points=[2], **options)
+    assert len(parses) > built
+    assert "Sigmoid" in {lp.type for lp in changed.layer}
+
+
+# -- every state entering a step is gated by cont ---------------------------------------------
+
+PEEPHOLE = """\
+layer {
+  name: "{{ s.layer('peep') }}"  type: "Scale"  bottom: "C_IN"  top: "{{ s.blob('peep') }}"
+  param { name: "{{ s.param('w_peep') }}" }
+  scale_param { axis: 2  num_axes: 1  filler { type: "constant" value: 0.5 } }
+}
+layer {
+  name: "{{ s.layer('peep_pad') }}"  type: "Concat"
+  bottom: "{{ s.blob('peep') }}"  bottom: "{{ s.blob('peep') }}"  bottom: "{{ s.blob('peep') }}"
+  bottom: "{{ s.blob('peep') }}"  top: "{{ s.blob('peep4') }}"  concat_param { axis: 2 }
+}
+layer {
+  name: "{{ s.layer('gates') }}"  type: "Eltwise"  bottom: "{{ s.input.x }}"
+  bottom: "{{ s.blob('hc') }}"  bottom: "{{ s.blob('peep4') }}"  top: "{{ s.blob('gates') }}"
+  eltwise_param { operation: SUM }
+}
+"""
+C_CONT = """\
+layer {
+  name: "{{ s.layer('c_cont') }}"  type: "Scale"
+  bottom: "{{ s.prev.c }}"  bottom: "{{ s.cont }}"  top: "{{ s.blob('c_cont') }}"
+  scale_param { axis: 0 }
+}
+"""
+
+
+def peephole_lstm(tmp_path, gated: bool):
+    """The lstm template with the previous cell state added into every gate (a peephole),
+    read as it comes in (the mistake: h is gated, c is not) or after a Scale by cont."""
+    source = (builtin_template_dir() / "lstm.prototxt.j2").read_text()
+    gates = source[source.index("layer {\n  name: \"{{ s.layer('gates') }}\""):
+                   source.index("layer {\n  name: \"{{ s.layer('unit') }}\"")]
+    c_in = "{{ s.blob('c_cont') }}" if gated else "{{ s.prev.c }}"
+    source = source.replace(gates, (C_CONT if gated else "") + PEEPHOLE.replace("C_IN", c_in))
+    path = tmp_path / f"peephole_{'gated' if gated else 'leaky'}.prototxt.j2"
+    path.write_text(source)
+    (tmp_path / "projection.j2").write_text(
+        (builtin_template_dir() / "projection.j2").read_text())
+    return path
+
+
+def test_a_state_read_before_cont_gates_it_is_refused_naming_it(tmp_path):
+    """The peephole-shaped mistake: cont reaches c (through h and the unit), yet the cell
+    reads c_{t-1} ungated, so packed sequences would leak state into each other."""
+    path = peephole_lstm(tmp_path, gated=False)
+    with pytest.raises(TemplateError, match=r"peephole_leaky\.prototxt\.j2: state 'c' "
+                                            r"\(s\.prev\.c, 'c_0'\) is read by layer 'peep_t0' "
+                                            r"\(Scale\) at step 0 before s\.cont gates it"):
+        expand(str(path), steps=3, batch=2, input_dim=3, hidden=4)
+    primitive = (builtin_template_dir() / "lstm_primitive.prototxt.j2").read_text()
+    leaky = tmp_path / "leaky_primitive.prototxt.j2"
+    gated_c = "bottom: \"{{ s.blob('c_cont') }}\"  top: \"{{ s.blob('fc') }}\""
+    assert gated_c in primitive
+    leaky.write_text(primitive.replace(gated_c, gated_c.replace("s.blob('c_cont')", "s.prev.c")))
+    with pytest.raises(TemplateError, match=r"state 'c' \(s\.prev\.c, 'c_0'\) is read by layer "
+                                            r"'fc_t0' \(Eltwise\)"):
+        expand(str(leaky), steps=3, batch=2, input_dim=3, hidden=4)
+
+
+def test_the_gated_peephole_is_accepted_and_keeps_packed_sequences_apart(tmp_path):
+    path = peephole_lstm(tmp_path, gated=True)
+    net = Net(expand(str(path), steps=5, batch=1, input_dim=3, hidden=4), dtype="float64")
+    alone = Net(expand(str(path), steps=2, batch=1, input_dim=3, hidden=4), dtype="float64")
+    randomize(net, np.random.default_rng(0))
+    copy_params(net, alone)
+    x = np.random.default_rng(1).normal(size=(5, 1, 3))
+    packed = net.forward(x=x, cont=np.array([[0], [1], [1], [0], [1]], float))["h"]
+    second = alone.forward(x=x[3:], cont=np.array([[0], [1]], float))["h"]
+    np.testing.assert_allclose(packed[3:], second, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS + ["gru_primitive"])
+@pytest.mark.parametrize("options", [
+    dict(), dict(direction="bidirectional", layers=2), dict(initial_state="learned"),
+    dict(expose_hidden=True), dict(direction="reverse", sequence_output=False, align="left"),
+])
+def test_every_builtin_step_template_gates_every_state(kind, options):
+    expand(kind, steps=3, batch=2, input_dim=3, hidden=4, **options)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn"])
+def test_the_tagger_gates_every_state_of_its_cells(cell):
+    expand("tagger", steps=3, batch=2, vocab=9, tags=3, embed=4, hidden=3, cell=cell,
+           chars={"vocab": 6, "embed": 3, "hidden": 2, "length": 4}, char_columns=3)
+
+
+# -- a recurrence started from blobs: encoder -> decoder ----------------------------------------
+
+SEQ2SEQ = """\
+{#- an LSTM encoder over src; an LSTM decoder over tgt started from its final states #}
+{% set interface = {"kind": "net", "defaults": {"input_dim": none, "hidden": none,
+                                                 "source": none}} %}
+force_backward: true
+layer { name: "input" type: "Input"
+        top: "src" top: "src_cont" top: "tgt" top: "tgt_cont" top: "y"
+        input_param { shape { dim: {{ source }} dim: {{ batch }} dim: {{ input_dim }} }
+                      shape { dim: {{ source }} dim: {{ batch }} }
+                      shape { dim: {{ T }} dim: {{ batch }} dim: {{ input_dim }} }
+                      shape { dim: {{ T }} dim: {{ batch }} }
+                      shape { dim: {{ T }} dim: {{ batch }} dim: {{ hidden }} } } }
+{{ recurrent("lstm", "src", "enc_h", "src_cont", scope="enc_", steps=source,
+             expose_hidden=True, hidden=hidden) }}
+{{ recurrent("lstm", "tgt", "dec_h", "tgt_cont", scope="dec_", hidden=hidden,
+             initial_state={"h": "enc_h_T", "c": "enc_c_T"}) }}
+layer { name: "loss" type: "EuclideanLoss" bottom: "dec_h" bottom: "y" top: "loss" }
+"""
+
+
+def np_lstm(p, x, cont, h, c, given=None):
+    """Caffe's LSTM over x (T, N, D) from (h, c); with ``given`` states, a sequence starts
+    from them (step 0 whatever its cont) instead of from zeros. Returns hs, final h, c."""
+    hs = []
+    for t in range(len(x)):
+        keep = cont[t][:, None]
+        if given is not None:
+            h, c = (given[0], given[1]) if t == 0 else (
+                keep * h + (1 - keep) * given[0], keep * c + (1 - keep) * given[1])
+            keep = np.ones_like(keep)
+        a = x[t] @ p["W_xc"].T + p["b_c"] + (keep * h) @ p["W_hc"].T
+        i, f, o, g = np.split(a, 4, axis=-1)
+        sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+        c = sig(f) * keep * c + sig(i) * np.tanh(g)
+        h = sig(o) * np.tanh(c)
+        hs.append(h)
+    return np.stack(hs), h, c
+
+
+def test_a_decoder_started_from_the_encoders_final_states_equals_numpy_and_its_gradient(
+        tmp_path):
+    path = tmp_path / "seq2seq.prototxt.j2"
+    path.write_text(SEQ2SEQ)
+    S, T, N, D, H = 4, 3, 2, 3, 4
+    net = Net(expand(str(path), steps=T, batch=N, input_dim=D, hidden=H, source=S),
+              dtype="float64")
+    assert "dec_h_0" not in net.inputs and "enc_h_T" not in net.outputs
+    rng = np.random.default_rng(5)
+    randomize(net, rng, scale=0.6)
+    src_cont = cont_from_lengths([4, 2], S)
+    tgt_cont = np.array([[0, 0], [1, 0], [1, 1]], float)  # column 1: a second sequence at t=1
+    inputs = {"src": rng.normal(size=(S, N, D)), "src_cont": src_cont,
+              "tgt": rng.normal(size=(T, N, D)), "tgt_cont": tgt_cont,
+              "y": rng.normal(size=(T, N, H)), "enc_h_0": np.zeros((1, N, H)),
+              "enc_c_0": np.zeros((1, N, H))}
+    dec_h = net.forward(blobs=["dec_h"], **inputs)["dec_h"].copy()
+    p = {name: {w: net.store[f"{name}_{w}"].blob.data for w in ("W_xc", "b_c", "W_hc")}
+         for name in ("enc", "dec")}
+    zeros = np.zeros((N, H))
+    # the encoder's final state of column 1 is the one after its last step (t = S - 1), as
+    # cont_from_lengths left-aligns: the padded steps run on, as expose_hidden carries them
+    _, enc_h, enc_c = np_lstm(p["enc"], inputs["src"], src_cont, zeros, zeros)
+    want, _, _ = np_lstm(p["dec"], inputs["tgt"], tgt_cont, zeros, zeros, given=(enc_h, enc_c))
+    np.testing.assert_allclose(dec_h, want, rtol=1e-10, atol=1e-12)
+    # cont 0 at the decoder's first step does not drop the given state
+    cold, _, _ = np_lstm(p["dec"], inputs["tgt"], tgt_cont, zeros, zeros)
+    assert not np.allclose(dec_h[0], cold[0])
+    for name, value in inputs.items():
+        net.set_input(name, value)
+    check_net_gradient(net, wrt=["src", "tgt"])  # every param: the encoder's through the decoder
+    net.forward()
+    net.clear_param_diffs()
+    net.backward()
+    assert np.abs(net.store["enc_W_hc"].blob.diff).max() > 1e-6
+
+
+def test_an_initial_state_from_blobs_must_name_every_state_and_an_existing_blob(tmp_path):
+    path = tmp_path / "seq2seq.prototxt.j2"
+    with pytest.raises(TemplateError, match=r"initial_state gives no blob for state 'c'; "
+                                            r"lstm\.prototxt\.j2 starts from one blob per state, "
+                                            r"'h' \(1, N, 4\), 'c' \(1, N, 4\)"):
+        path.write_text(SEQ2SEQ.replace(', "c": "enc_c_T"', ""))
+        expand(str(path), steps=3, batch=2, input_dim=3, hidden=4, source=4)
+    path.write_text(SEQ2SEQ.replace('"enc_c_T"', '"enc_cell_T"'))
+    with pytest.raises(TemplateError, match=r"starts state 'c' from blob 'enc_cell_T', which no "
+                                            r"layer above the recurrence makes"):
+        expand(str(path), steps=3, batch=2, input_dim=3, hidden=4, source=4)
+    path.write_text(SEQ2SEQ.replace("hidden=hidden,\n", "hidden=5,\n"))
+    with pytest.raises(TemplateError, match=r"initial state 'h' \('enc_h_T'\) comes out "
+                                            r"\(1, 2, 4\), but must be \(1, 2, 5\)"):
+        expand(str(path), steps=3, batch=2, input_dim=3, hidden=4, source=4)
+
+
+def test_expand_takes_the_initial_states_as_inputs():
+    net = Net(expand("gru", steps=3, batch=2, input_dim=3, hidden=4,
+                     initial_state={"h": "h_start"}), dtype="float64")
+    assert net.inputs == ["x", "cont", "h_start"]
+    rng = np.random.default_rng(0)
+    x, start = rng.normal(size=(3, 2, 3)), rng.normal(size=(1, 2, 4))
+    carried = Net(expand("gru", steps=3, batch=2, input_dim=3, hidden=4, expose_hidden=True),
+                  dtype="float64")
+    copy_params(net, carried)
+    h = net.forward(x=x, cont=np.array([[0, 0], [1, 1], [1, 1]], float), h_start=start)["h"]
+    # the carried-state net with cont 1 at the start: the same, as nothing restarts after it
+    want = carried.forward(x=x, cont=np.ones((3, 2)), h_0=start)["h"]
+    np.testing.assert_allclose(h, want, rtol=1e-12)

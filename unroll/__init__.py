@@ -9,23 +9,23 @@
 import importlib
 
 # what ``import unroll`` offers, imported on first use: the sampler alone
-# (unroll.bucketing) then needs neither protobuf nor the layers
+# (unroll.train.bucketing) then needs neither protobuf nor the layers
 _EXPORTS = {
-    "Blob": "unroll.blob",
-    "BucketSampler": "unroll.bucketing",
-    "BucketedModel": "unroll.bucketed_model",
-    "Layer": "unroll.layer",
-    "Net": "unroll.net",
-    "NetError": "unroll.errors",
-    "ParamStore": "unroll.param_store",
-    "PrototxtError": "unroll.proto",
-    "Solver": "unroll.solver",
-    "SolverError": "unroll.solver",
-    "TemplateError": "unroll.errors",
-    "carry_hidden": "unroll.unroller",
-    "expand": "unroll.unroller",
-    "register_layer": "unroll.layer",
-    "to_prototxt": "unroll.unroller",
+    "Blob": "unroll.engine.blob",
+    "BucketSampler": "unroll.train.bucketing",
+    "BucketedModel": "unroll.train.bucketed_model",
+    "Layer": "unroll.engine.layer",
+    "Net": "unroll.engine.net",
+    "NetError": "unroll.core.errors",
+    "ParamStore": "unroll.engine.param_store",
+    "PrototxtError": "unroll.core.proto",
+    "Solver": "unroll.train.solver",
+    "SolverError": "unroll.train.solver",
+    "TemplateError": "unroll.core.errors",
+    "carry_hidden": "unroll.frontend.unroller",
+    "expand": "unroll.frontend.unroller",
+    "register_layer": "unroll.engine.layer",
+    "to_prototxt": "unroll.frontend.unroller",
 }
 
 

@@ -11,7 +11,9 @@ evaluate fetch UD English EWT r2.16 (verified by SHA-256) into
 $UNROLL_DATA_HOME/ud_english_ewt/r2.16 (default ~/.cache/unroll).
 
 Errors print one line (--debug: the traceback); exit status 2 for bad input
-or usage, 1 for a failure while running (divergence, a full disk).
+or usage, 1 for a failure while running (divergence, a full disk, output that
+could not be written), 130 for a training stopped by Ctrl-C (the folder keeps
+its last epoch, to --resume).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from examples.pos_tagging.data import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE
-from unroll import distributed
+from examples.pos_tagging.output import OutputClosed, standard_output
+from unroll.train import distributed
 
 #: TaggerConfig fields and the train options that set them
 SIZE_OPTIONS = ("embed", "hidden", "layers", "cell", "dropout", "word_dropout", "batch_size")
@@ -53,8 +56,16 @@ def _train(args) -> int:
         skip_bad_batches=args.skip_bad_batches, device=args.device, quiet=args.quiet,
         sizes=_sizes(args), pack=args.pack,
     )
-    with distributed.init(args.device) as comm:  # a failing rank ends every rank
-        result = train(opts)
+    try:
+        with distributed.init(args.device) as comm:  # a failing rank ends every rank
+            result = train(opts)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        # every file is written atomically and log.json commits an epoch: nothing to undo
+        print("python -m examples.pos_tagging train: interrupted; resume with --resume",
+              file=sys.stderr)
+        return 130
     if comm.rank:
         return 0
     done = result.get("stopped") or f"{result.get('epoch', 0)} epochs"
@@ -65,7 +76,7 @@ def _train(args) -> int:
 
 def _read_tagged(path: Path, upos: bool):
     from examples.pos_tagging.conll import read_conllu
-    from unroll.errors import FileFormatError
+    from unroll.core.errors import FileFormatError
 
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder; expected a CoNLL-U file")
@@ -79,7 +90,7 @@ def _evaluate(args) -> int:
     from examples.pos_tagging.data import fetched_data_dir, split_file
     from examples.pos_tagging.evaluate import report, score
     from examples.pos_tagging.tagger import Tagger, tag_ids
-    from unroll.cli import CommandError
+    from unroll.tools.cli import CommandError
 
     if (args.file is None) == (args.split is None):
         raise CommandError("give either a CoNLL-U FILE or --split dev|test")
@@ -87,14 +98,15 @@ def _evaluate(args) -> int:
     sentences = _read_tagged(path, upos=True)
     tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
     predicted = tagger.predict([forms for forms, _ in sentences])
-    print(report(score(tag_ids([tags for _, tags in sentences]), predicted)))
+    with standard_output() as out:
+        print(report(score(tag_ids([tags for _, tags in sentences]), predicted)), file=out)
     return 0
 
 
 def _tag(args) -> int:
     from examples.pos_tagging.conll import UPOS_TAGS, fill_upos
     from examples.pos_tagging.tagger import Tagger
-    from unroll.errors import FileFormatError
+    from unroll.core.errors import FileFormatError
 
     if args.conllu:
         sentences = [forms for forms, _ in _read_tagged(args.conllu, upos=False)]
@@ -109,11 +121,12 @@ def _tag(args) -> int:
         sentences = [line.split() for line in sys.stdin if line.strip()]
     tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
     tags = [[UPOS_TAGS[i] for i in ids] for ids in tagger.predict(sentences)]
-    if args.conllu:
-        fill_upos(args.conllu, tags, sys.stdout)
-    else:
-        for forms, upos in zip(sentences, tags):
-            print(" ".join(f"{w}/{t}" for w, t in zip(forms, upos)))
+    with standard_output() as out:
+        if args.conllu:
+            fill_upos(args.conllu, tags, out)
+        else:
+            for forms, upos in zip(sentences, tags):
+                print(" ".join(f"{w}/{t}" for w, t in zip(forms, upos)), file=out)
     return 0
 
 
@@ -182,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     sizes.add_argument("--char-length", type=int,
                        help=f"characters read per word, long words keep their start and end "
                             f"(default {d.chars['length']})")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int,
+                   help="of the initial weights, shuffles and dropout (default 0; with "
+                        "--resume the folder's)")
     t.add_argument("--limit", type=int, default=0, help="use only the first N sentences")
     again = t.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true",
@@ -241,16 +256,19 @@ def main(argv=None) -> int:
     from examples.pos_tagging.fetch import FetchError
     from examples.pos_tagging.folder import ModelFolderError
     from examples.pos_tagging.train import TrainingDiverged
-    from unroll.cli import FAILURES, USER_ERRORS, run_command
-    from unroll.threads import set_num_threads
+    from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
+    from unroll.engine.threads import set_num_threads
 
     args = build_parser().parse_args(argv)
     if getattr(args, "threads", None):  # `fetch` runs no net
         set_num_threads(args.threads)
     # ValueError: a bad size or option value, which the tagger names
     user_errors = (*USER_ERRORS, CoNLLUError, ModelFolderError, ValueError, FetchError)
-    return run_command(f"python -m examples.pos_tagging {args.command}", args.run, args,
-                       user_errors, (*FAILURES, TrainingDiverged))
+    try:
+        return run_command(f"python -m examples.pos_tagging {args.command}", args.run, args,
+                           user_errors, (*FAILURES, TrainingDiverged))
+    except OutputClosed:
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool stopped by a closed pipe
 
 
 if __name__ == "__main__":

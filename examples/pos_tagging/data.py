@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from examples.pos_tagging.conll import read_conllu
-from unroll.errors import FileFormatError
+from unroll.core.errors import FileFormatError
 
 DATA_ENV = "UNROLL_EWT_DATA"
 HOME_ENV = "UNROLL_DATA_HOME"

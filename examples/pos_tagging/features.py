@@ -29,13 +29,12 @@ import json
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 
 from examples.pos_tagging.conll import UPOS_TAGS
-from unroll.atomic import write_atomic
-from unroll.errors import FileFormatError
+from unroll.core.atomic import write_atomic
+from unroll.core.errors import FileFormatError
 
 __all__ = [
     "FEATURES",
@@ -324,10 +323,13 @@ class Featurizer:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Featurizer:
         """A Featurizer saved by :meth:`save`; a bad file is a FileFormatError naming it."""
+        from examples.pos_tagging import schema  # it names FEATURES: imported here, not above
+
         try:
-            data = json.loads(Path(path).read_bytes().decode("utf-8"))
-            return cls.from_dict(data)
-        except (UnicodeDecodeError, ValueError, TypeError) as e:
+            return cls.from_dict(schema.read_checked(path, schema.FEATURES_SCHEMA))
+        except FileFormatError as e:
+            raise FileFormatError(path, f"not a features file: {e.problem}") from None
+        except ValueError as e:  # duplicate tokens, or as many counts as tokens
             raise FileFormatError(path, f"not a features file: {e}") from None
 
 

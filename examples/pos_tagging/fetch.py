@@ -7,7 +7,7 @@ bar. ``$UNROLL_EWT_URL`` replaces the base URL (a mirror); the file names and
 checksums stay the release's.
 
 A file is streamed into a temp file beside its destination (the
-``.<name>.<random>.tmp`` of :mod:`unroll.atomic`), hashed as it comes, and
+``.<name>.<random>.tmp`` of :mod:`unroll.core.atomic`), hashed as it comes, and
 renamed into place only once its length and SHA-256 are right, so an
 interrupted or damaged download never leaves a file under the real name.
 Files already in the cache are hashed before each use as well: one that does
@@ -41,7 +41,7 @@ from examples.pos_tagging.data import (
     TRAIN_FILE,
     cache_dir,
 )
-from unroll.atomic import remove_stale_temps, write_files_atomic
+from unroll.core.atomic import remove_stale_temps, write_files_atomic
 
 URL_ENV = "UNROLL_EWT_URL"
 BASE_URL = f"https://raw.githubusercontent.com/UniversalDependencies/UD_English-EWT/{RELEASE}/"

@@ -7,100 +7,221 @@ Files, each written atomically (a temp file renamed into place)::
     snapshot_iter_N.caffemodel         per epoch: raw params,
     snapshot_iter_N.solverstate          solver state,
     snapshot_iter_N.average.caffemodel   averaged params (to resume exactly)
+    log.json                           per epoch, after the three above
     last.caffemodel                    per epoch: the averaged params
     best.caffemodel                    the averaged params of the best dev epoch
-    log.json                           per epoch, after all of the above
     curve.png                          the loss and accuracy plot
     train.lock                         locked while a trainer runs
 
-``log.json`` is the commit point: it is written after every file of its
-epoch, and the previous epoch's snapshot is deleted only after it. So a kill
-at any instant leaves the files ``log.json`` names in place, ``--resume``
-continues from its last epoch, and files of an epoch it does not name (a
-killed one's) are removed on the next run, with stale temp files.
+``log.json`` is the commit point: its entry of an epoch names that epoch's
+snapshot files and holds the SHA-256 of them and of the ``last`` and ``best``
+weights as they are after the epoch; the previous epoch's snapshot is
+deleted only after it. So a kill at any instant leaves the files
+``log.json`` names in place, ``--resume`` continues from its last epoch
+(first finishing a ``last``/``best`` copy that the kill interrupted), and
+files of an epoch it does not name (a killed one's) are removed on the next
+run, with stale temp files. Until then ``last`` and ``best`` may still hold
+the previous epoch's weights, which their checksum in the previous entry
+vouches for.
+
+Nothing read from the folder is trusted: the JSON files are bounded and
+schema-checked (:mod:`examples.pos_tagging.schema`), every name in them must
+be exactly one the trainer writes there (a plain file name, never a path),
+and only such names are ever removed or replaced. ``--resume`` continues a
+complete, consistent folder or refuses, saying what is wrong; it never starts
+over in a folder that holds any of these files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
-from unroll.atomic import remove_stale_temps, write_atomic
-from unroll.errors import FileFormatError
+from examples.pos_tagging import schema
+from unroll.core.atomic import remove_stale_temps, write_atomic
+from unroll.core.errors import FileFormatError
 
 LOG = "log.json"
 CONFIG = "config.json"
 FEATURES = "features.json"
 LOCK = "train.lock"
+CURVE = "curve.png"
 SNAPSHOT_PREFIX = "snapshot"
 #: the weights `tag` and `evaluate` can load, by --checkpoint name
 CHECKPOINTS = ("best", "last")
-#: the keys every log.json entry has
-LOG_KEYS = ("epoch", "iter", "train_loss", "dev_accuracy", "seconds", "snapshot", "average")
+#: the names the trainer gives its own files, and the suffixes of its weights
+TRAINER_NAMES = (LOG, CONFIG, FEATURES, CURVE, LOCK)
+WEIGHT_SUFFIXES = (".caffemodel", ".solverstate")
+#: the names of the snapshot files the trainer writes (N: the solver's iteration)
+SNAPSHOT_NAME = re.compile(r"snapshot_iter_[0-9]+\.(?:solverstate|caffemodel|average\.caffemodel)")
 
 
 class ModelFolderError(ValueError):
     """A model folder that cannot be used as asked: names the folder and what to do."""
 
 
-def read_json(path: Path, kind: type):
-    """The JSON value in ``path``, which must be a ``kind`` (dict or list).
-
-    Anything else (not UTF-8, not JSON, another type) is a FileFormatError
-    naming the file.
-    """
-    try:
-        value = json.loads(Path(path).read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise FileFormatError(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise FileFormatError(path, f"not valid JSON (line {e.lineno} column {e.colno}: "
-                                    f"{e.msg})") from None
-    if not isinstance(value, kind):
-        expected = {dict: "an object {...}", list: "a list [...]"}[kind]
-        raise FileFormatError(path, f"expected {expected}, found {type(value).__name__}")
-    return value
+def checkpoint_name(checkpoint: str) -> str:
+    return f"{checkpoint}.caffemodel"
 
 
 def write_json(path: Path, value) -> None:
     write_atomic(path, json.dumps(value, indent=2, ensure_ascii=False).encode("utf-8"))
 
 
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def snapshot_names(iteration: int) -> tuple[str, str, str]:
+    """(solverstate, caffemodel, average) names of the snapshot at ``iteration``."""
+    base = f"{SNAPSHOT_PREFIX}_iter_{iteration}"
+    return f"{base}.solverstate", f"{base}.caffemodel", f"{base}.average.caffemodel"
+
+
+def inside(model_dir: Path, name: str) -> Path:
+    """``model_dir / name``, where ``name`` is a plain file name (no folder, no ``..``) and
+    the entry, if a symlink, does not lead out of ``model_dir``: a FileFormatError else."""
+    path = Path(model_dir) / name
+    if name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+        raise FileFormatError(model_dir, f"{name!r:.80} is not a file name in the folder")
+    if path.is_symlink() and (Path(os.path.realpath(path)).parent
+                              != Path(os.path.realpath(model_dir))):
+        raise FileFormatError(path, "is a symlink leading out of the model folder")
+    return path
+
+
 def read_log(model_dir: Path) -> list[dict]:
-    """The epochs logged in ``model_dir`` ([] before the first one ends)."""
-    path = model_dir / LOG
-    if not path.is_file():
+    """The epochs logged in ``model_dir`` ([] where there is no log.json).
+
+    Every entry is schema-checked, numbered 1, 2, ... in order, and names the
+    snapshot files of its own iteration; its checksums cover exactly those
+    and the ``last`` and ``best`` weights. Anything else is a FileFormatError
+    naming the file, the entry and the field.
+    """
+    path = inside(model_dir, LOG)
+    if not os.path.lexists(path):
         return []
-    log = read_json(path, list)
+    log = schema.read_checked(path, schema.LOG_SCHEMA)
     for k, entry in enumerate(log):
-        if not isinstance(entry, dict) or any(key not in entry for key in LOG_KEYS):
-            raise FileFormatError(path, f"entry {k} is not an epoch record with keys "
-                                        f"{', '.join(LOG_KEYS)}")
+        state, weights, average = snapshot_names(entry["iter"])
+        if entry["epoch"] != k + 1:
+            raise FileFormatError(path, f"[{k}].epoch is {entry['epoch']}; entry {k} must be "
+                                        f"epoch {k + 1}")
+        if k and entry["iter"] < log[k - 1]["iter"]:
+            raise FileFormatError(path, f"[{k}].iter {entry['iter']} is below the previous "
+                                        f"entry's {log[k - 1]['iter']}")
+        for key, name in (("snapshot", state), ("average", average)):
+            if entry[key] != name:
+                raise FileFormatError(path, f"[{k}].{key} must be {name!r} (its iteration's "
+                                            f"snapshot), found {entry[key]!r:.60}")
+        expected = {state, weights, average, *map(checkpoint_name, CHECKPOINTS)}
+        if set(entry["sha256"]) != expected:
+            raise FileFormatError(path, f"[{k}].sha256 must hold the checksums of exactly "
+                                        f"{sorted(expected)}")
     return log
 
 
 def snapshot_files(entry: dict) -> set[str]:
-    """The names of the snapshot files of one log entry."""
-    state = entry["snapshot"]
-    return {state, str(Path(state).with_suffix(".caffemodel")), entry["average"]}
+    """The names of the snapshot files of one (checked) log entry."""
+    return set(snapshot_names(entry["iter"]))
+
+
+def verified(path: Path, expected: str | set) -> bytes:
+    """The bytes of ``path`` if their SHA-256 is (one of) ``expected``, else a FileFormatError."""
+    data = schema.read_bytes(path, limit=1 << 40)
+    accepted = {expected} if isinstance(expected, str) else expected
+    if sha256(data) not in accepted:
+        raise FileFormatError(path, f"its checksum is not the one {LOG} records: the file "
+                                    f"is damaged or was replaced")
+    return data
+
+
+def checkpoint_checksums(log: list, checkpoint: str) -> set[str]:
+    """The SHA-256 values ``checkpoint`` may have: the last epoch's, or the one before's
+    where a kill came between log.json and the copy (see the module)."""
+    name = checkpoint_name(checkpoint)
+    return {entry["sha256"][name] for entry in log[-2:]}
 
 
 def model_files(model_dir: Path) -> list[Path]:
-    """The files of a trained (or training) model in ``model_dir``."""
-    names = {LOG, CONFIG, FEATURES, "curve.png"}
-    return sorted(p for p in model_dir.iterdir() if p.is_file() and (
-        p.name in names or p.suffix in (".caffemodel", ".solverstate")))
+    """The files of a trained (or training) model in ``model_dir``: any entry by such a
+    name that is not a folder, be it a symlink, a FIFO or a broken link."""
+    names = {LOG, CONFIG, FEATURES, CURVE}
+    return sorted(p for p in model_dir.iterdir() if not _is_dir(p) and (
+        p.name in names or p.suffix in WEIGHT_SUFFIXES))
+
+
+def _is_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
+
+
+def resume_error(model_dir: Path, problem: str) -> ModelFolderError:
+    """The refusal of --resume: what is wrong, and the way out."""
+    return ModelFolderError(f"--resume: {problem}; {model_dir} cannot be continued: pass "
+                            f"--overwrite to start over (deleting its model), or use another "
+                            f"--model-dir")
+
+
+def resumable_log(model_dir: Path) -> list[dict]:
+    """The log of a folder that --resume can continue, after finishing an interrupted commit.
+
+    The folder must hold its config, features and a log naming at least one
+    epoch, whose snapshot files are present with the checksums the log
+    records; else a ModelFolderError says what is wrong.
+    """
+    for name in (CONFIG, FEATURES, LOG):
+        if not os.path.lexists(model_dir / name):
+            held = ", ".join(p.name for p in model_files(model_dir)[:3])
+            raise resume_error(model_dir, f"{model_dir / name} is missing (the folder holds "
+                                          f"{held})")
+    try:
+        log = read_log(model_dir)
+        if not log:
+            raise resume_error(model_dir, f"{model_dir / LOG} names no finished epoch")
+        entry = log[-1]
+        for name in snapshot_files(entry):
+            path = inside(model_dir, name)
+            if not os.path.lexists(path):
+                raise resume_error(model_dir, f"{path}, which {LOG} names, is missing")
+            verified(path, entry["sha256"][name])
+        _finish_commit(model_dir, log)
+    except (FileFormatError, OSError) as e:
+        raise resume_error(model_dir, str(e)) from None
+    return log
+
+
+def _finish_commit(model_dir: Path, log: list) -> None:
+    """Copy the last epoch's average into ``last``/``best`` where a kill left them behind
+    the log; a checkpoint that matches neither is damaged, and refused."""
+    entry = log[-1]
+    average = entry["sha256"][entry["average"]]
+    for checkpoint in CHECKPOINTS:
+        name = checkpoint_name(checkpoint)
+        path = inside(model_dir, name)
+        if entry["sha256"][name] == average and (
+            not os.path.lexists(path) or not path.is_file() or _sha256_of(path) != average
+        ):
+            write_atomic(path, verified(inside(model_dir, entry["average"]), average))
+        else:
+            verified(path, entry["sha256"][name])
+
+
+def _sha256_of(path: Path) -> str:
+    return sha256(schema.read_bytes(path, limit=1 << 40))
 
 
 @contextlib.contextmanager
 def claimed(model_dir: Path, resume: bool = False, overwrite: bool = False):
     """Hold ``model_dir`` for one trainer: create it, lock it, tidy it, check it may be used.
 
-    Refuses a folder that already holds a model unless ``resume`` (continue it)
-    or ``overwrite`` (delete its model files first), and a folder another
-    trainer holds. Removes temp files and snapshots that a killed run left.
+    Refuses a folder that already holds a model unless ``resume`` (continue it:
+    see :func:`resumable_log`) or ``overwrite`` (delete its model files first),
+    and a folder another trainer holds. Removes temp files and snapshots that a
+    killed run left, never one that the log names.
     """
     model_dir = Path(model_dir)
     if model_dir.exists() and not model_dir.is_dir():
@@ -113,7 +234,10 @@ def claimed(model_dir: Path, resume: bool = False, overwrite: bool = False):
     with _locked(model_dir):
         remove_stale_temps(model_dir)
         held = model_files(model_dir)
-        if held and not resume:
+        log = []
+        if held and resume:
+            log = resumable_log(model_dir)
+        elif held:
             if not overwrite:
                 raise ModelFolderError(
                     f"{model_dir} already holds a model ({', '.join(p.name for p in held[:3])}"
@@ -121,11 +245,10 @@ def claimed(model_dir: Path, resume: bool = False, overwrite: bool = False):
                     f"--overwrite to replace it, or choose another --model-dir"
                 )
             for path in held:
-                path.unlink()
-        log = read_log(model_dir)
+                path.unlink()  # a symlink goes, never what it points to
         kept = snapshot_files(log[-1]) if log else set()
-        for path in model_dir.glob(f"{SNAPSHOT_PREFIX}_iter_*"):
-            if path.name not in kept:
+        for path in model_dir.iterdir():
+            if SNAPSHOT_NAME.fullmatch(path.name) and path.name not in kept and not _is_dir(path):
                 path.unlink()
         yield model_dir
 
@@ -135,13 +258,23 @@ def _locked(model_dir: Path):
     """An exclusive lock on ``model_dir/train.lock``; the OS drops it when the process dies."""
     import fcntl
 
-    fd = os.open(model_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    lock = model_dir / LOCK
+    try:  # O_NOFOLLOW: a train.lock that links elsewhere is never truncated
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError:
+        if lock.is_symlink():
+            raise ModelFolderError(f"{lock} is a symlink; remove it (a trainer makes its own "
+                                   f"lock file)") from None
+        raise
     try:
+        if os.fstat(fd).st_nlink > 1:  # a hard link: truncating it would truncate elsewhere
+            raise ModelFolderError(f"{lock} is a hard link to another file; remove it (a "
+                                   f"trainer makes its own lock file)")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ModelFolderError(
-                f"{model_dir} is in use by another training (it holds {model_dir / LOCK}); "
+                f"{model_dir} is in use by another training (it holds {lock}); "
                 f"wait for it to end or use another --model-dir"
             ) from None
         # writing now, not after an epoch of training, finds a read-only or full disk

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from unroll.backend import to_numpy
-from unroll.bucketing import (
+from unroll.engine.backend import to_numpy
+from unroll.train.bucketing import (
     BucketSampler,
     choose_row_lengths,
     time_major_packed,
@@ -39,7 +39,7 @@ def packed_inputs(tagger, encoded: list[dict], rows, length: int, tags=None, tra
     """The tagger's inputs for a packed batch of ``rows`` of length ``length``, and the spans.
 
     Returns ``(inputs, spans)``: ``spans[k]`` is where the k-th sentence of
-    ``[i for row in rows for i in row]`` lies (:func:`unroll.bucketing.unpack_time_major`).
+    ``[i for row in rows for i in row]`` lies (:func:`unroll.train.bucketing.unpack_time_major`).
     ``tags`` are the gold tag ids of every sentence (training), or None.
     """
     joined_tags = None if tags is None else [_join([tags[i] for i in row]) for row in rows]

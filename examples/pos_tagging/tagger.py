@@ -1,6 +1,6 @@
 """The tagger: the `tagger` net template over bucketed unrolled nets, and batching.
 
-One :class:`unroll.bucketed_model.BucketedModel` trains (dropout, loss), a second one
+One :class:`unroll.train.bucketed_model.BucketedModel` trains (dropout, loss), a second one
 with phase "test" shares its parameter store and predicts from its ``scores``
 output, so evaluation always sees the current weights without a copy. Both
 build their nets from the same NetParameter per T.
@@ -10,21 +10,24 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+import os
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 import unroll
+from examples.pos_tagging import folder as model_folder
+from examples.pos_tagging import schema
 from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import Featurizer, encode_tags, word_dropout
-from examples.pos_tagging.folder import CONFIG, FEATURES, read_json
-from unroll.atomic import write_atomic
-from unroll.backend import get_array_module
-from unroll.bucketed_model import BucketedModel
-from unroll.bucketing import time_major
-from unroll.errors import FileFormatError
-from unroll.unroller import builtin_template_dir
+from examples.pos_tagging.folder import CONFIG, FEATURES
+from unroll.core.atomic import write_atomic
+from unroll.engine.backend import get_array_module
+from unroll.train.bucketed_model import BucketedModel
+from unroll.train.bucketing import time_major
+from unroll.core.errors import FileFormatError
+from unroll.frontend.unroller import builtin_template_dir
 
 IGNORE = -1
 TAGGER_TEMPLATE = builtin_template_dir() / "tagger.prototxt.j2"
@@ -62,31 +65,9 @@ class TaggerConfig:
     chars: dict = field(default_factory=lambda: dict(DEFAULT_CHARS))
 
     def __post_init__(self):
-        def count(what, value):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"tagger config: {what} must be an integer >= 1, found {value!r}")
-
-        for name in ("embed", "hidden", "layers", "batch"):
-            count(name, getattr(self, name))
-        for name in ("dropout", "word_dropout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                0 <= value < 1
-            ):
-                raise ValueError(f"tagger config: {name} must be a number in [0, 1), "
-                                 f"found {value!r}")
-        if not isinstance(self.cell, str) or not self.cell:
-            raise ValueError(f"tagger config: cell must be a template name, found {self.cell!r}")
-        if not isinstance(self.feature_dims, dict):
-            raise ValueError(f"tagger config: feature_dims must be an object, "
-                             f"found {self.feature_dims!r:.60}")
-        for name, dim in self.feature_dims.items():
-            count(f"feature_dims[{name!r}]", dim)
-        if not isinstance(self.chars, dict) or self.chars and set(self.chars) != set(DEFAULT_CHARS):
-            raise ValueError(f"tagger config: chars must be {{}} or have exactly the keys "
-                             f"{sorted(DEFAULT_CHARS)}, found {self.chars!r:.80}")
-        for name, value in self.chars.items():
-            count(f"chars[{name!r}]", value)
+        wrong = schema.problem(asdict(self), schema.CONFIG_SCHEMA)
+        if wrong is not None:
+            raise ValueError(f"tagger config: {wrong}")
 
     def save(self, path: Path) -> None:
         write_atomic(path, json.dumps(asdict(self), indent=2).encode("utf-8"))
@@ -94,11 +75,7 @@ class TaggerConfig:
     @classmethod
     def load(cls, path: Path) -> TaggerConfig:
         """The config in ``path``; a bad file is a FileFormatError naming it."""
-        data = read_json(path, dict)
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise FileFormatError(path, f"unknown key(s) {unknown}; a tagger config has "
-                                        f"{[f.name for f in fields(cls)]}")
+        data = schema.read_checked(path, schema.CONFIG_SCHEMA)
         try:
             return cls(**data)
         except ValueError as e:
@@ -128,7 +105,7 @@ def cell_template(cell: str, folder: Path | None) -> Path:
                              f"({', '.join(builtin_cells())}) nor a template file")
         return path
     path = (folder / cell).resolve()
-    if not (path.parent == folder.resolve() and path.is_file()):
+    if not (Path(cell).name == cell and path.parent == folder.resolve() and path.is_file()):
         raise FileFormatError(
             folder / "config.json",
             f"cell {cell!r} is neither a built-in step template ({', '.join(builtin_cells())}) "
@@ -192,10 +169,9 @@ class Tagger:
         )
         # one NetParameter per T serves both phases: Net filters the TRAIN-only layers
         self.train_model = BucketedModel(self.net_param, phase="train", device=device,
-                                         seed=seed, steps_from=WORD_INPUT)
+                                         seed=seed)
         self.test_model = BucketedModel(self.net_param, phase="test", device=device,
                                         seed=seed, store=self.train_model.store,
-                                        steps_from=WORD_INPUT,
                                         net_params=self.train_model.net_params)
         self.rng = np.random.default_rng(seed)
         # (T, N) -> character columns its batches are padded to: it only grows, so each
@@ -205,10 +181,9 @@ class Tagger:
     def net_param(self, steps: int):
         """The tagger net unrolled to ``steps`` words (the two models share what they
         expand: each T is expanded once)."""
-        # the packed character columns vary per batch (the net reshapes); built as N + 1,
-        # their count is never N, so BucketedModel tells them apart, and the same for
-        # every T, so expand checks the template's step shapes once, not once per T
-        return unroll.expand(TAGGER_TEMPLATE, steps=steps, char_columns=self.config.batch + 1,
+        # the packed character columns vary per batch: the net reshapes, and the character
+        # LSTM's states follow chars_cont (BucketedModel ties each state to its cont)
+        return unroll.expand(TAGGER_TEMPLATE, steps=steps, char_columns=self.config.batch,
                              **self._variables)
 
     def encode(self, sentences) -> list[dict]:
@@ -316,7 +291,7 @@ class Tagger:
             idx = order[start : start + batch_size]
             length = self._padded_length(max(1, max(len(encoded[i]["word"]) for i in idx)))
             outputs = self.test_model.forward(**self.inputs([encoded[i] for i in idx], length))
-            scores = unroll.backend.to_numpy(outputs["scores"])
+            scores = unroll.engine.backend.to_numpy(outputs["scores"])
             best = scores.argmax(axis=2)
             for column, i in enumerate(idx):
                 result[i] = best[: len(encoded[i]["word"]), column]
@@ -360,14 +335,22 @@ class Tagger:
         if not model_dir.is_dir():
             raise FileNotFoundError(f"--model-dir {model_dir}: no such folder")
         for needed in (FEATURES, CONFIG):
-            if not (model_dir / needed).is_file():
+            if not os.path.lexists(model_dir / needed):
                 raise FileNotFoundError(f"{model_dir / needed} is missing: is {model_dir} a "
                                         f"model folder written by `train`?")
-        weights = model_dir / f"{name}.caffemodel"
-        if not weights.is_file():
+        weights = model_folder.inside(model_dir, f"{name}.caffemodel")
+        if not os.path.lexists(weights):
             raise FileNotFoundError(f"{weights} is missing: {model_dir} holds no trained "
                                     f"'{name}' weights (did training end its first epoch?)")
-        tagger = cls(Featurizer.load(model_dir / FEATURES), TaggerConfig.load(model_dir / CONFIG),
+        # a trainer's folder vouches for its weights in log.json; a saved tagger has no log
+        log = model_folder.read_log(model_dir)
+        if log:
+            if name not in model_folder.CHECKPOINTS:
+                raise FileFormatError(model_dir / model_folder.LOG,
+                                      f"records no checksum for {weights.name}")
+            model_folder.verified(weights, model_folder.checkpoint_checksums(log, name))
+        tagger = cls(Featurizer.load(model_folder.inside(model_dir, FEATURES)),
+                     TaggerConfig.load(model_folder.inside(model_dir, CONFIG)),
                      device=device, folder=model_dir)
         tagger.train_model.copy_from(weights, strict=True)
         return tagger

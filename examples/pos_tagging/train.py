@@ -11,11 +11,11 @@ A batch whose loss or gradient norm is not finite stops training with
 params or any file: the folder keeps the last good epoch, to ``--resume``
 from with a lower learning rate. ``skip_bad_batches`` instead drops up to that
 many such batches (their update is not applied), as large-scale trainers do.
-The check costs one read from the device per batch (:func:`checked_loss`):
-the loss, which the device turns into NaN when the gradient norm is not
-finite; the same number feeds the progress bar.
+The check is the solver's ``nonfinite`` policy (:class:`unroll.train.solver.Solver`):
+one read from the device per batch, the loss, which the device turns into
+NaN when a gradient is not finite; the same number feeds the progress bar.
 
-Under ``mpirun -n N`` it trains data-parallel (:mod:`unroll.distributed`):
+Under ``mpirun -n N`` it trains data-parallel (:mod:`unroll.train.distributed`):
 each rank takes its share of every epoch's batches and rank 0 prints,
 evaluates and writes the model folder.
 """
@@ -37,13 +37,20 @@ from examples.pos_tagging.data import DEV_FILE, TRAIN_FILE, read_split
 from examples.pos_tagging.evaluate import score
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.packing import batch_inputs, training_sampler
-from examples.pos_tagging.tagger import Tagger, TaggerConfig, builtin_cells, tag_ids
-from unroll import distributed
-from unroll.atomic import write_atomic
-from unroll.backend import module_of
-from unroll.cuda_graph import gradients, graphs_for
-from unroll.errors import NetError
-from unroll.solver import Solver
+from examples.pos_tagging.tagger import (
+    Tagger,
+    TaggerConfig,
+    builtin_cells,
+    cell_template,
+    tag_ids,
+)
+from unroll.core.atomic import write_atomic
+from unroll.core.errors import FileFormatError, NetError
+from unroll.core.proto import SolverState, read_binary
+from unroll.engine.backend import module_of
+from unroll.engine.cuda_graph import graphs_for
+from unroll.train import distributed
+from unroll.train.solver import NonFiniteError, Solver, SolverError
 
 __all__ = ["BUCKETED_LR", "DEV_FILE", "PACKED_LR", "TRAIN_FILE", "TrainOptions",
            "TrainingDiverged", "train"]
@@ -59,7 +66,8 @@ class TrainOptions:
 
     ``sizes`` are :class:`TaggerConfig` fields to set: a fresh run's config is
     ``TaggerConfig(**sizes)``; a resumed run keeps the folder's config, and a
-    size given here that differs from it is an error naming both.
+    size given here that differs from it is an error naming both. The same
+    holds for ``seed``, which a resumed run takes from the folder's log.
     """
 
     data: Path
@@ -69,7 +77,7 @@ class TrainOptions:
     lr: float | None = None  # None: PACKED_LR, or BUCKETED_LR with pack=False
     lr_gamma: float = 0.85
     clip: float = 5.0
-    seed: int = 0
+    seed: int | None = None  # None: 0, or on --resume the folder's
     limit: int = 0
     resume: bool = False
     overwrite: bool = False
@@ -92,11 +100,13 @@ class TrainOptions:
 
 def training_solver(model, opts: TrainOptions, steps_per_epoch: int, comm=None) -> Solver:
     """The tagger's Adam: ``opts``' learning rate, decayed by ``lr_gamma`` every epoch of
-    ``steps_per_epoch`` steps (Caffe's lr_policy "step"), gradients clipped at ``clip``; on
-    a GPU each batch shape's gradient pass is replayed as a CUDA graph (``solver.graphs``)."""
+    ``steps_per_epoch`` steps (Caffe's lr_policy "step"), gradients clipped at ``clip``;
+    a non-finite batch is skipped, ``skip_bad_batches`` times at most. On a GPU each batch
+    shape's gradient pass is replayed as a CUDA graph (``solver.graphs``)."""
     solver = Solver(model, type="Adam", base_lr=opts.learning_rate, momentum=0.9,
                     momentum2=0.999, delta=1e-8, lr_policy="step", gamma=opts.lr_gamma,
-                    stepsize=steps_per_epoch, clip_gradients=opts.clip, comm=comm)
+                    stepsize=steps_per_epoch, clip_gradients=opts.clip, comm=comm,
+                    nonfinite="skip", max_skipped=opts.skip_bad_batches)
     solver.graphs = graphs_for(model)
     return solver
 
@@ -151,7 +161,8 @@ def plot(log: list, path: Path) -> None:
 
     epochs = [e["epoch"] for e in log]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(epochs, [e["train_loss"] for e in log], "o-", color="tab:blue")
+    losses = [math.nan if e["train_loss"] is None else e["train_loss"] for e in log]
+    ax.plot(epochs, losses, "o-", color="tab:blue")
     ax.set_xlabel("epoch")
     ax.set_ylabel("train loss", color="tab:blue")
     ax2 = ax.twinx()
@@ -165,41 +176,8 @@ def plot(log: list, path: Path) -> None:
     write_atomic(path, png.getvalue())
 
 
-def gradient_norm(model):
-    """The global L2 norm of the model's gradients (what clip_gradients compares), left on
-    the device as a 0-d array: one product over the store's flat diff buffer."""
-    diff = model.store.diff
-    return module_of(diff).sqrt(diff @ diff)
-
-
-def checked_loss(model, norm) -> float:
-    """The guard's one read per batch: the loss, made NaN on the device where the gradient
-    norm is not finite, so that one number says whether the update may go ahead."""
-    xp = module_of(model.store.diff)
-    return float(xp.where(xp.isfinite(norm), model.device_loss, xp.nan))
-
-
 def all_finite(arrays) -> bool:
     return all(bool(module_of(a).isfinite(a).all()) for a in arrays)
-
-
-def guarded_step(solver: Solver, model, inputs: dict) -> tuple[float, float | None, bool]:
-    """One iteration that updates only on a finite loss and gradient norm.
-
-    Returns (loss, gradient norm, whether the update was applied). On a device
-    the host waits once per batch, for :func:`checked_loss`; the loss and the
-    norm of a batch that is not applied are read back for the report (the norm
-    is None for an applied batch).
-    """
-    with np.errstate(over="ignore", invalid="ignore"):  # reported below, as one error
-        gradients(model, inputs, solver.graphs)  # clear, forward, backward (or their graph)
-        norm = gradient_norm(model)
-        loss = checked_loss(model, norm)
-    # every rank must take the same decision, or the others would wait in the all-reduce
-    if solver.comm.sum(not math.isfinite(loss)):
-        return model.loss, float(norm), False
-    solver.update()
-    return loss, None, True
 
 
 def train(opts: TrainOptions) -> dict:
@@ -208,37 +186,56 @@ def train(opts: TrainOptions) -> dict:
     train_sents = read_split(opts.data, TRAIN_FILE, opts.limit)
     dev_sents = read_split(opts.data, DEV_FILE, opts.limit)
     comm = distributed.init(opts.device)
-    if comm.rank == 0:  # the rank that prints, evaluates and writes
-        with folder.claimed(opts.model_dir, opts.resume, opts.overwrite) as model_dir:
-            described = _describe(opts, model_dir, train_sents)
-            comm.barrier()
-            return _train(opts, comm, model_dir, described, train_sents, dev_sents, started)
-    comm.barrier()  # rank 0 has claimed the folder and written what the others read
-    model_dir = opts.model_dir
-    described = (Featurizer.load(model_dir / folder.FEATURES),
-                 TaggerConfig.load(model_dir / folder.CONFIG), folder.read_log(model_dir))
-    return _train(opts, comm, model_dir, described, train_sents, dev_sents, started)
+    try:
+        if comm.rank == 0:  # the rank that prints, evaluates and writes
+            with folder.claimed(opts.model_dir, opts.resume, opts.overwrite) as model_dir:
+                described = _describe(opts, model_dir, train_sents)
+                comm.barrier()
+                return _train(opts, comm, model_dir, described, train_sents, dev_sents,
+                              started)
+        comm.barrier()  # rank 0 has claimed the folder and written what the others read
+        model_dir = opts.model_dir
+        described = (Featurizer.load(model_dir / folder.FEATURES),
+                     TaggerConfig.load(model_dir / folder.CONFIG), folder.read_log(model_dir))
+        return _train(opts, comm, model_dir, described, train_sents, dev_sents, started)
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        # a failed write (a full disk) names no file: the folder being written is the place
+        raise type(e)(e.errno, e.strerror, str(opts.model_dir)) from e
 
 
 def _describe(opts: TrainOptions, model_dir: Path, train_sents):
     """(featurizer, config, log): the folder's own when resuming, else new ones, saved."""
     config_path, features_path = model_dir / folder.CONFIG, model_dir / folder.FEATURES
-    if opts.resume and config_path.is_file() and features_path.is_file():
-        config = TaggerConfig.load(config_path)
-        conflicts = [f"{k} {v!r} (the folder has {getattr(config, k)!r})"
-                     for k, v in opts.sizes.items() if asdict(config).get(k) != v]
+    log = folder.read_log(model_dir) if opts.resume else []
+    if log:  # folder.claimed let only a complete, consistent folder through
+        try:
+            config = TaggerConfig.load(config_path)
+            cell_template(config.cell, model_dir)
+            featurizer = Featurizer.load(features_path)
+        except FileFormatError as e:
+            raise folder.resume_error(model_dir, str(e)) from None
+        asked = dict(opts.sizes, **({} if opts.seed is None else {"seed": opts.seed}))
+        has = dict(asdict(config), seed=log[-1]["seed"])
+        conflicts = [f"{k} {v!r} (the folder has {has.get(k)!r})"
+                     for k, v in asked.items() if has.get(k) != v]
         if conflicts:
             raise folder.ModelFolderError(
-                f"--resume: {model_dir} was trained with other sizes; asked for "
+                f"--resume: {model_dir} was trained with other settings; asked for "
                 f"{', '.join(conflicts)}: drop these options, or train a new --model-dir"
             )
-        return Featurizer.load(features_path), config, folder.read_log(model_dir)
+        return featurizer, config, log
     config = TaggerConfig(**opts.sizes)
     if config.cell not in builtin_cells():  # the folder keeps its own copy of the template
         template = Path(config.cell)
         if not template.is_file():
             raise ValueError(f"--cell {config.cell}: neither a built-in step template "
                              f"({', '.join(builtin_cells())}) nor a template file")
+        if template.name in folder.TRAINER_NAMES or template.suffix in folder.WEIGHT_SUFFIXES:
+            raise ValueError(f"--cell {config.cell}: the model folder keeps its own files "
+                             f"under that name; rename the template (e.g. to "
+                             f"{template.stem}.prototxt.j2)")
         write_atomic(model_dir / template.name, template.read_bytes())
         config.cell = template.name
     featurizer = Featurizer.build([forms for forms, _ in train_sents])
@@ -251,28 +248,20 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
            started) -> dict:
     featurizer, config, log = described
     lead = comm.rank == 0
+    seed = log[-1]["seed"] if log else opts.seed or 0
     # each rank its own dropout masks; the solver broadcasts rank 0's params
-    tagger = Tagger(featurizer, config, device=opts.device, seed=opts.seed + comm.rank,
+    tagger = Tagger(featurizer, config, device=opts.device, seed=seed + comm.rank,
                     folder=model_dir)
     encoded = tagger.encode([forms for forms, _ in train_sents])
     gold = tag_ids([tags for _, tags in train_sents])
     lengths = [len(forms) for forms, _ in train_sents]
-    sampler = training_sampler(lengths, config.batch, opts.seed, comm.rank, comm.size,
-                               opts.pack)
+    sampler = training_sampler(lengths, config.batch, seed, comm.rank, comm.size, opts.pack)
     solver = training_solver(tagger.train_model, opts, len(sampler), comm)
     average = ParamAverage(tagger.train_model.learnable_params)
     if log:
-        state = model_dir / log[-1]["snapshot"]
-        try:
-            solver.restore(state)
-        except NetError as e:  # the solver hands the weights over without their file name
-            raise NetError(f"{state.with_suffix('.caffemodel')}: {e}") from None
-        with average.applied():
-            tagger.train_model.copy_from(model_dir / log[-1]["average"])
-            average.values = [p.blob.data.copy() for p in average.params]
-        average.updates = solver.iter
+        _restore(solver, average, tagger, model_dir, log[-1])
     elif opts.resume and lead:
-        tqdm.write(f"--resume: no epoch of {model_dir} had ended; starting from the first")
+        tqdm.write(f"--resume: {model_dir} holds no model yet; starting from the first epoch")
     best = max((e["dev_accuracy"] for e in log), default=-1.0)
     earlier = sum(e["seconds"] for e in log)  # training time before a resume
     result = log[-1] if log else {}
@@ -284,6 +273,7 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
             result = _stopped_early(model_dir, log, epoch, opts.epochs) if lead else result
             break
         epoch_start = time.perf_counter()
+        _seed_epoch(tagger, seed, comm.rank, epoch)
         tokens, losses, compute = 0, [], 0.0
         bar = tqdm(sampler.epoch_batches(epoch), desc=f"epoch {epoch + 1}/{opts.epochs}",
                    unit="batch", disable=opts.quiet or not lead, dynamic_ncols=True,
@@ -292,13 +282,14 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
             # --pack: the call site of packing.py (packed rows or padded sentences)
             inputs, batch_tokens = batch_inputs(tagger, encoded, gold, batch, sampler)
             t0 = time.perf_counter()
-            loss, norm, updated = guarded_step(solver, tagger.train_model, inputs)
-            if not updated:
-                skipped += 1
-                where = (f"epoch {epoch + 1}, batch {k + 1} (iteration {solver.iter}): loss "
-                         f"{loss:g}, gradient norm {norm:g}")
-                if skipped > opts.skip_bad_batches:
-                    raise TrainingDiverged(_diverged(where, model_dir, log, opts))
+            try:
+                loss = solver.step(1, feed=inputs)
+            except NonFiniteError as e:
+                raise TrainingDiverged(_diverged(_bad_batch(epoch, k, e.step), model_dir, log,
+                                                 opts)) from None
+            if len(solver.skipped) > skipped:
+                skipped = len(solver.skipped)
+                where = _bad_batch(epoch, k, solver.skipped[-1])
                 if lead:
                     tqdm.write(f"skipped a bad batch at {where} ({skipped} of at most "
                                f"{opts.skip_bad_batches})")
@@ -320,33 +311,74 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
             averaged = tagger.train_model.to_proto().SerializeToString()
         result = {
             "epoch": epoch + 1, "iter": solver.iter,
-            "train_loss": float(np.mean(losses)) if losses else float("nan"),
+            "train_loss": float(np.mean(losses)) if losses else None,  # JSON has no NaN
             "dev_accuracy": dev["accuracy"], "tokens_per_s": tokens / max(compute, 1e-9),
             "seconds": time.perf_counter() - epoch_start,
-            "padding_fraction": sampler.padding_fraction(epoch),
+            "padding_fraction": sampler.padding_fraction(epoch), "seed": seed,
         }
         _commit_epoch(model_dir, solver, averaged, dev["accuracy"] > best, log, result)
         best = max(best, dev["accuracy"])
         plot(log, model_dir / "curve.png")
-        tqdm.write(f"epoch {epoch + 1}: loss {result['train_loss']:.4f}  dev UPOS "
+        loss = math.nan if result["train_loss"] is None else result["train_loss"]
+        tqdm.write(f"epoch {epoch + 1}: loss {loss:.4f}  dev UPOS "
                    f"{100 * dev['accuracy']:.2f}%  (best {100 * best:.2f}%)  "
                    f"{result['tokens_per_s']:.0f} tokens/s  {result['seconds']:.0f} s")
     return result
 
 
+def _seed_epoch(tagger: Tagger, seed: int, rank: int, epoch: int) -> None:
+    """Dropout and word dropout draw from streams of (seed, rank, epoch) alone (the shuffles
+    already do, in the sampler), so a resumed epoch draws what the uninterrupted one did."""
+    streams = np.random.SeedSequence([seed, rank, epoch])
+    dropout, words = streams.spawn(2)
+    tagger.train_model.seed(int(dropout.generate_state(1)[0]))
+    tagger.rng = np.random.default_rng(words)
+
+
+def _restore(solver: Solver, average: ParamAverage, tagger: Tagger, model_dir: Path,
+             entry: dict) -> None:
+    """The solver, params and average of the epoch ``entry`` logs, from files whose checksums
+    folder.claimed checked; the state may name no weights but its own."""
+    state = folder.inside(model_dir, entry["snapshot"])
+    weights = folder.snapshot_names(entry["iter"])[1]
+    try:
+        learned = read_binary(state, SolverState, "solver state").learned_net
+    except FileFormatError as e:
+        raise folder.resume_error(model_dir, str(e)) from None
+    if learned != weights:
+        raise folder.resume_error(model_dir, f"{state}: its learned_net is {learned!r:.80}; "
+                                             f"the trainer writes {weights!r}")
+    try:
+        try:
+            solver.restore(state)
+        except NetError as e:  # the solver hands the weights over without their file name
+            raise NetError(f"{model_dir / weights}: {e}") from None
+        with average.applied():
+            tagger.train_model.copy_from(folder.inside(model_dir, entry["average"]))
+            average.values = [p.blob.data.copy() for p in average.params]
+    except (NetError, SolverError, FileFormatError) as e:  # weights that do not fit the config
+        raise folder.resume_error(model_dir, str(e)) from None
+    average.updates = solver.iter
+
+
 def _commit_epoch(model_dir: Path, solver: Solver, averaged: bytes, is_best: bool, log: list,
                   result: dict) -> None:
     """Write an epoch's files in the order :mod:`folder` relies on; log.json commits them."""
-    _, state = solver.snapshot(model_dir / folder.SNAPSHOT_PREFIX)
+    weights, state = solver.snapshot(model_dir / folder.SNAPSHOT_PREFIX)
     average = state.with_suffix(".average.caffemodel")
     write_atomic(average, averaged)
-    write_atomic(model_dir / "last.caffemodel", averaged)
-    if is_best:
-        write_atomic(model_dir / "best.caffemodel", averaged)
-    result.update(snapshot=state.name, average=average.name)
+    checksums = {path.name: folder.sha256(path.read_bytes()) for path in (weights, state)}
+    checksums[average.name] = folder.sha256(averaged)
+    checksums["last.caffemodel"] = checksums[average.name]
+    checksums["best.caffemodel"] = (checksums[average.name] if is_best
+                                    else log[-1]["sha256"]["best.caffemodel"])
+    result.update(snapshot=state.name, average=average.name, sha256=checksums)
     previous = folder.snapshot_files(log[-1]) if log else set()
     log.append(result)
     folder.write_json(model_dir / folder.LOG, log)
+    write_atomic(model_dir / "last.caffemodel", averaged)
+    if is_best:
+        write_atomic(model_dir / "best.caffemodel", averaged)
     for name in previous - folder.snapshot_files(result):
         (model_dir / name).unlink(missing_ok=True)
 
@@ -361,9 +393,15 @@ def _stopped_early(model_dir: Path, log: list, epoch: int, epochs: int) -> dict:
     return log[-1]
 
 
+def _bad_batch(epoch: int, k: int, step) -> str:
+    return (f"epoch {epoch + 1}, batch {k + 1} (iteration {step.iter}): loss {step.loss:g}, "
+            f"gradient norm {step.gradient_norm:g}")
+
+
 def _diverged(where: str, model_dir: Path, log: list, opts: TrainOptions) -> str:
     kept = (f"{model_dir} keeps epoch {log[-1]['epoch']}" if log
             else f"no epoch had ended, so {model_dir} holds no weights")
+    again = "--resume" if log else "--overwrite"
     return (f"training diverged at {where}. Nothing of it was saved; {kept}. Lower --lr "
-            f"(now {opts.learning_rate:g}) and run again with --resume, or allow a few bad "
+            f"(now {opts.learning_rate:g}) and run again with {again}, or allow a few bad "
             f"batches with --skip-bad-batches N")

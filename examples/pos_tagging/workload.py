@@ -1,20 +1,20 @@
 """Synthetic tagger batches for counting and timing a training step (no data files).
 
 :func:`tagger_setup` is the default tagger on padded sentences, a workload of
-:mod:`unroll.step_counts`; :func:`packed_tagger` makes packed batches of rows
-of given lengths, and :func:`packed_step` counts the training command's own
-step (:func:`examples.pos_tagging.train.guarded_step`) on one, with the
-gradient pass replayed as a CUDA graph where the command replays it.
+:mod:`unroll.train.step_counts`; :func:`packed_tagger` makes packed batches of
+rows of given lengths, and :func:`packed_step` counts the training command's
+own step (its solver, :func:`examples.pos_tagging.train.training_solver`, and
+``solver.step``) on one, with the gradient pass replayed as a CUDA graph where
+the command replays it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from unroll import trace
+from unroll.engine import trace
 
-__all__ = ["packed_step", "packed_tagger", "synthetic_sentences", "tagger_guard",
-           "tagger_setup"]
+__all__ = ["packed_step", "packed_tagger", "synthetic_sentences", "tagger_setup"]
 
 
 def synthetic_sentences(lengths, seed: int = 0):
@@ -36,7 +36,7 @@ def tagger_setup(device: str, T: int = 21, N: int = 32, seed: int = 0):
     """
     from examples.pos_tagging.features import Featurizer
     from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
-    from unroll.solver import Solver
+    from unroll.train.solver import Solver
 
     rng = np.random.default_rng(seed)
     lengths = [T] + rng.integers(1, T + 1, N - 1).tolist()
@@ -44,16 +44,10 @@ def tagger_setup(device: str, T: int = 21, N: int = 32, seed: int = 0):
     tagger = Tagger(Featurizer.build(sentences), TaggerConfig(batch=N), device=device,
                     seed=seed)
     encoded, labels = tagger.encode(sentences), tag_ids(tags)
-    solver = Solver(tagger.train_model, type="Adam", base_lr=2e-3, clip_gradients=5.0)
+    solver = Solver(tagger.train_model, type="Adam", base_lr=2e-3, momentum=0.9,
+                    momentum2=0.999, clip_gradients=5.0, nonfinite="skip", max_skipped=0)
     return (tagger.train_model, solver, lambda k: tagger.inputs(encoded, T, labels, train=True),
             sum(lengths))
-
-
-def tagger_guard(model) -> float:
-    """The training command's divergence guard (one read): gradient norm, then the check."""
-    from examples.pos_tagging.train import checked_loss, gradient_norm
-
-    return checked_loss(model, gradient_norm(model))
 
 
 def packed_tagger(row_lengths, config=None, device: str = "trace", seed: int = 0):
@@ -94,12 +88,13 @@ def packed_tagger(row_lengths, config=None, device: str = "trace", seed: int = 0
 def packed_step(T: int, config=None, graphs: bool = True, steps: int = 3,
                 seed: int = 0) -> trace.Counts:
     """The counts of one training-command step on device "trace" at row length ``T``: the
-    packed batch to the device, then :func:`~examples.pos_tagging.train.guarded_step` with
-    the training command's solver and graphs (``graphs=False``: eager, as on the CPU).
+    packed batch to the device, then ``solver.step(1)`` with the training command's solver
+    (:func:`~examples.pos_tagging.train.training_solver`: its non-finite check, its graphs;
+    ``graphs=False``: eager, as on the CPU).
     ``steps`` steps run first (warm-up and capture); ``config`` is the
     :class:`TaggerConfig` (None: the default).
     """
-    from examples.pos_tagging.train import TrainOptions, guarded_step, training_solver
+    from examples.pos_tagging.train import TrainOptions, training_solver
 
     tagger, feeds = packed_tagger([T], config, seed=seed)
     model = tagger.train_model
@@ -108,5 +103,5 @@ def packed_step(T: int, config=None, graphs: bool = True, steps: int = 3,
         solver.graphs = None
     for _ in range(steps + 1):
         with trace.measure() as counts:
-            guarded_step(solver, model, feeds[T]())
+            solver.step(1, feed=feeds[T]())
     return counts

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.packing import packed_inputs
 from examples.pos_tagging.tagger import Tagger, TaggerConfig, pack_columns, tag_ids
-from unroll.backend import to_numpy
-from unroll.bucketed_model import BucketedModel
+from unroll.engine.backend import to_numpy
+from unroll.train.bucketed_model import BucketedModel
 
 WORDS = "The cat sat on a mat . Dogs ran in 1999 , USA Today reported it quickly !".split()
 CHARS = {"embed": 3, "hidden": 3, "length": 5}

@@ -20,7 +20,7 @@ import pytest
 
 from examples.pos_tagging import folder
 from examples.pos_tagging.tagger import Tagger
-from unroll.atomic import remove_stale_temps
+from unroll.core.atomic import remove_stale_temps
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ from examples.pos_tagging.packing import (
     training_sampler,
 )
 from examples.pos_tagging.tagger import IGNORE, Tagger, TaggerConfig
-from unroll.backend import to_numpy
-from unroll.bucketing import BucketSampler, unpack_time_major
+from unroll.engine.backend import to_numpy
+from unroll.train.bucketing import BucketSampler, unpack_time_major
 
 WORDS = "The cat sat on a mat . Dogs ran in 1999 , USA Today reported it quickly !".split()
 

@@ -108,23 +108,25 @@ def test_damaged_folder_files_are_one_line_errors(model_dir, tmp_path, capsys):
 
 
 def test_debug_shows_the_traceback(tmp_path):
-    from unroll.errors import FileFormatError
+    from unroll.core.errors import FileFormatError
 
     (tmp_path / "empty.conllu").write_text("")
     with pytest.raises(FileFormatError, match="holds no sentences"):
         main(["evaluate", str(tmp_path / "empty.conllu"), "--debug"])
 
 
-def test_a_log_holding_nothing_resumes_from_scratch(corpus, tmp_path, capsys, tiny_args):
+def test_a_log_holding_nothing_is_refused_by_resume(corpus, tmp_path, capsys, tiny_args):
     model_dir = tmp_path / "m"
     (model_dir).mkdir()
     (model_dir / "log.json").write_text("[]")
     argv = ["train", "--data", str(corpus), "--model-dir", str(model_dir), "--epochs", "1",
             "--quiet", "--resume", *tiny_args]
-    assert main(argv) == 0
+    assert main(argv) == 2
+    one_line_error(capsys, "--resume:", "config.json is missing", "--overwrite")
+    assert sorted(p.name for p in model_dir.iterdir()) == ["log.json", "train.lock"]
     (model_dir / "log.json").write_text('[{"epoch": 1}]')
     assert main(argv) == 2
-    one_line_error(capsys, "log.json: entry 0 is not an epoch record")
+    one_line_error(capsys, "--resume:", "--overwrite")
 
 
 def test_a_full_disk_fails_at_once_with_status_1(corpus, tmp_path, capsys, monkeypatch,
@@ -139,7 +141,7 @@ def test_a_full_disk_fails_at_once_with_status_1(corpus, tmp_path, capsys, monke
             *tiny_args]
     assert main(argv) == 1
     monkeypatch.setattr(os, "write", real_write)
-    one_line_error(capsys, "No space left on device")
+    one_line_error(capsys, "No space left on device", str(tmp_path / "m"))  # names the folder
     assert not (tmp_path / "m" / "config.json").exists()
 
 
@@ -147,7 +149,7 @@ def test_divergence_exits_1_with_one_line(corpus, tmp_path, capsys, tiny_args):
     argv = ["train", "--data", str(corpus), "--model-dir", str(tmp_path / "m"), "--quiet",
             "--lr", "1e38", *tiny_args]
     assert main(argv) == 1
-    one_line_error(capsys, "training diverged", "--resume")
+    one_line_error(capsys, "training diverged", "--overwrite")  # no epoch to resume from
 
 
 def test_resume_and_overwrite_exclude_each_other(capsys):

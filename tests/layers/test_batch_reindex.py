@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from unroll import NetError, testing
-from unroll.backend import to_numpy
+from unroll.engine.backend import to_numpy
 from unroll.testing import run_layer
 
 

@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import Net, NetError, PrototxtError, to_prototxt
-from unroll.backend import GPU_AVAILABLE, to_numpy
-from unroll.cli import main
-from unroll.layers.caffe_recurrent import unrolled_net
-from unroll.proto import NetParameter
+from unroll.engine.backend import GPU_AVAILABLE, to_numpy
+from unroll.tools.cli import main
+from unroll.engine.layers.caffe_recurrent import unrolled_net
+from unroll.core.proto import NetParameter
 from unroll.testing import check_layer_gradient, run_layer
 
 FILLER = 'weight_filler { type: "uniform" min: -0.6 max: 0.6 } ' \
@@ -357,7 +357,7 @@ def test_unknown_recurrent_param_field_is_an_error_naming_it():
 
 def test_debug_info_logs_the_hidden_net(caplog):
     net = layer_net("recurrent_param { num_output: 2 debug_info: true }")
-    with caplog.at_level(logging.INFO, logger="unroll.layers.caffe_recurrent"):
+    with caplog.at_level(logging.INFO, logger="unroll.engine.layers.caffe_recurrent"):
         net.forward()
         layer = net.layers[1]
         layer.backward([net.blobs["h"]], [True, False], [net.blobs["x"], net.blobs["cont"]])
@@ -369,7 +369,7 @@ def test_debug_info_logs_the_hidden_net(caplog):
 
 def test_without_debug_info_nothing_is_logged(caplog):
     net = layer_net("recurrent_param { num_output: 2 }")
-    with caplog.at_level(logging.INFO, logger="unroll.layers.caffe_recurrent"):
+    with caplog.at_level(logging.INFO, logger="unroll.engine.layers.caffe_recurrent"):
         net.forward()
     assert caplog.text == ""
 

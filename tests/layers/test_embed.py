@@ -5,9 +5,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from unroll import Net, NetError, testing, trace
-from unroll.backend import to_numpy
-from unroll.layers import embed
+from unroll import Net, NetError, testing
+
+from unroll.engine import trace
+from unroll.engine.backend import to_numpy
+from unroll.engine.layers import embed
 from unroll.testing import run_layer as run
 
 

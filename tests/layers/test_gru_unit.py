@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import NetError
-from unroll.backend import to_numpy
-from unroll.kernels import ENGINE_VARIABLE, ENGINES
+from unroll.engine.backend import to_numpy
+from unroll.engine.kernels import ENGINE_VARIABLE, ENGINES
 from unroll.testing import arrays, run_layer
 
 SPEC = 'name: "gru" type: "GRUUnit" top: "h"'

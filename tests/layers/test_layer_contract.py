@@ -3,10 +3,12 @@
 import numpy as np
 import pytest
 
-from unroll import Net, NetError, expand, testing, trace
-from unroll.blob import Blob
-from unroll.layer import CONTRACT, LAYERS, Layer
-from unroll.proto import LayerParameter
+from unroll import Net, NetError, expand, testing
+
+from unroll.engine import trace
+from unroll.engine.blob import Blob
+from unroll.engine.layer import CONTRACT, LAYERS, Layer
+from unroll.core.proto import LayerParameter
 
 X = np.random.default_rng(0).normal(size=(4, 3))
 
@@ -127,9 +129,9 @@ def test_a_later_in_place_write_on_scales_bottom_falls_back():
 def test_every_module_of_the_layers_package_registers_its_layers():
     import pkgutil
 
-    import unroll.layers
+    import unroll.engine.layers
 
-    modules = {f"unroll.layers.{m.name}" for m in pkgutil.iter_modules(unroll.layers.__path__)}
+    modules = {f"unroll.engine.layers.{m.name}" for m in pkgutil.iter_modules(unroll.engine.layers.__path__)}
     assert {cls.__module__ for cls in LAYERS.values()} >= modules
 
 

@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import NetError, testing
-from unroll.backend import to_numpy
+from unroll.engine.backend import to_numpy
 from unroll.testing import run_layer as run
 
 

@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import NetError
-from unroll.backend import to_numpy
-from unroll.kernels import ENGINE_VARIABLE, ENGINES, KERNEL_MODULES
+from unroll.engine.backend import to_numpy
+from unroll.engine.kernels import ENGINE_VARIABLE, ENGINES, KERNEL_MODULES
 from unroll.testing import arrays, check_layer_gradient, run_layer
 
 SPEC = 'name: "lstm" type: "LSTMUnit" top: "c" top: "h"'

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from unroll import NetError, testing
-from unroll.backend import to_numpy
+from unroll.engine.backend import to_numpy
 
 STATES = [np.random.default_rng(k).uniform(-1, 1, (1, 3, 2)) for k in range(3)]
 # run steps 1, 2 of three columns: lengths 3, 1 and 2 when the sequence leads the run

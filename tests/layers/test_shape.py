@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unroll import NetError
-from unroll.backend import to_numpy
+from unroll.engine.backend import to_numpy
 from unroll.testing import arrays, check_layer_gradient, shapes
 from unroll.testing import run_layer as run
 

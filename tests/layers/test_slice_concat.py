@@ -4,8 +4,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unroll import NetError
-from unroll.backend import to_numpy
-from unroll.blob import Blob
+from unroll.engine.backend import to_numpy
+from unroll.engine.blob import Blob
 from unroll.testing import arrays, check_layer_gradient, shapes
 from unroll.testing import run_layer as run
 

@@ -1,0 +1,130 @@
+"""Train a DEPREL labeller into a model folder; evaluate one; label a CoNLL-U file.
+
+The model folder is the tagger's (:mod:`examples.pos_tagging.folder`):
+``features.json`` and ``config.json`` first, then per epoch ``last.caffemodel``,
+``best.caffemodel`` (the best dev epoch) and ``log.json`` (one entry per
+epoch, the commit point), under the tagger's ``train.lock``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from examples.deprel.conll import read_deprel
+from examples.deprel.labeller import DeprelConfig, Labeller
+from examples.pos_tagging import folder
+from examples.pos_tagging.features import Featurizer, word_dropout
+from unroll.train.solver import Solver
+
+__all__ = ["TrainOptions", "accuracy", "train"]
+
+TRAIN_FILE, DEV_FILE = "en_ewt-ud-train.conllu", "en_ewt-ud-dev.conllu"
+
+
+@dataclass
+class TrainOptions:
+    model_dir: Path
+    data: Path
+    model: str = "tree"
+    epochs: int = 20
+    lr: float = 2e-3
+    hidden: int = 100
+    limit: int = 0
+    max_minutes: float | None = None
+    seed: int = 0
+    quiet: bool = False
+    overwrite: bool = False
+
+
+def accuracy(gold, predicted) -> float:
+    """Share of words whose predicted DEPREL is the gold one."""
+    pairs = [(g, p) for gs, ps in zip(gold, predicted) for g, p in zip(gs, ps)]
+    return sum(g == p for g, p in pairs) / max(len(pairs), 1)
+
+
+def majority_accuracy(train_sents, dev_sents) -> float:
+    """Dev accuracy of labelling every word with the most frequent training DEPREL."""
+    counts: dict = {}
+    for s in train_sents:
+        for d in s.deprels:
+            counts[d] = counts.get(d, 0) + 1
+    top = max(counts, key=counts.get)
+    return accuracy([s.deprels for s in dev_sents], [[top] * len(s.deprels) for s in dev_sents])
+
+
+def _read(path: Path, limit: int):
+    sents = read_deprel(path)
+    return sents[:limit] if limit else sents
+
+
+def train(opts: TrainOptions) -> list[dict]:
+    """Train, writing the model folder; returns log.json's entries."""
+    started = time.perf_counter()
+    train_sents = _read(Path(opts.data) / TRAIN_FILE, opts.limit)
+    dev_sents = _read(Path(opts.data) / DEV_FILE, opts.limit)
+    with folder.claimed(Path(opts.model_dir), False, opts.overwrite) as model_dir:
+        labels = sorted({d for s in train_sents for d in s.deprels})
+        config = DeprelConfig(model=opts.model, labels=labels, hidden=opts.hidden)
+        featurizer = Featurizer.build([s.forms for s in train_sents])
+        featurizer.save(model_dir / folder.FEATURES)
+        config.save(model_dir / folder.CONFIG)
+        labeller = Labeller(featurizer, config, seed=opts.seed)
+        encoded = labeller.encode(train_sents)
+        dev = labeller.encode(dev_sents)
+        sampler = labeller.sampler(encoded, seed=opts.seed)
+        solver = Solver(labeller.train_model, type="Adam", base_lr=opts.lr, momentum=0.9,
+                        momentum2=0.999, delta=1e-8, lr_policy="step", gamma=0.9,
+                        stepsize=len(sampler), clip_gradients=5.0)
+        rng = np.random.default_rng(opts.seed)
+        log, best = [], -1.0
+        for epoch in range(opts.epochs):
+            if opts.max_minutes and time.perf_counter() - started > 60 * opts.max_minutes:
+                break
+            t0, losses, words, compute = time.perf_counter(), [], 0, 0.0
+            nets_before = len(labeller.train_model.nets)
+            bar = tqdm(list(labeller.batches(encoded, sampler, epoch)),
+                       desc=f"epoch {epoch + 1}/{opts.epochs}", unit="batch",
+                       disable=opts.quiet, mininterval=1.0, dynamic_ncols=True)
+            for key, inputs, where in bar:
+                # unknown words are learned from rare ones, as the tagger does
+                inputs["word"] = word_dropout(inputs["word"].astype(np.int64),
+                                              featurizer.vocabs["word"], rng).astype(float)
+                c0 = time.perf_counter()
+                model = labeller.train_model
+                model.clear_param_diffs()
+                model.forward(widths=key, **inputs)
+                model.backward()
+                solver.update()
+                compute += time.perf_counter() - c0
+                loss = model.loss
+                if not math.isfinite(loss):
+                    raise RuntimeError(f"epoch {epoch + 1}: the loss is {loss}; lower --lr")
+                losses.append(loss)
+                words += sum(len(w) for w in where)
+                bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}",
+                                words_s=f"{words / compute:.0f}")
+            dev_acc = accuracy([s.deprels for s in dev_sents], labeller.predict(dev))
+            labeller.save(model_dir, "last")
+            if dev_acc > best:
+                best = dev_acc
+                labeller.save(model_dir, "best")
+            entry = {"epoch": epoch + 1, "iter": solver.iter, "train_loss": float(np.mean(losses)),
+                     "dev_accuracy": dev_acc, "seconds": time.perf_counter() - t0,
+                     "words_per_s": words / max(compute, 1e-9),
+                     "nets_built": len(labeller.train_model.nets) - nets_before,
+                     "padding_fraction": sampler.padding_fraction(epoch)}
+            log.append(entry)
+            folder.write_json(model_dir / folder.LOG, log)
+            if not opts.quiet:
+                tqdm.write(f"epoch {epoch + 1}: loss {entry['train_loss']:.4f}  dev LA "
+                           f"{100 * dev_acc:.2f}% (best {100 * best:.2f}%)  "
+                           f"{entry['words_per_s']:.0f} words/s  {entry['nets_built']} nets "
+                           f"built  padding {100 * entry['padding_fraction']:.1f}%")
+        return log
+

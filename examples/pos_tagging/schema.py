@@ -1,0 +1,280 @@
+"""The JSON files of a model folder, read without trusting them: bounded, then schema-checked.
+
+A file must be a regular file (not a FIFO, which is opened without blocking,
+nor a folder or a symlink loop) of at most :data:`MAX_BYTES`, nested at most
+:data:`MAX_DEPTH` deep (counted on the bytes, before the parser recurses),
+with finite numbers only (no NaN, Infinity or 1e400) and integers of at most
+:data:`MAX_DIGITS` digits. Then it is validated against its schema
+(``jsonschema``), so types, ranges and sizes are known before any value is
+used. Every problem is a :class:`FileFormatError` naming the file and the field.
+
+>>> import tempfile, pathlib
+>>> path = pathlib.Path(tempfile.mkdtemp()) / "config.json"
+>>> _ = path.write_text('{"hidden": 1e400}')
+>>> read_checked(path, CONFIG_SCHEMA)
+Traceback (most recent call last):
+unroll.core.errors.FileFormatError: ...config.json: hidden must be an integer >= 1, found 1e400
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+
+import jsonschema
+
+from examples.pos_tagging.features import FEATURES
+from unroll.core.errors import FileFormatError
+
+#: bounds of any model-folder JSON file: bytes, nesting, digits of an integer
+MAX_BYTES, MAX_DEPTH, MAX_DIGITS = 1 << 28, 16, 18
+#: entries of one vocabulary (EWT's largest, words, has about 16k)
+MAX_VOCAB = 5_000_000
+#: the largest embedding, hidden or batch size a config may ask for (the default hidden
+#: is 256; whether a net of such sizes fits in memory is for the net to check)
+MAX_WIDTH = 8192
+
+
+def _count(maximum: int) -> dict:
+    return {"type": "integer", "minimum": 1, "maximum": maximum,
+            "description": "an integer >= 1"}
+
+
+def _ratio() -> dict:
+    return {"type": "number", "minimum": 0, "exclusiveMaximum": 1,
+            "description": "a number in [0, 1)"}
+
+
+#: a TaggerConfig (config.json): sizes within what a tagger can use, far above any real one
+CONFIG_SCHEMA = {
+    "type": "object",
+    "description": "an object {...}",
+    "additionalProperties": False,
+    "properties": {
+        "embed": _count(MAX_WIDTH), "hidden": _count(MAX_WIDTH), "layers": _count(16),
+        "batch": _count(MAX_WIDTH),
+        "cell": {"type": "string", "minLength": 1, "maxLength": 4096,
+                 "description": "a template name"},
+        "dropout": _ratio(), "word_dropout": _ratio(),
+        "feature_dims": {"type": "object", "description": "an object",
+                         "propertyNames": {"enum": list(FEATURES)},
+                         "additionalProperties": _count(MAX_WIDTH)},
+        "chars": {
+            "type": "object", "description": "{} or an object with embed, hidden, length",
+            "additionalProperties": False,
+            "properties": {"embed": _count(MAX_WIDTH), "hidden": _count(MAX_WIDTH),
+                           "length": _count(256)},
+            "dependentRequired": {"embed": ["hidden", "length"], "hidden": ["embed", "length"],
+                                  "length": ["embed", "hidden"]},
+        },
+    },
+}
+
+_VOCAB = {
+    "type": "object", "description": "a vocabulary {tokens, counts}",
+    "required": ["tokens", "counts"], "additionalProperties": False,
+    "properties": {
+        "tokens": {"type": "array", "maxItems": MAX_VOCAB, "description": "a list of strings",
+                   "items": {"type": "string", "description": "a string"}},
+        "counts": {"type": "array", "maxItems": MAX_VOCAB, "description": "a list of counts",
+                   "items": {"type": "integer", "minimum": 0, "maximum": 1 << 53,
+                             "description": "a count (an integer >= 0)"}},
+    },
+}
+
+#: a Featurizer (features.json)
+FEATURES_SCHEMA = {
+    "type": "object", "description": "an object {features, chars}",
+    "required": ["features", "chars"], "additionalProperties": False,
+    "properties": {
+        "features": {"type": "object", "description": "an object of vocabularies",
+                     "required": list(FEATURES), "additionalProperties": False,
+                     "properties": dict.fromkeys(FEATURES, _VOCAB)},
+        "chars": _VOCAB,
+    },
+}
+
+_SHA256 = {"type": "string", "pattern": "^[0-9a-f]{64}$", "description": "a SHA-256 in hex"}
+
+
+def _finite(maximum: float | None = None) -> dict:
+    schema = {"type": "number", "minimum": 0, "description": "a finite number >= 0"}
+    if maximum is not None:
+        schema |= {"maximum": maximum, "description": f"a number in [0, {maximum:g}]"}
+    return schema
+
+
+#: an epoch record of log.json (the names in it are checked further by folder.read_log)
+LOG_ENTRY_SCHEMA = {
+    "type": "object", "description": "an epoch record {...}", "additionalProperties": False,
+    "required": ["epoch", "iter", "train_loss", "dev_accuracy", "seconds", "snapshot",
+                 "average", "seed", "sha256"],
+    "properties": {
+        "epoch": {"type": "integer", "minimum": 1, "maximum": 1 << 20,
+                  "description": "an epoch number >= 1"},
+        "iter": {"type": "integer", "minimum": 0, "maximum": 1 << 53,
+                 "description": "an iteration count >= 0"},
+        "train_loss": {"type": ["number", "null"], "minimum": 0,
+                       "description": "a finite number >= 0, or null"},
+        "dev_accuracy": _finite(1), "padding_fraction": _finite(1),
+        "seconds": _finite(), "tokens_per_s": _finite(),
+        "snapshot": {"type": "string", "pattern": r"^snapshot_iter_[0-9]{1,16}\.solverstate$",
+                     "description": "a file name snapshot_iter_N.solverstate"},
+        "average": {"type": "string",
+                    "pattern": r"^snapshot_iter_[0-9]{1,16}\.average\.caffemodel$",
+                    "description": "a file name snapshot_iter_N.average.caffemodel"},
+        "seed": {"type": "integer", "minimum": 0, "maximum": (1 << 63) - 1,
+                 "description": "an integer >= 0"},
+        "sha256": {"type": "object", "description": "an object {file name: SHA-256}",
+                   "maxProperties": 5, "additionalProperties": _SHA256},
+        "stopped": {"type": "string", "maxLength": 200,
+                    "pattern": r"^stopped by --max-minutes after [0-9]+ of [0-9]+ epochs$",
+                    "description": "the --max-minutes message"},
+    },
+}
+
+#: log.json: the epochs that ended, first to last
+LOG_SCHEMA = {"type": "array", "description": "a list [...]", "maxItems": 1 << 20,
+              "items": LOG_ENTRY_SCHEMA}
+
+
+def _strict_types():
+    # JSON's 1.0 is an integer to jsonschema, and True one to Python: neither is a size here
+    checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool))
+    return jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=checker)
+
+
+_Validator = _strict_types()
+# a JSON string (with its escapes) or a bracket: the brackets outside strings give the depth
+_TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def read_bytes(path, limit: int = MAX_BYTES) -> bytes:
+    """The bytes of the regular file ``path`` (at most ``limit``), or a FileFormatError.
+
+    Opened without blocking, so a FIFO is refused rather than waited on; a
+    missing file stays a FileNotFoundError, for the caller to explain.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise FileFormatError(path, f"cannot be read: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            kind = "a folder" if stat.S_ISDIR(status.st_mode) else (
+                "a FIFO" if stat.S_ISFIFO(status.st_mode) else "not a regular file")
+            raise FileFormatError(path, f"is {kind}; expected a file written by `train`")
+        data = b"" if status.st_size > limit else f.read()
+    if status.st_size > limit or len(data) > limit:
+        raise FileFormatError(path, f"is larger than {limit} bytes, the most it may hold")
+    return data
+
+
+def parse(path, data: bytes):
+    """The JSON value of ``data`` (read from ``path``), bounded in depth, numbers finite."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FileFormatError(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    depth = 0
+    for token in _TOKENS.finditer(data):
+        bracket = token.group()
+        if bracket in (b"[", b"{"):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise FileFormatError(path, f"not valid here: nested deeper than {MAX_DEPTH} "
+                                            f"levels (at byte {token.start()})")
+        elif bracket in (b"]", b"}"):
+            depth -= 1
+    try:
+        return json.loads(text, parse_constant=Unusable, parse_float=_finite_float,
+                          parse_int=_bounded_int)
+    except json.JSONDecodeError as e:
+        raise FileFormatError(path, f"not valid JSON (line {e.lineno} column {e.colno}: "
+                                    f"{e.msg})") from None
+
+
+class Unusable:
+    """A number no field takes (NaN, Infinity, 1e400, a thousand digits), kept as its text
+    so that the schema, which matches it to no type, names its field."""
+
+    def __init__(self, text: str):
+        self.text = text if len(text) <= 24 else f"{text[:20]}... ({len(text)} digits)"
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _finite_float(text: str):
+    value = float(text)
+    return value if math.isfinite(value) else Unusable(text)
+
+
+def _bounded_int(text: str):
+    return int(text) if len(text.lstrip("-")) <= MAX_DIGITS else Unusable(text)
+
+
+def problem(value, schema: dict) -> str | None:
+    """What is wrong with ``value`` under ``schema``, naming the field; None if nothing.
+
+    >>> problem({"hidden": 0}, CONFIG_SCHEMA)
+    'hidden must be an integer >= 1, found 0'
+    >>> problem({"chars": {"length": 10**9, "embed": 8, "hidden": 8}}, CONFIG_SCHEMA)
+    'chars.length must be at most 256, found 1000000000'
+    """
+    error = jsonschema.exceptions.best_match(_Validator(schema).iter_errors(value))
+    if error is None:
+        return None
+    field = _field(error.absolute_path)
+    found = f"found {error.instance!r:.60}"
+    if error.validator == "maximum":
+        return f"{field} must be at most {error.validator_value}, {found}"
+    if error.validator in ("maxItems", "maxProperties"):
+        return f"{field} holds more than {error.validator_value} entries"
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        return (f"unknown key(s) {extra}" + (f" in {field}" if error.absolute_path else "")
+                + f"; expected {sorted(error.schema.get('properties', {}))}")
+    if error.validator in ("required", "dependentRequired"):
+        missing = error.message.split("'")[1] if "'" in error.message else error.message
+        return f"{field} lacks the key {missing!r}"
+    if error.validator == "propertyNames":
+        return f"{field} has an unknown key {error.instance!r:.60}"
+    description = error.schema.get("description")
+    if description is None:
+        return f"{field}: {error.message:.200}"
+    if not error.absolute_path:
+        return f"expected {description}, found {_json_type(error.instance)}"
+    return f"{field} must be {description}, {found}"
+
+
+def _json_type(value) -> str:
+    for kind, name in ((bool, "true or false"), (dict, "an object"), (list, "a list"),
+                       (str, "a string"), ((int, float), "a number")):
+        if isinstance(value, kind):
+            return name
+    return "null"
+
+
+def _field(path) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "the top level"
+
+
+def read_checked(path, schema: dict):
+    """The JSON value in ``path``, bounded (see the module) and valid under ``schema``,
+    which must type every value (so that no :class:`Unusable` number gets through)."""
+    value = parse(path, read_bytes(path))
+    wrong = problem(value, schema)
+    if wrong is not None:
+        raise FileFormatError(path, wrong)
+    return value

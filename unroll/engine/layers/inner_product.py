@@ -1,0 +1,110 @@
+"""InnerProduct: a fully connected layer, Caffe's semantics and blob layout."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from unroll.engine.layer import Layer, register_layer
+
+#: up to this many rows (an unrolled timestep's batch), x (M, K) times a transposed weight
+#: view runs on the CPU as the transposed product W x^T written back through a scratch
+#: array: OpenBLAS multiplies a few rows by a transposed operand slowly. At M = 32 the
+#: product takes 0.53-0.87x the time for K = 64..512, 4K outputs, one thread (0.75x at
+#: K = 512 with two); at M = 64 it breaks even (bench/bench_lstm.py has the step's figures)
+FEW_ROWS = 32
+
+
+@register_layer("InnerProduct")
+class InnerProductLayer(Layer):
+    """y = x W^T + b, x viewed as (M, K) at ``axis``; W (num_output, K) or (K, num_output).
+
+    When several InnerProducts share W (the timesteps of an unrolled net), the
+    net may place their x rows and top-diff rows back to back and compute the
+    param gradient of all of them in one GEMM (:meth:`param_backward`); each
+    one's backward then computes only its bottom's diff.
+    """
+
+    param_blobs = ("weight (num_output, K), or (K, num_output) with transpose",
+                   "bias (num_output,), with bias_term")
+    #: its param gradient is a GEMM over rows, which a net may batch over sharers
+    batches_param_diffs = True
+
+    def layer_setup(self, bottoms, tops):
+        p = self.param.inner_product_param
+        self.num_output = p.num_output
+        if self.num_output < 1:
+            raise self.error(f"inner_product_param.num_output must be >= 1, found {p.num_output}")
+        self.bias_term, self.transpose, self.axis = p.bias_term, p.transpose, p.axis
+        shape = bottoms[0].shape
+        self.K = math.prod(shape[self.canonical_axis(self.axis, len(shape)) :])
+        wshape = (self.K, self.num_output) if self.transpose else (self.num_output, self.K)
+        self.param_blob(wshape, p.weight_filler)
+        if self.bias_term:
+            self.param_blob((self.num_output,), p.bias_filler)
+
+    def reshape(self, bottoms, tops):
+        shape = bottoms[0].shape
+        axis = self.canonical_axis(self.axis, len(shape))
+        K = math.prod(shape[axis:])
+        if K != self.K:
+            raise self.error(
+                f"bottom '{bottoms[0].name}' of shape {shape} gives {K} inputs per row from "
+                f"axis {axis}; the weights expect K = {self.K}"
+            )
+        self.M = math.prod(shape[:axis])
+        tops[0].reshape(shape[:axis] + (self.num_output,))
+        self.few_rows = self.xp is np and self.M <= FEW_ROWS
+        if self.few_rows:  # the transposed products of forward (y) and backward (gx)
+            if not self.transpose:
+                self.reserve("yT", (self.num_output, self.M), lives="forward")
+            else:
+                self.reserve("gxT", (self.K, self.M), lives="backward")
+
+    def forward(self, bottoms, tops):
+        x = bottoms[0].data.reshape(self.M, self.K)
+        y = tops[0].data.reshape(self.M, self.num_output)
+        W = self.blobs[0].data
+        if self.transpose:
+            self.xp.matmul(x, W, out=y)
+        elif self.few_rows:
+            yT = self.scratch("yT")
+            np.matmul(W, x.T, out=yT)
+            np.copyto(y, yT.T)
+        else:
+            self.xp.matmul(x, W.T, out=y)
+        if self.bias_term:
+            y += self.blobs[1].data
+
+    def backward(self, tops, propagate_down, bottoms):
+        gy = tops[0].diff.reshape(self.M, self.num_output)
+        if not self.param_diffs_batched:
+            self.param_backward(bottoms[0].data.reshape(self.M, self.K), gy)
+        if propagate_down[0]:
+            W = self.blobs[0].data
+            gx = bottoms[0].diff.reshape(self.M, self.K)
+            if not self.transpose:
+                self.xp.matmul(gy, W, out=gx)
+            elif self.few_rows:
+                gxT = self.scratch("gxT")
+                np.matmul(W, gy.T, out=gxT)
+                np.copyto(gx, gxT.T)
+            else:
+                self.xp.matmul(gy, W.T, out=gx)
+
+    def param_batch_key(self) -> tuple:
+        """Layers with one key may have their param gradients computed together: the same
+        param blobs, used the same way."""
+        return tuple(map(id, self.blobs)), self.transpose
+
+    def param_row_widths(self) -> tuple[int, int]:
+        """(K, num_output): the widths of the x and gy rows of :meth:`param_backward`."""
+        return self.K, self.num_output
+
+    def param_backward(self, x, gy):
+        """Add the param gradients of rows ``x`` (M, K) and top diffs ``gy`` (M, num_output)."""
+        W = self.blobs[0]
+        W.diff += x.T @ gy if self.transpose else gy.T @ x
+        if self.bias_term:
+            self.blobs[1].diff += gy.sum(axis=0)

@@ -1,1 +1,0 @@
-"""Built-in step and net templates (Jinja2 prototxt), shipped as the package unroll.templates."""

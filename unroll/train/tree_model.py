@@ -1,0 +1,106 @@
+"""TreeModel: one tree net per level-widths bucket, all over one parameter store and workspace."""
+
+from __future__ import annotations
+
+from unroll.core.atomic import write_atomic
+from unroll.engine.net import Net
+from unroll.engine.param_store import ParamStore
+from unroll.core.proto import NetParameter
+
+__all__ = ["TreeModel"]
+
+
+class TreeModel:
+    """Tree nets built on demand per key (level widths), sharing ONE ParamStore and workspace.
+
+    ``make_net_param(key)`` returns the NetParameter of a key (e.g. ``lambda w:
+    expand_tree("child_sum_tree_lstm", w, ...)``); ``canonical`` is the key of
+    the net built first, which creates every param (so a solver sees them all)
+    and through which weights are saved and loaded. ``forward(widths=key,
+    **inputs)`` runs the key's net (:class:`~unroll.train.tree_sampler.TreeBucketSampler`
+    gives each batch's key). Like :class:`~unroll.train.bucketed_model.BucketedModel`
+    it is a :class:`~unroll.train.solver.TrainableNet`; a test-phase twin shares the
+    store with ``TreeModel(make, canonical, phase="test", store=train.store)``.
+
+    >>> from unroll.frontend.tree_unroller import expand_tree
+    >>> import numpy as np
+    >>> make = lambda w: expand_tree("nary_tree_lstm", w, input_dim=2, hidden=3)
+    >>> model = TreeModel(make, canonical=(1,))
+    >>> model.forward(widths=(2, 1), x=np.ones((3, 2)))["h"].shape
+    (3, 3)
+    >>> sorted(model.nets), len(model.learnable_params)
+    ([(1,), (2, 1)], 6)
+    """
+
+    def __init__(self, make_net_param, canonical, phase: str = "train", device: str = "cpu",
+                 dtype="float32", seed: int = 0, store: ParamStore | None = None,
+                 plan_memory: bool = True):
+        self.make_net_param = make_net_param
+        self.phase, self.device, self.dtype, self.plan_memory = phase, device, dtype, plan_memory
+        self._seed = int(seed)
+        self.store = store if store is not None else ParamStore()
+        self.nets: dict = {}
+        self.canonical_key = canonical
+        self.active: Net | None = None
+        self.net(canonical)
+
+    def net(self, key) -> Net:
+        """The net of ``key``, built on first use and cached."""
+        if key not in self.nets:
+            param = self.make_net_param(key)
+            self.nets[key] = Net(NetParameter.FromString(param.SerializeToString()),
+                                 phase=self.phase, device=self.device, dtype=self.dtype,
+                                 seed=self._seed + len(self.nets), param_store=self.store,
+                                 plan_memory=self.plan_memory)
+        return self.nets[key]
+
+    @property
+    def workspace(self):
+        """The workspace every net of this model runs in (sized by the largest)."""
+        return self.nets[self.canonical_key].workspace
+
+    @property
+    def learnable_params(self):
+        return list(self.store)
+
+    @property
+    def loss(self) -> float:
+        return self.active.loss if self.active is not None else 0.0
+
+    @property
+    def device_loss(self):
+        return (self.active or self.nets[self.canonical_key]).device_loss
+
+    def forward(self, widths=None, blobs=(), **inputs) -> dict:
+        """Run the net of key ``widths`` on ``inputs``; returns its outputs."""
+        if widths is None:
+            raise ValueError("TreeModel.forward needs widths= (the batch's key, "
+                             "TreeBucketSampler.key(batch))")
+        self.active = self.net(widths)
+        return self.active.forward(blobs=blobs, **inputs)
+
+    def backward(self) -> None:
+        if self.active is None:
+            raise RuntimeError("TreeModel.backward before forward")
+        self.active.backward()
+
+    def clear_param_diffs(self) -> None:
+        if self.store.packed:
+            self.store.diff.fill(0)
+            return
+        for p in self.store:
+            p.blob.diff.fill(0)
+
+    def to_proto(self):
+        """The params as a Caffe NetParameter (.caffemodel), through the canonical net."""
+        return self.nets[self.canonical_key].to_proto()
+
+    def copy_from(self, source, strict: bool = False) -> None:
+        self.nets[self.canonical_key].copy_from(source, strict=strict)
+
+    def save(self, path) -> None:
+        write_atomic(path, self.to_proto().SerializeToString())
+
+    def __repr__(self) -> str:
+        return (f"TreeModel(phase={self.phase!r}, {len(self.nets)} nets, "
+                f"{len(self.store)} learnable params, {self.dtype} on {self.device})")
