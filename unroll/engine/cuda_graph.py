@@ -41,8 +41,7 @@ import numpy as np
 from unroll.engine import trace
 from unroll.engine.backend import get_array_module
 
-__all__ = ["GraphError", "StepGraphs", "check_capturable", "gradient_pass", "gradients",
-           "graphs_for"]
+__all__ = ["GraphError", "StepGraphs", "check_capturable", "gradient_pass", "graphs_for"]
 
 
 class GraphError(RuntimeError):
@@ -59,32 +58,15 @@ def gradient_pass(model, inputs: Mapping):
     return loss
 
 
-def gradients(model, inputs: Mapping, graphs: StepGraphs | None = None):
-    """One gradient pass of a training loop: replayed by ``graphs`` where it is a
-    :class:`StepGraphs`, else run eagerly (:func:`gradient_pass`). Returns the loss, left
-    on the device; the param diffs hold the gradients.
-
-    A loop that runs its own guard between backward and update calls this where it
-    would clear, run forward and backward, with ``graphs=graphs_for(model)``:
-
-    >>> import unroll
-    >>> rnn = unroll.expand("rnn", steps=3, batch=2, input_dim=2, hidden=2)
-    >>> net = unroll.Net(unroll.to_prototxt(rnn)
-    ...                  + 'layer { name: "l" type: "EuclideanLoss" bottom: "h" bottom: "h" '
-    ...                    'top: "loss" }')
-    >>> graphs = graphs_for(net)  # None: a CPU net runs eagerly
-    >>> batch = {"x": np.ones((3, 2, 2)), "cont": np.ones((3, 2))}
-    >>> float(gradients(net, batch, graphs))
-    0.0
-    """
-    if graphs is not None:
-        return graphs.gradients(inputs)
-    return gradient_pass(model, inputs)
-
-
 def graphs_for(model, warmup: int = 2) -> StepGraphs | None:
     """A :class:`StepGraphs` for ``model`` where its device replays CUDA graphs ("gpu",
-    and "trace", which simulates them), else None: the CPU runs its passes eagerly."""
+    and "trace", which simulates them), else None: the CPU runs its passes eagerly. What a
+    training loop sets as its solver's ``graphs``.
+
+    >>> import unroll
+    >>> graphs_for(unroll.Net(unroll.expand("rnn", steps=2, input_dim=1, hidden=1))) is None
+    True
+    """
     if model.device in ("gpu", "trace"):
         return StepGraphs(model, warmup=warmup)
     return None
