@@ -44,8 +44,8 @@ def data(args):
 
 def unroll_side(args) -> float:
     from unroll.engine.net import Net
-    from unroll.train.solver import Solver
     from unroll.frontend.unroller import expand
+    from unroll.train.solver import Solver
 
     T, N, H = args.steps, args.batch, args.hidden
     net_param = expand(args.cell, steps=T, batch=N, input_dim=args.input_dim, hidden=H)

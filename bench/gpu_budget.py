@@ -28,7 +28,6 @@ from __future__ import annotations
 import numpy as np
 
 from unroll import Net, expand, to_prototxt
-
 from unroll.engine import trace
 from unroll.engine.cuda_graph import StepGraphs
 from unroll.train.solver import Solver

@@ -12,8 +12,8 @@ from tests.test_trace import TINY
 from unroll import Net
 from unroll.engine import trace
 from unroll.engine.backend import GPU_AVAILABLE, to_numpy
-from unroll.train.bucketed_model import BucketedModel
 from unroll.engine.cuda_graph import GraphError, StepGraphs, check_capturable
+from unroll.train.bucketed_model import BucketedModel
 from unroll.train.solver import Solver, SolverError
 
 

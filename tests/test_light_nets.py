@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from unroll import Net, NetError, expand
+from unroll.core.proto import LayerParameter
 from unroll.engine.blob import Blob
 from unroll.engine.layer import LAYERS
-from unroll.core.proto import LayerParameter
 
 FAN_OUT = '''
   layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }

@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from tests.net_helpers import T2, X, f64, host, inputs, ip, layer, loss, param_diffs, run
 from unroll import NetError, expand, testing
-from unroll.train.bucketed_model import BucketedModel
-from unroll.train.bucketing import cont_from_lengths
+from unroll.core.proto import NetParameter
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
-from unroll.core.proto import NetParameter
 from unroll.engine.workspace import Workspace, place
+from unroll.train.bucketed_model import BucketedModel
+from unroll.train.bucketing import cont_from_lengths
 
 N, D = 4, 3
 
@@ -359,8 +359,8 @@ def test_place_never_overlaps_live_buffers():
 
 # -- the report and its command ------------------------------------------------------------------
 def test_memory_report_and_the_cli_view(tmp_path, capsys):
-    from unroll.tools import cli
     from unroll.frontend.unroller import to_prototxt
+    from unroll.tools import cli
 
     path = tmp_path / "lstm.prototxt"
     net_param = expand("lstm", steps=20, batch=2, input_dim=3, hidden=4)

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from unroll.core.proto import NetParameter, SolverParameter, SolverState
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
-from unroll.core.proto import NetParameter, SolverParameter, SolverState
 from unroll.train.solver import (
     LR_POLICY_FIELDS,
     SOLVERS,

@@ -23,11 +23,11 @@ from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import Featurizer, encode_tags, word_dropout
 from examples.pos_tagging.folder import CONFIG, FEATURES
 from unroll.core.atomic import write_atomic
+from unroll.core.errors import FileFormatError
 from unroll.engine.backend import get_array_module
+from unroll.frontend.unroller import builtin_template_dir
 from unroll.train.bucketed_model import BucketedModel
 from unroll.train.bucketing import time_major
-from unroll.core.errors import FileFormatError
-from unroll.frontend.unroller import builtin_template_dir
 
 IGNORE = -1
 TAGGER_TEMPLATE = builtin_template_dir() / "tagger.prototxt.j2"

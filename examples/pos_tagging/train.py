@@ -44,11 +44,11 @@ from examples.pos_tagging.tagger import (
     cell_template,
     tag_ids,
 )
-from unroll.train import distributed
 from unroll.core.atomic import write_atomic
-from unroll.engine.backend import module_of
 from unroll.core.errors import FileFormatError, NetError
 from unroll.core.proto import SolverState, read_binary
+from unroll.engine.backend import module_of
+from unroll.train import distributed
 from unroll.train.solver import NonFiniteError, Solver, SolverError
 
 __all__ = ["BUCKETED_LR", "DEV_FILE", "PACKED_LR", "TRAIN_FILE", "TrainOptions",

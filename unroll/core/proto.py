@@ -50,7 +50,7 @@ SolverType = pb.SolverParameter.SolverType  # SGD, NESTEROV, ... (deprecated sol
 SolverMode = pb.SolverParameter.SolverMode  # CPU, GPU
 SnapshotFormat = pb.SolverParameter.SnapshotFormat  # HDF5, BINARYPROTO
 
-SCHEMA = Path(__file__).resolve().parent.parent / "proto" / "unroll.proto"
+SCHEMA = Path(__file__).resolve().parents[2] / "proto" / "unroll.proto"
 GENERATED = Path(__file__).resolve().parent / "_generated" / "unroll_pb2.py"
 
 

@@ -47,7 +47,7 @@ def get_array_module(device: str = "cpu"):
 
 
 def nccl_module():
-    """CuPy's NCCL bindings (``cupy.cuda.nccl``): the GPU collectives of unroll.train.distributed."""
+    """CuPy's NCCL bindings (``cupy.cuda.nccl``): unroll.train.distributed's GPU collectives."""
     get_array_module("gpu")
     from cupy.cuda import nccl
 

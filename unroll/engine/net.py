@@ -28,17 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from unroll.graph import rules as graph
-
-from unroll.engine import weights
-from unroll.engine.backend import get_array_module, make_rng
-from unroll.engine.blob import Blob
 from unroll.core.errors import NetError
-from unroll.engine.fillers import fill
-from unroll.engine.host_checks import check_host_input, input_readers
-from unroll.engine.layer import layer_class
-from unroll.engine.memory_limit import available_bytes, plan_too_big
-from unroll.engine.param_store import LearnableParam, ParamStore
 from unroll.core.proto import (
     TEST,
     TRAIN,
@@ -47,8 +37,17 @@ from unroll.core.proto import (
     array_from_blob_proto,
     read_message,
 )
+from unroll.engine import weights
+from unroll.engine.backend import get_array_module, make_rng
+from unroll.engine.blob import Blob
+from unroll.engine.fillers import fill
+from unroll.engine.host_checks import check_host_input, input_readers
+from unroll.engine.layer import layer_class
+from unroll.engine.memory_limit import available_bytes, plan_too_big
+from unroll.engine.param_store import LearnableParam, ParamStore
 from unroll.engine.threads import run_threads
 from unroll.engine.workspace import Workspace, place, workspace_for
+from unroll.graph import rules as graph
 
 PHASES = {"train": TRAIN, "test": TEST}
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from unroll.core.errors import NetError, TemplateError, UngatedStateError
 from unroll.core.proto import LayerParameter, NetParameter, PrototxtError, parse_text, to_text
+from unroll.engine import hidden_nets
 from unroll.frontend.render_limits import bounded_rendering
 from unroll.frontend.template import (
     RENDER_ERRORS,
@@ -1006,7 +1007,8 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
     >>> expand("lstm", steps=4, input_dim=3, hiden=5)
     Traceback (most recent call last):
     ...
-    unroll.core.errors.TemplateError: lstm.prototxt.j2: unknown variable 'hiden'; did you mean 'hidden'?
+    unroll.core.errors.TemplateError: lstm.prototxt.j2: unknown variable 'hiden'; did you \
+mean 'hidden'?
     """
     template = load_template(template, search_path)
     if template.kind == "module":
@@ -1092,3 +1094,8 @@ def carry_hidden(model) -> dict:
             if initial in net.inputs:
                 net.set_input(initial, value)
     return state
+
+
+# Caffe's LSTM and RNN layers unroll their hidden nets with this expand; the engine may not
+# import the frontend, so the frontend hands it over (see unroll.engine.hidden_nets)
+hidden_nets.register_unroller(expand)

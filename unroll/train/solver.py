@@ -67,10 +67,6 @@ import numpy as np
 from google.protobuf import message as _pb_message
 
 from unroll.core.atomic import write_files_atomic
-from unroll.engine.backend import device_of, module_of, to_numpy
-from unroll.train.distributed import Comm
-from unroll.engine.kernels import default_engine, fused_kernels
-from unroll.engine.param_store import LearnableParam, ParamStore
 from unroll.core.proto import (
     NetParameter,
     SolverParameter,
@@ -79,6 +75,10 @@ from unroll.core.proto import (
     blob_proto_from_array,
     read_message,
 )
+from unroll.engine.backend import device_of, module_of, to_numpy
+from unroll.engine.kernels import default_engine, fused_kernels
+from unroll.engine.param_store import LearnableParam, ParamStore
+from unroll.train.distributed import Comm
 
 __all__ = ["LR_POLICIES", "LR_POLICY_FIELDS", "NONFINITE_POLICIES", "NonFiniteError", "SOLVERS",
            "SkippedStep", "Solver", "SolverError", "SolverType", "TrainableNet", "register_solver",
