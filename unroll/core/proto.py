@@ -116,12 +116,16 @@ def read_message(source, message_type):
 def read_binary(path, message_type, what: str):
     """A ``message_type`` decoded from the binary file at ``path`` (a .caffemodel, a state).
 
-    Bytes that do not decode are a FileFormatError naming the file and ``what`` it
-    should be.
+    A missing file is a FileNotFoundError, bytes that do not decode a
+    FileFormatError, each naming the file and ``what`` it should be.
     """
     message = message_type()
     try:
-        message.ParseFromString(Path(path).read_bytes())
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no {what} file at {path}") from None
+    try:
+        message.ParseFromString(data)
     except DecodeError as e:
         raise FileFormatError(path, f"not a {what} (binary {message_type.__name__}): {e}") from None
     return message

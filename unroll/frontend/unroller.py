@@ -259,6 +259,11 @@ class NetBuilder:
     @staticmethod
     def _parse(template: Template, macro: str, s: Step, text: str) -> list:
         origin = f"{template.name} ({macro}, t={s.t})" if s.t is not None else template.name
+        return NetBuilder._parse_layers(text, origin)
+
+    @staticmethod
+    def _parse_layers(text: str, origin: str) -> list:
+        """The layers of rendered prototxt ``text``; a TemplateError naming ``origin``."""
         try:
             return list(parse_text(text, NetParameter(), origin).layer)
         except PrototxtError as e:
@@ -581,11 +586,7 @@ class NetBuilder:
         for i, (inputs, outputs) in enumerate(calls):
             s = Application(scope, i, len(calls), input=inputs, output=outputs)
             where = f"{template.name} (application {i})"
-            text = self._text(template, jinja_module, "module", s)
-            try:
-                layers = list(parse_text(text, NetParameter(), where).layer)
-            except PrototxtError as e:
-                raise TemplateError(f"rendered {e}") from None
+            layers = self._parse_layers(self._text(template, jinja_module, "module", s), where)
             missing = sorted(set(outputs.values()) - {top for lp in layers for top in lp.top})
             if missing:
                 local = next(k for k, v in outputs.items() if v == missing[0])
