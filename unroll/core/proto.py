@@ -24,6 +24,13 @@ from google.protobuf.message import DecodeError
 from unroll.core._generated import unroll_pb2 as pb
 from unroll.core.errors import FileFormatError
 
+__all__ = ["BlobProto", "BlobShape", "DimCheckMode", "EltwiseOp", "EltwiseParameter",
+           "FillerParameter", "LayerParameter", "LossParameter", "NetParameter", "NetState",
+           "NetStateRule", "NormalizationMode", "ParamSpec", "Phase", "PrototxtError",
+           "SnapshotFormat", "SolverMode", "SolverParameter", "SolverState", "SolverType", "TEST",
+           "TRAIN", "VarianceNorm", "array_from_blob_proto", "blob_proto_from_array", "parse_text",
+           "read_binary", "read_message", "read_prototxt", "to_text"]
+
 BlobProto = pb.BlobProto
 BlobShape = pb.BlobShape
 EltwiseParameter = pb.EltwiseParameter

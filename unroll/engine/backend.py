@@ -16,6 +16,9 @@ import numpy as np
 
 from unroll.engine import trace
 
+__all__ = ["DEVICES", "device_of", "get_array_module", "make_rng", "module_of", "nccl_module",
+           "to_numpy"]
+
 try:
     import cupy as _cupy
 

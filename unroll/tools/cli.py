@@ -31,6 +31,9 @@ from unroll.core.errors import FileFormatError, NetError, TemplateError
 from unroll.core.proto import NetParameter, PrototxtError, parse_text, read_prototxt
 from unroll.tools.draw import to_dot
 
+__all__ = ["CommandError", "FAILURES", "USER_ERRORS", "build_parser", "main", "run_command",
+           "write_output"]
+
 EXPAND_EXAMPLES = """\
 examples:
   unroll expand lstm --steps 5 --set batch=2 --set input_dim=3 --set hidden=4 -o lstm5.prototxt
