@@ -20,8 +20,8 @@ import numpy as np
 
 from unroll import testing
 from unroll.engine.net import Net
-from unroll.testing.references import LAYER_CASES, STEP_REFERENCES
 from unroll.frontend.unroller import expand
+from unroll.testing.references import LAYER_CASES, STEP_REFERENCES
 
 
 def seconds(run, *args, **kwargs) -> float:

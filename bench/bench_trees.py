@@ -22,9 +22,9 @@ import numpy as np
 
 from unroll.frontend.template import load_template
 from unroll.frontend.tree import Tree
+from unroll.frontend.tree_unroller import expand_tree, tree_inputs
 from unroll.train.tree_model import TreeModel
 from unroll.train.tree_sampler import TreeBucketSampler
-from unroll.frontend.tree_unroller import expand_tree, tree_inputs
 
 TEMPLATE = "child_sum_tree_lstm"
 EWT = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud_english_ewt"

@@ -18,10 +18,10 @@ import os
 import numpy as np
 
 from bench.timing import median_seconds
+from unroll.core.proto import LayerParameter, parse_text
 from unroll.engine.blob import Blob
 from unroll.engine.kernels import ENGINE_VARIABLE
 from unroll.engine.layer import layer_class
-from unroll.core.proto import LayerParameter, parse_text
 
 UNITS = {"LSTMUnit": (4, 1, 2), "GRUUnit": (3, 2, 1)}  # gates, projections, tops
 

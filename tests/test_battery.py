@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unroll import testing
-from unroll.tools.cli import main
 from unroll.engine.layer import LAYERS
 from unroll.frontend.template import builtin_template_dir
-from unroll.testing.references import LAYER_CASES, STEP_REFERENCES, sigmoid
 from unroll.frontend.unroller import expand, load_template
+from unroll.testing.references import LAYER_CASES, STEP_REFERENCES, sigmoid
+from unroll.tools.cli import main
 
 BUILT_IN_LAYERS = sorted(t for t, cls in LAYERS.items() if cls.__module__.startswith("unroll."))
 TEMPLATES = sorted(p.name.removesuffix(".prototxt.j2")

@@ -489,7 +489,8 @@ def test_the_sampler_imports_without_protobuf_or_the_layers():
     import sys
 
     code = ("import sys, unroll.train.bucketing; "
-            "print(sorted(m for m in ('google.protobuf', 'unroll.engine.layer', 'unroll.engine.net') "
+            "print(sorted(m for m in ('google.protobuf', 'unroll.engine.layer', "
+            "'unroll.engine.net') "
             "if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True)

@@ -15,20 +15,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unroll import NetError, expand, to_prototxt
-
-from unroll.tools import cli
-from unroll.train.bucketing import cont_from_lengths
+from unroll.core.proto import NetParameter, parse_text
+from unroll.engine.layer import LAYERS, Layer
+from unroll.engine.net import Net
 from unroll.frontend.caffe_export import (
     caffe_layer_types,
     export_for_caffe,
     unroll_only_header,
     unroll_only_types,
 )
-from unroll.engine.layer import LAYERS, Layer
-from unroll.engine.net import Net
-from unroll.core.proto import NetParameter, parse_text
 from unroll.frontend.template import load_template
 from unroll.frontend.unroller import builtin_template_dir
+from unroll.tools import cli
+from unroll.train.bucketing import cont_from_lengths
 
 SHARED_TYPES = Path(__file__).resolve().parents[1].parent / "shared" / "caffe_layer_types.txt"
 CELLS = ("gru", "gru_primitive", "lstm", "lstm_primitive", "rnn")

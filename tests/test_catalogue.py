@@ -6,12 +6,11 @@ from pathlib import Path
 import pytest
 
 from unroll import Net, expand
-
-from unroll.tools import cli
-from unroll.frontend.caffe_export import caffe_layer_types
-from unroll.tools.catalogue import catalogue, markdown, readme_table, update_readme
-from unroll.engine.layer import LAYERS, Layer
 from unroll.core.proto import LayerParameter
+from unroll.engine.layer import LAYERS, Layer
+from unroll.frontend.caffe_export import caffe_layer_types
+from unroll.tools import cli
+from unroll.tools.catalogue import catalogue, markdown, readme_table, update_readme
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

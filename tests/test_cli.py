@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from tests.hang import limit
-from unroll.tools import cli
-from unroll.engine.net import Net
 from unroll.core.proto import NetParameter, parse_text
+from unroll.engine.net import Net
 from unroll.frontend.unroller import expand
+from unroll.tools import cli
 
 LSTM5 = ["expand", "lstm", "--steps", "5", "--set", "batch=2", "--set", "input_dim=3",
          "--set", "hidden=4"]

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from tests.net_helpers import host
 from unroll import NetError, expand, to_prototxt
-from unroll.train.bucketing import cont_from_lengths
 from unroll.engine.net import Net
+from unroll.train.bucketing import cont_from_lengths
 from unroll.train.solver import Solver
 
 CELLS = ["rnn", "lstm", "lstm_primitive", "gru", "gru_primitive"]

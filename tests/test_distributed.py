@@ -1,4 +1,4 @@
-"""unroll.train.distributed in one process, and the sharded BucketSampler (multi-rank runs: _mpi)."""
+"""unroll.train.distributed in one process, and the sharded BucketSampler (multi-rank: _mpi)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import unroll.train.distributed
+from unroll.engine.net import Net
 from unroll.train.bucketing import BucketSampler
 from unroll.train.distributed import Comm, init, launched
-from unroll.engine.net import Net
 from unroll.train.solver import Solver, SolverError
 
 

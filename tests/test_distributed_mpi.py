@@ -23,8 +23,8 @@ from google.protobuf import text_format
 
 import unroll
 from tests.hang import limit
-from unroll.train import distributed
 from unroll.engine.backend import GPU_AVAILABLE, to_numpy
+from unroll.train import distributed
 from unroll.train.bucketed_model import BucketedModel
 from unroll.train.bucketing import time_major
 from unroll.train.solver import Solver

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import testing
-from unroll.engine.fillers import FILLERS, fill
 from unroll.core.proto import FillerParameter, parse_text
+from unroll.engine.fillers import FILLERS, fill
 
 MIN_COUNT = 20_000  # samples per draw: variances to about 1%, so 6% tolerances never flake
 NORMS = {

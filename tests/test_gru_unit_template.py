@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll.train.bucketing import cont_from_lengths
 from unroll.engine.kernels import ENGINE_VARIABLE, ENGINES
 from unroll.engine.net import Net
-from unroll.testing import check_net_gradient
 from unroll.frontend.unroller import expand
+from unroll.testing import check_net_gradient
+from unroll.train.bucketing import cont_from_lengths
 
 
 def gru_net(template, T, N, D, H, **kw):

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from unroll import BucketedModel, expand
-
 from unroll.core import atomic
 from unroll.core.atomic import write_atomic
 from unroll.core.errors import NetError, TemplateError

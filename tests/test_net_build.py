@@ -10,9 +10,9 @@ import pytest
 
 from tests.net_helpers import SIMPLE, T2, X, assert_names, f64, inputs, layer
 from unroll import NetError
-from unroll.graph.rules import filter_layers
-from unroll.engine.net import Net
 from unroll.core.proto import TEST, TRAIN, NetParameter, PrototxtError, parse_text
+from unroll.engine.net import Net
+from unroll.graph.rules import filter_layers
 
 # -- building -------------------------------------------------------------------
 

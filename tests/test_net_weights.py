@@ -10,8 +10,8 @@ import pytest
 
 from tests.net_helpers import T2, X, f64, host, inputs, ip, layer, loss, run
 from unroll import NetError
-from unroll.engine.net import Net
 from unroll.core.proto import NetParameter, parse_text
+from unroll.engine.net import Net
 
 # -- weights: to_proto, copy_from, save ------------------------------------------------
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
+from unroll.core.proto import NetParameter
 from unroll.engine.blob import Blob
-from unroll.train.bucketed_model import BucketedModel
 from unroll.engine.net import Net
 from unroll.engine.param_store import LearnableParam, ParamStore
-from unroll.core.proto import NetParameter
+from unroll.train.bucketed_model import BucketedModel
 from unroll.train.solver import Solver
 
 # ip2 shares ip1's weight by count (2 x 3 as 3 x 2) and freezes its own bias

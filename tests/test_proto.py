@@ -11,10 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import testing
-
 from unroll.core import proto
 from unroll.core._generated import unroll_pb2
-from unroll.engine.net import Net
 from unroll.core.proto import (
     BlobProto,
     LayerParameter,
@@ -24,6 +22,7 @@ from unroll.core.proto import (
     parse_text,
     read_message,
 )
+from unroll.engine.net import Net
 
 REPO = Path(__file__).resolve().parents[1]
 CAFFE_FIELDS = REPO.parent / "shared" / "caffe_fields.txt"
@@ -43,7 +42,7 @@ def test_generated_module_is_not_stale(tmp_path):
 
 def test_schema_paths_point_into_the_repository():
     assert proto.SCHEMA == REPO / "proto" / "unroll.proto"
-    assert proto.GENERATED == REPO / "unroll" / "_generated" / "unroll_pb2.py"
+    assert proto.GENERATED == REPO / "unroll" / "core" / "_generated" / "unroll_pb2.py"
 
 
 # -- Caffe's field names and numbers --------------------------------------------------

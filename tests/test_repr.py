@@ -4,8 +4,8 @@ import numpy as np
 
 import unroll
 from unroll.engine.blob import Blob
-from unroll.train.bucketing import BucketSampler
 from unroll.frontend.template import load_template
+from unroll.train.bucketing import BucketSampler
 
 
 def lstm_net():

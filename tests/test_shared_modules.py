@@ -15,11 +15,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import testing
-from unroll.tools.cli import main
 from unroll.core.errors import TemplateError
 from unroll.engine.net import Net
-from unroll.train.solver import Solver
 from unroll.frontend.unroller import expand
+from unroll.tools.cli import main
+from unroll.train.solver import Solver
 
 BATCH, DIM = 3, 4
 TOWER = ["tower_W_fc1", "tower_b_fc1", "tower_W_out", "tower_b_out"]

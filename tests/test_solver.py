@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from unroll.core.errors import FileFormatError
+from unroll.core.proto import NetParameter, SolverParameter, SolverState
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
-from unroll.core.proto import NetParameter, SolverParameter, SolverState
 from unroll.train.solver import (
     LR_POLICY_FIELDS,
     SOLVERS,
@@ -485,7 +486,7 @@ def test_restore_errors(tmp_path):
         solver.restore(tmp_path / "missing.solverstate")
     garbage = tmp_path / "garbage.solverstate"
     garbage.write_bytes(b"\xff\xff\xff")
-    with pytest.raises(SolverError, match="garbage.solverstate"):
+    with pytest.raises(FileFormatError, match="garbage.solverstate: not a solver state"):
         solver.restore(garbage)
     garbage.write_bytes(b"")
     with pytest.raises(SolverError, match="not a solver state"):

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll.train.bucketing import cont_from_lengths
 from unroll.engine.net import Net
-from unroll.testing import numeric_gradient
 from unroll.frontend.unroller import expand
+from unroll.testing import numeric_gradient
+from unroll.train.bucketing import cont_from_lengths
 
 KINDS = ["rnn", "lstm", "lstm_primitive", "gru"]
 PARAMS = {  # learnable param names of a single unscoped layer, in creation order

@@ -13,11 +13,11 @@ import textwrap
 import numpy as np
 import pytest
 
+from unroll.core.proto import FillerParameter
 from unroll.engine.layer import Layer, register_layer
 from unroll.engine.net import Net
-from unroll.core.proto import FillerParameter
-from unroll.testing import GradientMismatch, check_layer_gradient, check_net_gradient
 from unroll.frontend.unroller import expand
+from unroll.testing import GradientMismatch, check_layer_gradient, check_net_gradient
 
 
 class _Elementwise(Layer):

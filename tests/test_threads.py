@@ -5,7 +5,6 @@ import pytest
 from threadpoolctl import threadpool_info
 
 from unroll import Net
-
 from unroll.engine import threads
 from unroll.engine.layer import Layer, register_layer
 

@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 from tests.test_caffe_export import SHARED_FIELDS, SHARED_TYPES, caffe_fields, fields_set
 from tests.test_tree_unroller import CHILD_SUM, NARY, batches
 from unroll import Net, NetError, to_prototxt
-from unroll.tools import cli
-from unroll.frontend.caffe_export import caffe_layer_types
 from unroll.core.proto import NetParameter, parse_text
+from unroll.frontend.caffe_export import caffe_layer_types
 from unroll.frontend.tree_unroller import expand_tree, tree_inputs
 from unroll.frontend.unroller import load_template
+from unroll.tools import cli
 
 
 def _run(net_param, x, inputs, dh):

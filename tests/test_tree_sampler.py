@@ -6,10 +6,10 @@ from hypothesis import strategies as st
 
 from tests.test_tree_unroller import CHILD_SUM, trees
 from unroll.frontend.tree import Tree, level_widths
-from unroll.train.tree_model import TreeModel
-from unroll.train.tree_sampler import TreeBucketSampler, round_width
 from unroll.frontend.tree_unroller import expand_tree, tree_inputs
 from unroll.frontend.unroller import load_template
+from unroll.train.tree_model import TreeModel
+from unroll.train.tree_sampler import TreeBucketSampler, round_width
 
 
 @given(st.integers(1, 10_000), st.floats(1.05, 2.0))

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from unroll.core.atomic import remove_stale_temps, write_atomic
 from unroll.core.errors import FileFormatError, NetError, TemplateError
+from unroll.core.proto import NetParameter, PrototxtError, parse_text, read_message
 from unroll.engine.layer import ALLOW_PYTHON_ENV
 from unroll.engine.net import Net
-from unroll.core.proto import NetParameter, PrototxtError, parse_text, read_message
 
 FILLED = 'weight_filler { type: "gaussian" std: 1 }'
 TWO_IP = f"""

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from unroll.core.errors import NetError, TemplateError
+from unroll.core.proto import LayerParameter, NetParameter, parse_text
+from unroll.engine.net import Net
+from unroll.frontend.unroller import builtin_template_dir, carry_hidden, expand, to_prototxt
+from unroll.testing import check_net_gradient
 from unroll.train.bucketed_model import BucketedModel
 from unroll.train.bucketing import cont_from_lengths, time_major
-from unroll.core.errors import NetError, TemplateError
-from unroll.engine.net import Net
-from unroll.core.proto import LayerParameter, NetParameter, parse_text
-from unroll.testing import check_net_gradient
-from unroll.frontend.unroller import builtin_template_dir, carry_hidden, expand, to_prototxt
 
 KINDS = ["rnn", "lstm", "lstm_primitive", "gru"]
 PARAMS = {"rnn": ["W_xh", "b_h", "W_hh"], "lstm": ["W_xc", "b_c", "W_hc"],
@@ -682,8 +682,8 @@ def test_help_of_expand_lists_every_option():
         assert f"``{option}``" in unroll.expand.__doc__, option
 
 
-@pytest.mark.parametrize("module", ["unroll.frontend.unroller", "unroll.frontend.template", "unroll.testing",
-                                    "unroll.train.bucketing"])
+@pytest.mark.parametrize("module", ["unroll.frontend.unroller", "unroll.frontend.template",
+                                    "unroll.testing", "unroll.train.bucketing"])
 def test_every_public_helper_is_in_all(module):
     import importlib
     import inspect

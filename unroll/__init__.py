@@ -8,6 +8,10 @@
 
 import importlib
 
+from unroll import _moved
+
+_moved.install()  # the module paths of the flat layout still import, with a warning
+
 # what ``import unroll`` offers, imported on first use: the sampler alone
 # (unroll.train.bucketing) then needs neither protobuf nor the layers
 _EXPORTS = {
@@ -28,12 +32,18 @@ _EXPORTS = {
     "to_prototxt": "unroll.frontend.unroller",
 }
 
+#: the exports that build nets: they bring the frontend, which registers its unroller with
+#: the engine (see unroll.engine.hidden_nets)
+_BUILD_NETS = {"unroll.engine.net", "unroll.train.bucketed_model", "unroll.train.solver"}
+
 
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'unroll' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
+    if module in _BUILD_NETS:  # Caffe's LSTM/RNN layers unroll with the frontend's expand
+        importlib.import_module("unroll.frontend.unroller")
     globals()[name] = value
     return value
 

@@ -256,8 +256,8 @@ def main(argv=None) -> int:
     from examples.pos_tagging.fetch import FetchError
     from examples.pos_tagging.folder import ModelFolderError
     from examples.pos_tagging.train import TrainingDiverged
-    from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
     from unroll.engine.threads import set_num_threads
+    from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
 
     args = build_parser().parse_args(argv)
     if getattr(args, "threads", None):  # `fetch` runs no net

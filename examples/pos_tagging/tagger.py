@@ -9,7 +9,6 @@ build their nets from the same NetParameter per T.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,11 +22,10 @@ from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import Featurizer, encode_tags, word_dropout
 from examples.pos_tagging.folder import CONFIG, FEATURES
 from unroll.core.atomic import write_atomic
-from unroll.engine.backend import get_array_module
-from unroll.train.bucketed_model import BucketedModel
-from unroll.train.bucketing import time_major
 from unroll.core.errors import FileFormatError
 from unroll.frontend.unroller import builtin_template_dir
+from unroll.train.bucketed_model import BucketedModel
+from unroll.train.bucketing import time_major
 
 IGNORE = -1
 TAGGER_TEMPLATE = builtin_template_dir() / "tagger.prototxt.j2"
@@ -228,9 +226,7 @@ class Tagger:
         into one buffer, checked on the host by the nets of T = ``length`` (training's if
         ``labelled``, else testing's), and sent to their device in one transfer."""
         model = self.train_model if labelled else self.test_model
-        buffer, layout = pack(host, model.dtype)
-        model.net(length).check_inputs(**unpack(buffer, layout))
-        return unpack(get_array_module(model.device).asarray(buffer), layout)
+        return model.net(length).device_inputs(**host)
 
     def host_inputs(self, encoded: list[dict], length: int, tags=None,
                     train: bool = False) -> dict:
@@ -354,33 +350,6 @@ class Tagger:
                      device=device, folder=model_dir)
         tagger.train_model.copy_from(weights, strict=True)
         return tagger
-
-
-def pack(arrays: dict, dtype) -> tuple[np.ndarray, dict]:
-    """``arrays`` copied, in ``dtype``, into one flat host buffer: (buffer, layout), where
-    the layout gives each name's (start, shape) for :func:`unpack`.
-
-    >>> buffer, layout = pack({"a": np.arange(3), "b": np.ones((2, 2))}, np.float32)
-    >>> buffer.tolist(), layout
-    ([0.0, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0], {'a': (0, (3,)), 'b': (3, (2, 2))})
-    >>> unpack(buffer, layout)["b"].shape
-    (2, 2)
-    """
-    layout, start = {}, 0
-    for name, array in arrays.items():
-        layout[name] = (start, array.shape)
-        start += array.size
-    buffer = np.empty(start, dtype)
-    for name, array in arrays.items():
-        begin = layout[name][0]
-        buffer[begin : begin + array.size] = array.reshape(-1)
-    return buffer, layout
-
-
-def unpack(buffer, layout: dict) -> dict:
-    """Views of ``buffer`` (on the host or a device) as the arrays :func:`pack` laid out."""
-    return {name: buffer[start : start + math.prod(shape)].reshape(shape)
-            for name, (start, shape) in layout.items()}
 
 
 def tag_ids(upos_lists) -> list[np.ndarray]:

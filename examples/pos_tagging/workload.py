@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from unroll.engine import trace
+from unroll.engine.backend import get_array_module
 
 __all__ = ["packed_step", "packed_tagger", "synthetic_sentences", "tagger_setup"]
 
@@ -36,7 +36,7 @@ def tagger_setup(device: str, T: int = 21, N: int = 32, seed: int = 0):
     """
     from examples.pos_tagging.features import Featurizer
     from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
-    from unroll.train.solver import Solver
+    from unroll import Solver
 
     rng = np.random.default_rng(seed)
     lengths = [T] + rng.integers(1, T + 1, N - 1).tolist()
@@ -86,16 +86,17 @@ def packed_tagger(row_lengths, config=None, device: str = "trace", seed: int = 0
 
 
 def packed_step(T: int, config=None, graphs: bool = True, steps: int = 3,
-                seed: int = 0) -> trace.Counts:
+                seed: int = 0):
     """The counts of one training-command step on device "trace" at row length ``T``: the
     packed batch to the device, then ``solver.step(1)`` with the training command's solver
     (:func:`~examples.pos_tagging.train.training_solver`: its non-finite check, its graphs;
     ``graphs=False``: eager, as on the CPU).
     ``steps`` steps run first (warm-up and capture); ``config`` is the
-    :class:`TaggerConfig` (None: the default).
+    :class:`TaggerConfig` (None: the default). Returns the step's ``trace.Counts``.
     """
     from examples.pos_tagging.train import TrainOptions, training_solver
 
+    trace = get_array_module("trace")  # the trace device's module, which counts
     tagger, feeds = packed_tagger([T], config, seed=seed)
     model = tagger.train_model
     solver = training_solver(model, TrainOptions(data=None, model_dir=None), steps_per_epoch=100)

@@ -9,11 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import Net, NetError, PrototxtError, to_prototxt
-from unroll.engine.backend import GPU_AVAILABLE, to_numpy
-from unroll.tools.cli import main
-from unroll.engine.layers.caffe_recurrent import unrolled_net
 from unroll.core.proto import NetParameter
+from unroll.engine.backend import GPU_AVAILABLE, to_numpy
 from unroll.testing import check_layer_gradient, run_layer
+from unroll.tools.caffe_prototxt import unrolled_net
+from unroll.tools.cli import main
 
 FILLER = 'weight_filler { type: "uniform" min: -0.6 max: 0.6 } ' \
          'bias_filler { type: "uniform" min: -0.3 max: 0.3 }'

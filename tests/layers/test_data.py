@@ -4,9 +4,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import NetError
+from unroll.core.proto import LayerParameter, parse_text
 from unroll.engine.blob import Blob
 from unroll.engine.layer import layer_class
-from unroll.core.proto import LayerParameter, parse_text
 from unroll.testing import shapes
 
 

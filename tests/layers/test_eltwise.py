@@ -4,9 +4,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import NetError, testing
+from unroll.core.proto import LayerParameter, parse_text
 from unroll.engine.backend import to_numpy
 from unroll.engine.layer import layer_class
-from unroll.core.proto import LayerParameter, parse_text
 from unroll.testing import run_layer as run
 
 

@@ -6,7 +6,6 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from unroll import Net, NetError, testing
-
 from unroll.engine import trace
 from unroll.engine.backend import to_numpy
 from unroll.engine.layers import embed

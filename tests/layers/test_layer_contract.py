@@ -4,11 +4,10 @@ import numpy as np
 import pytest
 
 from unroll import Net, NetError, expand, testing
-
+from unroll.core.proto import LayerParameter
 from unroll.engine import trace
 from unroll.engine.blob import Blob
 from unroll.engine.layer import CONTRACT, LAYERS, Layer
-from unroll.core.proto import LayerParameter
 
 X = np.random.default_rng(0).normal(size=(4, 3))
 
@@ -131,13 +130,15 @@ def test_every_module_of_the_layers_package_registers_its_layers():
 
     import unroll.engine.layers
 
-    modules = {f"unroll.engine.layers.{m.name}" for m in pkgutil.iter_modules(unroll.engine.layers.__path__)}
+    modules = {f"unroll.engine.layers.{m.name}"
+               for m in pkgutil.iter_modules(unroll.engine.layers.__path__)}
     assert {cls.__module__ for cls in LAYERS.values()} >= modules
 
 
 # -- every hook the engine reads is declared on Layer ---------------------------------------
 #: the modules that read layers: the net, its plan and checks, inspection, graph capture
-ENGINE = ("net", "graph", "host_checks", "workspace", "inspection", "cuda_graph")
+ENGINE = ("engine.net", "graph.rules", "engine.host_checks", "engine.workspace",
+          "engine.inspection", "engine.cuda_graph")
 #: names that stand for a layer in those modules
 LAYER_NAMES = {"layer", "sharer", "split"}
 #: what every layer has besides CONTRACT: Caffe's run methods and the base's own members

@@ -6,7 +6,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from unroll import Net, NetError
-
 from unroll.engine import trace
 from unroll.engine.backend import to_numpy
 from unroll.testing import arrays, check_layer_gradient, distinct_arrays, shapes

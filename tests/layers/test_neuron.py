@@ -4,10 +4,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import NetError, testing
+from unroll.core.proto import LayerParameter, parse_text
 from unroll.engine.backend import to_numpy
 from unroll.engine.blob import Blob
 from unroll.engine.layer import layer_class
-from unroll.core.proto import LayerParameter, parse_text
 
 
 def forward(spec, x, phase="train", xp=np):

@@ -5,7 +5,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unroll import Net, NetError, testing
-
 from unroll.engine import trace
 from unroll.engine.backend import to_numpy
 from unroll.testing import run_layer as run

@@ -14,6 +14,8 @@ import re
 import tempfile
 from pathlib import Path
 
+__all__ = ["named_os_error", "remove_stale_temps", "write_atomic", "write_files_atomic"]
+
 #: the names mkstemp gives our temp files: "." + destination name + "." + 8 random + ".tmp"
 _TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9_]{8}\.tmp$")
 

@@ -4,6 +4,8 @@ Each is a ``ValueError`` whose message names what is wrong and where (the
 layer, template, file and line), so a command can print it as one line.
 """
 
+__all__ = ["FileFormatError", "NetError", "TemplateError", "TreeError", "UngatedStateError"]
+
 
 class NetError(ValueError):
     """A net that cannot be built or run: names the layer, blob and shapes involved."""

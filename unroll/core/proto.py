@@ -24,6 +24,13 @@ from google.protobuf.message import DecodeError
 from unroll.core._generated import unroll_pb2 as pb
 from unroll.core.errors import FileFormatError
 
+__all__ = ["BlobProto", "BlobShape", "DimCheckMode", "EltwiseOp", "EltwiseParameter",
+           "FillerParameter", "LayerParameter", "LossParameter", "NetParameter", "NetState",
+           "NetStateRule", "NormalizationMode", "ParamSpec", "Phase", "PrototxtError",
+           "SnapshotFormat", "SolverMode", "SolverParameter", "SolverState", "SolverType", "TEST",
+           "TRAIN", "VarianceNorm", "array_from_blob_proto", "blob_proto_from_array", "parse_text",
+           "read_binary", "read_message", "read_prototxt", "to_text"]
+
 BlobProto = pb.BlobProto
 BlobShape = pb.BlobShape
 EltwiseParameter = pb.EltwiseParameter
@@ -50,7 +57,7 @@ SolverType = pb.SolverParameter.SolverType  # SGD, NESTEROV, ... (deprecated sol
 SolverMode = pb.SolverParameter.SolverMode  # CPU, GPU
 SnapshotFormat = pb.SolverParameter.SnapshotFormat  # HDF5, BINARYPROTO
 
-SCHEMA = Path(__file__).resolve().parent.parent / "proto" / "unroll.proto"
+SCHEMA = Path(__file__).resolve().parents[2] / "proto" / "unroll.proto"
 GENERATED = Path(__file__).resolve().parent / "_generated" / "unroll_pb2.py"
 
 
@@ -116,12 +123,16 @@ def read_message(source, message_type):
 def read_binary(path, message_type, what: str):
     """A ``message_type`` decoded from the binary file at ``path`` (a .caffemodel, a state).
 
-    Bytes that do not decode are a FileFormatError naming the file and ``what`` it
-    should be.
+    A missing file is a FileNotFoundError, bytes that do not decode a
+    FileFormatError, each naming the file and ``what`` it should be.
     """
     message = message_type()
     try:
-        message.ParseFromString(Path(path).read_bytes())
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no {what} file at {path}") from None
+    try:
+        message.ParseFromString(data)
     except DecodeError as e:
         raise FileFormatError(path, f"not a {what} (binary {message_type.__name__}): {e}") from None
     return message

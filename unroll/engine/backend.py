@@ -16,6 +16,9 @@ import numpy as np
 
 from unroll.engine import trace
 
+__all__ = ["DEVICES", "device_of", "get_array_module", "make_rng", "module_of", "nccl_module",
+           "to_numpy"]
+
 try:
     import cupy as _cupy
 
@@ -47,7 +50,7 @@ def get_array_module(device: str = "cpu"):
 
 
 def nccl_module():
-    """CuPy's NCCL bindings (``cupy.cuda.nccl``): the GPU collectives of unroll.train.distributed."""
+    """CuPy's NCCL bindings (``cupy.cuda.nccl``): unroll.train.distributed's GPU collectives."""
     get_array_module("gpu")
     from cupy.cuda import nccl
 

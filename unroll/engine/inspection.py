@@ -89,7 +89,8 @@ class Inspection:
 
 
 def inspect_net(net) -> Inspection:
-    """The decisions ``net`` (a built :class:`~unroll.engine.net.Net`) took; see :meth:`Net.inspect`."""
+    """The decisions ``net`` (a built :class:`~unroll.engine.net.Net`) took; see
+    :meth:`Net.inspect`."""
     names = Counter()
     for layer in net.layers:
         for k in range(len(layer.blobs)):

@@ -43,11 +43,11 @@ from types import MappingProxyType
 
 import numpy as np
 
+from unroll.core.errors import NetError
+from unroll.core.proto import LayerParameter
 from unroll.engine.backend import make_rng
 from unroll.engine.blob import Blob
-from unroll.core.errors import NetError
 from unroll.engine.fillers import fill
-from unroll.core.proto import LayerParameter
 
 LAYERS: dict[str, type] = {}
 

@@ -28,17 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from unroll.graph import rules as graph
-
-from unroll.engine import weights
-from unroll.engine.backend import get_array_module, make_rng
-from unroll.engine.blob import Blob
 from unroll.core.errors import NetError
-from unroll.engine.fillers import fill
-from unroll.engine.host_checks import check_host_input, input_readers
-from unroll.engine.layer import layer_class
-from unroll.engine.memory_limit import available_bytes, plan_too_big
-from unroll.engine.param_store import LearnableParam, ParamStore
 from unroll.core.proto import (
     TEST,
     TRAIN,
@@ -47,8 +37,17 @@ from unroll.core.proto import (
     array_from_blob_proto,
     read_message,
 )
+from unroll.engine import transfer, weights
+from unroll.engine.backend import get_array_module, make_rng
+from unroll.engine.blob import Blob
+from unroll.engine.fillers import fill
+from unroll.engine.host_checks import check_host_input, input_readers
+from unroll.engine.layer import layer_class
+from unroll.engine.memory_limit import available_bytes, plan_too_big
+from unroll.engine.param_store import LearnableParam, ParamStore
 from unroll.engine.threads import run_threads
 from unroll.engine.workspace import Workspace, place, workspace_for
+from unroll.graph import rules as graph
 
 PHASES = {"train": TRAIN, "test": TEST}
 
@@ -968,6 +967,21 @@ class Net:
             blob.data = self.xp.empty(blob.shape, self.dtype)
         blob.reshape(value.shape)
         blob.data[...] = value
+
+    def device_inputs(self, **inputs) -> dict:
+        """Host ``inputs`` checked as :meth:`set_input` checks them, then moved to the net's
+        device in ONE transfer (:mod:`unroll.engine.transfer`): {name: a view of one device
+        buffer of the net's dtype}, which :meth:`forward` takes without a copy.
+
+        >>> net = Net('''layer { name: "in" type: "Input" top: "a" top: "b"
+        ...                       input_param { shape { dim: 2 } shape { dim: 3 } } }''')
+        >>> sent = net.device_inputs(a=np.zeros(2), b=np.ones(3))
+        >>> sent["b"].base is sent["a"].base, sent["b"].dtype
+        (True, dtype('float32'))
+        """
+        buffer, layout = transfer.pack(inputs, self.dtype)
+        self.check_inputs(**transfer.unpack(buffer, layout))
+        return transfer.unpack(self.xp.asarray(buffer), layout)
 
     def check_inputs(self, **inputs) -> None:
         """Check host input values as :meth:`set_input` does, without setting them: for

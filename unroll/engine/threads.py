@@ -27,6 +27,8 @@ import os
 import threading
 import time
 
+__all__ = ["ENV", "cores", "num_threads", "run_threads", "set_num_threads"]
+
 ENV = "UNROLL_NUM_THREADS"
 #: how long a measurement of the other processes' load stands before it is taken again
 MEASURE_EVERY = 1.0

@@ -571,7 +571,8 @@ def __getattr__(name: str):
     try:
         attr = getattr(np, name)
     except AttributeError:
-        raise AttributeError(f"module 'unroll.engine.trace' (NumPy's API) has no {name!r}") from None
+        raise AttributeError(f"module 'unroll.engine.trace' (NumPy's API) has no "
+                             f"{name!r}") from None
     if isinstance(attr, np.ufunc):
         wrapped = ufunc(attr)
     elif isinstance(attr, type) or not callable(attr):

@@ -22,9 +22,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from unroll.core.atomic import write_atomic
-from unroll.engine.backend import to_numpy
 from unroll.core.errors import FileFormatError, NetError
-from unroll.core.proto import NetParameter, array_from_blob_proto, blob_proto_from_array, read_binary
+from unroll.core.proto import (
+    NetParameter,
+    array_from_blob_proto,
+    blob_proto_from_array,
+    read_binary,
+)
+from unroll.engine.backend import to_numpy
 
 
 def to_proto(name: str, layers, first_holders) -> NetParameter:

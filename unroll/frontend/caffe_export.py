@@ -58,8 +58,8 @@ from importlib import resources
 import numpy as np
 
 from unroll.core.errors import NetError
-from unroll.engine.layer import LAYERS
 from unroll.core.proto import LayerParameter, NetParameter, blob_proto_from_array
+from unroll.engine.layer import LAYERS
 
 #: the file (package data) that lists BVLC Caffe's layer types, one a line
 LAYER_TYPES_FILE = "caffe_layer_types.txt"
@@ -77,7 +77,7 @@ def caffe_layer_types() -> frozenset:
     >>> "GRUUnit" in caffe_layer_types()
     False
     """
-    text = resources.files("unroll").joinpath(LAYER_TYPES_FILE).read_text()
+    text = resources.files("unroll.frontend").joinpath(LAYER_TYPES_FILE).read_text()
     listed = (line.strip() for line in text.splitlines())
     return frozenset(t for t in listed if t and not t.startswith("#")) | set(NEEDS_OPENCV)
 

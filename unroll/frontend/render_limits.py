@@ -20,8 +20,8 @@ for one block of code.
 >>> with bounded_rendering(chars=1000):
 ...     env.from_string("{% for i in range(10**6) %}x{% endfor %}").render()
 Traceback (most recent call last):
-unroll.frontend.render_limits.RenderLimitError: range(1000000) has 1000000 items; the template sandbox \
-allows at most 100000
+unroll.frontend.render_limits.RenderLimitError: range(1000000) has 1000000 items; the \
+template sandbox allows at most 100000
 >>> with bounded_rendering(chars=1000):
 ...     env.from_string("{% for i in range(5000) %}x{% endfor %}").render()
 Traceback (most recent call last):

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from unroll.core.errors import NetError, TemplateError, UngatedStateError
 from unroll.core.proto import LayerParameter, NetParameter, PrototxtError, parse_text, to_text
+from unroll.engine import hidden_nets
 from unroll.frontend.render_limits import bounded_rendering
 from unroll.frontend.template import (
     RENDER_ERRORS,
@@ -258,6 +259,11 @@ class NetBuilder:
     @staticmethod
     def _parse(template: Template, macro: str, s: Step, text: str) -> list:
         origin = f"{template.name} ({macro}, t={s.t})" if s.t is not None else template.name
+        return NetBuilder._parse_layers(text, origin)
+
+    @staticmethod
+    def _parse_layers(text: str, origin: str) -> list:
+        """The layers of rendered prototxt ``text``; a TemplateError naming ``origin``."""
         try:
             return list(parse_text(text, NetParameter(), origin).layer)
         except PrototxtError as e:
@@ -580,11 +586,7 @@ class NetBuilder:
         for i, (inputs, outputs) in enumerate(calls):
             s = Application(scope, i, len(calls), input=inputs, output=outputs)
             where = f"{template.name} (application {i})"
-            text = self._text(template, jinja_module, "module", s)
-            try:
-                layers = list(parse_text(text, NetParameter(), where).layer)
-            except PrototxtError as e:
-                raise TemplateError(f"rendered {e}") from None
+            layers = self._parse_layers(self._text(template, jinja_module, "module", s), where)
             missing = sorted(set(outputs.values()) - {top for lp in layers for top in lp.top})
             if missing:
                 local = next(k for k, v in outputs.items() if v == missing[0])
@@ -1006,7 +1008,8 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
     >>> expand("lstm", steps=4, input_dim=3, hiden=5)
     Traceback (most recent call last):
     ...
-    unroll.core.errors.TemplateError: lstm.prototxt.j2: unknown variable 'hiden'; did you mean 'hidden'?
+    unroll.core.errors.TemplateError: lstm.prototxt.j2: unknown variable 'hiden'; did you \
+mean 'hidden'?
     """
     template = load_template(template, search_path)
     if template.kind == "module":
@@ -1092,3 +1095,8 @@ def carry_hidden(model) -> dict:
             if initial in net.inputs:
                 net.set_input(initial, value)
     return state
+
+
+# Caffe's LSTM and RNN layers unroll their hidden nets with this expand; the engine may not
+# import the frontend, so the frontend hands it over (see unroll.engine.hidden_nets)
+hidden_nets.register_unroller(expand)

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from unroll.core.proto import LayerParameter, parse_text
 from unroll.engine.backend import make_rng, to_numpy
 from unroll.engine.blob import Blob
 from unroll.engine.layer import Layer, layer_class
-from unroll.core.proto import LayerParameter, parse_text
 
 __all__ = ["GradientMismatch", "check_layer_gradient", "check_net_gradient", "numeric_gradient",
            "run_layer"]

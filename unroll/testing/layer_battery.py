@@ -13,11 +13,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from unroll.core.proto import LayerParameter, parse_text
 from unroll.engine import trace
 from unroll.engine.backend import GPU_AVAILABLE, get_array_module, make_rng, to_numpy
 from unroll.engine.blob import Blob
 from unroll.engine.layer import layer_class
-from unroll.core.proto import LayerParameter, parse_text
 from unroll.testing.report import Check, Report
 
 __all__ = ["available_devices", "check_layer"]

@@ -21,9 +21,9 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 
-from unroll.frontend.caffe_export import caffe_layer_types
-from unroll.engine.layer import LAYERS, Layer
 from unroll.core.proto import LayerParameter
+from unroll.engine.layer import LAYERS, Layer
+from unroll.frontend.caffe_export import caffe_layer_types
 
 #: the optional hooks a layer class may define, and what each tells the net
 HOOKS = {

@@ -27,9 +27,12 @@ import sys
 from pathlib import Path
 
 from unroll.core.atomic import named_os_error, write_atomic
-from unroll.tools.draw import to_dot
 from unroll.core.errors import FileFormatError, NetError, TemplateError
 from unroll.core.proto import NetParameter, PrototxtError, parse_text, read_prototxt
+from unroll.tools.draw import to_dot
+
+__all__ = ["CommandError", "FAILURES", "USER_ERRORS", "build_parser", "main", "run_command",
+           "write_output"]
 
 EXPAND_EXAMPLES = """\
 examples:
@@ -221,8 +224,8 @@ def summarize(net_param: NetParameter, text: str) -> str:
 def _net_param(args) -> NetParameter:
     """What ``expand`` and ``inspect`` work on: TEMPLATE unrolled to --steps, or a prototxt
     file (with --steps, its Caffe LSTM and RNN layers unrolled to that many steps)."""
-    from unroll.engine.layers.caffe_recurrent import expand_net_file
     from unroll.frontend.unroller import expand
+    from unroll.tools.caffe_prototxt import expand_net_file
 
     variables = dict(args.set or [])
     if "steps" in variables:

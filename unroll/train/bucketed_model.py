@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from unroll.core.atomic import write_atomic
+from unroll.core.proto import NetParameter
 from unroll.engine.layer import LAYERS
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
-from unroll.core.proto import NetParameter
 
 __all__ = ["BucketedModel"]
 

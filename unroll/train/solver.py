@@ -64,21 +64,21 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-from google.protobuf import message as _pb_message
 
 from unroll.core.atomic import write_files_atomic
-from unroll.engine.backend import device_of, module_of, to_numpy
-from unroll.train.distributed import Comm
-from unroll.engine.kernels import default_engine, fused_kernels
-from unroll.engine.param_store import LearnableParam, ParamStore
 from unroll.core.proto import (
     NetParameter,
     SolverParameter,
     SolverState,
     array_from_blob_proto,
     blob_proto_from_array,
+    read_binary,
     read_message,
 )
+from unroll.engine.backend import device_of, module_of, to_numpy
+from unroll.engine.kernels import default_engine, fused_kernels
+from unroll.engine.param_store import LearnableParam, ParamStore
+from unroll.train.distributed import Comm
 
 __all__ = ["LR_POLICIES", "LR_POLICY_FIELDS", "NONFINITE_POLICIES", "NonFiniteError", "SOLVERS",
            "SkippedStep", "Solver", "SolverError", "SolverType", "TrainableNet", "register_solver",
@@ -538,19 +538,6 @@ def usual_fields(type: str) -> dict:
 
 
 # -- atomic files --------------------------------------------------------------------
-
-
-def _parse_binary(path: Path, message_type, what: str):
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"no {what} file at {path}") from None
-    msg = message_type()
-    try:
-        msg.ParseFromString(data)
-    except _pb_message.DecodeError as e:
-        raise SolverError(f"{path}: not a binary {message_type.__name__} ({what}): {e}") from None
-    return msg
 
 
 # -- the solver ------------------------------------------------------------------------
@@ -1071,7 +1058,7 @@ class Solver:
         state_path = Path(state_path)
         if state_path.name.endswith(".h5"):
             raise SolverError(f"{state_path}: HDF5 solver states are not supported")
-        state = _parse_binary(state_path, SolverState, "solver state")
+        state = read_binary(state_path, SolverState, "solver state")
         if not state.HasField("iter") or state.iter < 0:
             raise SolverError(f"{state_path}: not a solver state (no valid 'iter' field)")
         params = self._sync_history()
@@ -1093,8 +1080,8 @@ class Solver:
                 )
             values.append(value.reshape(p.blob.data.shape))
         if state.learned_net:
-            weights = _parse_binary(self._find_model(state_path, state.learned_net),
-                                    NetParameter, "caffemodel")
+            weights = read_binary(self._find_model(state_path, state.learned_net),
+                                  NetParameter, "caffemodel")
             self.net.copy_from(weights)
         for h, value in zip(self.history, values):
             h[...] = module_of(h).asarray(value, h.dtype)

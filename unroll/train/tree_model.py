@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from unroll.core.atomic import write_atomic
+from unroll.core.proto import NetParameter
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
-from unroll.core.proto import NetParameter
 
 __all__ = ["TreeModel"]
 

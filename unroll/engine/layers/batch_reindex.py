@@ -41,8 +41,8 @@ class BatchReindexLayer(Layer):
         ...                        [np.zeros((2, 1)), np.array([0.0])])
         >>> pick.check_host_bottom(1, np.array([2.0]), "idx")
         Traceback (most recent call last):
-        unroll.core.errors.NetError: layer 'pick' (BatchReindex): bottom 'idx' holds 2.0 at index 0; \
-expected an integer in [0, 2)
+        unroll.core.errors.NetError: layer 'pick' (BatchReindex): bottom 'idx' holds 2.0 at \
+index 0; expected an integer in [0, 2)
         """
         if index != 1:
             return

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from unroll.engine.layer import Layer, register_layer
 from unroll.core.proto import EltwiseParameter
+from unroll.engine.layer import Layer, register_layer
 
 PROD, SUM, MAX = EltwiseParameter.PROD, EltwiseParameter.SUM, EltwiseParameter.MAX
 

@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 
-from unroll.engine.layer import Layer, register_layer
 from unroll.core.proto import NormalizationMode as Norm
+from unroll.engine.layer import Layer, register_layer
 
 
 class ClassScores(Layer):

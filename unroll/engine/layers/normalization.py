@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
+from unroll.core.proto import FillerParameter
 from unroll.engine.layer import Layer, register_layer
 from unroll.engine.layers.bias import operand_shape, operand_view
-from unroll.core.proto import FillerParameter
 
 
 @register_layer("BatchNorm")

@@ -8,8 +8,8 @@ operation per blob (index tuples are computed once, in ``reshape``).
 
 from __future__ import annotations
 
-from unroll.graph.rules import SplitSpec
 from unroll.engine.layer import Layer, register_layer
+from unroll.graph.rules import SplitSpec
 
 
 def _axis(layer, message, legacy: str, ndim: int) -> int:
@@ -146,8 +146,9 @@ class SplitLayer(Layer):
 
     @property
     def param(self):
-        """The LayerParameter; for a split a net inserted (a :class:`~unroll.graph.rules.SplitSpec`),
-        made when asked for, so the net holds no message per split."""
+        """The LayerParameter; for a split a net inserted (a
+        :class:`~unroll.graph.rules.SplitSpec`), made when asked for, so the net holds no
+        message per split."""
         spec = self._spec
         return spec.layer_parameter() if isinstance(spec, SplitSpec) else spec
 

@@ -1,1 +1,1 @@
-"""Built-in step and net templates (Jinja2 prototxt), shipped as the package unroll.frontend.templates."""
+"""Built-in step and net templates (Jinja2 prototxt), shipped as a package of their own."""

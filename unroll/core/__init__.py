@@ -1,0 +1,4 @@
+"""The ground every part stands on: errors, atomic file writes, and Caffe's protobuf messages.
+
+Nothing here knows about nets or templates; every other package may import it.
+"""

@@ -1,0 +1,6 @@
+"""What a person runs: the ``unroll`` command, drawing, the layer catalogue, Caffe rewriting.
+
+``cli`` (``unroll expand|inspect|memory|draw|layers|check``), ``draw``
+(Graphviz), ``catalogue`` (``unroll layers``), ``caffe_prototxt`` (a Caffe net
+with its LSTM and RNN layers written out).
+"""
