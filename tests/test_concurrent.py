@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from tests.net_helpers import host
 from unroll import NetError, expand, to_prototxt
+from unroll.engine import threads
 from unroll.engine.net import Net
 from unroll.train.bucketing import cont_from_lengths
 from unroll.train.solver import Solver
@@ -114,7 +115,16 @@ layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "t" top: "loss" }
     assert Net(net_text(False, False), concurrent=True, device="trace").regions == []
 
 
-def test_a_failure_on_a_branch_thread_names_the_layer():
+@pytest.mark.parametrize("free", [1, 2])  # the regions run serially, or on branch threads
+def test_a_failure_on_a_branch_thread_names_the_layer(free):
+    threads.set_num_threads(free)
+    try:
+        fails_naming_the_layer()
+    finally:
+        threads.set_num_threads(None)
+
+
+def fails_naming_the_layer():
     text = bidirectional_net("lstm", 4, 2, 1)
     net = Net(text, concurrent=True)
     assert net.regions

@@ -1,5 +1,7 @@
 """BLAS threads per net run: the policy's count inside the run, the pool's own after it."""
 
+import threading
+
 import numpy as np
 import pytest
 from threadpoolctl import threadpool_info
@@ -9,6 +11,7 @@ from unroll.engine import threads
 from unroll.engine.layer import Layer, register_layer
 
 SEEN: list[int] = []
+THREADS: set[int] = set()  # the Python threads the recorders ran on
 
 
 @register_layer("TestRecordBlasThreads")
@@ -23,6 +26,7 @@ class RecordBlasThreads(Layer):
 
     def forward(self, bottoms, tops):
         SEEN.append(blas_threads())
+        THREADS.add(threading.get_ident())
         tops[0].data[...] = bottoms[0].data
 
     def backward(self, tops, propagate_down, bottoms):
@@ -68,6 +72,7 @@ def blas_threads() -> int:
 
 def run(net) -> list[int]:
     SEEN.clear()
+    THREADS.clear()
     net.forward(x=np.ones((4, 3)), t=np.zeros(net.blobs["t"].shape))
     net.backward()
     return list(SEEN)
@@ -126,8 +131,25 @@ def test_concurrent_branches_run_with_one_blas_thread_each(policy):
     policy.set_num_threads(2)
     serial, concurrent = Net(BRANCHES), Net(BRANCHES, concurrent=True)
     assert concurrent.regions and not serial.regions
-    assert run(serial) == [2] * 4
-    assert run(concurrent) == [1] * 4
+    assert run(serial) == [2] * 4 and THREADS == {threading.get_ident()}
+    assert run(concurrent) == [1] * 4 and len(THREADS) == 2
+
+
+def test_with_one_free_core_the_branches_run_in_the_serial_order(policy):
+    policy.set_num_threads(1)
+    serial = Net(BRANCHES, dtype="float64", keep=["c"])
+    concurrent = Net(BRANCHES, dtype="float64", keep=["c"], concurrent=True)
+    concurrent.copy_from(serial.to_proto())
+    assert run(concurrent) == [1] * 4 and THREADS == {threading.get_ident()}
+    want, got = run_both(serial), run_both(concurrent)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+
+
+def run_both(net) -> list:
+    net.forward(x=np.linspace(-1, 1, 12).reshape(4, 3), t=np.zeros((4, 4)))
+    net.backward()
+    return [net.blobs["c"].data.copy(), *(p.diff.copy() for p in net.learnable_params)]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])

@@ -45,7 +45,7 @@ from unroll.engine.host_checks import check_host_input, input_readers
 from unroll.engine.layer import layer_class
 from unroll.engine.memory_limit import available_bytes, plan_too_big
 from unroll.engine.param_store import LearnableParam, ParamStore
-from unroll.engine.threads import run_threads
+from unroll.engine.threads import num_threads, run_threads
 from unroll.engine.workspace import Workspace, place, workspace_for
 from unroll.graph import rules as graph
 
@@ -80,17 +80,20 @@ def _make_layer(param, allow_python: bool, **options):
                        f"{type(e).__name__}: {e}") from e
 
 
-def _failing_layer(error: Exception, layers):
-    """The layer whose method raised ``error``: the outermost frame of the traceback whose
-    ``self`` is one of ``layers`` (None where no layer's code raised it)."""
-    ids = {id(layer) for layer in layers}
-    tb = error.__traceback__
+def _failing_layer(error: Exception, net):
+    """The layer whose run raised ``error``: the one the net's run loop was calling (its
+    ``layer``), else the outermost frame of the traceback whose ``self`` is one of the
+    net's layers; None where no layer's code raised it."""
+    ids = {id(layer) for layer in net.layers_run}
+    tb, found = error.__traceback__, None
     while tb is not None:
-        owner = tb.tb_frame.f_locals.get("self")
-        if id(owner) in ids:
-            return owner
+        local = tb.tb_frame.f_locals
+        if local.get("self") is net and id(local.get("layer")) in ids:
+            return local["layer"]
+        if found is None and id(local.get("self")) in ids:
+            found = local["self"]
         tb = tb.tb_next
-    return None
+    return found
 
 
 def _call(layer, what: str, method, *args) -> None:
@@ -448,10 +451,6 @@ class Net:
         ][::-1]
         self.regions = (graph.concurrent_regions(g.steps, self.layers_run)
                         if self.concurrent else [])
-        # branches on threads of their own take one BLAS thread each (two threads asking one
-        # OpenBLAS pool for all cores made the concurrent run slower than the serial one);
-        # a serial run takes the free cores (see unroll.engine.threads)
-        self._blas_threads = 1 if self.regions else None
         self._schedule()
         # run order, splits included (as pycaffe's): aligned with layer_need_backward
         self.layer_names = [layer.name for layer in self.layers_run]
@@ -1017,10 +1016,10 @@ class Net:
             self.set_input(name, value)
         if [b.shape for b in self._input_blobs] != self._input_shapes:
             self.reshape()
-        with self._running("forward"):
+        with self._running("forward") as at_once:
             if not self._bound and self._placement is not None:
                 self._bind()
-            if not self.regions:
+            if not at_once:
                 for layer, bottoms, tops in self._fwd:
                     layer.forward(bottoms, tops)
             else:
@@ -1077,8 +1076,8 @@ class Net:
         for blob, weight in self._loss_tops:
             blob.diff.fill(weight)
         gemms, zero_before = self._gemms, self._zero_before
-        with self._running("backward"):
-            if not self.regions:
+        with self._running("backward") as at_once:
+            if not at_once:
                 for s, layer, tops, prop, bottoms in self._bwd:
                     if s in zero_before:
                         for blob in zero_before[s]:
@@ -1096,19 +1095,25 @@ class Net:
     def _running(self, what: str):
         """One run (forward or backward): the BLAS threads of the policy and the memory gate
         open for it; a layer's unexpected exception becomes a NetError naming the layer.
+        Yields whether the concurrent regions run at once: only with two free cores or
+        more, each branch on one BLAS thread (two threads asking one OpenBLAS pool for all
+        cores were slower than one serial run, and on a busy machine serial is faster);
+        else the serial order, which the regions' memory plan also allows.
 
         One try around the whole loop, not one per layer, so the hot path stays a bare
         call per layer; the failing layer is found from the traceback afterwards.
         """
-        blas = run_threads(self._blas_threads)
+        free = num_threads()
+        at_once = bool(self.regions) and free >= 2
+        blas = run_threads(1 if at_once else free)
         self._gate.open = True
         try:
             with blas:
-                yield
+                yield at_once
         except NetError:
             raise
         except Exception as e:
-            layer = _failing_layer(e, self.layers_run)
+            layer = _failing_layer(e, self)
             if layer is None:
                 raise  # not a layer's: the engine's own bug, with its traceback
             bottoms = next(b for lay, b, _ in self._fwd if lay is layer)
