@@ -127,5 +127,6 @@ def test_a_failure_on_a_branch_thread_names_the_layer():
         raise ValueError("boom")
 
     layer.forward = broken
-    with pytest.raises(NetError, match=f"layer '{layer.name}'.*failed in forward: boom"):
+    with pytest.raises(NetError,
+                       match=f"layer '{layer.name}'.*failed in forward: ValueError: boom"):
         net.forward(**feed)

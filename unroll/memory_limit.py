@@ -16,11 +16,16 @@ True
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+import numpy as np
 import psutil
 
 from unroll.errors import NetError
 
-__all__ = ["available_bytes", "format_bytes", "plan_too_big"]
+__all__ = ["MemoryReport", "available_bytes", "check_plan", "format_bytes", "memory_report",
+           "plan_too_big"]
 
 
 def available_bytes(xp) -> int:
@@ -60,3 +65,115 @@ blob 'x' (274877906944,) 1.0 TiB, of layer 'in' (Input)
                          for what, shape, nbytes, layer in largest)
     return NetError(f"{who}: the memory plan needs {format_bytes(need)}, over the limit "
                     f"of {format_bytes(limit)} ({source}); largest: {culprits}")
+
+
+def check_plan(net: str, plan, layout, blobs, steps, layers, params, limit_for, given: bool,
+               store) -> None:
+    """Refuse a net's memory plan (its ``params`` bytes, kept blobs and workspace) larger than
+    its limit, ``limit_for(held)`` for the bytes of the need already held.
+
+    ``plan`` and ``layout`` are the net's liveness and layout (None: every blob
+    is kept, and the layers' scratch is their own); ``blobs`` its blobs by
+    number, ``steps`` and ``layers`` its run order, ``store`` its params.
+    """
+    kept_roots = [r for r in set(plan.data_root) if r in plan.private]
+    kept = sum(blobs[r].nbytes for r in kept_roots)
+    kept += sum(blobs[r].nbytes for r in set(plan.diff_root)
+                if r in plan.private and r in plan.diff_life)
+    if layout is not None:
+        workspace = layout.total
+    else:
+        workspace = sum(math.prod(shape) * np.dtype(dtype).itemsize for layer in layers
+                        for shape, dtype, _ in layer.scratch_specs.values())
+    need = params + kept + workspace
+    limit = limit_for(params + sum(blobs[r].nbytes for r in kept_roots
+                                   if blobs[r]._data is not None))
+    if need <= limit:
+        return
+    producer = {}
+    for step, layer in zip(steps, layers):
+        for b in step.tops:
+            producer.setdefault(b, f"layer '{layer.name}' ({layer.type})")
+    culprits = [(f"blob '{blobs[r].name}'", blobs[r].shape, blobs[r].nbytes,
+                 producer.get(r, "no layer")) for r in set(plan.data_root)]
+    culprits += [(f"param '{p.name}'", p.blob.shape, 2 * p.blob.nbytes,
+                  f"layer '{p.owner}'") for p in store]
+    culprits.sort(key=lambda c: -c[2])
+    raise plan_too_big(net, need, limit, given, culprits[:3])
+
+
+@dataclass
+class MemoryReport:
+    """Bytes a net needs, planned against unplanned (every blob its own memory).
+
+    ``activations``, ``diffs`` and ``scratch`` are the unplanned sizes;
+    ``kept`` is the private part (inputs, outputs, losses, ``keep=``),
+    ``workspace`` this net's share of the shared workspace, so ``planned =
+    kept + workspace``. ``params`` counts the parameter store (data and diff
+    of every param, shared by every net over it), ``history`` the solver's.
+    ``largest`` lists ``(blob, shape, bytes, where)`` for the biggest blobs.
+    """
+
+    params: int
+    history: int
+    activations: int
+    diffs: int
+    scratch: int
+    kept: int
+    workspace: int
+    largest: list
+
+    @property
+    def unplanned(self) -> int:
+        return self.activations + self.diffs + self.scratch
+
+    @property
+    def planned(self) -> int:
+        return self.kept + self.workspace
+
+    def __str__(self) -> str:
+        kib = 1024.0
+        lines = [
+            f"params         {self.params / kib:12.1f} KiB",
+            f"solver history {self.history / kib:12.1f} KiB",
+            f"activations    {self.activations / kib:12.1f} KiB  (unplanned)",
+            f"diffs          {self.diffs / kib:12.1f} KiB  (unplanned)",
+            f"scratch        {self.scratch / kib:12.1f} KiB  (unplanned)",
+            f"unplanned      {self.unplanned / kib:12.1f} KiB",
+            f"planned        {self.planned / kib:12.1f} KiB  = kept {self.kept / kib:.1f} "
+            f"+ workspace {self.workspace / kib:.1f}",
+            "largest blobs:",
+        ]
+        lines += [f"  {name:<32} {str(shape):<18} {n / kib:10.1f} KiB  {where}"
+                  for name, shape, n, where in self.largest]
+        return "\n".join(lines)
+
+
+def memory_report(plan, layout, blobs, layers, params: int, history: int,
+                  largest: int) -> MemoryReport:
+    """The :class:`MemoryReport` of a net's liveness ``plan`` and ``layout`` (None: nothing
+    planned), its ``blobs`` by number and its run order's ``layers``."""
+    roots = sorted(set(plan.data_root))
+    activations = sum(blobs[r].nbytes for r in roots)
+    diffs = sum(blobs[r].nbytes for r in set(plan.diff_root)
+                if r in plan.diff_life or (r in plan.private and blobs[r]._diff is not None))
+    scratch = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                  for layer in layers for shape, dtype, _ in layer.scratch_specs.values())
+    kept = sum(blobs[r].nbytes for r in roots if r in plan.private)
+    kept += sum(blobs[r].nbytes for r in set(plan.diff_root)
+                if r in plan.private and blobs[r]._diff is not None)
+    if layout is None:
+        kept, workspace = activations + diffs + scratch, 0
+    else:
+        workspace = layout.total
+    inside = layout.whole["data"] if layout is not None else None
+
+    def where(r):
+        if r in plan.private:
+            return "kept"
+        return "inside another blob" if inside is not None and inside[r] >= 0 else "workspace"
+
+    big = sorted(roots, key=lambda r: -blobs[r].nbytes)[:largest]
+    return MemoryReport(params, history, activations, diffs, scratch, kept, workspace,
+                        [(blobs[r].name, blobs[r].shape, blobs[r].nbytes, where(r))
+                         for r in big])

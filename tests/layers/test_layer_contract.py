@@ -135,7 +135,8 @@ def test_every_module_of_the_layers_package_registers_its_layers():
 
 # -- every hook the engine reads is declared on Layer ---------------------------------------
 #: the modules that read layers: the net, its plan and checks, inspection, graph capture
-ENGINE = ("net", "graph", "host_checks", "workspace", "inspection", "cuda_graph")
+ENGINE = ("net", "graph", "memory_plan", "executor", "param_sharing", "memory_limit",
+          "host_checks", "workspace", "inspection", "cuda_graph")
 #: names that stand for a layer in those modules
 LAYER_NAMES = {"layer", "sharer", "split"}
 #: what every layer has besides CONTRACT: Caffe's run methods and the base's own members

@@ -1,0 +1,215 @@
+"""Running a net's steps: a layout bound to the workspace, then the steps, serial or at once.
+
+:func:`bind` gives every planned blob and scratch buffer the workspace memory
+a :class:`~unroll.memory_plan.Layout` placed it at (and :func:`release` takes
+it back when the workspace moves). :func:`schedule` cuts the run order into
+serial runs and concurrent regions (:func:`unroll.memory_plan.concurrent_regions`);
+:func:`run_forward` and :func:`run_backward` run them. The serial loop is a
+bare call per layer: a layer's exception is named by the net afterwards
+(:meth:`unroll.net.Net._running`), not by a ``try`` around each call.
+"""
+
+from __future__ import annotations
+
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from unroll.errors import NetError
+
+__all__ = ["bind", "release", "run_backward", "run_forward", "schedule"]
+
+
+# -- binding a layout ----------------------------------------------------------------------
+def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int]]:
+    """Give every planned blob (of ``blobs``, by number) and every scratch buffer of
+    ``layers`` its memory in ``workspace``, as ``layout`` (of liveness ``plan``) places it.
+
+    Returns the weight-gradient GEMMs, step -> ``[(layer, x rows, gy rows)]``,
+    and the ids of the blobs that other blobs are views into (the Slice parts
+    of an input, say): a new array for one of them (a borrowed input) must
+    bind its parts again.
+    """
+    offset, whole, within = layout.offset, layout.whole, layout.within
+    n_blobs = len(blobs)
+    workspace.grow(layout.total)
+    arrays: dict = {}
+    wholes = np.unique(whole["data"][whole["data"] >= 0]).tolist()
+    bound_wholes = {id(blobs[w]) for w in wholes if w < n_blobs}
+
+    def array(kind, r):
+        if (kind, r) in arrays:
+            return arrays[(kind, r)]
+        host, at = int(whole[kind][r]), int(offset[kind][r])
+        if r >= n_blobs:  # a buffer holding several blobs' rows
+            a = workspace.view(at, (layout.sizes[(kind, r)] // dtype.itemsize,), dtype)
+        elif host >= 0:
+            blob, flat = blobs[r], array(kind, host)
+            first = int(within[kind][r])
+            a = None if flat is None else (
+                flat.reshape(-1)[first : first + blob.count].reshape(blob.shape))
+        elif at >= 0:
+            a = workspace.view(at, blobs[r].shape, dtype)
+        elif r in plan.private:
+            a = getattr(blobs[r], kind)  # its own memory
+        else:
+            a = None  # never used by this net (no backward: no diff)
+        arrays[(kind, r)] = a
+        return a
+
+    for r in set(plan.data_root) | set(plan.diff_root):
+        if r in plan.private:
+            continue
+        # a root no step touches (a diff where nothing runs backward) gets no memory
+        data = array("data", r) if r in plan.data_life else None
+        diff = array("diff", r) if r in plan.diff_life else None
+        blobs[r].bind(data, diff)
+    for s, layer in enumerate(layers):
+        for name, (shape, dtype_, _) in layer.scratch_specs.items():
+            if (s, name) in layout.scratch:
+                layer.scratch_memory[name] = workspace.view(layout.scratch[(s, name)], shape,
+                                                            dtype_)
+    gemms: dict = {}
+    for group in layout.groups:
+        layer = layers[group.after]
+        (xr, x0), (gr, g0) = group.x, group.gy
+        K, n = layer.param_row_widths()
+        x = array("data", xr).reshape(-1)[x0 : x0 + group.rows * K].reshape(-1, K)
+        gy = array("diff", gr).reshape(-1)[g0 : g0 + group.rows * n].reshape(-1, n)
+        gemms.setdefault(group.after, []).append((layer, x, gy))
+    arrays.clear()  # array() refers to itself: left to the collector, the dict would
+    # keep views of an old arena alive after the workspace grows
+    return gemms, bound_wholes
+
+
+def release(plan, blobs, layers) -> None:
+    """Drop every view of the workspace that :func:`bind` gave (the arena is about to move)."""
+    for r in set(plan.data_root) | set(plan.diff_root):
+        if r not in plan.private:
+            blobs[r].bind(None, None)
+    for layer in layers:
+        layer.scratch_memory.clear()
+
+
+# -- the schedule ----------------------------------------------------------------------------
+def schedule(fwd, bwd, regions) -> tuple[list, list]:
+    """The run order as serial runs and concurrent regions, forward and backward.
+
+    ``fwd`` lists ``(layer, bottoms, tops)`` per step, ``bwd`` the steps that
+    run backward, ``(step, layer, tops, propagate_down, bottoms)``, last step
+    first. Each item is a list of entries (run in order) or a region as
+    (entries run before, [entries of each branch], entries run after):
+    forward, the region's ``first`` steps run before its branches; backward
+    (each list reversed) they run after them.
+    """
+    forward, backward, s = [], [], 0
+    by_step = {entry[0]: entry for entry in bwd}
+    for region in regions:
+        forward.append(fwd[s : region.start])
+        forward.append(([fwd[t] for t in region.first],
+                        [[fwd[t] for t in b] for b in region.branches], []))
+        backward.append([by_step[t] for t in range(region.start - 1, s - 1, -1)
+                         if t in by_step])
+        backward.append(([], [[by_step[t] for t in reversed(b) if t in by_step]
+                              for b in region.branches],
+                         [by_step[t] for t in reversed(region.first) if t in by_step]))
+        s = region.stop
+    forward.append(fwd[s:])
+    backward.append([by_step[t] for t in range(len(fwd) - 1, s - 1, -1) if t in by_step])
+    return forward, backward[::-1]
+
+
+# -- running ---------------------------------------------------------------------------------
+def run_forward(fwd, items) -> None:
+    """Every layer's forward: ``fwd`` in order, or the ``items`` of :func:`schedule`."""
+    if items is None:
+        for layer, bottoms, tops in fwd:
+            layer.forward(bottoms, tops)
+    else:
+        _run_items(items, _forward_entry, "failed in forward")
+
+
+def run_backward(bwd, items, zero_before, gemms) -> None:
+    """Every backward of ``bwd`` (or of the ``items`` of :func:`schedule`): diffs that
+    backward reads before anything writes them are zeroed first (``zero_before``, by step),
+    and after the last sharer's backward the weight-gradient GEMM of ``gemms`` runs."""
+    if items is None:
+        for s, layer, tops, prop, bottoms in bwd:
+            if s in zero_before:
+                for blob in zero_before[s]:
+                    blob.diff.fill(0)
+            layer.backward(tops, prop, bottoms)
+            if s in gemms:
+                for sharer, x, gy in gemms[s]:
+                    sharer.param_backward(x, gy)  # every sharer's rows: one GEMM
+    else:
+        _run_items(items, functools.partial(_backward_entry, zero_before=zero_before,
+                                            gemms=gemms), "failed in backward")
+
+
+def layer_failure(layer, what: str, error: Exception, bottoms) -> NetError:
+    """A layer's unexpected exception as a NetError naming the layer and its bottoms."""
+    shapes = ", ".join(f"'{b.name}' {b.shape}" for b in bottoms) or "none"
+    kind = layer.type if layer.type != "Python" else layer_kind(layer.param)
+    return NetError(f"layer '{layer.name}' ({kind}) {what}: "
+                    f"{type(error).__name__}: {error}; bottoms: {shapes}")
+
+
+def layer_kind(param) -> str:
+    """A LayerParameter's type, and for a Python layer the module and class it runs."""
+    if param.type != "Python":
+        return param.type
+    spec = param.python_param
+    return f"Python, module '{spec.module}', class '{spec.layer}'"
+
+
+_branch_pool: ThreadPoolExecutor | None = None
+
+
+def _forward_entry(entry) -> None:
+    layer, bottoms, tops = entry
+    layer.forward(bottoms, tops)
+
+
+def _backward_entry(entry, zero_before, gemms) -> None:
+    s, layer, tops, prop, bottoms = entry
+    for blob in zero_before.get(s, ()):
+        blob.diff.fill(0)
+    layer.backward(tops, prop, bottoms)
+    for sharer, x, gy in gemms.get(s, ()):
+        sharer.param_backward(x, gy)
+
+
+def _run_branch(entries, run, what: str) -> None:
+    for entry in entries:
+        try:
+            run(entry)
+        except NetError:
+            raise
+        except Exception as e:
+            layer, bottoms = (entry[0], entry[1]) if len(entry) == 3 else (entry[1], entry[4])
+            raise layer_failure(layer, what, e, bottoms) from e
+
+
+def _run_items(items, run, what: str) -> None:
+    """Run a schedule: serial lists in order; for a region, its entries before, then its
+    branches at once (one on this thread, the others on a pool), then its entries after."""
+    global _branch_pool
+    for item in items:
+        if isinstance(item, list):
+            _run_branch(item, run, what)
+            continue
+        before, branches, after = item
+        _run_branch(before, run, what)
+        if _branch_pool is None:
+            _branch_pool = ThreadPoolExecutor(thread_name_prefix="unroll-branch")
+        others = [_branch_pool.submit(_run_branch, b, run, what) for b in branches[1:]]
+        try:
+            _run_branch(branches[0], run, what)
+        finally:
+            for future in others:
+                future.exception()  # every branch has finished before anything goes on
+        for future in others:
+            future.result()
+        _run_branch(after, run, what)
