@@ -16,9 +16,79 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from unroll import memory_plan
 from unroll.errors import NetError
 
-__all__ = ["bind", "release", "run_backward", "run_forward", "schedule"]
+__all__ = ["NetMemory", "bind", "release", "run_backward", "run_forward", "schedule"]
+
+#: layouts a net keeps, by input shapes: a bucket's full batches and its last one
+LAYOUTS_KEPT = 2
+
+
+class NetMemory:
+    """A net's memory plan, applied: the liveness of its run order, the layouts of its last
+    input shapes, and the one bound to the workspace now.
+
+    ``blobs`` are the net's blobs by number, ``graph`` its run order
+    (:class:`unroll.graph.Graph`) and ``layers`` its layers in that order;
+    ``limit`` (a :class:`~unroll.memory_limit.MemoryLimit`) refuses a layout
+    too big before any of it is allocated. ``gemms`` and ``zero_before`` are
+    what :func:`run_backward` takes; ``bound_wholes`` the ids of the blobs that
+    other blobs are views into.
+    """
+
+    def __init__(self, blobs, graph, layers, bottom_need, workspace, dtype, limit):
+        self.blobs, self.graph, self.layers, self.bottom_need = blobs, graph, layers, bottom_need
+        self.workspace, self.dtype, self.limit = workspace, dtype, limit
+        self.liveness = self.layout = None
+        self.layouts: dict = {}  # input shapes -> a recent layout
+        self.bound, self.bound_wholes, self.gemms, self.zero_before = False, set(), {}, {}
+
+    def plan(self, liveness) -> None:
+        """Take a new liveness: the layouts of the old one are dropped."""
+        self.liveness = liveness
+        self.zero_before = {s: [self.blobs[r] for r in roots]
+                            for s, roots in liveness.zero_before.items()}
+        self.layouts.clear()
+
+    def lay_out(self, key, planned: bool) -> None:
+        """The layout for the blobs' current shapes (``key``: the input shapes), told to the
+        layers; the workspace grows, and the blobs get their memory, at the next run
+        (:meth:`bind`). ``planned=False``: every blob keeps memory of its own."""
+        self.bound = False
+        check = functools.partial(self.limit.check_plan, self.liveness, blobs=self.blobs,
+                                  steps=self.graph.steps, layers=self.layers)
+        if not planned:
+            check(None)
+            self.layout = None
+            return
+        # a bucket's last batch is smaller than the others, so a net's shapes go back and
+        # forth: the layouts of the last shapes are kept, not computed again (a layout
+        # took as long as a training step of the word-level tagger)
+        if key not in self.layouts:
+            new = memory_plan.layout(self.liveness, self.graph.steps, self.layers,
+                                     self.bottom_need, [b.shape for b in self.blobs],
+                                     self.graph.rewritten, self.dtype.itemsize)
+            check(new)  # before the layers hear of it, or memory is taken
+            if len(self.layouts) >= LAYOUTS_KEPT:
+                del self.layouts[next(iter(self.layouts))]
+            self.layouts[key] = new
+        self.layout = self.layouts[key]
+        for s, flags in self.layout.flags:
+            self.layers[s].apply_layout(*flags)
+
+    def bind(self) -> None:
+        """Give the blobs and scratch buffers the memory of the layout (:func:`bind`)."""
+        self.gemms, self.bound_wholes = bind(self.layout, self.liveness, self.blobs,
+                                             self.layers, self.workspace, self.dtype)
+        self.bound = True
+
+    def release(self) -> None:
+        """Drop every view of the workspace (it is about to move); :meth:`bind` gives them
+        again."""
+        if self.bound:
+            release(self.liveness, self.blobs, self.layers)
+            self.gemms, self.bound = {}, False
 
 
 # -- binding a layout ----------------------------------------------------------------------
@@ -154,6 +224,20 @@ def layer_failure(layer, what: str, error: Exception, bottoms) -> NetError:
     kind = layer.type if layer.type != "Python" else layer_kind(layer.param)
     return NetError(f"layer '{layer.name}' ({kind}) {what}: "
                     f"{type(error).__name__}: {error}; bottoms: {shapes}")
+
+
+def failure_in(error: Exception, fwd, what: str) -> NetError | None:
+    """``error`` as a NetError naming the layer of ``fwd`` (``(layer, bottoms, tops)`` per
+    step) whose method raised it: the outermost frame of the traceback whose ``self`` is
+    one of them. None where no layer's code raised it."""
+    bottoms_of = {id(layer): bottoms for layer, bottoms, _ in reversed(fwd)}
+    tb = error.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if id(owner) in bottoms_of:
+            return layer_failure(owner, what, error, bottoms_of[id(owner)])
+        tb = tb.tb_next
+    return None
 
 
 def layer_kind(param) -> str:

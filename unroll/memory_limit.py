@@ -24,7 +24,7 @@ import psutil
 
 from unroll.errors import NetError
 
-__all__ = ["MemoryReport", "available_bytes", "check_plan", "format_bytes", "memory_report",
+__all__ = ["MemoryLimit", "MemoryReport", "available_bytes", "format_bytes", "memory_report",
            "plan_too_big"]
 
 
@@ -67,39 +67,74 @@ blob 'x' (274877906944,) 1.0 TiB, of layer 'in' (Input)
                     f"of {format_bytes(limit)} ({source}); largest: {culprits}")
 
 
-def check_plan(net: str, plan, layout, blobs, steps, layers, params, limit_for, given: bool,
-               store) -> None:
-    """Refuse a net's memory plan (its ``params`` bytes, kept blobs and workspace) larger than
-    its limit, ``limit_for(held)`` for the bytes of the need already held.
+class MemoryLimit:
+    """The memory limit of net ``name``: ``max_bytes``, or what the device of ``xp`` has
+    available plus what the net already holds of its need (params in ``store``, the
+    ``workspace``), checked as each part of the need becomes known."""
 
-    ``plan`` and ``layout`` are the net's liveness and layout (None: every blob
-    is kept, and the layers' scratch is their own); ``blobs`` its blobs by
-    number, ``steps`` and ``layers`` its run order, ``store`` its params.
-    """
-    kept_roots = [r for r in set(plan.data_root) if r in plan.private]
-    kept = sum(blobs[r].nbytes for r in kept_roots)
-    kept += sum(blobs[r].nbytes for r in set(plan.diff_root)
-                if r in plan.private and r in plan.diff_life)
-    if layout is not None:
-        workspace = layout.total
-    else:
-        workspace = sum(math.prod(shape) * np.dtype(dtype).itemsize for layer in layers
-                        for shape, dtype, _ in layer.scratch_specs.values())
-    need = params + kept + workspace
-    limit = limit_for(params + sum(blobs[r].nbytes for r in kept_roots
-                                   if blobs[r]._data is not None))
-    if need <= limit:
-        return
-    producer = {}
-    for step, layer in zip(steps, layers):
-        for b in step.tops:
-            producer.setdefault(b, f"layer '{layer.name}' ({layer.type})")
-    culprits = [(f"blob '{blobs[r].name}'", blobs[r].shape, blobs[r].nbytes,
-                 producer.get(r, "no layer")) for r in set(plan.data_root)]
-    culprits += [(f"param '{p.name}'", p.blob.shape, 2 * p.blob.nbytes,
-                  f"layer '{p.owner}'") for p in store]
-    culprits.sort(key=lambda c: -c[2])
-    raise plan_too_big(net, need, limit, given, culprits[:3])
+    def __init__(self, name: str, max_bytes: int | None, xp, store, workspace):
+        self.name, self.max_bytes, self.xp = name, max_bytes, xp
+        self.store, self.workspace = store, workspace
+
+    def param_bytes(self) -> int:
+        # from the shapes: reading a param's diff would allocate it
+        return sum(2 * p.blob.nbytes for p in self.store)
+
+    def bytes(self, held: int = 0) -> int:
+        """The limit, where ``held`` bytes of the need (besides params and workspace) are
+        allocated already: no longer available, but counted in the need."""
+        if self.max_bytes is not None:
+            return self.max_bytes
+        return available_bytes(self.xp) + self.param_bytes() + self.workspace.nbytes + held
+
+    def _refuse(self, need: int, limit: int, culprits) -> NetError:
+        return plan_too_big(self.name, need, limit, self.max_bytes is not None, culprits)
+
+    def check_param(self, nbytes: int, culprit) -> None:
+        """Refuse a new param of ``nbytes`` (``culprit``: what, shape, bytes, layer)."""
+        have, limit = self.param_bytes(), self.bytes()
+        if have + nbytes > limit:
+            raise self._refuse(have + nbytes, limit, [culprit])
+
+    def check_tops(self, layer, tops, limit: int) -> None:
+        """Refuse a top larger than ``limit`` as soon as its shape is known: the layers
+        after it could allocate in proportion to it (the whole plan comes later)."""
+        for top in tops:
+            if top.nbytes > limit:
+                raise self._refuse(top.nbytes, limit, [(f"blob '{top.name}'", top.shape,
+                                                        top.nbytes,
+                                                        f"layer '{layer.name}' ({layer.type})")])
+
+    def check_plan(self, plan, layout, blobs, steps, layers) -> None:
+        """Refuse a memory plan (params, kept blobs and workspace) over the limit.
+
+        ``plan`` and ``layout`` are the net's liveness and layout (None: every
+        blob is kept, and the layers' scratch is their own); ``blobs`` its blobs
+        by number, ``steps`` and ``layers`` its run order.
+        """
+        kept_roots = [r for r in set(plan.data_root) if r in plan.private]
+        kept = sum(blobs[r].nbytes for r in kept_roots)
+        kept += sum(blobs[r].nbytes for r in set(plan.diff_root)
+                    if r in plan.private and r in plan.diff_life)
+        if layout is not None:
+            workspace = layout.total
+        else:
+            workspace = sum(math.prod(shape) * np.dtype(dtype).itemsize for layer in layers
+                            for shape, dtype, _ in layer.scratch_specs.values())
+        need = self.param_bytes() + kept + workspace
+        limit = self.bytes(sum(blobs[r].nbytes for r in kept_roots if blobs[r]._data is not None))
+        if need <= limit:
+            return
+        producer = {}
+        for step, layer in zip(steps, layers):
+            for b in step.tops:
+                producer.setdefault(b, f"layer '{layer.name}' ({layer.type})")
+        culprits = [(f"blob '{blobs[r].name}'", blobs[r].shape, blobs[r].nbytes,
+                     producer.get(r, "no layer")) for r in set(plan.data_root)]
+        culprits += [(f"param '{p.name}'", p.blob.shape, 2 * p.blob.nbytes,
+                      f"layer '{p.owner}'") for p in self.store]
+        culprits.sort(key=lambda c: -c[2])
+        raise self._refuse(need, limit, culprits[:3])
 
 
 @dataclass

@@ -33,13 +33,7 @@ from unroll.errors import NetError
 from unroll.executor import layer_failure, layer_kind
 from unroll.host_checks import check_host_input, input_readers
 from unroll.layer import layer_class
-from unroll.memory_limit import (
-    MemoryReport,
-    available_bytes,
-    check_plan,
-    memory_report,
-    plan_too_big,
-)
+from unroll.memory_limit import MemoryLimit, MemoryReport, memory_report
 from unroll.param_sharing import ParamMaker
 from unroll.param_store import ParamStore
 from unroll.proto import TEST, TRAIN, NetParameter, read_message
@@ -49,8 +43,6 @@ from unroll.workspace import Workspace, workspace_for
 __all__ = ["BlobTable", "MemoryReport", "Net"]
 
 PHASES = {"train": TRAIN, "test": TEST}
-#: layouts a net keeps, by input shapes: a bucket's full batches and its last one
-LAYOUTS_KEPT = 2
 
 
 def _make_layer(param, allow_python: bool, **options):
@@ -63,19 +55,6 @@ def _make_layer(param, allow_python: bool, **options):
     except Exception as e:
         raise NetError(f"layer '{param.name}' ({layer_kind(param)}) cannot be made: "
                        f"{type(e).__name__}: {e}") from e
-
-
-def _failing_layer(error: Exception, layers):
-    """The layer whose method raised ``error``: the outermost frame of the traceback whose
-    ``self`` is one of ``layers`` (None where no layer's code raised it)."""
-    ids = {id(layer) for layer in layers}
-    tb = error.__traceback__
-    while tb is not None:
-        owner = tb.tb_frame.f_locals.get("self")
-        if id(owner) in ids:
-            return owner
-        tb = tb.tb_next
-    return None
 
 
 def _call(layer, what: str, method, *args) -> None:
@@ -201,21 +180,11 @@ class Net:
     ['W', 'ip.1']
     """
 
-    def __init__(
-        self,
-        source,
-        phase: str = "train",
-        device: str = "cpu",
-        dtype="float32",
-        keep=(),
-        seed: int = 0,
-        param_store: ParamStore | None = None,
-        allow_python_layers: bool = False,
-        plan_memory: bool = True,
-        workspace: Workspace | None = None,
-        concurrent: bool = False,
-        max_bytes: int | None = None,
-    ):
+    def __init__(self, source, phase: str = "train", device: str = "cpu", dtype="float32",
+                 keep=(), seed: int = 0, param_store: ParamStore | None = None,
+                 allow_python_layers: bool = False, plan_memory: bool = True,
+                 workspace: Workspace | None = None, concurrent: bool = False,
+                 max_bytes: int | None = None):
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {list(PHASES)}, found {phase!r}")
         net_param = read_message(source, NetParameter)
@@ -231,22 +200,21 @@ class Net:
         self.keep = set(keep)
         self._rng = make_rng(self.xp, seed)
         self.store = param_store if param_store is not None else ParamStore()
-        self._params = ParamMaker(self.store, self.xp, self.dtype, np.random.default_rng(seed),
-                                  param_store is not None, self._check_param)
-        self.learnable_params = self._params.learnable_params
         self.plan_memory = plan_memory
         # independent branches at once: CPU only (a GPU would need streams), see _build
         self.concurrent = concurrent and self.xp is np
         self.workspace = workspace if workspace is not None else workspace_for(self.store, self.xp)
         self.workspace.attach(self)
         self.max_bytes = max_bytes
+        self._limit = MemoryLimit(self.name, max_bytes, self.xp, self.store, self.workspace)
+        self._params = ParamMaker(self.store, self.xp, self.dtype, np.random.default_rng(seed),
+                                  param_store is not None, self._limit.check_param)
+        self.learnable_params = self._params.learnable_params
         self._gate = _Gate(self)
         self._kept_blobs: set[int] = set()  # asked for by forward(blobs=...)
         self._loss: float | None = 0.0  # read back on first access (see loss)
         self._device_loss = None
         self._borrowed: dict = {}  # input name -> the caller's device array it holds
-        self._bound, self._bound_wholes, self._gemms = False, set(), {}  # see _bind
-        self._layouts: dict = {}  # input shapes -> a recent layout: see _layout
         self._gate.open = True
         try:
             with _collector_paused():
@@ -310,6 +278,8 @@ class Net:
         self._setup_layers()
         self.layer_need_backward, self._bottom_need, loss_tops = graph.backward_needs(
             g.steps, self.layers_run, self._force_backward, self._learns)
+        self._memory = executor.NetMemory(blob_list, g, self.layers_run, self._bottom_need,
+                                          self.workspace, self.dtype, self._limit)
         self._loss_tops = [(blob_list[b], w) for b, w in loss_tops]
         self._loss_blobs = [b for b, _ in loss_tops]
         self._bwd = [(s, layer, t, prop, b) for s, ((layer, b, t), prop, need) in enumerate(
@@ -336,7 +306,7 @@ class Net:
                 f"outputs={list(self.outputs)})")
 
     def _setup_layers(self) -> None:
-        limit = self._memory_limit(self._param_bytes() + self.workspace.nbytes)
+        limit = self._limit.bytes()
         for layer, bottoms, tops in self._fwd:
             try:
                 layer.set_up(bottoms, tops)
@@ -344,7 +314,7 @@ class Net:
                 raise
             except Exception as e:
                 raise layer_failure(layer, "cannot set up", e, bottoms) from e
-            self._check_tops(layer, tops, limit)
+            self._limit.check_tops(layer, tops, limit)
         self._input_blobs = [t for layer, _, tops in self._fwd if layer.type == "Input"
                              for t in tops]
         self._input_shapes = [b.shape for b in self._input_blobs]
@@ -367,84 +337,31 @@ class Net:
         self._plans_backward = self.phase == "train" or self._force_backward
         need = (self.layer_need_backward if self._plans_backward
                 else [False] * len(self.layer_need_backward))
-        plan = self.liveness = memory_plan.liveness(
-            g.steps, self.layers_run, len(self._blob_list), private, need,
-            self._bottom_need, self._loss_blobs, self.regions)
+        plan = memory_plan.liveness(g.steps, self.layers_run, len(self._blob_list), private,
+                                    need, self._bottom_need, self._loss_blobs, self.regions)
         for b, blob in enumerate(self._blob_list):
             planned = plan.data_root[b] not in plan.private or plan.diff_root[b] not in plan.private
             blob.guard = self._gate if planned else None
-        self._zero_before = {s: [self._blob_list[r] for r in roots]
-                             for s, roots in plan.zero_before.items()}
-        self._layouts.clear()  # laid out for the old plan
+        self._memory.plan(plan)
         self._layout()
 
     def _layout(self) -> None:
-        """Lay out memory for the current shapes and tell the layers; the workspace grows,
-        and the blobs get their memory, when the net next runs (:meth:`_bind`)."""
-        self._bound = False
-        if not self.plan_memory:
-            self._check_plan(None)
-            self.layout = None
-            return
-        # a bucket's last batch is smaller than the others, so a net's shapes go back and
-        # forth: the layouts of the last shapes are kept, not computed again (a layout
-        # took as long as a training step of the word-level tagger)
-        key = tuple(blob.shape for blob in self._input_blobs)
-        if key not in self._layouts:
-            new = memory_plan.layout(self.liveness, self.graph.steps, self.layers_run,
-                                     self._bottom_need, [b.shape for b in self._blob_list],
-                                     self.graph.rewritten, self.dtype.itemsize)
-            self._check_plan(new)  # before the layers hear of it, or memory is taken
-            if len(self._layouts) >= LAYOUTS_KEPT:
-                del self._layouts[next(iter(self._layouts))]
-            self._layouts[key] = new
-        self.layout = self._layouts[key]
-        for s, flags in self.layout.flags:
-            self.layers_run[s].apply_layout(*flags)
+        self._memory.lay_out(tuple(b.shape for b in self._input_blobs), self.plan_memory)
 
-    def _bind(self) -> None:
-        self._gemms, self._bound_wholes = executor.bind(
-            self.layout, self.liveness, self._blob_list, self.layers_run, self.workspace,
-            self.dtype)
-        self._bound = True
+    @property
+    def liveness(self):
+        """The memory plan's lifetimes (:class:`unroll.memory_plan.Liveness`)."""
+        return self._memory.liveness
+
+    @property
+    def layout(self):
+        """The memory plan's layout for the current shapes (:class:`unroll.memory_plan.Layout`;
+        None with ``plan_memory=False``)."""
+        return self._memory.layout
 
     def release_memory(self) -> None:
         """Drop every view of the workspace (it is about to move); the next run re-binds."""
-        if self._bound:
-            executor.release(self.liveness, self._blob_list, self.layers_run)
-            self._gemms, self._bound = {}, False
-
-    # -- the memory limit ----------------------------------------------------------
-    def _param_bytes(self) -> int:
-        # from the shapes: reading a param's diff would allocate it
-        return sum(2 * p.blob.nbytes for p in self.store)
-
-    def _memory_limit(self, held: int) -> int:
-        """``max_bytes``, or what the device has available plus ``held``: the bytes of the
-        need already allocated, no longer available but counted in the need."""
-        return self.max_bytes if self.max_bytes is not None else available_bytes(self.xp) + held
-
-    def _check_param(self, nbytes: int, culprit) -> None:
-        have = self._param_bytes()
-        limit = self._memory_limit(have + self.workspace.nbytes)
-        if have + nbytes > limit:
-            raise plan_too_big(self.name, have + nbytes, limit, self.max_bytes is not None,
-                               [culprit])
-
-    def _check_tops(self, layer, tops, limit: int) -> None:
-        # a blob larger than the limit is refused as soon as its shape is known: the
-        # layers after it could allocate in proportion to it (the whole plan comes later)
-        for top in tops:
-            if top.nbytes > limit:
-                raise plan_too_big(self.name, top.nbytes, limit, self.max_bytes is not None,
-                                   [(f"blob '{top.name}'", top.shape, top.nbytes,
-                                     f"layer '{layer.name}' ({layer.type})")])
-
-    def _check_plan(self, layout) -> None:
-        check_plan(self.name, self.liveness, layout, self._blob_list, self.graph.steps,
-                   self.layers_run, self._param_bytes(),
-                   lambda held: self._memory_limit(held + self.workspace.nbytes),
-                   self.max_bytes is not None, self.store)
+        self._memory.release()
 
     @property
     def batched_param_gradients(self) -> dict[str, int]:
@@ -497,12 +414,12 @@ class Net:
     def reshape(self) -> None:
         """Propagate new input shapes through every layer, then lay out memory anew."""
         self._input_shapes = None  # until every layer has taken the new shapes, and they fit
-        limit = self._memory_limit(self._param_bytes() + self.workspace.nbytes)
+        limit = self._limit.bytes()
         opened, self._gate.open = self._gate.open, True
         try:
             for layer, bottoms, tops in self._fwd:
                 _call(layer, "cannot reshape", layer.reshape, bottoms, tops)
-                self._check_tops(layer, tops, limit)
+                self._limit.check_tops(layer, tops, limit)
         finally:
             self._gate.open = opened
         self._compact_layers()  # what reshape parsed again
@@ -532,8 +449,8 @@ class Net:
             if value.shape != blob.shape:
                 blob.diff = None  # allocated again, in the new shape, when first used
             blob.data = self._borrowed[name] = value
-            if id(blob) in self._bound_wholes:  # its parts still view the array it had
-                self._bound = False
+            if id(blob) in self._memory.bound_wholes:  # its parts still view the array it had
+                self._memory.bound = False
             return
         if self._borrowed.pop(name, None) is blob.data:  # never write into the caller's array
             blob.data = self.xp.empty(blob.shape, self.dtype)
@@ -575,8 +492,8 @@ class Net:
         if [b.shape for b in self._input_blobs] != self._input_shapes:
             self.reshape()
         with self._running("forward"):
-            if not self._bound and self.layout is not None:
-                self._bind()
+            if not self._memory.bound and self.layout is not None:
+                self._memory.bind()
             executor.run_forward(self._fwd, self._forward_items)
         self.workspace.holder = self
         self._loss = self._device_loss = None
@@ -630,8 +547,8 @@ class Net:
         for blob, weight in self._loss_tops:
             blob.diff.fill(weight)
         with self._running("backward"):
-            executor.run_backward(self._bwd, self._backward_items, self._zero_before,
-                                  self._gemms)
+            executor.run_backward(self._bwd, self._backward_items, self._memory.zero_before,
+                                  self._memory.gemms)
 
     @contextlib.contextmanager
     def _running(self, what: str):
@@ -649,11 +566,10 @@ class Net:
         except NetError:
             raise
         except Exception as e:
-            layer = _failing_layer(e, self.layers_run)
-            if layer is None:
+            failure = executor.failure_in(e, self._fwd, f"failed in {what}")
+            if failure is None:
                 raise  # not a layer's: the engine's own bug, with its traceback
-            bottoms = next(b for lay, b, _ in self._fwd if lay is layer)
-            raise layer_failure(layer, f"failed in {what}", e, bottoms) from e
+            raise failure from e
         finally:
             self._gate.open = False
 
