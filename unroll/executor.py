@@ -44,8 +44,13 @@ class NetMemory:
         self.layouts: dict = {}  # input shapes -> a recent layout
         self.bound, self.bound_wholes, self.gemms, self.zero_before = False, set(), {}, {}
 
-    def plan(self, liveness) -> None:
-        """Take a new liveness: the layouts of the old one are dropped."""
+    def plan(self, liveness, gate) -> None:
+        """Take a new liveness: the layouts of the old one are dropped, and every planned
+        blob is readable only while ``gate`` is open (its memory is the net's only then)."""
+        for b, blob in enumerate(self.blobs):
+            planned = (liveness.data_root[b] not in liveness.private
+                       or liveness.diff_root[b] not in liveness.private)
+            blob.guard = gate if planned else None
         self.liveness = liveness
         self.zero_before = {s: [self.blobs[r] for r in roots]
                             for s, roots in liveness.zero_before.items()}
@@ -160,6 +165,35 @@ def release(plan, blobs, layers) -> None:
             blobs[r].bind(None, None)
     for layer in layers:
         layer.scratch_memory.clear()
+
+
+# -- setting up --------------------------------------------------------------------------
+def set_up(fwd, limit) -> None:
+    """Set up every layer of ``fwd`` (``(layer, bottoms, tops)`` per step) in order, each
+    top refused by ``limit`` (a :class:`~unroll.memory_limit.MemoryLimit`) as soon as its
+    shape is known; a layer's unexpected exception becomes a NetError naming it."""
+    most = limit.bytes()
+    for layer, bottoms, tops in fwd:
+        try:
+            layer.set_up(bottoms, tops)
+        except NetError:
+            raise
+        except Exception as e:
+            raise layer_failure(layer, "cannot set up", e, bottoms) from e
+        limit.check_tops(layer, tops, most)
+
+
+def reshape(fwd, limit) -> None:
+    """Reshape every layer of ``fwd`` in order to new input shapes, as :func:`set_up`."""
+    most = limit.bytes()
+    for layer, bottoms, tops in fwd:
+        try:
+            layer.reshape(bottoms, tops)
+        except NetError:
+            raise
+        except Exception as e:
+            raise layer_failure(layer, "cannot reshape", e, bottoms) from e
+        limit.check_tops(layer, tops, most)
 
 
 # -- the schedule ----------------------------------------------------------------------------

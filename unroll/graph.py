@@ -21,7 +21,7 @@ from unroll.errors import NetError
 from unroll.proto import LayerParameter, NetParameter
 
 __all__ = ["Graph", "SplitSpec", "Step", "backward_needs", "build_graph", "filter_layers",
-           "legacy_inputs"]
+           "learns", "legacy_inputs"]
 
 
 # -- which layers: phases, stages, levels ------------------------------------------------
@@ -301,11 +301,20 @@ def _loss_weights(layer) -> list[float]:
     return weights
 
 
-def backward_needs(steps: list[Step], layers, force: bool, learns):
+def learns(layer) -> bool:
+    """Whether ``layer`` has a param it learns: a learnable layer with a param whose lr_mult
+    is not 0 (unset: 1), which makes it run backward (Caffe's ``layer_need_backward``)."""
+    if not (layer.learnable and layer.blobs):
+        return False  # without reading the LayerParameter: a Split makes one when asked
+    specs = layer.param.param
+    return any((specs[k].lr_mult if k < len(specs) else 1.0) != 0
+               for k in range(len(layer.blobs)))
+
+
+def backward_needs(steps: list[Step], layers, force: bool):
     """Which steps run backward, which bottoms get a gradient, and the loss tops.
 
-    ``layers[i]`` is step i's layer; ``learns(i)`` says whether it has a
-    param with a non-zero lr_mult. Returns ``(layer_need, bottom_need,
+    ``layers[i]`` is step i's layer (see :func:`learns`). Returns ``(layer_need, bottom_need,
     [(blob, loss weight)])``, Caffe's rules: a layer whose tops reach no loss,
     or whose every top is refused by its readers (propagate_down: false), runs
     no backward unless ``force_backward``.
@@ -313,7 +322,7 @@ def backward_needs(steps: list[Step], layers, force: bool, learns):
     need: dict[int, bool] = {}
     layer_need, bottom_need, loss_tops = [], [], []
     consumed = {b for step in steps for b in step.bottoms}
-    for i, (step, layer) in enumerate(zip(steps, layers)):
+    for step, layer in zip(steps, layers):
         bottoms = step.bottoms
         split = layer.type == "Split"  # inserted: no prototxt settings of its own
         pd = [] if split else list(layer.param.propagate_down)
@@ -328,7 +337,7 @@ def backward_needs(steps: list[Step], layers, force: bool, learns):
             if pd:
                 wanted = pd[k] and (need.get(b, False) or force)
             bneed.append(bool(wanted) and layer.allow_force_backward(k))
-        lneed = any(bneed) or learns(i) or (force and bool(bottoms))
+        lneed = any(bneed) or learns(layer) or (force and bool(bottoms))
         for t in step.tops:
             need[t] = lneed
         layer_need.append(lneed)

@@ -30,7 +30,7 @@ from unroll import executor, graph, memory_plan, weights
 from unroll.backend import get_array_module, make_rng
 from unroll.blob import Blob
 from unroll.errors import NetError
-from unroll.executor import layer_failure, layer_kind
+from unroll.executor import layer_kind
 from unroll.host_checks import check_host_input, input_readers
 from unroll.layer import layer_class
 from unroll.memory_limit import MemoryLimit, MemoryReport, memory_report
@@ -55,17 +55,6 @@ def _make_layer(param, allow_python: bool, **options):
     except Exception as e:
         raise NetError(f"layer '{param.name}' ({layer_kind(param)}) cannot be made: "
                        f"{type(e).__name__}: {e}") from e
-
-
-def _call(layer, what: str, method, *args) -> None:
-    """``method(*args)`` of ``layer``; an unexpected exception becomes a NetError."""
-    try:
-        method(*args)
-    except NetError:
-        raise
-    except Exception as e:
-        bottoms = args[0] if method.__name__ != "backward" else args[2]
-        raise layer_failure(layer, what, e, bottoms) from e
 
 
 @contextlib.contextmanager
@@ -93,10 +82,12 @@ class BlobTable(Mapping):
     Versions share memory unless the net had to keep them apart (``keep=``).
     """
 
-    def __init__(self):
+    def __init__(self, blobs=()):
         self._latest: dict[str, Blob] = {}
         # only names written in place have several versions; most have one, their latest
         self._versions: dict[str, list[Blob]] = {}
+        for name, blob in blobs:  # (name, blob) of every version, first producer first
+            self._add(name, blob)
 
     def _add(self, name: str, blob: Blob) -> None:
         latest = self._latest.get(name)
@@ -190,8 +181,7 @@ class Net:
         net_param = read_message(source, NetParameter)
         self.name = net_param.name
         self._force_backward = net_param.force_backward
-        self.phase = phase
-        self.device = device
+        self.phase, self.device = phase, device
         self.xp = get_array_module(device)
         self.dtype = np.dtype(dtype)
         if self.dtype.kind != "f":
@@ -212,8 +202,7 @@ class Net:
         self.learnable_params = self._params.learnable_params
         self._gate = _Gate(self)
         self._kept_blobs: set[int] = set()  # asked for by forward(blobs=...)
-        self._loss: float | None = 0.0  # read back on first access (see loss)
-        self._device_loss = None
+        self._loss, self._device_loss = 0.0, None  # read back on first access (see loss)
         self._borrowed: dict = {}  # input name -> the caller's device array it holds
         self._gate.open = True
         try:
@@ -263,9 +252,7 @@ class Net:
         g = self.graph = graph.build_graph(layer_params, self.layers, self.keep)
         self.in_place_fallbacks = g.in_place_fallbacks
         self._blob_list = [Blob((), self.xp, self.dtype, name) for name in g.names]
-        self.blobs = BlobTable()
-        for b in g.order:
-            self.blobs._add(g.names[b], self._blob_list[b])
+        self.blobs = BlobTable((g.names[b], self._blob_list[b]) for b in g.order)
         self.outputs = g.outputs
         splits = [layer_class(lp)(lp, xp=self.xp, dtype=self.dtype, phase=self.phase)
                   for lp in g.layer_params[len(layer_params):]]
@@ -275,9 +262,12 @@ class Net:
         bottoms = [tuple([blob_list[b] for b in step.bottoms]) for step in g.steps]
         tops = [tuple([blob_list[b] for b in step.tops]) for step in g.steps]
         self._fwd = list(zip(self.layers_run, bottoms, tops))
-        self._setup_layers()
+        executor.set_up(self._fwd, self._limit)
+        self._input_blobs = [t for layer, _, tops in self._fwd if layer.type == "Input"
+                             for t in tops]
+        self._input_shapes = [b.shape for b in self._input_blobs]
         self.layer_need_backward, self._bottom_need, loss_tops = graph.backward_needs(
-            g.steps, self.layers_run, self._force_backward, self._learns)
+            g.steps, self.layers_run, self._force_backward)
         self._memory = executor.NetMemory(blob_list, g, self.layers_run, self._bottom_need,
                                           self.workspace, self.dtype, self._limit)
         self._loss_tops = [(blob_list[b], w) for b, w in loss_tops]
@@ -286,10 +276,6 @@ class Net:
             zip(self._fwd, self._bottom_need, self.layer_need_backward)) if need][::-1]
         self.regions = (memory_plan.concurrent_regions(g.steps, self.layers_run)
                         if self.concurrent else [])
-        # branches on threads of their own take one BLAS thread each (two threads asking one
-        # OpenBLAS pool for all cores made the concurrent run slower than the serial one);
-        # a serial run takes the free cores (see unroll.threads)
-        self._blas_threads = 1 if self.regions else None
         self._forward_items, self._backward_items = (
             executor.schedule(self._fwd, self._bwd, self.regions) if self.regions
             else (None, None))
@@ -305,26 +291,6 @@ class Net:
                 f"({values:,} values), {self.dtype} on {self.device}, inputs={self.inputs}, "
                 f"outputs={list(self.outputs)})")
 
-    def _setup_layers(self) -> None:
-        limit = self._limit.bytes()
-        for layer, bottoms, tops in self._fwd:
-            try:
-                layer.set_up(bottoms, tops)
-            except NetError:
-                raise
-            except Exception as e:
-                raise layer_failure(layer, "cannot set up", e, bottoms) from e
-            self._limit.check_tops(layer, tops, limit)
-        self._input_blobs = [t for layer, _, tops in self._fwd if layer.type == "Input"
-                             for t in tops]
-        self._input_shapes = [b.shape for b in self._input_blobs]
-
-    def _learns(self, step: int) -> bool:
-        layer = self.layers_run[step]
-        return layer.learnable and any(
-            (layer.param.param[k].lr_mult if k < len(layer.param.param) else 1.0) != 0
-            for k in range(len(layer.blobs)))
-
     # -- the memory plan: lifetimes from the graph, a layout per shapes -----------------
     def _plan(self) -> None:
         g = self.graph
@@ -339,10 +305,7 @@ class Net:
                 else [False] * len(self.layer_need_backward))
         plan = memory_plan.liveness(g.steps, self.layers_run, len(self._blob_list), private,
                                     need, self._bottom_need, self._loss_blobs, self.regions)
-        for b, blob in enumerate(self._blob_list):
-            planned = plan.data_root[b] not in plan.private or plan.diff_root[b] not in plan.private
-            blob.guard = self._gate if planned else None
-        self._memory.plan(plan)
+        self._memory.plan(plan, self._gate)
         self._layout()
 
     def _layout(self) -> None:
@@ -414,12 +377,9 @@ class Net:
     def reshape(self) -> None:
         """Propagate new input shapes through every layer, then lay out memory anew."""
         self._input_shapes = None  # until every layer has taken the new shapes, and they fit
-        limit = self._limit.bytes()
         opened, self._gate.open = self._gate.open, True
         try:
-            for layer, bottoms, tops in self._fwd:
-                _call(layer, "cannot reshape", layer.reshape, bottoms, tops)
-                self._limit.check_tops(layer, tops, limit)
+            executor.reshape(self._fwd, self._limit)
         finally:
             self._gate.open = opened
         self._compact_layers()  # what reshape parsed again
@@ -553,12 +513,12 @@ class Net:
     @contextlib.contextmanager
     def _running(self, what: str):
         """One run (forward or backward): the BLAS threads of the policy and the memory gate
-        open for it; a layer's unexpected exception becomes a NetError naming the layer.
-
-        One try around the whole loop, not one per layer, so the hot path stays a bare
-        call per layer; the failing layer is found from the traceback afterwards.
-        """
-        blas = run_threads(self._blas_threads)
+        open for it; a layer's unexpected exception becomes a NetError naming the layer (one
+        try around the whole loop, so the hot path stays a bare call per layer)."""
+        # branches on threads of their own take one BLAS thread each (two threads asking one
+        # OpenBLAS pool for all cores made the concurrent run slower than the serial one);
+        # a serial run takes the free cores (see unroll.threads)
+        blas = run_threads(1 if self.regions else None)
         self._gate.open = True
         try:
             with blas:
