@@ -29,7 +29,7 @@ diffs are filled, then backward steps, step ``s`` at ``2S - s``.
 ...   layer { name: "a" type: "ReLU" bottom: "x" top: "a" }
 ...   layer { name: "b" type: "TanH" bottom: "a" top: "b" }
 ...   layer { name: "c" type: "Sigmoid" bottom: "b" top: "c" }''', phase="test")
->>> net.layout.total  # 'a' and 'b' are planned; 'c' is the output: it is kept
+>>> net.memory.layout.total  # 'a' and 'b' are planned; 'c' is the output: it is kept
 128
 """
 

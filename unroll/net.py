@@ -129,6 +129,15 @@ class _Gate:
     def __init__(self, net):
         self.open, self.net = False, net
 
+    @contextlib.contextmanager
+    def opened(self):
+        """Open for a block (building, reshaping), then as it was."""
+        was, self.open = self.open, True
+        try:
+            yield
+        finally:
+            self.open = was
+
     def closed_error(self, blob) -> NetError:
         return NetError(
             f"blob '{blob.name}' of net '{self.net.name}' is not kept: the memory plan reuses "
@@ -157,9 +166,9 @@ class Net:
     build, or at the forward whose input shapes would need it, naming its
     largest blobs and their layers, before any of them is allocated.
 
-    ``net.liveness`` is the memory plan's lifetimes, ``net.layout`` its
-    layout for the current shapes (None with ``plan_memory=False``): see
-    :mod:`unroll.memory_plan`.
+    ``net.memory`` is the memory plan applied (:class:`unroll.executor.NetMemory`):
+    its ``liveness``, and its ``layout`` for the current shapes (None with
+    ``plan_memory=False``), as :mod:`unroll.memory_plan` documents them.
 
     >>> net = Net('''
     ...   layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
@@ -204,13 +213,9 @@ class Net:
         self._kept_blobs: set[int] = set()  # asked for by forward(blobs=...)
         self._loss, self._device_loss = 0.0, None  # read back on first access (see loss)
         self._borrowed: dict = {}  # input name -> the caller's device array it holds
-        self._gate.open = True
-        try:
-            with _collector_paused():
-                self._build(graph.legacy_inputs(net_param)
-                            + graph.filter_layers(net_param, PHASES[phase]))
-        finally:
-            self._gate.open = False
+        with self._gate.opened(), _collector_paused():
+            self._build(graph.legacy_inputs(net_param)
+                        + graph.filter_layers(net_param, PHASES[phase]))
         # the parsed messages cost ~2 KB a layer (bucketed models keep many nets): from
         # now on the net and its layers keep them as bytes (see net_param, Layer.param)
         self._net_param_bytes = net_param.SerializeToString()
@@ -268,7 +273,7 @@ class Net:
         self._input_shapes = [b.shape for b in self._input_blobs]
         self.layer_need_backward, self._bottom_need, loss_tops = graph.backward_needs(
             g.steps, self.layers_run, self._force_backward)
-        self._memory = executor.NetMemory(blob_list, g, self.layers_run, self._bottom_need,
+        self.memory = executor.NetMemory(blob_list, g, self.layers_run, self._bottom_need,
                                           self.workspace, self.dtype, self._limit)
         self._loss_tops = [(blob_list[b], w) for b, w in loss_tops]
         self._loss_blobs = [b for b, _ in loss_tops]
@@ -305,26 +310,15 @@ class Net:
                 else [False] * len(self.layer_need_backward))
         plan = memory_plan.liveness(g.steps, self.layers_run, len(self._blob_list), private,
                                     need, self._bottom_need, self._loss_blobs, self.regions)
-        self._memory.plan(plan, self._gate)
+        self.memory.plan(plan, self._gate)
         self._layout()
 
     def _layout(self) -> None:
-        self._memory.lay_out(tuple(b.shape for b in self._input_blobs), self.plan_memory)
-
-    @property
-    def liveness(self):
-        """The memory plan's lifetimes (:class:`unroll.memory_plan.Liveness`)."""
-        return self._memory.liveness
-
-    @property
-    def layout(self):
-        """The memory plan's layout for the current shapes (:class:`unroll.memory_plan.Layout`;
-        None with ``plan_memory=False``)."""
-        return self._memory.layout
+        self.memory.lay_out(tuple(b.shape for b in self._input_blobs), self.plan_memory)
 
     def release_memory(self) -> None:
         """Drop every view of the workspace (it is about to move); the next run re-binds."""
-        self._memory.release()
+        self.memory.release()
 
     @property
     def batched_param_gradients(self) -> dict[str, int]:
@@ -337,9 +331,8 @@ class Net:
         >>> Net(net_param).batched_param_gradients
         {'W_hh': 5}
         """
-        if self.layout is None:
-            return {}
-        return {self.layers_run[g.after].blobs[0].name: len(g.steps) for g in self.layout.groups}
+        groups = self.memory.layout.groups if self.memory.layout is not None else ()
+        return {self.layers_run[g.after].blobs[0].name: len(g.steps) for g in groups}
 
     def inspect(self):
         """What this net decided: each learnable param's owner, holders, shape and
@@ -359,8 +352,8 @@ class Net:
         128
         """
         history = sum(int(h.nbytes) for h in solver.history) if solver is not None else 0
-        return memory_report(self.liveness, self.layout, self._blob_list, self.layers_run,
-                             self.store.nbytes, history, largest)
+        return memory_report(self.memory.liveness, self.memory.layout, self._blob_list,
+                             self.layers_run, self.store.nbytes, history, largest)
 
     @property
     def params(self) -> dict:
@@ -377,11 +370,8 @@ class Net:
     def reshape(self) -> None:
         """Propagate new input shapes through every layer, then lay out memory anew."""
         self._input_shapes = None  # until every layer has taken the new shapes, and they fit
-        opened, self._gate.open = self._gate.open, True
-        try:
+        with self._gate.opened():
             executor.reshape(self._fwd, self._limit)
-        finally:
-            self._gate.open = opened
         self._compact_layers()  # what reshape parsed again
         self.release_memory()
         self._layout()
@@ -409,8 +399,8 @@ class Net:
             if value.shape != blob.shape:
                 blob.diff = None  # allocated again, in the new shape, when first used
             blob.data = self._borrowed[name] = value
-            if id(blob) in self._memory.bound_wholes:  # its parts still view the array it had
-                self._memory.bound = False
+            if id(blob) in self.memory.bound_wholes:  # its parts still view the array it had
+                self.memory.bound = False
             return
         if self._borrowed.pop(name, None) is blob.data:  # never write into the caller's array
             blob.data = self.xp.empty(blob.shape, self.dtype)
@@ -452,8 +442,8 @@ class Net:
         if [b.shape for b in self._input_blobs] != self._input_shapes:
             self.reshape()
         with self._running("forward"):
-            if not self._memory.bound and self.layout is not None:
-                self._memory.bind()
+            if not self.memory.bound and self.memory.layout is not None:
+                self.memory.bind()
             executor.run_forward(self._fwd, self._forward_items)
         self.workspace.holder = self
         self._loss = self._device_loss = None
@@ -493,13 +483,13 @@ class Net:
 
     def backward(self) -> None:
         """Backpropagate the loss: writes blob diffs and ADDS into param diffs."""
-        if self.layout is not None and not self._plans_backward:
+        if self.memory.layout is not None and not self._plans_backward:
             raise NetError(
                 f"net '{self.name}' was built for phase 'test' without force_backward, so its "
                 f"memory plan keeps nothing for a backward; build it with phase='train', "
                 f"force_backward: true, or plan_memory=False"
             )
-        if self.layout is not None and self.workspace.holder is not self:
+        if self.memory.layout is not None and self.workspace.holder is not self:
             raise NetError(
                 f"net '{self.name}': backward must follow this net's own forward; another "
                 f"net on the shared workspace has run since (or this net never ran forward)"
@@ -507,8 +497,8 @@ class Net:
         for blob, weight in self._loss_tops:
             blob.diff.fill(weight)
         with self._running("backward"):
-            executor.run_backward(self._bwd, self._backward_items, self._memory.zero_before,
-                                  self._memory.gemms)
+            executor.run_backward(self._bwd, self._backward_items, self.memory.zero_before,
+                                  self.memory.gemms)
 
     @contextlib.contextmanager
     def _running(self, what: str):
