@@ -19,7 +19,8 @@ import numpy as np
 from unroll import memory_plan
 from unroll.errors import NetError
 
-__all__ = ["NetMemory", "bind", "release", "run_backward", "run_forward", "schedule"]
+__all__ = ["NetMemory", "bind", "recompute_schedule", "release", "run_backward",
+           "run_forward", "schedule", "switch"]
 
 #: layouts a net keeps, by input shapes: a bucket's full batches and its last one
 LAYOUTS_KEPT = 2
@@ -32,29 +33,43 @@ class NetMemory:
     ``blobs`` are the net's blobs by number, ``graph`` its run order
     (:class:`unroll.graph.Graph`) and ``layers`` its layers in that order;
     ``limit`` (a :class:`~unroll.memory_limit.MemoryLimit`) refuses a layout
-    too big before any of it is allocated. ``gemms`` and ``zero_before`` are
-    what :func:`run_backward` takes; ``bound_wholes`` the ids of the blobs that
-    other blobs are views into.
+    too big before any of it is allocated. ``gemms``, ``zero_before`` and
+    ``segments`` are what :func:`run_backward` takes; ``bound_wholes`` the ids
+    of the blobs that other blobs are views into. ``budget`` (bytes) or
+    ``recompute="sqrt"`` plan recomputation (:func:`unroll.memory_plan.within_budget`)
+    of ``fwd`` in backward (``bwd``).
     """
 
-    def __init__(self, blobs, graph, layers, bottom_need, workspace, dtype, limit):
+    def __init__(self, blobs, graph, layers, bottom_need, workspace, dtype, limit, fwd=(),
+                 bwd=(), budget=None, recompute=None):
         self.blobs, self.graph, self.layers, self.bottom_need = blobs, graph, layers, bottom_need
         self.workspace, self.dtype, self.limit = workspace, dtype, limit
+        self.fwd, self.bwd, self.budget, self.recompute = fwd, bwd, budget, recompute
+        self.make, self.segments = None, None
         self.liveness = self.layout = None
         self.layouts: dict = {}  # input shapes -> a recent layout
         self.bound, self.bound_wholes, self.gemms, self.zero_before = False, set(), {}, {}
+        self.phases, self.in_backward = (), False
 
-    def plan(self, liveness, gate) -> None:
-        """Take a new liveness: the layouts of the old one are dropped, and every planned
-        blob is readable only while ``gate`` is open (its memory is the net's only then)."""
+    def plan(self, make, gate) -> None:
+        """Take a new liveness, ``make(recompute)`` for a recomputation plan: the layouts of
+        the old one are dropped, and every planned blob is readable only while ``gate`` is
+        open (its memory is the net's only then)."""
+        liveness = make(None)
         for b, blob in enumerate(self.blobs):
             planned = (liveness.data_root[b] not in liveness.private
                        or liveness.diff_root[b] not in liveness.private)
             blob.guard = gate if planned else None
+        self.make = make
+        self._take(liveness)
+        self.layouts.clear()
+
+    def _take(self, liveness) -> None:
         self.liveness = liveness
         self.zero_before = {s: [self.blobs[r] for r in roots]
                             for s, roots in liveness.zero_before.items()}
-        self.layouts.clear()
+        self.segments = (recompute_schedule(self.fwd, self.bwd, liveness.recompute)
+                         if liveness.recompute is not None else None)
 
     def lay_out(self, key, planned: bool) -> None:
         """The layout for the blobs' current shapes (``key``: the input shapes), told to the
@@ -71,40 +86,65 @@ class NetMemory:
         # forth: the layouts of the last shapes are kept, not computed again (a layout
         # took as long as a training step of the word-level tagger)
         if key not in self.layouts:
-            new = memory_plan.layout(self.liveness, self.graph.steps, self.layers,
-                                     self.bottom_need, [b.shape for b in self.blobs],
-                                     self.graph.rewritten, self.dtype.itemsize)
-            check(new)  # before the layers hear of it, or memory is taken
+            shapes = [b.shape for b in self.blobs]
+            liveness, new = memory_plan.within_budget(
+                self.make, functools.partial(
+                    memory_plan.layout, steps=self.graph.steps, layers=self.layers,
+                    bottom_need=self.bottom_need, shapes=shapes,
+                    rewritten=self.graph.rewritten, itemsize=self.dtype.itemsize),
+                self.graph.steps, self.layers, shapes, self.dtype.itemsize, self.budget,
+                self.recompute, self.limit.name)
+            self._take(liveness)
+            # before the layers hear of it, or memory is taken
+            self.limit.check_plan(liveness, new, self.blobs, self.graph.steps, self.layers)
             if len(self.layouts) >= LAYOUTS_KEPT:
                 del self.layouts[next(iter(self.layouts))]
-            self.layouts[key] = new
-        self.layout = self.layouts[key]
+            self.layouts[key] = (liveness, new)
+        liveness, self.layout = self.layouts[key]
+        if liveness is not self.liveness:
+            self._take(liveness)
         for s, flags in self.layout.flags:
             self.layers[s].apply_layout(*flags)
 
     def bind(self) -> None:
         """Give the blobs and scratch buffers the memory of the layout (:func:`bind`)."""
-        self.gemms, self.bound_wholes = bind(self.layout, self.liveness, self.blobs,
-                                             self.layers, self.workspace, self.dtype)
-        self.bound = True
+        self.gemms, self.bound_wholes, self.phases = bind(
+            self.layout, self.liveness, self.blobs, self.layers, self.workspace, self.dtype)
+        self.bound, self.in_backward = True, False
+
+    def for_forward(self) -> None:
+        """Bound, recomputed values in their forward memory."""
+        if not self.bound:
+            self.bind()
+        elif self.in_backward:
+            switch(self.phases[0])
+            self.in_backward = False
+
+    def for_backward(self) -> None:
+        """Recomputed values in their second memory, where backward recomputes them."""
+        if self.phases and not self.in_backward:
+            switch(self.phases[1])
+            self.in_backward = True
 
     def release(self) -> None:
         """Drop every view of the workspace (it is about to move); :meth:`bind` gives them
         again."""
         if self.bound:
             release(self.liveness, self.blobs, self.layers)
-            self.gemms, self.bound = {}, False
+            self.gemms, self.bound, self.phases, self.in_backward = {}, False, (), False
 
 
 # -- binding a layout ----------------------------------------------------------------------
-def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int]]:
+def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int], tuple]:
     """Give every planned blob (of ``blobs``, by number) and every scratch buffer of
     ``layers`` its memory in ``workspace``, as ``layout`` (of liveness ``plan``) places it.
 
     Returns the weight-gradient GEMMs, step -> ``[(layer, x rows, gy rows)]``,
-    and the ids of the blobs that other blobs are views into (the Slice parts
-    of an input, say): a new array for one of them (a borrowed input) must
-    bind its parts again.
+    the ids of the blobs that other blobs are views into (the Slice parts of
+    an input, say: a new array for one of them, a borrowed input, must bind
+    its parts again), and, where values are recomputed, the two bindings of
+    their memory: ``(forward, backward)``, each a list of ``(blob, data,
+    diff)`` and one of ``(scratch table, name, array)``.
     """
     offset, whole, within = layout.offset, layout.whole, layout.within
     n_blobs = len(blobs)
@@ -145,6 +185,17 @@ def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int]]
             if (s, name) in layout.scratch:
                 layer.scratch_memory[name] = workspace.view(layout.scratch[(s, name)], shape,
                                                             dtype_)
+    forward, backward = ([], []), ([], [])
+    for r in plan.recomputed:
+        blob, diff = blobs[r], (array("diff", r) if r in plan.diff_life else None)
+        forward[0].append((blob, array("data", r), diff))
+        backward[0].append((blob, workspace.view(int(offset["data_re"][r]), blob.shape, dtype),
+                            diff))
+    for (s, name), at in layout.scratch_re.items():
+        layer = layers[s]
+        shape, dtype_, _ = layer.scratch_specs[name]
+        forward[1].append((layer.scratch_memory, name, layer.scratch_memory.get(name)))
+        backward[1].append((layer.scratch_memory, name, workspace.view(at, shape, dtype_)))
     gemms: dict = {}
     for group in layout.groups:
         layer = layers[group.after]
@@ -155,7 +206,19 @@ def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int]]
         gemms.setdefault(group.after, []).append((layer, x, gy))
     arrays.clear()  # array() refers to itself: left to the collector, the dict would
     # keep views of an old arena alive after the workspace grows
-    return gemms, bound_wholes
+    return gemms, bound_wholes, (forward, backward) if plan.recompute is not None else ()
+
+
+def switch(binding) -> None:
+    """Bind recomputed values and scratch to one of their two memories (see :func:`bind`)."""
+    blobs, scratch = binding
+    for blob, data, diff in blobs:
+        blob.bind(data, diff)
+    for table, name, a in scratch:
+        if a is None:
+            table.pop(name, None)
+        else:
+            table[name] = a
 
 
 def release(plan, blobs, layers) -> None:
@@ -234,11 +297,28 @@ def run_forward(fwd, items) -> None:
         _run_items(items, _forward_entry, "failed in forward")
 
 
-def run_backward(bwd, items, zero_before, gemms) -> None:
+def recompute_schedule(fwd, bwd, recompute) -> list:
+    """Backward by segments, last first, for a :class:`~unroll.memory_plan.Recompute` plan:
+    per segment, the ``fwd`` entries it runs again, then its ``bwd`` entries."""
+    bounds = [0, *recompute.cuts, len(fwd)]
+    out = []
+    for k in reversed(range(len(bounds) - 1)):
+        again = [fwd[s] for s in recompute.steps[k]] if k < len(recompute.steps) else []
+        out.append((again, [e for e in bwd if bounds[k] <= e[0] < bounds[k + 1]]))
+    return out
+
+
+def run_backward(bwd, items, zero_before, gemms, segments=None) -> None:
     """Every backward of ``bwd`` (or of the ``items`` of :func:`schedule`): diffs that
     backward reads before anything writes them are zeroed first (``zero_before``, by step),
-    and after the last sharer's backward the weight-gradient GEMM of ``gemms`` runs."""
-    if items is None:
+    and after the last sharer's backward the weight-gradient GEMM of ``gemms`` runs. With
+    ``segments`` (:func:`recompute_schedule`), each segment's forward runs again first."""
+    if segments is not None:
+        for again, entries in segments:
+            for layer, bottoms, tops in again:
+                layer.forward(bottoms, tops)
+            run_backward(entries, None, zero_before, gemms)
+    elif items is None:
         for s, layer, tops, prop, bottoms in bwd:
             if s in zero_before:
                 for blob in zero_before[s]:

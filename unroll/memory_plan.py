@@ -36,6 +36,7 @@ diffs are filled, then backward steps, step ``s`` at ``2S - s``.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 from array import array
 from bisect import bisect_right
@@ -46,14 +47,17 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from unroll.errors import NetError
 from unroll.workspace import ALIGN
 
 if TYPE_CHECKING:
     from unroll.graph import Step
 
-__all__ = ["Layout", "LayerFlags", "Lifetimes", "Liveness", "Region", "WeightGradGroup",
-           "alias_pass_through_diffs", "concurrent_regions", "group_parts", "layout",
-           "liveness", "place", "plan_weight_gradients", "private_blobs"]
+__all__ = ["Layout", "LayerFlags", "Lifetimes", "Liveness", "Recompute", "Region",
+           "WeightGradGroup", "alias_pass_through_diffs", "allowed_cuts", "bptt_hsm",
+           "concurrent_regions", "greedy_cuts", "group_parts", "layout", "liveness", "place",
+           "plan_weight_gradients", "planned_bytes", "private_blobs", "recompute_plan",
+           "within_budget"]
 
 
 # -- what the plan gives ------------------------------------------------------------------
@@ -73,8 +77,10 @@ class Layout:
 
     Per kind ("data", "diff"), read-only arrays by root: ``offset`` the
     workspace byte offset of its own buffer (-1: none), ``whole`` the root it
-    lives inside (-1: none) and ``within`` its element offset there.
-    ``scratch`` maps (step, name) to offsets; ``total`` is the bytes the
+    lives inside (-1: none) and ``within`` its element offset there;
+    ``offset["data_re"]`` places the second life of recomputed data.
+    ``scratch`` maps (step, name) to offsets (``scratch_re``: in a recomputed
+    step's second forward); ``total`` is the bytes the
     workspace needs; ``groups`` are the weight-gradient groups and ``sizes``
     the bytes of their buffers (roots numbered after the blobs); ``flags``
     pairs steps with the :class:`LayerFlags` of every layer that takes part
@@ -89,6 +95,7 @@ class Layout:
     groups: tuple
     sizes: Mapping
     flags: tuple
+    scratch_re: Mapping = field(default_factory=dict)
 
 
 def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
@@ -119,8 +126,10 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
             told[s]["param_diffs_batched"] = True
     sizes = {key: n * itemsize for key, n in counts.items()}
     buffers, keys = [], []
-    for kind, life, host in (("data", plan.data_life, data_host),
-                             ("diff", plan.diff_life, diff_host)):
+    lives = [("data", plan.data_life, data_host), ("diff", plan.diff_life, diff_host)]
+    if plan.data_re_life is not None:
+        lives.append(("data_re", plan.data_re_life, {}))  # the second lives of recomputed data
+    for kind, life, host in lives:
         spans = dict(life.items())
         for r in host:  # a buffer inside another lives as long as either
             if r in life:
@@ -137,18 +146,19 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
                 keys.append((kind, r))
     for s, layer in enumerate(layers):
         for name, (shape, dtype, lives) in layer.scratch_specs.items():
-            span = plan.scratch_life(s, lives)
-            if span is not None:
-                buffers.append((span[0], span[1], _count(shape) * np.dtype(dtype).itemsize))
-                keys.append(("scratch", (s, name)))
+            for kind, span in (("scratch", plan.scratch_life(s, lives)),
+                               ("scratch_re", plan.scratch_re_life(s, lives))):
+                if span is not None:
+                    buffers.append((span[0], span[1], _count(shape) * np.dtype(dtype).itemsize))
+                    keys.append((kind, (s, name)))
     offsets, total = place(buffers)
     # kept per net, and a bucketed model keeps many nets: arrays by root, not dicts
     n = n_blobs + len(sizes)  # the groups' buffers are numbered after the blobs
-    offset = {kind: np.full(n, -1, np.int64) for kind in ("data", "diff")}
-    scratch = {}
+    offset = {kind: np.full(n, -1, np.int64) for kind in ("data", "diff", "data_re")}
+    scratch: dict = {"scratch": {}, "scratch_re": {}}
     for (kind, r), at in zip(keys, offsets):
-        if kind == "scratch":
-            scratch[r] = at
+        if kind in scratch:
+            scratch[kind][r] = at
         else:
             offset[kind][r] = at
     whole, within = {}, {}
@@ -161,8 +171,74 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
         for a in arrays.values():
             a.flags.writeable = False
     return Layout(MappingProxyType(offset), MappingProxyType(whole), MappingProxyType(within),
-                  MappingProxyType(scratch), total, tuple(groups), MappingProxyType(sizes),
-                  tuple((s, LayerFlags(**flags)) for s, flags in told.items()))
+                  MappingProxyType(scratch["scratch"]), total, tuple(groups),
+                  MappingProxyType(sizes),
+                  tuple((s, LayerFlags(**flags)) for s, flags in told.items()),
+                  MappingProxyType(scratch["scratch_re"]))
+
+
+def planned_bytes(plan: Liveness, layout: Layout, shapes, itemsize: int) -> int:
+    """The bytes a net plans besides its params: the workspace of ``layout`` (every planned
+    activation, diff and scratch buffer) and the data of the blobs it keeps."""
+    kept = sum(_count(shapes[r]) for r in set(plan.data_root) if r in plan.private)
+    return layout.total + kept * itemsize
+
+
+def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=None,
+                  mode=None, name: str = "") -> tuple[Liveness, Layout]:
+    """The liveness and layout of a net that fit ``budget`` bytes (:func:`planned_bytes`)
+    with the fewest forward steps recomputed, or, for ``mode="sqrt"``, Chen et al.'s
+    segments of about a square root of the steps each.
+
+    ``make(recompute)`` gives the net's :class:`Liveness` for a :class:`Recompute`
+    plan (None: none), ``lay_out(liveness)`` its layout for the current shapes.
+    Segments are Chen's greedy ones (:func:`greedy_cuts`): the largest that
+    fit, found by halving then bisecting their bytes (one segment is the plan
+    without recomputation). A budget that no plan tried fits is a NetError
+    giving the smallest plan found.
+    """
+    base = make(None)
+    full = lay_out(base)
+    if budget is None and mode is None:
+        return base, full
+    allowed = allowed_cuts(steps, layers, base.data_root)
+    sizes = [sum(_count(shapes[b]) * itemsize for b in step.tops
+                 if base.data_root[b] == b and b not in base.private) for step in steps]
+    total = max(sum(sizes), 1)
+
+    def attempt(segment_bytes):
+        plan = make(recompute_plan(steps, layers, base.data_root,
+                                   greedy_cuts(sizes, allowed, segment_bytes)))
+        layout_ = lay_out(plan)
+        return planned_bytes(plan, layout_, shapes, itemsize), plan, layout_
+
+    if mode == "sqrt":
+        return attempt(total / max(1.0, len(steps) ** 0.5))[1:]
+    need = planned_bytes(base, full, shapes, itemsize)
+    if need <= budget:
+        return base, full
+    smallest, fits, larger, segment = need, None, total, total / 2
+    floor = min((n for n in sizes if n), default=total) / 2  # a segment per step, at most
+    while fits is None and segment >= floor:
+        n, plan, layout_ = attempt(segment)
+        if n <= budget:
+            fits = (segment, plan, layout_)
+        elif n > smallest:
+            break  # past the fewest bytes: smaller segments only add checkpoints
+        else:
+            smallest, larger, segment = n, segment, segment / 2
+    if fits is None:
+        raise NetError(f"net '{name}': memory_budget {budget:,} bytes is too small: the "
+                       f"smallest plan found needs {smallest:,} bytes (activations, diffs, "
+                       f"scratch and kept blobs; params not counted)")
+    for _ in range(4):  # larger segments that still fit recompute fewer steps
+        middle = (fits[0] + larger) / 2
+        n, plan, layout_ = attempt(middle)
+        if n <= budget:
+            fits = (middle, plan, layout_)
+        else:
+            larger = middle
+    return fits[1], fits[2]
 
 
 def place(buffers) -> tuple[list[int], int]:
@@ -269,12 +345,20 @@ class Liveness:
     zero_before: dict[int, list[int]]
     layer_need: list[bool]
     windows: list = field(default_factory=list)  # of concurrent regions, as time spans
+    #: with a Recompute plan: each step's backward time, the time of each recomputed step's
+    #: second forward, the roots with two lives and their second ones, and the plan itself
+    back: tuple | None = None
+    re_time: Mapping = field(default_factory=dict)
+    recomputed: frozenset = frozenset()
+    data_re_life: Lifetimes | None = None
+    recompute: Recompute | None = None
 
     def backward_time(self, step: int) -> int:
-        return 2 * self.steps - step
+        return self.back[step] if self.back is not None else 2 * self.steps - step
 
     def scratch_life(self, step: int, lives: str) -> tuple[int, int] | None:
-        """When scratch of step ``step`` is live: ``lives`` is "forward", "backward" or "both"."""
+        """When scratch of step ``step`` is live: ``lives`` is "forward", "backward" or "both".
+        For a recomputed step, its forward life (:meth:`scratch_re_life` gives the other)."""
         f, b = step, self.backward_time(step)
         runs_backward = self.layer_need[step]
         if lives == "forward":
@@ -283,9 +367,20 @@ class Liveness:
             if not runs_backward:
                 return None
             span = (b, b)
+        elif step in self.re_time:
+            span = (f, f)  # what backward reads, the second forward saves again
         else:
             span = (f, b) if runs_backward else (f, f)
         return _widened(span, self.windows)
+
+    def scratch_re_life(self, step: int, lives: str) -> tuple[int, int] | None:
+        """When scratch of a recomputed step is live in its second forward (None: not)."""
+        again = self.re_time.get(step)
+        if again is None or lives == "backward":
+            return None
+        if lives == "forward" or not self.layer_need[step]:
+            return (again, again)
+        return (again, self.backward_time(step))
 
 
 def _roots(steps, layers, n_blobs: int, what: str) -> list[int]:
@@ -298,7 +393,8 @@ def _roots(steps, layers, n_blobs: int, what: str) -> list[int]:
 
 
 def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
-             bottom_need, loss_blobs, regions=()) -> Liveness:
+             bottom_need, loss_blobs, regions=(), recompute: Recompute | None = None
+             ) -> Liveness:
     """The lifetime of every buffer of the net, from the graph alone.
 
     A value's data lives from its producer's forward until its last reader:
@@ -310,11 +406,21 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     producer, which consumes it. Within a :class:`Region` whose branches run at
     once, forward or backward, every buffer the region touches lives through
     all of it: the branches' order is not known in advance.
+
+    With a :class:`Recompute` plan, backward runs segment by segment, last
+    first, each segment's recomputed forward steps right before its backward:
+    a value only those steps touch has two lives, its forward one (until its
+    last forward reader) and its recomputed one (until its last backward
+    reader), each a buffer of its own (``data_re_life``).
     """
     S = len(steps)
     data_root = _roots(steps, layers, n_blobs, "data")
     diff_root = _roots(steps, layers, n_blobs, "diff")
     private = {data_root[b] for b in private_blobs} | {diff_root[b] for b in private_blobs}
+    back_of, re_time, recomputed = _timeline(S, recompute)
+    if recompute is not None:
+        recomputed = _recomputed_roots(steps, layers, data_root, private, recompute, re_time)
+    data_re_life: dict[int, list[int]] = {}
     data_life: dict[int, list[int]] = {}
     reads: dict[int, int] = {}
     writes: dict[int, int] = {}
@@ -330,16 +436,25 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
             span[1] = t
 
     for s, (step, layer) in enumerate(zip(steps, layers)):
-        back = 2 * S - s
+        back = back_of[s] if back_of is not None else 2 * S - s
         runs_backward = layer_need[s]
+        again = re_time.get(s)  # when the step runs forward again, if it does
         for b in step.tops:
-            touch(data_life, data_root[b], s)
+            r = data_root[b]
+            touch(data_life, r, s)
+            late = data_re_life if r in recomputed else data_life
+            if again is not None:
+                touch(late, r, again)
             if runs_backward and "top" in layer.backward_reads:
-                touch(data_life, data_root[b], back)
+                touch(late, r, back)
         for k, b in enumerate(step.bottoms):
-            touch(data_life, data_root[b], s)
+            r = data_root[b]
+            touch(data_life, r, s)
+            late = data_re_life if r in recomputed else data_life
+            if again is not None:
+                touch(late, r, again)
             if runs_backward and layer.reads_in_backward(k, bottom_need[s]):
-                touch(data_life, data_root[b], back)
+                touch(late, r, back)
         if not runs_backward or "diff" in layer.shares_bottom:
             continue  # a view's diff is its bottom's: its backward moves nothing
         for b in step.tops:
@@ -354,9 +469,11 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     for b in loss_blobs:
         writes[diff_root[b]] = S
     zero_before: dict[int, list[int]] = {}
+    step_at = ({t: s for s, t in enumerate(back_of)} if back_of is not None else None)
     for r, first_read in reads.items():
         if r not in private and writes.get(r, first_read) >= first_read:
-            zero_before.setdefault(2 * S - first_read, []).append(r)
+            s = step_at[first_read] if step_at is not None else 2 * S - first_read
+            zero_before.setdefault(s, []).append(r)
     windows = [w for r in regions
                for w in ((r.start, r.stop - 1), (2 * S - r.stop + 1, 2 * S - r.start))]
     return Liveness(
@@ -365,8 +482,137 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
                   n_blobs),
         Lifetimes({r: _widened(v, windows) for r, v in diff_life.items() if r not in private},
                   n_blobs),
-        zero_before, list(layer_need), windows,
+        zero_before, list(layer_need), windows, back_of, re_time, frozenset(recomputed),
+        Lifetimes({r: tuple(v) for r, v in data_re_life.items()}, n_blobs), recompute,
     )
+
+
+# -- recomputation: segments of the run order, re-run before their backward ----------------
+@dataclass(frozen=True)
+class Recompute:
+    """A recomputation plan: the run order cut into segments at ``cuts`` (the first step of
+    every segment but the first). Backward runs the segments last first; before the
+    backward of every segment but the last, its ``steps`` (per segment, in run order) run
+    forward again from the values kept at its start, the checkpoints. A step that cannot
+    be recomputed (:attr:`~unroll.layer.Layer.recomputable`, Dropout's mask, BatchNorm's
+    statistics), and every step writing memory such a step writes, keeps its values."""
+
+    cuts: tuple
+    steps: tuple
+
+    @property
+    def recomputed(self) -> int:
+        """How many forward steps backward runs again."""
+        return sum(len(seg) for seg in self.steps)
+
+
+def recompute_plan(steps, layers, data_root, cuts) -> Recompute:
+    """The :class:`Recompute` plan of segments starting at ``cuts``, from the layers'
+    declarations (``recomputable``, ``draws_random``)."""
+    writers: dict[int, list[int]] = {}
+    for s, step in enumerate(steps):
+        for b in step.tops:
+            writers.setdefault(data_root[b], []).append(s)
+    kept = {s for s, layer in enumerate(layers) if not layer.recomputable or layer.draws_random}
+    todo = list(kept)
+    while todo:  # a value a kept step writes must not be written again by another step
+        s = todo.pop()
+        for b in steps[s].tops:
+            for w in writers[data_root[b]]:
+                if w not in kept:
+                    kept.add(w)
+                    todo.append(w)
+    bounds = [0, *cuts, len(steps)]
+    segments = tuple(tuple(s for s in range(a, b) if s not in kept)
+                     for a, b in zip(bounds[:-2], bounds[1:-1]))
+    return Recompute(tuple(cuts), segments)
+
+
+def allowed_cuts(steps, layers, data_root) -> list[int]:
+    """The steps a segment may start at: not inside an in-place chain (a value produced
+    before the cut and written in place after it), whose second forward would leave the
+    earlier version where backward reads the later one."""
+    first: dict[int, int] = {}
+    banned = bytearray(len(steps) + 1)
+    for s, step in enumerate(steps):
+        for b in step.tops:
+            r = data_root[b]
+            if r in first and b in step.bottoms and first[r] < s:
+                for p in range(first[r] + 1, s + 1):
+                    banned[p] = 1
+            first.setdefault(r, s)
+    return [p for p in range(1, len(steps)) if not banned[p]]
+
+
+def greedy_cuts(sizes, allowed, segment_bytes: float) -> list[int]:
+    """Chen et al.'s greedy segments over the run order: walking the steps, the bytes their
+    tops take (``sizes``, per step) add up, and a segment ends at the first allowed cut
+    after they pass ``segment_bytes``."""
+    allowed, cuts, total = set(allowed), [], 0
+    for s, n in enumerate(sizes):
+        if total >= segment_bytes and s in allowed:
+            cuts.append(s)
+            total = 0
+        total += n
+    return cuts
+
+
+def _timeline(S: int, recompute):
+    """Each step's backward time, each recomputed step's second forward time: after the
+    forward steps 0..S-1 and the loss at S, the segments last first, each its recomputed
+    steps then its backward. Without recomputation, step s's backward is at 2S - s."""
+    if recompute is None:
+        return None, {}, set()
+    back, re_time, t = [0] * S, {}, S + 1
+    bounds = [0, *recompute.cuts, S]
+    for k in reversed(range(len(bounds) - 1)):
+        if k < len(recompute.steps):
+            for s in recompute.steps[k]:
+                re_time[s], t = t, t + 1
+        for s in reversed(range(bounds[k], bounds[k + 1])):
+            back[s], t = t, t + 1
+    return tuple(back), re_time, set()
+
+
+def _recomputed_roots(steps, layers, data_root, private, recompute, re_time) -> set[int]:
+    """The data roots that only recomputed steps of one segment touch: they need no memory
+    between their forward and their second forward. Not the rows of a batched weight
+    gradient (those must all be there for its one GEMM), nor a kept blob."""
+    segment: dict[int, int] = {}
+    for k, seg in enumerate(recompute.steps):
+        for s in seg:
+            segment[s] = k
+    where: dict[int, int] = {}
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        k = segment.get(s, -1)
+        x_rows = layer.batches_param_diffs and bool(layer.blobs)
+        for i, b in enumerate(step.bottoms + step.tops):
+            here = -1 if x_rows and i == 0 else k
+            r = data_root[b]
+            where[r] = here if where.get(r, here) == here else -1
+    return {r for r, k in where.items() if k >= 0 and r not in private}
+
+
+def bptt_hsm(t: int, slots: int) -> int:
+    """Gruslys et al.'s BPTT-HSM: the fewest forward steps that backpropagate a chain of
+    ``t`` steps keeping at most ``slots`` hidden states (the input's included), by their
+    dynamic program ``Q(t, m) = min_y y + Q(t - y, m - 1) + Q(y, m)``, ``Q(t, 1) = t(t+1)/2``.
+
+    >>> bptt_hsm(1000, 1000), bptt_hsm(4, 1), bptt_hsm(4, 2)
+    (1000, 10, 7)
+    """
+    return _hsm(t, min(slots, t))
+
+
+@functools.cache
+def _hsm(t: int, m: int) -> int:
+    if t <= 1:
+        return t
+    if m <= 1:
+        return t * (t + 1) // 2
+    if m >= t:
+        return t
+    return min(y + _hsm(t - y, min(m - 1, t - y)) + _hsm(y, min(m, y)) for y in range(1, t))
 
 
 def _widened(span, windows) -> tuple[int, int]:
@@ -413,7 +659,8 @@ def group_parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten) ->
             for roots, host, fl in ((plan.data_root, data_host, data_flags),
                                     (plan.diff_root, diff_host, diff_flags)):
                 r, w = roots[part], roots[whole]
-                if r == w or r in host or r in written or w in written or r in plan.private:
+                if (r == w or r in host or r in written or w in written or r in plan.private
+                        or r in plan.recomputed or w in plan.recomputed):
                     continue
                 host[r] = (w, offset)
                 fl[k] = True
@@ -543,7 +790,7 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
     if not groups:
         return [], {}
     written = {plan.data_root[b] for b in rewritten} | {plan.diff_root[b] for b in rewritten}
-    T = 2 * plan.steps
+    at = plan.backward_time
     writes: dict[int, list] = {}
 
     def write(root, time, count):
@@ -556,15 +803,15 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
         flags = skipped.get(s, ())
         for k, b in enumerate(step.bottoms):
             if bottom_need[s][k] and not (k < len(flags) and flags[k]):
-                write(plan.diff_root[b], T - s, _count(shapes[b]))
+                write(plan.diff_root[b], at(s), _count(shapes[b]))
     for s, roots in plan.zero_before.items():
         for r in roots:
-            write(r, T - s - 0.5, _count(shapes[r]))
+            write(r, at(s) - 0.5, _count(shapes[r]))
 
     def untouched(members, whole, regions) -> bool:
         """No backward write lands in member i's rows from its backward to the GEMM."""
-        gemm = T - members[0]
-        spans = sorted((first, end, T - s) for s, (first, end) in zip(members, regions))
+        gemm = at(members[0])
+        spans = sorted((first, end, at(s)) for s, (first, end) in zip(members, regions))
         firsts = [first for first, _, _ in spans]
         for t, a, b in writes.get(whole, ()):
             k = max(bisect_right(firsts, a) - 1, 0)
@@ -582,7 +829,8 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
         gy_roots = [plan.diff_root[steps[s].tops[0]] for s in members]
         x_counts = [_count(shapes[steps[s].bottoms[0]]) for s in members]
         gy_counts = [_count(shapes[steps[s].tops[0]]) for s in members]
-        if any(r in plan.private or r in written for r in x_roots + gy_roots):
+        if any(r in plan.private or r in written for r in x_roots + gy_roots) or any(
+                r in plan.recomputed for r in x_roots):
             continue
         if len(set(x_roots)) < len(members) or len(set(gy_roots)) < len(members):
             continue

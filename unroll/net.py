@@ -184,7 +184,8 @@ class Net:
                  keep=(), seed: int = 0, param_store: ParamStore | None = None,
                  allow_python_layers: bool = False, plan_memory: bool = True,
                  workspace: Workspace | None = None, concurrent: bool = False,
-                 max_bytes: int | None = None):
+                 max_bytes: int | None = None, memory_budget: int | None = None,
+                 recompute: str | None = None):
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {list(PHASES)}, found {phase!r}")
         net_param = read_message(source, NetParameter)
@@ -204,7 +205,12 @@ class Net:
         self.concurrent = concurrent and self.xp is np
         self.workspace = workspace if workspace is not None else workspace_for(self.store, self.xp)
         self.workspace.attach(self)
-        self.max_bytes = max_bytes
+        self.max_bytes, self.memory_budget, self.recompute = max_bytes, memory_budget, recompute
+        if recompute not in (None, "sqrt"):
+            raise ValueError(f"recompute must be None or 'sqrt', found {recompute!r}")
+        if (memory_budget is not None or recompute) and self.concurrent:
+            raise NetError(f"net '{self.name}': concurrent=True runs branches at once, and a "
+                           f"memory budget recomputes segments in order; choose one")
         self._limit = MemoryLimit(self.name, max_bytes, self.xp, self.store, self.workspace)
         self._params = ParamMaker(self.store, self.xp, self.dtype, np.random.default_rng(seed),
                                   param_store is not None, self._limit.check_param)
@@ -273,12 +279,13 @@ class Net:
         self._input_shapes = [b.shape for b in self._input_blobs]
         self.layer_need_backward, self._bottom_need, loss_tops = graph.backward_needs(
             g.steps, self.layers_run, self._force_backward)
-        self.memory = executor.NetMemory(blob_list, g, self.layers_run, self._bottom_need,
-                                          self.workspace, self.dtype, self._limit)
         self._loss_tops = [(blob_list[b], w) for b, w in loss_tops]
         self._loss_blobs = [b for b, _ in loss_tops]
         self._bwd = [(s, layer, t, prop, b) for s, ((layer, b, t), prop, need) in enumerate(
             zip(self._fwd, self._bottom_need, self.layer_need_backward)) if need][::-1]
+        self.memory = executor.NetMemory(blob_list, g, self.layers_run, self._bottom_need,
+                                          self.workspace, self.dtype, self._limit, self._fwd,
+                                          self._bwd, self.memory_budget, self.recompute)
         self.regions = (memory_plan.concurrent_regions(g.steps, self.layers_run)
                         if self.concurrent else [])
         self._forward_items, self._backward_items = (
@@ -308,9 +315,9 @@ class Net:
         self._plans_backward = self.phase == "train" or self._force_backward
         need = (self.layer_need_backward if self._plans_backward
                 else [False] * len(self.layer_need_backward))
-        plan = memory_plan.liveness(g.steps, self.layers_run, len(self._blob_list), private,
-                                    need, self._bottom_need, self._loss_blobs, self.regions)
-        self.memory.plan(plan, self._gate)
+        self.memory.plan(functools.partial(
+            memory_plan.liveness, g.steps, self.layers_run, len(self._blob_list), private, need,
+            self._bottom_need, self._loss_blobs, self.regions), self._gate)
         self._layout()
 
     def _layout(self) -> None:
@@ -442,8 +449,8 @@ class Net:
         if [b.shape for b in self._input_blobs] != self._input_shapes:
             self.reshape()
         with self._running("forward"):
-            if not self.memory.bound and self.memory.layout is not None:
-                self.memory.bind()
+            if self.memory.layout is not None:
+                self.memory.for_forward()
             executor.run_forward(self._fwd, self._forward_items)
         self.workspace.holder = self
         self._loss = self._device_loss = None
@@ -497,8 +504,9 @@ class Net:
         for blob, weight in self._loss_tops:
             blob.diff.fill(weight)
         with self._running("backward"):
+            self.memory.for_backward()
             executor.run_backward(self._bwd, self._backward_items, self.memory.zero_before,
-                                  self.memory.gemms)
+                                  self.memory.gemms, self.memory.segments)
 
     @contextlib.contextmanager
     def _running(self, what: str):
