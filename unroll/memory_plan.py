@@ -36,7 +36,6 @@ diffs are filled, then backward steps, step ``s`` at ``2S - s``.
 from __future__ import annotations
 
 import bisect
-import functools
 import heapq
 from array import array
 from bisect import bisect_right
@@ -47,7 +46,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from unroll.errors import NetError
+from unroll.errors import MemoryBudgetError
 from unroll.workspace import ALIGN
 
 if TYPE_CHECKING:
@@ -188,7 +187,8 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
                   mode=None, name: str = "") -> tuple[Liveness, Layout]:
     """The liveness and layout of a net that fit ``budget`` bytes (:func:`planned_bytes`)
     with the fewest forward steps recomputed, or, for ``mode="sqrt"``, Chen et al.'s
-    segments of about a square root of the steps each.
+    segments of about a square root of the steps each (where those need less memory than
+    no recomputation).
 
     ``make(recompute)`` gives the net's :class:`Liveness` for a :class:`Recompute`
     plan (None: none), ``lay_out(liveness)`` its layout for the current shapes.
@@ -212,9 +212,10 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
         layout_ = lay_out(plan)
         return planned_bytes(plan, layout_, shapes, itemsize), plan, layout_
 
-    if mode == "sqrt":
-        return attempt(total / max(1.0, len(steps) ** 0.5))[1:]
     need = planned_bytes(base, full, shapes, itemsize)
+    if mode == "sqrt":  # never more memory than without recomputation, for nothing
+        n, plan, layout_ = attempt(total / max(1.0, len(steps) ** 0.5))
+        return (plan, layout_) if n < need else (base, full)
     if need <= budget:
         return base, full
     smallest, fits, larger, segment = need, None, total, total / 2
@@ -228,9 +229,10 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
         else:
             smallest, larger, segment = n, segment, segment / 2
     if fits is None:
-        raise NetError(f"net '{name}': memory_budget {budget:,} bytes is too small: the "
-                       f"smallest plan found needs {smallest:,} bytes (activations, diffs, "
-                       f"scratch and kept blobs; params not counted)")
+        raise MemoryBudgetError(
+            f"net '{name}': memory_budget {budget:,} bytes is too small: the smallest plan "
+            f"found needs {smallest:,} bytes (activations, diffs, scratch and kept blobs; "
+            f"params not counted)", smallest)
     for _ in range(4):  # larger segments that still fit recompute fewer steps
         middle = (fits[0] + larger) / 2
         n, plan, layout_ = attempt(middle)
@@ -417,9 +419,14 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     data_root = _roots(steps, layers, n_blobs, "data")
     diff_root = _roots(steps, layers, n_blobs, "diff")
     private = {data_root[b] for b in private_blobs} | {diff_root[b] for b in private_blobs}
-    back_of, re_time, recomputed = _timeline(S, recompute)
+    recomputed: set[int] = set()
     if recompute is not None:
-        recomputed = _recomputed_roots(steps, layers, data_root, private, recompute, re_time)
+        recomputed = _recomputed_roots(steps, layers, data_root, private, recompute)
+        # a step whose every top is still there (a checkpoint) need not run again
+        recompute = Recompute(recompute.cuts, tuple(
+            tuple(s for s in seg if any(data_root[b] in recomputed for b in steps[s].tops))
+            for seg in recompute.steps))
+    back_of, re_time = _timeline(S, recompute)
     data_re_life: dict[int, list[int]] = {}
     data_life: dict[int, list[int]] = {}
     reads: dict[int, int] = {}
@@ -562,7 +569,7 @@ def _timeline(S: int, recompute):
     forward steps 0..S-1 and the loss at S, the segments last first, each its recomputed
     steps then its backward. Without recomputation, step s's backward is at 2S - s."""
     if recompute is None:
-        return None, {}, set()
+        return None, {}
     back, re_time, t = [0] * S, {}, S + 1
     bounds = [0, *recompute.cuts, S]
     for k in reversed(range(len(bounds) - 1)):
@@ -571,10 +578,10 @@ def _timeline(S: int, recompute):
                 re_time[s], t = t, t + 1
         for s in reversed(range(bounds[k], bounds[k + 1])):
             back[s], t = t, t + 1
-    return tuple(back), re_time, set()
+    return tuple(back), re_time
 
 
-def _recomputed_roots(steps, layers, data_root, private, recompute, re_time) -> set[int]:
+def _recomputed_roots(steps, layers, data_root, private, recompute) -> set[int]:
     """The data roots that only recomputed steps of one segment touch: they need no memory
     between their forward and their second forward. Not the rows of a batched weight
     gradient (those must all be there for its one GEMM), nor a kept blob."""
@@ -596,23 +603,21 @@ def _recomputed_roots(steps, layers, data_root, private, recompute, re_time) -> 
 def bptt_hsm(t: int, slots: int) -> int:
     """Gruslys et al.'s BPTT-HSM: the fewest forward steps that backpropagate a chain of
     ``t`` steps keeping at most ``slots`` hidden states (the input's included), by their
-    dynamic program ``Q(t, m) = min_y y + Q(t - y, m - 1) + Q(y, m)``, ``Q(t, 1) = t(t+1)/2``.
+    dynamic program ``Q(t, m) = min_y y + Q(t - y, m - 1) + Q(y, m)``, ``Q(t, 1) = t(t+1)/2``,
+    ``Q(1, m) = 1``: a step's backward runs its forward again from the state before it.
 
-    >>> bptt_hsm(1000, 1000), bptt_hsm(4, 1), bptt_hsm(4, 2)
-    (1000, 10, 7)
+    >>> bptt_hsm(4, 1), bptt_hsm(4, 2), bptt_hsm(4, 4), bptt_hsm(1000, 10)
+    (10, 8, 7, 4636)
     """
-    return _hsm(t, min(slots, t))
-
-
-@functools.cache
-def _hsm(t: int, m: int) -> int:
-    if t <= 1:
-        return t
-    if m <= 1:
-        return t * (t + 1) // 2
-    if m >= t:
-        return t
-    return min(y + _hsm(t - y, min(m - 1, t - y)) + _hsm(y, min(m, y)) for y in range(1, t))
+    ts = np.arange(t + 1, dtype=np.int64)
+    q = ts * (ts + 1) // 2  # one slot: from the input every time
+    for _ in range(2, min(slots, t) + 1):
+        nxt = q.copy()  # Q(., m) from Q(., m - 1), one t at a time (it reads Q(y, m), y < t)
+        for n in range(2, t + 1):
+            ys = ts[1:n]
+            nxt[n] = int((ys + q[n - ys] + nxt[ys]).min())
+        q = nxt
+    return int(q[t])
 
 
 def _widened(span, windows) -> tuple[int, int]:
@@ -656,11 +661,12 @@ def group_parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten) ->
             continue
         offset = 0
         for k, part in enumerate(parts):
-            for roots, host, fl in ((plan.data_root, data_host, data_flags),
-                                    (plan.diff_root, diff_host, diff_flags)):
+            for roots, host, fl, twice in ((plan.data_root, data_host, data_flags,
+                                            plan.recomputed),
+                                           (plan.diff_root, diff_host, diff_flags, ())):
                 r, w = roots[part], roots[whole]
                 if (r == w or r in host or r in written or w in written or r in plan.private
-                        or r in plan.recomputed or w in plan.recomputed):
+                        or r in twice or w in twice):
                     continue
                 host[r] = (w, offset)
                 fl[k] = True
