@@ -37,11 +37,16 @@ class NetMemory:
     ``segments`` are what :func:`run_backward` takes; ``bound_wholes`` the ids
     of the blobs that other blobs are views into. ``budget`` (bytes) or
     ``recompute="sqrt"`` plan recomputation (:func:`unroll.memory_plan.within_budget`)
-    of ``fwd`` in backward (``bwd``).
+    of ``fwd`` in backward (``bwd``); not with concurrent ``regions``.
     """
 
     def __init__(self, blobs, graph, layers, bottom_need, workspace, dtype, limit, fwd=(),
-                 bwd=(), budget=None, recompute=None):
+                 bwd=(), budget=None, recompute=None, regions=()):
+        if recompute not in (None, "sqrt"):
+            raise ValueError(f"recompute must be None or 'sqrt', found {recompute!r}")
+        if (budget is not None or recompute) and regions:
+            raise NetError(f"net '{limit.name}': concurrent=True runs branches at once, and "
+                           f"a memory budget recomputes segments in order; choose one")
         self.blobs, self.graph, self.layers, self.bottom_need = blobs, graph, layers, bottom_need
         self.workspace, self.dtype, self.limit = workspace, dtype, limit
         self.fwd, self.bwd, self.budget, self.recompute = fwd, bwd, budget, recompute

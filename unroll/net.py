@@ -161,11 +161,12 @@ class Net:
     on threads at once; results are bit-identical to the serial order, and the
     memory plan keeps every buffer of such a region live through all of it.
     ``max_bytes`` bounds the memory the net may plan (its params, kept blobs
-    and workspace, as :meth:`memory_report` counts them); by default it is
-    what the device has available. A net planning more is a NetError at
-    build, or at the forward whose input shapes would need it, naming its
+    and workspace, as :meth:`memory_report` counts them; by default what the
+    device has available): a net planning more is a NetError, naming its
     largest blobs and their layers, before any of them is allocated.
-
+    ``memory_budget`` (bytes of activations, diffs, scratch and kept blobs) has
+    backward recompute segments of the forward, as few as fit, with the same
+    results bit for bit; ``recompute="sqrt"`` takes Chen et al.'s segments.
     ``net.memory`` is the memory plan applied (:class:`unroll.executor.NetMemory`):
     its ``liveness``, and its ``layout`` for the current shapes (None with
     ``plan_memory=False``), as :mod:`unroll.memory_plan` documents them.
@@ -189,16 +190,14 @@ class Net:
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {list(PHASES)}, found {phase!r}")
         net_param = read_message(source, NetParameter)
-        self.name = net_param.name
-        self._force_backward = net_param.force_backward
+        self.name, self._force_backward = net_param.name, net_param.force_backward
         self.phase, self.device = phase, device
         self.xp = get_array_module(device)
         self.dtype = np.dtype(dtype)
         if self.dtype.kind != "f":
             raise ValueError(f"dtype must be a float type (float32, float64), found {dtype!r}")
         self.allow_python_layers = allow_python_layers  # see layer_class: imports run code
-        self.keep = set(keep)
-        self._rng = make_rng(self.xp, seed)
+        self.keep, self._rng = set(keep), make_rng(self.xp, seed)
         self.store = param_store if param_store is not None else ParamStore()
         self.plan_memory = plan_memory
         # independent branches at once: CPU only (a GPU would need streams), see _build
@@ -206,11 +205,6 @@ class Net:
         self.workspace = workspace if workspace is not None else workspace_for(self.store, self.xp)
         self.workspace.attach(self)
         self.max_bytes, self.memory_budget, self.recompute = max_bytes, memory_budget, recompute
-        if recompute not in (None, "sqrt"):
-            raise ValueError(f"recompute must be None or 'sqrt', found {recompute!r}")
-        if (memory_budget is not None or recompute) and self.concurrent:
-            raise NetError(f"net '{self.name}': concurrent=True runs branches at once, and a "
-                           f"memory budget recomputes segments in order; choose one")
         self._limit = MemoryLimit(self.name, max_bytes, self.xp, self.store, self.workspace)
         self._params = ParamMaker(self.store, self.xp, self.dtype, np.random.default_rng(seed),
                                   param_store is not None, self._limit.check_param)
@@ -283,11 +277,12 @@ class Net:
         self._loss_blobs = [b for b, _ in loss_tops]
         self._bwd = [(s, layer, t, prop, b) for s, ((layer, b, t), prop, need) in enumerate(
             zip(self._fwd, self._bottom_need, self.layer_need_backward)) if need][::-1]
-        self.memory = executor.NetMemory(blob_list, g, self.layers_run, self._bottom_need,
-                                          self.workspace, self.dtype, self._limit, self._fwd,
-                                          self._bwd, self.memory_budget, self.recompute)
         self.regions = (memory_plan.concurrent_regions(g.steps, self.layers_run)
                         if self.concurrent else [])
+        self.memory = executor.NetMemory(blob_list, g, self.layers_run, self._bottom_need,
+                                          self.workspace, self.dtype, self._limit, self._fwd,
+                                          self._bwd, self.memory_budget, self.recompute,
+                                          self.regions)
         self._forward_items, self._backward_items = (
             executor.schedule(self._fwd, self._bwd, self.regions) if self.regions
             else (None, None))
