@@ -193,8 +193,8 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
     ``make(recompute)`` gives the net's :class:`Liveness` for a :class:`Recompute`
     plan (None: none), ``lay_out(liveness)`` its layout for the current shapes.
     Segments are Chen's greedy ones (:func:`greedy_cuts`): the largest that
-    fit, found by halving then bisecting their bytes (one segment is the plan
-    without recomputation). A budget that no plan tried fits is a NetError
+    fit, found by halving their bytes down to a step each, then bisecting (one
+    segment is the plan without recomputation). A budget that no plan tried fits is a NetError
     giving the smallest plan found.
     """
     base = make(None)
@@ -220,14 +220,19 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
         return base, full
     smallest, fits, larger, segment = need, None, total, total / 2
     floor = min((n for n in sizes if n), default=total) / 2  # a segment per step, at most
-    while fits is None and segment >= floor:
+    while fits is None and segment >= floor:  # memory falls, then rises: try every halving
         n, plan, layout_ = attempt(segment)
         if n <= budget:
             fits = (segment, plan, layout_)
-        elif n > smallest:
-            break  # past the fewest bytes: smaller segments only add checkpoints
         else:
-            smallest, larger, segment = n, segment, segment / 2
+            smallest, larger, segment = min(smallest, n), segment, segment / 2
+    if fits is None:  # Chen's square root, between two halvings
+        root = total / max(1.0, len(steps) ** 0.5)
+        n, plan, layout_ = attempt(root)
+        smallest = min(smallest, n)
+        if n <= budget:
+            fits, larger = (root, plan, layout_), next(
+                (t for t in (total / 2**k for k in range(64)) if t / 2 < root), total)
     if fits is None:
         raise MemoryBudgetError(
             f"net '{name}': memory_budget {budget:,} bytes is too small: the smallest plan "
