@@ -158,3 +158,38 @@ def fewest_forwards(t: int, slots: int) -> int:
 def test_the_dynamic_program_finds_the_fewest_forward_steps(slots):
     for t in range(1, 13):
         assert bptt_hsm(t, slots) == fewest_forwards(t, slots), (t, slots)
+
+
+def test_on_a_gpu_recomputation_adds_launches_and_no_sync():
+    from unroll import trace
+
+    T = 24
+    text = recurrent_net("gru", T, 2, 1, "forward", False, D=8, H=16)
+    counts = {}
+    least = smallest_budget(text, "float32")
+    for label, kw in (("full", {}), ("budget", {"memory_budget": least})):
+        net = Net(text, device="trace", seed=3, **kw)
+        feed = {k: trace.asarray(v.astype(np.float32))
+                for k, v in feed_for(net, T, [T, 5]).items()}
+        net.forward(**feed)
+        net.backward()  # a first step binds the workspace
+        with trace.measure() as counted:
+            net.forward(**feed)
+            net.clear_param_diffs()
+            net.backward()
+        counts[label] = counted
+    assert counts["budget"].launches > counts["full"].launches
+    assert counts["budget"].syncs == counts["full"].syncs == 0
+
+
+def test_unroll_memory_with_a_budget_shows_the_recomputation(tmp_path, capsys):
+    from unroll import cli
+
+    path = tmp_path / "gru.prototxt"
+    path.write_text(recurrent_net("gru", 40, 2, 1, "forward", False, D=8, H=16))
+    least = smallest_budget(path.read_text(), "float64")
+    assert cli.main(["memory", str(path), "--dtype", "float64", "--budget", str(least)]) == 0
+    out = capsys.readouterr().out
+    assert "recomputed in backward:" in out and f"of a budget of {least / 1024:.1f} KiB" in out
+    assert cli.main(["memory", str(path), "--budget", "1kB"]) == 2
+    assert "is too small: the smallest plan found needs" in capsys.readouterr().err
