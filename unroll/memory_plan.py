@@ -124,7 +124,11 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
         for s in group.steps:
             told[s]["param_diffs_batched"] = True
     sizes = {key: n * itemsize for key, n in counts.items()}
-    buffers, keys = [], []
+    # with recomputation, a whole's data may die part by part before its diff is written
+    # there (a time-major projection, re-read by each segment's second forward): one buffer
+    shared = (_data_then_diff(plan, data_host, diff_host, shapes) if plan.recompute is not None
+              else set())
+    buffers, keys, spans_of = [], [], {}
     lives = [("data", plan.data_life, data_host), ("diff", plan.diff_life, diff_host)]
     if plan.data_re_life is not None:
         lives.append(("data_re", plan.data_re_life, {}))  # the second lives of recomputed data
@@ -138,6 +142,13 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
                 first, last = life[r]
                 a, b = spans.get(top, (first, last))
                 spans[top] = (min(a, first), max(b, last))
+        spans_of[kind] = spans
+        if kind == "diff":
+            for r in shared:
+                a, b = buffers[keys.index(("data", r))][:2]
+                c, d = spans.pop(r)
+                buffers[keys.index(("data", r))] = (min(a, c), max(b, d),
+                                                    _count(shapes[r]) * itemsize)
         for r, (first, last) in spans.items():
             if r not in host and r not in plan.private:
                 nbytes = sizes[(kind, r)] if (kind, r) in sizes else _count(shapes[r]) * itemsize
@@ -160,6 +171,8 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
             scratch[kind][r] = at
         else:
             offset[kind][r] = at
+    for r in shared:
+        offset["diff"][r] = offset["data"][r]
     whole, within = {}, {}
     for kind, host in (("data", data_host), ("diff", diff_host)):
         whole[kind], within[kind] = np.full(n, -1, np.int32), np.zeros(n, np.int64)
@@ -246,6 +259,37 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
         else:
             larger = middle
     return fits[1], fits[2]
+
+
+def _data_then_diff(plan, data_host, diff_host, shapes) -> set[int]:
+    """Roots whose data and diff may be one buffer: every element's data is last read
+    before its diff is first written, for every value placed inside the root's data (by
+    its data life) and diff (by its diff life)."""
+    inside: dict[tuple, list] = {}
+    for kind, host, life in (("data", data_host, plan.data_life),
+                             ("diff", diff_host, plan.diff_life)):
+        for r in host:
+            if r in life:
+                whole, first = _resolve(host, r)
+                inside.setdefault((kind, whole), []).append((first, _count(shapes[r]), life[r]))
+    out = set()
+    for (kind, r), items in inside.items():
+        if (kind != "data" or r in plan.private or r in data_host or r in diff_host
+                or r not in plan.data_life or r not in plan.diff_life):
+            continue
+        n = _count(shapes[r])
+        data = [(0, n, plan.data_life[r]), *items]
+        diff = [(0, n, plan.diff_life[r]), *inside.get(("diff", r), ())]
+        cuts = sorted({a for a, _, _ in data + diff} | {a + c for a, c, _ in data + diff})
+        last = [-1] * len(cuts)  # per piece between two cuts: the latest data read ...
+        first = [1 << 62] * len(cuts)  # ... and the earliest diff write
+        for items_, table, pick, better in ((data, last, 1, max), (diff, first, 0, min)):
+            for a, c, span in items_:
+                for i in range(bisect.bisect_left(cuts, a), bisect.bisect_left(cuts, a + c)):
+                    table[i] = better(table[i], span[pick])
+        if all(d < g for d, g in zip(last, first)):
+            out.add(r)
+    return out
 
 
 def place(buffers) -> tuple[list[int], int]:
