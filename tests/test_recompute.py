@@ -137,10 +137,14 @@ def test_too_small_a_budget_names_the_smallest_that_works():
     assert net.workspace.nbytes <= least
 
 
-def test_a_budget_and_concurrent_branches_are_refused_together():
+def test_a_budget_is_refused_where_it_cannot_be_planned():
     text = recurrent_net("lstm", 4, 2, 1, "bidirectional", False)
     with pytest.raises(NetError, match="concurrent=True runs branches at once"):
         Net(text, concurrent=True, recompute="sqrt")
+    with pytest.raises(NetError, match="plan_memory=False keeps every blob"):
+        Net(text, plan_memory=False, memory_budget=10**6)
+    with pytest.raises(ValueError, match="recompute must be None or 'sqrt'"):
+        Net(text, recompute="log")
 
 
 def test_layers_that_cannot_be_recomputed_keep_their_values():

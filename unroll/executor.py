@@ -84,6 +84,9 @@ class NetMemory:
         check = functools.partial(self.limit.check_plan, self.liveness, blobs=self.blobs,
                                   steps=self.graph.steps, layers=self.layers)
         if not planned:
+            if self.budget is not None or self.recompute:
+                raise NetError(f"net '{self.limit.name}': plan_memory=False keeps every blob, "
+                               f"so a memory budget cannot be planned")
             check(None)
             self.layout = None
             return
