@@ -19,6 +19,10 @@ that share a param go back to back, so that its gradient is one GEMM
 (:func:`plan_weight_gradients`); within a region whose branches run at once
 (:func:`concurrent_regions`) every buffer lives through all of it.
 
+Within a memory budget (:func:`within_budget`), backward recomputes segments
+of the forward from checkpoints (a :class:`Recompute` plan): the plan gives
+the values only re-run steps touch two lives, each its own buffer.
+
 Time, for lifetimes, counts forward steps ``0..S-1``, then ``S`` when loss
 diffs are filled, then backward steps, step ``s`` at ``2S - s``.
 
