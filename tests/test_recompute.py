@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.net_helpers import host
-from unroll import expand, to_prototxt
+from unroll import expand, testing, to_prototxt
 from unroll.bucketing import cont_from_lengths
 from unroll.errors import MemoryBudgetError, NetError
 from unroll.memory_plan import bptt_hsm
@@ -108,6 +108,25 @@ def test_the_tagger_template_in_a_budget_is_bit_identical(cell, layers, T, lengt
     least = smallest_budget(text, "float64")
     net = Net(text, dtype="float64", seed=3, memory_budget=int(least + where * (need - least)))
     assert_identical(train_step(net, feed, wrt=None), want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(net=testing.random_nets(8, 16, max_layers=30), where=st.floats(0, 1),
+       seed=st.integers(0, 3))
+def test_a_random_net_in_a_budget_is_bit_identical(net, where, seed):
+    # fan-out, in-place chains, Dropout in place, views, Slice and Concat, shared params
+    text, keep = net
+    rng = np.random.default_rng(seed)
+    feed = dict(x=rng.normal(size=(8, 16)), t=rng.normal(size=(8, 16)))
+    full = Net(text, dtype="float64", seed=3, keep=keep)
+    want = train_step(full, feed)
+    need = full.inspect().recompute["planned_bytes"]
+    with pytest.raises(MemoryBudgetError) as error:
+        Net(text, dtype="float64", keep=keep, memory_budget=1)
+    budget = int(error.value.smallest + where * (need - error.value.smallest))
+    net = Net(text, dtype="float64", seed=3, keep=keep, memory_budget=budget)
+    assert_identical(train_step(net, feed), want)
+    assert_identical(train_step(net, feed), want)
 
 
 def test_the_planned_peak_is_within_the_budget_and_recomputes():
