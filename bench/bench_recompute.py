@@ -3,7 +3,7 @@
 One unrolled LSTM layer (``unroll.expand("lstm")``, H hidden, N sequences, T
 steps) under a Euclidean loss, planned four ways: the full plan, Chen et al.'s
 ``recompute="sqrt"`` segments, and ``memory_budget`` of 1/4 and 1/10 of the
-full plan. For each: the bytes planned (workspace and kept blobs), the
+full plan (``--budgets``). For each: the bytes planned (workspace and kept blobs), the
 workspace's high-water mark after a training step, the recomputed forward
 steps, and the median time of a training step (forward and backward) as a ratio
 to the full plan's. A budget no plan fits is reported with the smallest that
@@ -54,6 +54,9 @@ def main(argv=None) -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--iters", type=int, default=1)
+    parser.add_argument("--budgets", type=float, nargs="+", default=[1 / 4, 1 / 10],
+                        metavar="FRACTION", help="budgets, as fractions of the full plan "
+                        "(default 0.25 0.1)")
     args = parser.parse_args(argv)
     T, N, H = args.steps, args.batch, args.hidden
     net_param = lstm_net(T, N, H)
@@ -69,8 +72,7 @@ def main(argv=None) -> None:
     del full
     segments = None
     for label, options in (("sqrt", {"recompute": "sqrt"}),
-                           ("1/4", {"memory_budget": need // 4}),
-                           ("1/10", {"memory_budget": need // 10})):
+                           *((f"{f:g}", {"memory_budget": int(need * f)}) for f in args.budgets)):
         start = time.perf_counter()
         try:
             net = Net(net_param, **options)

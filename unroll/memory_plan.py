@@ -209,10 +209,11 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
 
     ``make(recompute)`` gives the net's :class:`Liveness` for a :class:`Recompute`
     plan (None: none), ``lay_out(liveness)`` its layout for the current shapes.
-    Segments are Chen's greedy ones (:func:`greedy_cuts`): the largest that
-    fit, found by halving their bytes down to a step each, then bisecting (one
-    segment is the plan without recomputation). A budget that no plan tried fits is a NetError
-    giving the smallest plan found.
+    Segments are Chen's greedy ones (:func:`greedy_cuts`), of every halving of
+    the steps' bytes down to a step each and of a square root of the steps:
+    of those that fit, the one that runs fewest steps again. A budget none
+    fits is a :class:`~unroll.errors.MemoryBudgetError` giving the smallest
+    plan found.
     """
     base = make(None)
     full = lay_out(base)
@@ -235,34 +236,23 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
         return (plan, layout_) if n < need else (base, full)
     if need <= budget:
         return base, full
-    smallest, fits, larger, segment = need, None, total, total / 2
-    floor = min((n for n in sizes if n), default=total) / 2  # a segment per step, at most
-    while fits is None and segment >= floor:  # memory falls, then rises: try every halving
+    # every halving of the segments' bytes down to a step each, and Chen's square root:
+    # memory falls then rises, and the steps run again do not follow the size
+    step = min((n for n in sizes if n), default=total) / 2  # segments of a step, at least
+    tries = [total / 2**k for k in range(1, 64) if total / 2**k >= step]
+    tries.append(total / max(1.0, len(steps) ** 0.5))
+    smallest, best = need, None
+    for segment in tries:
         n, plan, layout_ = attempt(segment)
-        if n <= budget:
-            fits = (segment, plan, layout_)
-        else:
-            smallest, larger, segment = min(smallest, n), segment, segment / 2
-    if fits is None:  # Chen's square root, between two halvings
-        root = total / max(1.0, len(steps) ** 0.5)
-        n, plan, layout_ = attempt(root)
         smallest = min(smallest, n)
-        if n <= budget:
-            fits, larger = (root, plan, layout_), next(
-                (t for t in (total / 2**k for k in range(64)) if t / 2 < root), total)
-    if fits is None:
+        if n <= budget and (best is None or (plan.recompute.recomputed, n) < best[0]):
+            best = ((plan.recompute.recomputed, n), plan, layout_)
+    if best is None:
         raise MemoryBudgetError(
             f"net '{name}': memory_budget {budget:,} bytes is too small: the smallest plan "
             f"found needs {smallest:,} bytes (activations, diffs, scratch and kept blobs; "
             f"params not counted)", smallest)
-    for _ in range(4):  # larger segments that still fit recompute fewer steps
-        middle = (fits[0] + larger) / 2
-        n, plan, layout_ = attempt(middle)
-        if n <= budget:
-            fits = (middle, plan, layout_)
-        else:
-            larger = middle
-    return fits[1], fits[2]
+    return best[1], best[2]
 
 
 def _data_then_diff(plan, data_host, diff_host, shapes) -> set[int]:
