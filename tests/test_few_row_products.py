@@ -1,5 +1,5 @@
 """The CPU runs an InnerProduct of a few rows (one unrolled timestep's batch) as the
-transposed product (unroll.layers.inner_product.FEW_ROWS): an unrolled net must give the
+transposed product (unroll.engine.layers.inner_product.FEW_ROWS): an unrolled net must give the
 plain products' loss, outputs and gradients, for every built-in cell, stacked,
 bidirectional and with sequences packed back to back (cont 0 inside a column)."""
 

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 from tests.net_helpers import T2, X, f64, host, inputs, ip, layer, loss, param_diffs, run
 from unroll import NetError, expand, testing
 from unroll.core.proto import NetParameter
+from unroll.engine.memory_plan import place
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
-from unroll.engine.workspace import Workspace, place
+from unroll.engine.workspace import Workspace
 from unroll.train.bucketed_model import BucketedModel
 from unroll.train.bucketing import cont_from_lengths
 
@@ -424,7 +425,7 @@ def test_shapes_going_back_and_forth_reuse_their_layouts_and_values(cell):
             got.append({"loss": net.loss, **param_diffs(net)})
         for k in got[1]:
             np.testing.assert_allclose(got[0][k], got[1][k], rtol=1e-12, atol=1e-12, err_msg=k)
-        placements.setdefault(len(lengths), []).append(nets[0]._placement)
+        placements.setdefault(len(lengths), []).append(nets[0].memory.layout)
     # batches of 3 and 2 rows came back after a turn of the other size: laid out once;
     # batches of 1 pushed the 3-row layout out (the net keeps the last LAYOUTS_KEPT)
     assert placements[2][0] is placements[2][1]

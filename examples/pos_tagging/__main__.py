@@ -25,6 +25,7 @@ from pathlib import Path
 
 from examples.pos_tagging.data import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE
 from examples.pos_tagging.output import OutputClosed, standard_output
+from unroll.engine.memory_limit import parse_bytes
 from unroll.train import distributed
 
 #: TaggerConfig fields and the train options that set them
@@ -54,7 +55,7 @@ def _train(args) -> int:
         max_minutes=args.max_minutes, lr=args.lr, lr_gamma=args.lr_decay, seed=args.seed,
         limit=args.limit, resume=args.resume, overwrite=args.overwrite,
         skip_bad_batches=args.skip_bad_batches, device=args.device, quiet=args.quiet,
-        sizes=_sizes(args), pack=args.pack,
+        sizes=_sizes(args), pack=args.pack, memory_budget=args.memory_budget,
     )
     try:
         with distributed.init(args.device) as comm:  # a failing rank ends every rank
@@ -211,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--pack", action=argparse.BooleanOptionalAction, default=o["pack"],
                    help="batches of --batch-size rows of whole sentences back to back "
                         "(default); --no-pack: --batch-size sentences of one length bucket")
+    t.add_argument("--memory-budget", type=parse_bytes, metavar="BYTES",
+                   help="memory each training net may plan (e.g. 500MB): backward recomputes "
+                        "forward segments, with the same results")
     t.set_defaults(run=_train)
 
     e = sub.add_parser("evaluate", parents=[common, data],

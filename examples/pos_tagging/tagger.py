@@ -150,7 +150,7 @@ class Tagger:
     """
 
     def __init__(self, featurizer: Featurizer, config: TaggerConfig, device: str = "cpu",
-                 seed: int = 0, folder: Path | None = None):
+                 seed: int = 0, folder: Path | None = None, memory_budget: int | None = None):
         self.featurizer = featurizer
         self.config = config
         unknown = [n for n in config.feature_dims if n not in featurizer.vocabs or n == "word"]
@@ -167,7 +167,7 @@ class Tagger:
         )
         # one NetParameter per T serves both phases: Net filters the TRAIN-only layers
         self.train_model = BucketedModel(self.net_param, phase="train", device=device,
-                                         seed=seed)
+                                         seed=seed, memory_budget=memory_budget)
         self.test_model = BucketedModel(self.net_param, phase="test", device=device,
                                         seed=seed, store=self.train_model.store,
                                         net_params=self.train_model.net_params)

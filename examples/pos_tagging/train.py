@@ -85,6 +85,7 @@ class TrainOptions:
     device: str = "cpu"
     quiet: bool = False
     pack: bool = True  # rows of whole sentences back to back (packing.py); --no-pack
+    memory_budget: int | None = None  # bytes a training net may plan (Net's memory_budget)
     sizes: dict = field(default_factory=dict)
 
     @property
@@ -251,7 +252,7 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
     seed = log[-1]["seed"] if log else opts.seed or 0
     # each rank its own dropout masks; the solver broadcasts rank 0's params
     tagger = Tagger(featurizer, config, device=opts.device, seed=seed + comm.rank,
-                    folder=model_dir)
+                    folder=model_dir, memory_budget=opts.memory_budget)
     encoded = tagger.encode([forms for forms, _ in train_sents])
     gold = tag_ids([tags for _, tags in train_sents])
     lengths = [len(forms) for forms, _ in train_sents]

@@ -137,7 +137,8 @@ def test_every_module_of_the_layers_package_registers_its_layers():
 
 # -- every hook the engine reads is declared on Layer ---------------------------------------
 #: the modules that read layers: the net, its plan and checks, inspection, graph capture
-ENGINE = ("engine.net", "graph.rules", "engine.host_checks", "engine.workspace",
+ENGINE = ("engine.net", "graph.rules", "engine.memory_plan", "engine.executor",
+          "engine.param_sharing", "engine.memory_limit", "engine.host_checks", "engine.workspace",
           "engine.inspection", "engine.cuda_graph")
 #: names that stand for a layer in those modules
 LAYER_NAMES = {"layer", "sharer", "split"}

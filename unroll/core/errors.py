@@ -11,6 +11,15 @@ class NetError(ValueError):
     """A net that cannot be built or run: names the layer, blob and shapes involved."""
 
 
+class MemoryBudgetError(NetError):
+    """A memory budget that no plan of the net fits: ``smallest`` is the fewest bytes a plan
+    found needs, a budget that works."""
+
+    def __init__(self, message: str, smallest: int):
+        self.smallest = smallest
+        super().__init__(message)
+
+
 class TemplateError(ValueError):
     """A template that cannot be expanded: names the template, line and offending name."""
 

@@ -43,6 +43,10 @@ class Inspection:
     memory: object  # the net's MemoryReport
     #: param -> layers whose gradients of it backward computes in one GEMM
     batched_gradients: dict
+    #: the memory plan's recomputation: ``checkpoints`` (the layer each segment after the
+    #: first starts at), ``recomputed_steps``, ``factor`` (forward steps a training step
+    #: runs, over those of one forward), ``planned_bytes`` and ``budget`` (None: no plan)
+    recompute: dict | None = None
 
     def as_dict(self) -> dict:
         memory = self.memory
@@ -54,6 +58,7 @@ class Inspection:
             "splits": [{"layer": name, "blob": blob, "readers": n}
                        for name, blob, n in self.splits],
             "batched_gradients": dict(self.batched_gradients),
+            "recompute": None if self.recompute is None else dict(self.recompute),
             "memory": {"params": memory.params, "history": memory.history,
                        "unplanned": memory.unplanned, "planned": memory.planned,
                        "kept": memory.kept, "workspace": memory.workspace},
@@ -81,6 +86,15 @@ class Inspection:
         lines.append(f"param gradients in one GEMM: {len(batched)}"
                      + (": " + ", ".join(f"{name} over {n} layers" for name, n in batched[:8])
                         + (", ..." if len(batched) > 8 else "") if batched else ""))
+        rc = self.recompute
+        if rc is not None and (rc["budget"] is not None or rc["recomputed_steps"]):
+            shown = ", ".join(rc["checkpoints"][:6]) + (", ..." if len(rc["checkpoints"]) > 6
+                                                          else "")
+            budget = f" of a budget of {rc['budget'] / kib:.1f} KiB" if rc["budget"] else ""
+            lines.append(f"recomputed in backward: {rc['recomputed_steps']} steps (forward x "
+                         f"{rc['factor']:.2f}), {len(rc['checkpoints']) + 1} segments"
+                         + (f" starting at {shown}" if shown else "")
+                         + f"; planned {rc['planned_bytes'] / kib:.1f} KiB{budget}")
         m = self.memory
         lines.append(f"memory: params {m.params / kib:.1f} KiB; activations, diffs and scratch "
                      f"{m.unplanned / kib:.1f} KiB unplanned, {m.planned / kib:.1f} KiB planned "
@@ -110,4 +124,19 @@ def inspect_net(net) -> Inspection:
         in_place += [(layer.name, net.graph.names[t])
                      for t, b in zip(step.tops, step.bottoms) if t == b]
     return Inspection(net.name, params, in_place, list(net.in_place_fallbacks), splits,
-                      net.memory_report(), net.batched_param_gradients)
+                      net.memory_report(), net.batched_param_gradients, _recompute(net))
+
+
+def _recompute(net) -> dict | None:
+    from unroll.engine.memory_plan import planned_bytes
+
+    plan, layout = net.memory.liveness, net.memory.layout
+    if layout is None:
+        return None
+    rc, steps = plan.recompute, len(net.layers_run)
+    recomputed = rc.recomputed if rc is not None else 0
+    return {"checkpoints": [net.layer_names[c] for c in rc.cuts] if rc is not None else [],
+            "recomputed_steps": recomputed, "factor": (steps + recomputed) / max(steps, 1),
+            "planned_bytes": planned_bytes(plan, layout, [b.shape for b in net._blob_list],
+                                           net.dtype.itemsize),
+            "budget": net.memory_budget}

@@ -57,7 +57,7 @@ LAYERS: dict[str, type] = {}
 #: plan, the host checks and the concurrent schedule call. A test holds the engine to it.
 CONTRACT = ("num_bottoms", "num_tops", "in_place", "backward_reads", "backward_reads_bottoms",
             "is_loss", "shares_bottom", "learnable", "parts_of_whole", "passes_diffs",
-            "batches_param_diffs", "checks_host_bottoms", "draws_random",
+            "batches_param_diffs", "checks_host_bottoms", "draws_random", "recomputable",
             # hooks
             "counts", "reads_in_backward", "allow_force_backward", "passes_diff",
             "param_batch_key", "param_row_widths", "param_backward", "check_host_bottom",
@@ -220,6 +220,11 @@ class Layer:
     #: forward draws random numbers (Dropout): the layer never runs on a branch thread, so
     #: a concurrent run draws what the serial one does
     draws_random = False
+    #: forward may run again, from the same bottoms, to recompute its tops for backward (a
+    #: memory budget, :mod:`unroll.engine.memory_plan`): False for a layer whose forward changes
+    #: state (BatchNorm's statistics, a carried hidden state) or reads outside its bottoms;
+    #: the plan then keeps its values. A layer that ``draws_random`` is never recomputed
+    recomputable = True
 
     # -- what a memory layout tells the layer (set by apply_layout; defaults: nothing placed)
     #: (data, diff) flags per part: which parts live inside the whole (parts_of_whole)

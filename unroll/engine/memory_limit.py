@@ -16,11 +16,16 @@ True
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+import numpy as np
 import psutil
 
 from unroll.core.errors import NetError
 
-__all__ = ["available_bytes", "format_bytes", "plan_too_big"]
+__all__ = ["MemoryLimit", "MemoryReport", "available_bytes", "format_bytes", "memory_report",
+           "parse_bytes", "plan_too_big"]
 
 
 def available_bytes(xp) -> int:
@@ -39,6 +44,31 @@ def format_bytes(n: int) -> str:
             return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 2**20, "mb": 10**6,
+          "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12,
+          "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """A size as a person writes it: ``"500MB"`` (10**6 bytes each), ``"1.5GiB"`` (2**30),
+    ``"64k"`` (a lone letter is binary), or bytes.
+
+    >>> parse_bytes("500MB"), parse_bytes("1.5 GiB"), parse_bytes("64k"), parse_bytes("1000")
+    (500000000, 1610612736, 65536, 1000)
+    """
+    number = str(text).strip().lower()
+    unit = number.lstrip("0123456789.")
+    number = number[:len(number) - len(unit)]
+    try:
+        value = float(number) * _UNITS[unit.strip()]
+    except (KeyError, ValueError):
+        raise ValueError(f"not a size: {text!r} (a number, then B, KB, MB, GB, KiB, MiB "
+                         f"or GiB)") from None
+    if value < 1:
+        raise ValueError(f"a size must be at least 1 byte, found {text!r}")
+    return int(value)
 
 
 def plan_too_big(net: str, need: int, limit: int, given: bool, largest) -> NetError:
@@ -60,3 +90,150 @@ blob 'x' (274877906944,) 1.0 TiB, of layer 'in' (Input)
                          for what, shape, nbytes, layer in largest)
     return NetError(f"{who}: the memory plan needs {format_bytes(need)}, over the limit "
                     f"of {format_bytes(limit)} ({source}); largest: {culprits}")
+
+
+class MemoryLimit:
+    """The memory limit of net ``name``: ``max_bytes``, or what the device of ``xp`` has
+    available plus what the net already holds of its need (params in ``store``, the
+    ``workspace``), checked as each part of the need becomes known."""
+
+    def __init__(self, name: str, max_bytes: int | None, xp, store, workspace):
+        self.name, self.max_bytes, self.xp = name, max_bytes, xp
+        self.store, self.workspace = store, workspace
+
+    def param_bytes(self) -> int:
+        # from the shapes: reading a param's diff would allocate it
+        return sum(2 * p.blob.nbytes for p in self.store)
+
+    def bytes(self, held: int = 0) -> int:
+        """The limit, where ``held`` bytes of the need (besides params and workspace) are
+        allocated already: no longer available, but counted in the need."""
+        if self.max_bytes is not None:
+            return self.max_bytes
+        return available_bytes(self.xp) + self.param_bytes() + self.workspace.nbytes + held
+
+    def _refuse(self, need: int, limit: int, culprits) -> NetError:
+        return plan_too_big(self.name, need, limit, self.max_bytes is not None, culprits)
+
+    def check_param(self, nbytes: int, culprit) -> None:
+        """Refuse a new param of ``nbytes`` (``culprit``: what, shape, bytes, layer)."""
+        have, limit = self.param_bytes(), self.bytes()
+        if have + nbytes > limit:
+            raise self._refuse(have + nbytes, limit, [culprit])
+
+    def check_tops(self, layer, tops, limit: int) -> None:
+        """Refuse a top larger than ``limit`` as soon as its shape is known: the layers
+        after it could allocate in proportion to it (the whole plan comes later)."""
+        for top in tops:
+            if top.nbytes > limit:
+                raise self._refuse(top.nbytes, limit, [(f"blob '{top.name}'", top.shape,
+                                                        top.nbytes,
+                                                        f"layer '{layer.name}' ({layer.type})")])
+
+    def check_plan(self, plan, layout, blobs, steps, layers) -> None:
+        """Refuse a memory plan (params, kept blobs and workspace) over the limit.
+
+        ``plan`` and ``layout`` are the net's liveness and layout (None: every
+        blob is kept, and the layers' scratch is their own); ``blobs`` its blobs
+        by number, ``steps`` and ``layers`` its run order.
+        """
+        kept_roots = [r for r in set(plan.data_root) if r in plan.private]
+        kept = sum(blobs[r].nbytes for r in kept_roots)
+        kept += sum(blobs[r].nbytes for r in set(plan.diff_root)
+                    if r in plan.private and r in plan.diff_life)
+        if layout is not None:
+            workspace = layout.total
+        else:
+            workspace = sum(math.prod(shape) * np.dtype(dtype).itemsize for layer in layers
+                            for shape, dtype, _ in layer.scratch_specs.values())
+        need = self.param_bytes() + kept + workspace
+        limit = self.bytes(sum(blobs[r].nbytes for r in kept_roots if blobs[r]._data is not None))
+        if need <= limit:
+            return
+        producer = {}
+        for step, layer in zip(steps, layers):
+            for b in step.tops:
+                producer.setdefault(b, f"layer '{layer.name}' ({layer.type})")
+        culprits = [(f"blob '{blobs[r].name}'", blobs[r].shape, blobs[r].nbytes,
+                     producer.get(r, "no layer")) for r in set(plan.data_root)]
+        culprits += [(f"param '{p.name}'", p.blob.shape, 2 * p.blob.nbytes,
+                      f"layer '{p.owner}'") for p in self.store]
+        culprits.sort(key=lambda c: -c[2])
+        raise self._refuse(need, limit, culprits[:3])
+
+
+@dataclass
+class MemoryReport:
+    """Bytes a net needs, planned against unplanned (every blob its own memory).
+
+    ``activations``, ``diffs`` and ``scratch`` are the unplanned sizes;
+    ``kept`` is the private part (inputs, outputs, losses, ``keep=``),
+    ``workspace`` this net's share of the shared workspace, so ``planned =
+    kept + workspace``. ``params`` counts the parameter store (data and diff
+    of every param, shared by every net over it), ``history`` the solver's.
+    ``largest`` lists ``(blob, shape, bytes, where)`` for the biggest blobs.
+    """
+
+    params: int
+    history: int
+    activations: int
+    diffs: int
+    scratch: int
+    kept: int
+    workspace: int
+    largest: list
+
+    @property
+    def unplanned(self) -> int:
+        return self.activations + self.diffs + self.scratch
+
+    @property
+    def planned(self) -> int:
+        return self.kept + self.workspace
+
+    def __str__(self) -> str:
+        kib = 1024.0
+        lines = [
+            f"params         {self.params / kib:12.1f} KiB",
+            f"solver history {self.history / kib:12.1f} KiB",
+            f"activations    {self.activations / kib:12.1f} KiB  (unplanned)",
+            f"diffs          {self.diffs / kib:12.1f} KiB  (unplanned)",
+            f"scratch        {self.scratch / kib:12.1f} KiB  (unplanned)",
+            f"unplanned      {self.unplanned / kib:12.1f} KiB",
+            f"planned        {self.planned / kib:12.1f} KiB  = kept {self.kept / kib:.1f} "
+            f"+ workspace {self.workspace / kib:.1f}",
+            "largest blobs:",
+        ]
+        lines += [f"  {name:<32} {str(shape):<18} {n / kib:10.1f} KiB  {where}"
+                  for name, shape, n, where in self.largest]
+        return "\n".join(lines)
+
+
+def memory_report(plan, layout, blobs, layers, params: int, history: int,
+                  largest: int) -> MemoryReport:
+    """The :class:`MemoryReport` of a net's liveness ``plan`` and ``layout`` (None: nothing
+    planned), its ``blobs`` by number and its run order's ``layers``."""
+    roots = sorted(set(plan.data_root))
+    activations = sum(blobs[r].nbytes for r in roots)
+    diffs = sum(blobs[r].nbytes for r in set(plan.diff_root)
+                if r in plan.diff_life or (r in plan.private and blobs[r]._diff is not None))
+    scratch = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                  for layer in layers for shape, dtype, _ in layer.scratch_specs.values())
+    kept = sum(blobs[r].nbytes for r in roots if r in plan.private)
+    kept += sum(blobs[r].nbytes for r in set(plan.diff_root)
+                if r in plan.private and blobs[r]._diff is not None)
+    if layout is None:
+        kept, workspace = activations + diffs + scratch, 0
+    else:
+        workspace = layout.total
+    inside = layout.whole["data"] if layout is not None else None
+
+    def where(r):
+        if r in plan.private:
+            return "kept"
+        return "inside another blob" if inside is not None and inside[r] >= 0 else "workspace"
+
+    big = sorted(roots, key=lambda r: -blobs[r].nbytes)[:largest]
+    return MemoryReport(params, history, activations, diffs, scratch, kept, workspace,
+                        [(blobs[r].name, blobs[r].shape, blobs[r].nbytes, where(r))
+                         for r in big])

@@ -3,61 +3,20 @@
 Only one net of a model runs at a time, so all of them (every bucket, train
 and test phase) take their blobs from one byte arena, sized by the largest
 net that has run rather than the sum. Where each buffer sits in the arena is
-decided by :func:`place`, from the lifetimes a net's memory plan gives
-(:func:`unroll.graph.rules.plan_memory`) and the sizes its shapes give.
+decided by the net's memory plan (:func:`unroll.engine.memory_plan.layout`).
 """
 
 from __future__ import annotations
 
-import bisect
-import heapq
 import math
 import weakref
 
 import numpy as np
 
-__all__ = ["ALIGN", "Workspace", "place", "workspace_for"]
+__all__ = ["ALIGN", "Workspace", "workspace_for"]
 
 #: byte alignment of every buffer (a cache line; enough for any dtype and for SIMD loads)
 ALIGN = 64
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGN) * ALIGN
-
-
-def place(buffers) -> tuple[list[int], int]:
-    """Offsets for buffers ``(first, last, nbytes)`` live over steps first..last, and the total.
-
-    Two buffers whose lifetimes overlap never overlap in memory. A buffer
-    takes, in this order, a freed buffer of its exact size, the smallest freed
-    one at most twice its size, or new memory at the end: an unrolled net's
-    steps free and ask for the same sizes over and over, so this stays within
-    a few percent of the live peak, in O(n log n).
-
-    >>> place([(0, 1, 64), (1, 2, 64), (2, 3, 64)])
-    ([0, 64, 0], 128)
-    """
-    order = sorted(range(len(buffers)), key=lambda i: buffers[i][0])
-    ending: list[tuple[int, int]] = []  # (last, index) of placed buffers, a heap by last
-    free: list[tuple[int, int]] = []  # (size, offset), sorted
-    offsets = [0] * len(buffers)
-    sizes = [_aligned(max(b[2], 1)) for b in buffers]
-    top = 0
-    for i in order:
-        first = buffers[i][0]
-        while ending and ending[0][0] < first:
-            _, j = heapq.heappop(ending)
-            bisect.insort(free, (sizes[j], offsets[j]))
-        need = sizes[i]
-        k = bisect.bisect_left(free, (need, -1))
-        if k < len(free) and free[k][0] <= 2 * need:
-            size, offsets[i] = free.pop(k)
-            sizes[i] = size  # the whole block returns to the free list with it
-        else:
-            offsets[i], top = top, top + need
-        heapq.heappush(ending, (buffers[i][1], i))
-    return offsets, top
 
 
 class Workspace:

@@ -186,6 +186,15 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / 1024**2:.1f} MiB"
 
 
+def _byte_size(text: str) -> int:
+    from unroll.engine.memory_limit import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _check_variables(template: str, variables: dict, search_path) -> None:
     """Refuse a --set key the template does not take (a typo would be silently ignored)."""
     from unroll.frontend.unroller import NetBuilder, load_template
@@ -330,10 +339,13 @@ def memory_command(args) -> int:
     from unroll.train.solver import Solver, usual_fields
 
     net_param = parse_text(read_prototxt(args.net), NetParameter(), args.net)
-    net = Net(net_param, phase=args.phase, dtype=args.dtype)
+    net = Net(net_param, phase=args.phase, dtype=args.dtype, memory_budget=args.budget)
     solver = (Solver(net, type=args.solver, base_lr=0.01, **usual_fields(args.solver))
               if args.solver else None)
     write_output(f"{net.memory_report(solver=solver, largest=args.largest)}\n")
+    if args.budget is not None:  # the recomputation the budget asks for
+        write_output(next(line for line in str(net.inspect()).splitlines()
+                          if line.startswith("recomputed in backward")) + "\n")
     return 0
 
 
@@ -452,6 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="count this solver's history too (SGD, Adam, ...)")
     me.add_argument("--largest", type=int, default=10, metavar="K",
                     help="list the K largest blobs (default 10)")
+    me.add_argument("--budget", type=_byte_size, metavar="BYTES",
+                    help="plan within this memory (e.g. 500MB): backward recomputes "
+                         "segments of the forward; prints the checkpoints, the recompute "
+                         "factor and the planned peak")
     me.set_defaults(run=memory_command)
 
     la = sub.add_parser(

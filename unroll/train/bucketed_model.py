@@ -60,7 +60,7 @@ class BucketedModel:
 
     def __init__(self, make_net_param, phase="train", device="cpu", dtype="float32", seed=0,
                  store=None, steps_from=None, net_params=None, plan_memory=True,
-                 max_bytes=None, time_axes=None):
+                 max_bytes=None, time_axes=None, memory_budget=None):
         self.make_net_param = make_net_param
         self.steps_from = steps_from
         self._declared_time_axes = dict(time_axes or {})
@@ -73,6 +73,7 @@ class BucketedModel:
         self._seed = seed
         self.plan_memory = plan_memory
         self.max_bytes = max_bytes  # each net's memory limit (Net's max_bytes)
+        self.memory_budget = memory_budget  # each net's (Net's memory_budget)
         self.store = store if store is not None else ParamStore()
         #: T -> the unrolled NetParameter, serialized (a few dozen bytes a layer, where the
         #: parsed message costs ~2 KB); pass it to a twin model to expand each T once
@@ -93,6 +94,7 @@ class BucketedModel:
                 self._net_param(steps), phase=self.phase, device=self.device,
                 dtype=self.dtype, seed=self._seed + steps, param_store=self.store,
                 plan_memory=self.plan_memory, max_bytes=self.max_bytes,
+                memory_budget=self.memory_budget,
             )
             self._built[steps] = {name: net.blobs[f"{name}@0"].shape for name in net.inputs}
             self._ties[steps] = _input_ties(self._net_param(steps), net)

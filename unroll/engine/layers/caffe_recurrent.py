@@ -62,6 +62,8 @@ class RecurrentLayer(Layer):
     (:meth:`output_layers`).
     """
 
+    recomputable = False  # its forward carries the hidden state to the next batch
+
     template = ""
     states: tuple = ()
     output = ""

@@ -9,6 +9,8 @@ from unroll.engine.layer import Layer, register_layer
 class InputLayer(Layer):
     """Tops shaped by input_param.shape (one per top, or one for all), filled from outside."""
 
+    recomputable = False  # its top is what the caller set
+
     num_bottoms = (0, 0)
     num_tops = (1, None)
     backward_reads = ()

@@ -13,6 +13,8 @@ from unroll.engine.layers.bias import operand_shape, operand_view
 class BatchNormLayer(Layer):
     """y = (x - mean_c) / sqrt(var_c + eps), c on axis 1; blobs mean (C,), var (C,), factor (1,)."""
 
+    recomputable = False  # its forward updates the running statistics
+
     in_place = True
     learnable = False
     param_blobs = ("mean (C,)", "variance (C,)", "moving average factor (1,)")

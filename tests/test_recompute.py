@@ -1,0 +1,241 @@
+"""Training in a memory budget (docs/design.md, 6. Memory): segments of the run order are
+recomputed in backward, and every result is bit-identical to the plan without a budget."""
+
+import heapq
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.net_helpers import host
+from unroll import expand, testing, to_prototxt
+from unroll.core.errors import MemoryBudgetError, NetError
+from unroll.engine.memory_plan import bptt_hsm
+from unroll.engine.net import Net
+from unroll.train.bucketing import cont_from_lengths
+
+CELLS = ["rnn", "lstm", "lstm_primitive", "gru", "gru_primitive"]
+
+
+def recurrent_net(cell, T, N, layers, direction, dropout, D=3, H=4):
+    """A recurrent layer (``expand``) under a Euclidean loss, optionally Dropout on its output."""
+    width = 2 * H if direction == "bidirectional" else H
+    drop = ('layer { name: "drop" type: "Dropout" bottom: "h" top: "h" '
+            'dropout_param { dropout_ratio: 0.3 } }\n' if dropout else "")
+    return "force_backward: true\n" + to_prototxt(expand(
+        cell, steps=T, batch=N, input_dim=D, hidden=H, direction=direction,
+        layers=layers)) + drop + f"""
+layer {{ name: "target" type: "Input" top: "target"
+        input_param {{ shape {{ dim: {T} dim: {N} dim: {width} }} }} }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "target" top: "loss" }}
+"""
+
+
+def feed_for(net, T, lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    feed = {name: rng.normal(size=net.blobs[name].shape) for name in net.inputs}
+    feed["cont"] = cont_from_lengths(lengths, T)
+    return feed
+
+
+def train_step(net, feed, wrt="x"):
+    """One forward and backward: the output, the loss, the input's diff, the param diffs."""
+    net.seed(5)  # Dropout's masks: the same draws in every net compared
+    out = {k: host(v).copy() for k, v in net.forward(**feed).items()}
+    net.clear_param_diffs()
+    net.backward()
+    return (out, net.loss, host(net.blobs[wrt].diff).copy() if wrt else None,
+            {p.name: host(p.blob.diff).copy() for p in net.learnable_params})
+
+
+def assert_identical(got, want):
+    (out, loss, dx, grads), (out0, loss0, dx0, grads0) = got, want
+    assert loss == loss0
+    for k in out0:
+        np.testing.assert_array_equal(out[k], out0[k], err_msg=k)
+    if dx0 is not None:
+        np.testing.assert_array_equal(dx, dx0)
+    for k in grads0:
+        np.testing.assert_array_equal(grads[k], grads0[k], err_msg=k)
+
+
+def smallest_budget(text, dtype) -> int:
+    with pytest.raises(MemoryBudgetError) as error:
+        Net(text, dtype=dtype, memory_budget=1)
+    return error.value.smallest
+
+
+@settings(max_examples=12, deadline=None)
+@given(cell=st.sampled_from(CELLS), layers=st.integers(1, 2), T=st.integers(2, 7),
+       lengths=st.lists(st.integers(1, 7), min_size=1, max_size=3),
+       direction=st.sampled_from(["forward", "bidirectional"]), dropout=st.booleans(),
+       dtype=st.sampled_from(["float32", "float64"]), where=st.floats(0, 1))
+def test_a_budgeted_net_is_bit_identical_to_the_full_plan(cell, layers, T, lengths, direction,
+                                                          dropout, dtype, where):
+    lengths = [min(n, T) for n in lengths]
+    text = recurrent_net(cell, T, len(lengths), layers, direction, dropout)
+    full = Net(text, dtype=dtype, seed=3)
+    want = train_step(full, feed_for(full, T, lengths))
+    need = full.inspect().recompute["planned_bytes"]
+    least = smallest_budget(text, dtype)
+    budget = int(least + where * (need - least))
+    for kw in ({"memory_budget": budget}, {"recompute": "sqrt"}):
+        net = Net(text, dtype=dtype, seed=3, **kw)
+        assert_identical(train_step(net, feed_for(net, T, lengths)), want)
+        assert_identical(train_step(net, feed_for(net, T, lengths)), want)  # a second step
+        if "memory_budget" in kw:  # the workspace's high-water mark after a real run
+            assert net.workspace.nbytes <= budget
+
+
+@settings(max_examples=6, deadline=None)
+@given(cell=st.sampled_from(["lstm", "gru"]), layers=st.integers(1, 2), T=st.integers(2, 6),
+       lengths=st.lists(st.integers(1, 6), min_size=1, max_size=3),
+       dropout=st.sampled_from([0.0, 0.3]), where=st.floats(0, 1))
+def test_the_tagger_template_in_a_budget_is_bit_identical(cell, layers, T, lengths, dropout,
+                                                          where):
+    lengths = [min(n, T) for n in lengths]
+    text = to_prototxt(expand("tagger", steps=T, batch=len(lengths), vocab=20, tags=7,
+                              embed=4, hidden=4, layers=layers, cell=cell, dropout=dropout))
+    rng = np.random.default_rng(1)
+    cont = cont_from_lengths(lengths, T)
+    inside = np.arange(T)[:, None] < np.array(lengths)[None, :]
+    feed = dict(words=rng.integers(0, 20, (T, len(lengths))), cont=cont,
+                labels=np.where(inside, rng.integers(0, 7, (T, len(lengths))), -1))
+    full = Net(text, dtype="float64", seed=3)
+    want = train_step(full, feed, wrt=None)
+    need = full.inspect().recompute["planned_bytes"]
+    least = smallest_budget(text, "float64")
+    net = Net(text, dtype="float64", seed=3, memory_budget=int(least + where * (need - least)))
+    assert_identical(train_step(net, feed, wrt=None), want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(net=testing.random_nets(8, 16, max_layers=30), where=st.floats(0, 1),
+       seed=st.integers(0, 3))
+def test_a_random_net_in_a_budget_is_bit_identical(net, where, seed):
+    # fan-out, in-place chains, Dropout in place, views, Slice and Concat, shared params
+    text, keep = net
+    rng = np.random.default_rng(seed)
+    feed = dict(x=rng.normal(size=(8, 16)), t=rng.normal(size=(8, 16)))
+    full = Net(text, dtype="float64", seed=3, keep=keep)
+    want = train_step(full, feed)
+    need = full.inspect().recompute["planned_bytes"]
+    with pytest.raises(MemoryBudgetError) as error:
+        Net(text, dtype="float64", keep=keep, memory_budget=1)
+    budget = int(error.value.smallest + where * (need - error.value.smallest))
+    net = Net(text, dtype="float64", seed=3, keep=keep, memory_budget=budget)
+    assert_identical(train_step(net, feed), want)
+    assert_identical(train_step(net, feed), want)
+
+
+def test_the_planned_peak_is_within_the_budget_and_recomputes():
+    T = 40
+    text = recurrent_net("gru", T, 2, 1, "forward", False, D=8, H=16)
+    full = Net(text, dtype="float64", seed=3)
+    want = train_step(full, feed_for(full, T, [T, 30]))
+    need = full.inspect().recompute["planned_bytes"]
+    budget = (smallest_budget(text, "float64") + need) // 2
+    net = Net(text, dtype="float64", seed=3, memory_budget=budget)
+    assert_identical(train_step(net, feed_for(net, T, [T, 30])), want)
+    assert net.workspace.nbytes <= budget < need
+    plan = net.inspect().recompute
+    assert plan["checkpoints"] and plan["recomputed_steps"] > 0
+    assert plan["planned_bytes"] <= budget and plan["budget"] == budget
+    assert "recomputed in backward" in str(net.inspect())
+
+
+def test_too_small_a_budget_names_the_smallest_that_works():
+    text = recurrent_net("lstm", 6, 2, 1, "forward", False)
+    with pytest.raises(MemoryBudgetError, match=r"memory_budget 1,000 bytes is too small: "
+                                                r"the smallest plan found needs [\d,]+ bytes"):
+        Net(text, dtype="float64", memory_budget=1000)
+    least = smallest_budget(text, "float64")
+    net = Net(text, dtype="float64", memory_budget=least)
+    train_step(net, feed_for(net, 6, [6, 4]))
+    assert net.workspace.nbytes <= least
+
+
+def test_a_budget_is_refused_where_it_cannot_be_planned():
+    text = recurrent_net("lstm", 4, 2, 1, "bidirectional", False)
+    with pytest.raises(NetError, match="concurrent=True runs branches at once"):
+        Net(text, concurrent=True, recompute="sqrt")
+    with pytest.raises(NetError, match="plan_memory=False keeps every blob"):
+        Net(text, plan_memory=False, memory_budget=10**6)
+    with pytest.raises(ValueError, match="recompute must be None or 'sqrt'"):
+        Net(text, recompute="log")
+
+
+def test_layers_that_cannot_be_recomputed_keep_their_values():
+    # BatchNorm's forward updates its statistics: recomputed, they would move twice
+    from unroll.engine.layer import LAYERS
+
+    assert not LAYERS["BatchNorm"].recomputable and not LAYERS["Input"].recomputable
+    assert LAYERS["Dropout"].draws_random  # kept too: its masks are the forward's
+
+
+# -- Gruslys et al.'s dynamic program against a search over every policy -------------------
+def fewest_forwards(t: int, slots: int) -> int:
+    """Backpropagating a chain of t steps keeping at most ``slots`` hidden states (h_0 is
+    one): a shortest path over (kept states, steps left). Moves: run forward from the
+    nearest kept state to a later one and keep it (one forward per step), or backpropagate
+    the last step left, running forward to it from the nearest kept state first."""
+    start = (frozenset([0]), t)
+    best = {start: 0}
+    queue = [(0, 0, start)]
+    while queue:
+        cost, _, (kept, left) = heapq.heappop(queue)
+        if left == 0:
+            return cost
+        if cost > best[(kept, left)]:
+            continue
+        p = max(k for k in kept if k < left)
+        moves = [((frozenset(k for k in kept if k < left - 1), left - 1), left - p)]
+        if len(kept) < slots:
+            moves += [((kept | {q}, left), q - p) for q in range(p + 1, left)]
+        for state, step in moves:
+            if cost + step < best.get(state, 1 << 30):
+                best[state] = cost + step
+                heapq.heappush(queue, (cost + step, id(state), state))
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3, 4])
+def test_the_dynamic_program_finds_the_fewest_forward_steps(slots):
+    for t in range(1, 13):
+        assert bptt_hsm(t, slots) == fewest_forwards(t, slots), (t, slots)
+
+
+def test_on_a_gpu_recomputation_adds_launches_and_no_sync():
+    from unroll.engine import trace
+
+    T = 24
+    text = recurrent_net("gru", T, 2, 1, "forward", False, D=8, H=16)
+    counts = {}
+    least = smallest_budget(text, "float32")
+    for label, kw in (("full", {}), ("budget", {"memory_budget": least})):
+        net = Net(text, device="trace", seed=3, **kw)
+        feed = {k: trace.asarray(v.astype(np.float32))
+                for k, v in feed_for(net, T, [T, 5]).items()}
+        net.forward(**feed)
+        net.backward()  # a first step binds the workspace
+        with trace.measure() as counted:
+            net.forward(**feed)
+            net.clear_param_diffs()
+            net.backward()
+        counts[label] = counted
+    assert counts["budget"].launches > counts["full"].launches
+    assert counts["budget"].syncs == counts["full"].syncs == 0
+
+
+def test_unroll_memory_with_a_budget_shows_the_recomputation(tmp_path, capsys):
+    from unroll.tools import cli
+
+    path = tmp_path / "gru.prototxt"
+    path.write_text(recurrent_net("gru", 40, 2, 1, "forward", False, D=8, H=16))
+    least = smallest_budget(path.read_text(), "float64")
+    assert cli.main(["memory", str(path), "--dtype", "float64", "--budget", str(least)]) == 0
+    out = capsys.readouterr().out
+    assert "recomputed in backward:" in out and f"of a budget of {least / 1024:.1f} KiB" in out
+    assert cli.main(["memory", str(path), "--budget", "1kB"]) == 2
+    assert "is too small: the smallest plan found needs" in capsys.readouterr().err

@@ -1,0 +1,458 @@
+"""Running a net's steps: a layout bound to the workspace, then the steps, serial or at once.
+
+:func:`bind` gives every planned blob and scratch buffer the workspace memory
+a :class:`~unroll.engine.memory_plan.Layout` placed it at (and :func:`release` takes
+it back when the workspace moves). :func:`schedule` cuts the run order into
+serial runs and concurrent regions (:func:`unroll.engine.memory_plan.concurrent_regions`);
+:func:`run_forward` and :func:`run_backward` run them. The serial loop is a
+bare call per layer: a layer's exception is named by the net afterwards
+(:meth:`unroll.engine.net.Net._running`), not by a ``try`` around each call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from unroll.core.errors import NetError
+from unroll.engine import memory_plan
+from unroll.engine.threads import num_threads, run_threads
+
+__all__ = ["NetMemory", "bind", "recompute_schedule", "release", "run_backward",
+           "run_forward", "schedule", "switch"]
+
+#: layouts a net keeps, by input shapes: a bucket's full batches and its last one
+LAYOUTS_KEPT = 2
+
+
+class NetMemory:
+    """A net's memory plan, applied: the liveness of its run order, the layouts of its last
+    input shapes, and the one bound to the workspace now.
+
+    ``blobs`` are the net's blobs by number, ``graph`` its run order
+    (:class:`unroll.graph.Graph`) and ``layers`` its layers in that order;
+    ``limit`` (a :class:`~unroll.engine.memory_limit.MemoryLimit`) refuses a layout
+    too big before any of it is allocated. ``gemms``, ``zero_before`` and
+    ``segments`` are what :func:`run_backward` takes; ``bound_wholes`` the ids
+    of the blobs that other blobs are views into. ``budget`` (bytes) or
+    ``recompute="sqrt"`` plan recomputation (:func:`unroll.engine.memory_plan.within_budget`)
+    of ``fwd`` in backward (``bwd``); not with concurrent ``regions``.
+    """
+
+    def __init__(self, blobs, graph, layers, bottom_need, workspace, dtype, limit, fwd=(),
+                 bwd=(), budget=None, recompute=None, regions=()):
+        if recompute not in (None, "sqrt"):
+            raise ValueError(f"recompute must be None or 'sqrt', found {recompute!r}")
+        if (budget is not None or recompute) and regions:
+            raise NetError(f"net '{limit.name}': concurrent=True runs branches at once, and "
+                           f"a memory budget recomputes segments in order; choose one")
+        self.blobs, self.graph, self.layers, self.bottom_need = blobs, graph, layers, bottom_need
+        self.workspace, self.dtype, self.limit = workspace, dtype, limit
+        self.fwd, self.bwd, self.budget, self.recompute = fwd, bwd, budget, recompute
+        self.make, self.segments = None, None
+        self.liveness = self.layout = None
+        self.layouts: dict = {}  # input shapes -> a recent layout
+        self.bound, self.bound_wholes, self.gemms, self.zero_before = False, set(), {}, {}
+        self.phases, self.in_backward = (), False
+
+    def plan(self, make, gate) -> None:
+        """Take a new liveness, ``make(recompute)`` for a recomputation plan: the layouts of
+        the old one are dropped, and every planned blob is readable only while ``gate`` is
+        open (its memory is the net's only then)."""
+        liveness = make(None)
+        for b, blob in enumerate(self.blobs):
+            planned = (liveness.data_root[b] not in liveness.private
+                       or liveness.diff_root[b] not in liveness.private)
+            blob.guard = gate if planned else None
+        self.make = make
+        self._take(liveness)
+        self.layouts.clear()
+
+    def _take(self, liveness) -> None:
+        self.liveness = liveness
+        self.zero_before = {s: [self.blobs[r] for r in roots]
+                            for s, roots in liveness.zero_before.items()}
+        self.segments = (recompute_schedule(self.fwd, self.bwd, liveness.recompute)
+                         if liveness.recompute is not None else None)
+
+    def lay_out(self, key, planned: bool) -> None:
+        """The layout for the blobs' current shapes (``key``: the input shapes), told to the
+        layers; the workspace grows, and the blobs get their memory, at the next run
+        (:meth:`bind`). ``planned=False``: every blob keeps memory of its own."""
+        self.bound = False
+        check = functools.partial(self.limit.check_plan, self.liveness, blobs=self.blobs,
+                                  steps=self.graph.steps, layers=self.layers)
+        if not planned:
+            if self.budget is not None or self.recompute:
+                raise NetError(f"net '{self.limit.name}': plan_memory=False keeps every blob, "
+                               f"so a memory budget cannot be planned")
+            check(None)
+            self.layout = None
+            return
+        # a bucket's last batch is smaller than the others, so a net's shapes go back and
+        # forth: the layouts of the last shapes are kept, not computed again (a layout
+        # took as long as a training step of the word-level tagger)
+        if key not in self.layouts:
+            shapes = [b.shape for b in self.blobs]
+            liveness, new = memory_plan.within_budget(
+                self.make, functools.partial(
+                    memory_plan.layout, steps=self.graph.steps, layers=self.layers,
+                    bottom_need=self.bottom_need, shapes=shapes,
+                    rewritten=self.graph.rewritten, itemsize=self.dtype.itemsize),
+                self.graph.steps, self.layers, shapes, self.dtype.itemsize, self.budget,
+                self.recompute, self.limit.name)
+            self._take(liveness)
+            # before the layers hear of it, or memory is taken
+            self.limit.check_plan(liveness, new, self.blobs, self.graph.steps, self.layers)
+            if len(self.layouts) >= LAYOUTS_KEPT:
+                del self.layouts[next(iter(self.layouts))]
+            self.layouts[key] = (liveness, new)
+        liveness, self.layout = self.layouts[key]
+        if liveness is not self.liveness:
+            self._take(liveness)
+        for s, flags in self.layout.flags:
+            self.layers[s].apply_layout(*flags)
+
+    def bind(self) -> None:
+        """Give the blobs and scratch buffers the memory of the layout (:func:`bind`)."""
+        self.gemms, self.bound_wholes, self.phases = bind(
+            self.layout, self.liveness, self.blobs, self.layers, self.workspace, self.dtype)
+        self.bound, self.in_backward = True, False
+
+    def for_forward(self) -> None:
+        """Bound, recomputed values in their forward memory."""
+        if not self.bound:
+            self.bind()
+        elif self.in_backward:
+            switch(self.phases[0])
+            self.in_backward = False
+
+    def for_backward(self) -> None:
+        """Recomputed values in their second memory, where backward recomputes them."""
+        if self.phases and not self.in_backward:
+            switch(self.phases[1])
+            self.in_backward = True
+
+    def release(self) -> None:
+        """Drop every view of the workspace (it is about to move); :meth:`bind` gives them
+        again."""
+        if self.bound:
+            release(self.liveness, self.blobs, self.layers)
+            self.gemms, self.bound, self.phases, self.in_backward = {}, False, (), False
+
+
+# -- binding a layout ----------------------------------------------------------------------
+def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int], tuple]:
+    """Give every planned blob (of ``blobs``, by number) and every scratch buffer of
+    ``layers`` its memory in ``workspace``, as ``layout`` (of liveness ``plan``) places it.
+
+    Returns the weight-gradient GEMMs, step -> ``[(layer, x rows, gy rows)]``,
+    the ids of the blobs that other blobs are views into (the Slice parts of
+    an input, say: a new array for one of them, a borrowed input, must bind
+    its parts again), and, where values are recomputed, the two bindings of
+    their memory: ``(forward, backward)``, each a list of ``(blob, data,
+    diff)`` and one of ``(scratch table, name, array)``.
+    """
+    offset, whole, within = layout.offset, layout.whole, layout.within
+    n_blobs = len(blobs)
+    workspace.grow(layout.total)
+    arrays: dict = {}
+    wholes = np.unique(whole["data"][whole["data"] >= 0]).tolist()
+    bound_wholes = {id(blobs[w]) for w in wholes if w < n_blobs}
+
+    def array(kind, r):
+        if (kind, r) in arrays:
+            return arrays[(kind, r)]
+        host, at = int(whole[kind][r]), int(offset[kind][r])
+        if r >= n_blobs:  # a buffer holding several blobs' rows
+            a = workspace.view(at, (layout.sizes[(kind, r)] // dtype.itemsize,), dtype)
+        elif host >= 0:
+            blob, flat = blobs[r], array(kind, host)
+            first = int(within[kind][r])
+            a = None if flat is None else (
+                flat.reshape(-1)[first : first + blob.count].reshape(blob.shape))
+        elif at >= 0:
+            a = workspace.view(at, blobs[r].shape, dtype)
+        elif r in plan.private:
+            a = getattr(blobs[r], kind)  # its own memory
+        else:
+            a = None  # never used by this net (no backward: no diff)
+        arrays[(kind, r)] = a
+        return a
+
+    for r in set(plan.data_root) | set(plan.diff_root):
+        if r in plan.private:
+            continue
+        # a root no step touches (a diff where nothing runs backward) gets no memory
+        data = array("data", r) if r in plan.data_life else None
+        diff = array("diff", r) if r in plan.diff_life else None
+        blobs[r].bind(data, diff)
+    for s, layer in enumerate(layers):
+        for name, (shape, dtype_, _) in layer.scratch_specs.items():
+            if (s, name) in layout.scratch:
+                layer.scratch_memory[name] = workspace.view(layout.scratch[(s, name)], shape,
+                                                            dtype_)
+    forward, backward = ([], []), ([], [])
+    for r in plan.recomputed:
+        blob, diff = blobs[r], (array("diff", r) if r in plan.diff_life else None)
+        forward[0].append((blob, array("data", r), diff))
+        backward[0].append((blob, workspace.view(int(offset["data_re"][r]), blob.shape, dtype),
+                            diff))
+    for (s, name), at in layout.scratch_re.items():
+        layer = layers[s]
+        shape, dtype_, _ = layer.scratch_specs[name]
+        forward[1].append((layer.scratch_memory, name, layer.scratch_memory.get(name)))
+        backward[1].append((layer.scratch_memory, name, workspace.view(at, shape, dtype_)))
+    gemms: dict = {}
+    for group in layout.groups:
+        layer = layers[group.after]
+        (xr, x0), (gr, g0) = group.x, group.gy
+        K, n = layer.param_row_widths()
+        x = array("data", xr).reshape(-1)[x0 : x0 + group.rows * K].reshape(-1, K)
+        gy = array("diff", gr).reshape(-1)[g0 : g0 + group.rows * n].reshape(-1, n)
+        gemms.setdefault(group.after, []).append((layer, x, gy))
+    arrays.clear()  # array() refers to itself: left to the collector, the dict would
+    # keep views of an old arena alive after the workspace grows
+    return gemms, bound_wholes, (forward, backward) if plan.recompute is not None else ()
+
+
+def switch(binding) -> None:
+    """Bind recomputed values and scratch to one of their two memories (see :func:`bind`)."""
+    blobs, scratch = binding
+    for blob, data, diff in blobs:
+        blob.bind(data, diff)
+    for table, name, a in scratch:
+        if a is None:
+            table.pop(name, None)
+        else:
+            table[name] = a
+
+
+def release(plan, blobs, layers) -> None:
+    """Drop every view of the workspace that :func:`bind` gave (the arena is about to move)."""
+    for r in set(plan.data_root) | set(plan.diff_root):
+        if r not in plan.private:
+            blobs[r].bind(None, None)
+    for layer in layers:
+        layer.scratch_memory.clear()
+
+
+# -- setting up --------------------------------------------------------------------------
+def set_up(fwd, limit) -> None:
+    """Set up every layer of ``fwd`` (``(layer, bottoms, tops)`` per step) in order, each
+    top refused by ``limit`` (a :class:`~unroll.engine.memory_limit.MemoryLimit`) as soon as its
+    shape is known; a layer's unexpected exception becomes a NetError naming it."""
+    most = limit.bytes()
+    for layer, bottoms, tops in fwd:
+        try:
+            layer.set_up(bottoms, tops)
+        except NetError:
+            raise
+        except Exception as e:
+            raise layer_failure(layer, "cannot set up", e, bottoms) from e
+        limit.check_tops(layer, tops, most)
+
+
+def reshape(fwd, limit) -> None:
+    """Reshape every layer of ``fwd`` in order to new input shapes, as :func:`set_up`."""
+    most = limit.bytes()
+    for layer, bottoms, tops in fwd:
+        try:
+            layer.reshape(bottoms, tops)
+        except NetError:
+            raise
+        except Exception as e:
+            raise layer_failure(layer, "cannot reshape", e, bottoms) from e
+        limit.check_tops(layer, tops, most)
+
+
+# -- the schedule ----------------------------------------------------------------------------
+def schedule(fwd, bwd, regions) -> tuple[list, list]:
+    """The run order as serial runs and concurrent regions, forward and backward.
+
+    ``fwd`` lists ``(layer, bottoms, tops)`` per step, ``bwd`` the steps that
+    run backward, ``(step, layer, tops, propagate_down, bottoms)``, last step
+    first. Each item is a list of entries (run in order) or a region as
+    (entries run before, [entries of each branch], entries run after):
+    forward, the region's ``first`` steps run before its branches; backward
+    (each list reversed) they run after them.
+    """
+    forward, backward, s = [], [], 0
+    by_step = {entry[0]: entry for entry in bwd}
+    for region in regions:
+        forward.append(fwd[s : region.start])
+        forward.append(([fwd[t] for t in region.first],
+                        [[fwd[t] for t in b] for b in region.branches], []))
+        backward.append([by_step[t] for t in range(region.start - 1, s - 1, -1)
+                         if t in by_step])
+        backward.append(([], [[by_step[t] for t in reversed(b) if t in by_step]
+                              for b in region.branches],
+                         [by_step[t] for t in reversed(region.first) if t in by_step]))
+        s = region.stop
+    forward.append(fwd[s:])
+    backward.append([by_step[t] for t in range(len(fwd) - 1, s - 1, -1) if t in by_step])
+    return forward, backward[::-1]
+
+
+# -- running ---------------------------------------------------------------------------------
+@contextlib.contextmanager
+def running(gate, regions, fwd, what: str):
+    """One run of a net: the policy's BLAS threads and the memory ``gate`` open; a layer's
+    exception becomes a NetError naming it (one try around the loop: the hot path stays a
+    bare call per layer). Yields whether the concurrent ``regions`` run at once: with two
+    free cores or more, one BLAS thread a branch (two threads asking one OpenBLAS pool for
+    all cores were slower than one serial run); else in the serial order, which their memory
+    plan also allows."""
+    free = num_threads()
+    at_once = bool(regions) and free >= 2
+    blas = run_threads(1 if at_once else free)
+    gate.open = True
+    try:
+        with blas:
+            yield at_once
+    except NetError:
+        raise
+    except Exception as e:
+        failure = failure_in(e, fwd, f"failed in {what}")
+        if failure is None:
+            raise  # not a layer's: the engine's own bug, with its traceback
+        raise failure from e
+    finally:
+        gate.open = False
+
+
+def run_forward(fwd, items) -> None:
+    """Every layer's forward: ``fwd`` in order, or the ``items`` of :func:`schedule`."""
+    if items is None:
+        for layer, bottoms, tops in fwd:
+            layer.forward(bottoms, tops)
+    else:
+        _run_items(items, _forward_entry, "failed in forward")
+
+
+def recompute_schedule(fwd, bwd, recompute) -> list:
+    """Backward by segments, last first, for a :class:`~unroll.engine.memory_plan.Recompute` plan:
+    per segment, the ``fwd`` entries it runs again, then its ``bwd`` entries."""
+    bounds = [0, *recompute.cuts, len(fwd)]
+    out = []
+    for k in reversed(range(len(bounds) - 1)):
+        again = [fwd[s] for s in recompute.steps[k]] if k < len(recompute.steps) else []
+        out.append((again, [e for e in bwd if bounds[k] <= e[0] < bounds[k + 1]]))
+    return out
+
+
+def run_backward(bwd, items, zero_before, gemms, segments=None) -> None:
+    """Every backward of ``bwd`` (or of the ``items`` of :func:`schedule`): diffs that
+    backward reads before anything writes them are zeroed first (``zero_before``, by step),
+    and after the last sharer's backward the weight-gradient GEMM of ``gemms`` runs. With
+    ``segments`` (:func:`recompute_schedule`), each segment's forward runs again first."""
+    if segments is not None:
+        for again, entries in segments:
+            for layer, bottoms, tops in again:
+                layer.forward(bottoms, tops)
+            run_backward(entries, None, zero_before, gemms)
+    elif items is None:
+        for s, layer, tops, prop, bottoms in bwd:
+            if s in zero_before:
+                for blob in zero_before[s]:
+                    blob.diff.fill(0)
+            layer.backward(tops, prop, bottoms)
+            if s in gemms:
+                for sharer, x, gy in gemms[s]:
+                    sharer.param_backward(x, gy)  # every sharer's rows: one GEMM
+    else:
+        _run_items(items, functools.partial(_backward_entry, zero_before=zero_before,
+                                            gemms=gemms), "failed in backward")
+
+
+def layer_failure(layer, what: str, error: Exception, bottoms) -> NetError:
+    """A layer's unexpected exception as a NetError naming the layer and its bottoms."""
+    shapes = ", ".join(f"'{b.name}' {b.shape}" for b in bottoms) or "none"
+    kind = layer.type if layer.type != "Python" else layer_kind(layer.param)
+    return NetError(f"layer '{layer.name}' ({kind}) {what}: "
+                    f"{type(error).__name__}: {error}; bottoms: {shapes}")
+
+
+def failure_in(error: Exception, fwd, what: str) -> NetError | None:
+    """``error`` as a NetError naming the layer of ``fwd`` (``(layer, bottoms, tops)`` per
+    step) whose run raised it: the one a run loop here was calling, else the outermost
+    frame of the traceback whose ``self`` is one of them. None where no layer's code
+    raised it."""
+    bottoms_of = {id(layer): bottoms for layer, bottoms, _ in reversed(fwd)}
+    tb, found = error.__traceback__, None
+    while tb is not None:
+        local = tb.tb_frame.f_locals
+        if tb.tb_frame.f_code in _RUN_LOOPS and id(local.get("layer")) in bottoms_of:
+            found = local["layer"]
+            break
+        if found is None and id(local.get("self")) in bottoms_of:
+            found = local["self"]
+        tb = tb.tb_next
+    return None if found is None else layer_failure(found, what, error, bottoms_of[id(found)])
+
+
+def layer_kind(param) -> str:
+    """A LayerParameter's type, and for a Python layer the module and class it runs."""
+    if param.type != "Python":
+        return param.type
+    spec = param.python_param
+    return f"Python, module '{spec.module}', class '{spec.layer}'"
+
+
+_branch_pool: ThreadPoolExecutor | None = None
+
+
+def _forward_entry(entry) -> None:
+    layer, bottoms, tops = entry
+    layer.forward(bottoms, tops)
+
+
+def _backward_entry(entry, zero_before, gemms) -> None:
+    s, layer, tops, prop, bottoms = entry
+    for blob in zero_before.get(s, ()):
+        blob.diff.fill(0)
+    layer.backward(tops, prop, bottoms)
+    for sharer, x, gy in gemms.get(s, ()):
+        sharer.param_backward(x, gy)
+
+
+def _run_branch(entries, run, what: str) -> None:
+    for entry in entries:
+        try:
+            run(entry)
+        except NetError:
+            raise
+        except Exception as e:
+            layer, bottoms = (entry[0], entry[1]) if len(entry) == 3 else (entry[1], entry[4])
+            raise layer_failure(layer, what, e, bottoms) from e
+
+
+def _run_items(items, run, what: str) -> None:
+    """Run a schedule: serial lists in order; for a region, its entries before, then its
+    branches at once (one on this thread, the others on a pool), then its entries after."""
+    global _branch_pool
+    for item in items:
+        if isinstance(item, list):
+            _run_branch(item, run, what)
+            continue
+        before, branches, after = item
+        _run_branch(before, run, what)
+        if _branch_pool is None:
+            _branch_pool = ThreadPoolExecutor(thread_name_prefix="unroll-branch")
+        others = [_branch_pool.submit(_run_branch, b, run, what) for b in branches[1:]]
+        try:
+            _run_branch(branches[0], run, what)
+        finally:
+            for future in others:
+                future.exception()  # every branch has finished before anything goes on
+        for future in others:
+            future.result()
+        _run_branch(after, run, what)
+
+
+#: the loops whose ``layer`` is the one running (see failure_in)
+_RUN_LOOPS = (run_forward.__code__, run_backward.__code__, _forward_entry.__code__,
+              _backward_entry.__code__)

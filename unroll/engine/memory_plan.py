@@ -1,0 +1,1001 @@
+"""The memory plan: a net's run order in, an immutable layout of its memory out.
+
+Two passes, as a planner of tinygrad's kind: :func:`liveness` reads the run
+order (the steps of :func:`unroll.graph.build_graph`, which layers run
+backward, which blobs stay readable) and gives every buffer its lifetime;
+:func:`layout` adds the shapes and gives every buffer its place in the
+workspace, with what each layer is told (:class:`LayerFlags`). Nothing here
+allocates or runs anything: :mod:`unroll.engine.executor` binds a layout to the
+workspace, :class:`unroll.engine.net.Net` hands each layer its flags through
+:meth:`~unroll.engine.layer.Layer.apply_layout`. A net built with
+``plan_memory=False`` plans nothing: every blob keeps memory of its own.
+
+What the layout does beyond giving each buffer its own bytes (docs/design.md,
+6. Memory): buffers whose lifetimes do not overlap share memory
+(:func:`place`); the parts of a Concat or Slice live inside their whole
+(:func:`group_parts`); a diff passed through unchanged (Eltwise SUM) is its
+bottoms' diff too (:func:`alias_pass_through_diffs`); the rows of the layers
+that share a param go back to back, so that its gradient is one GEMM
+(:func:`plan_weight_gradients`); within a region whose branches run at once
+(:func:`concurrent_regions`) every buffer lives through all of it.
+
+Within a memory budget (:func:`within_budget`), backward recomputes segments
+of the forward from checkpoints (a :class:`Recompute` plan): the plan gives
+the values only re-run steps touch two lives, each its own buffer.
+
+Time, for lifetimes, counts forward steps ``0..S-1``, then ``S`` when loss
+diffs are filled, then backward steps, step ``s`` at ``2S - s``.
+
+>>> import numpy as np
+>>> from unroll import Net
+>>> net = Net('''
+...   layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+...   layer { name: "a" type: "ReLU" bottom: "x" top: "a" }
+...   layer { name: "b" type: "TanH" bottom: "a" top: "b" }
+...   layer { name: "c" type: "Sigmoid" bottom: "b" top: "c" }''', phase="test")
+>>> net.memory.layout.total  # 'a' and 'b' are planned; 'c' is the output: it is kept
+128
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from array import array
+from bisect import bisect_right
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from unroll.core.errors import MemoryBudgetError
+from unroll.engine.workspace import ALIGN
+
+if TYPE_CHECKING:
+    from unroll.graph import Step
+
+__all__ = ["Layout", "LayerFlags", "Lifetimes", "Liveness", "Recompute", "Region",
+           "WeightGradGroup", "alias_pass_through_diffs", "allowed_cuts", "bptt_hsm",
+           "concurrent_regions", "greedy_cuts", "group_parts", "layout", "liveness", "place",
+           "plan_weight_gradients", "planned_bytes", "private_blobs", "recompute_plan",
+           "within_budget"]
+
+
+# -- what the plan gives ------------------------------------------------------------------
+class LayerFlags(NamedTuple):
+    """What a layout tells one layer (:meth:`~unroll.engine.layer.Layer.apply_layout`'s arguments):
+    which of its parts live inside the whole (data flags, diff flags), which bottom diffs are
+    the top's, and whether the net computes its param gradient for every sharer at once."""
+
+    parts_in_whole: tuple | None = None
+    diff_aliased: tuple = ()
+    param_diffs_batched: bool = False
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a net's planned buffers sit in the workspace, for one set of shapes.
+
+    Per kind ("data", "diff"), read-only arrays by root: ``offset`` the
+    workspace byte offset of its own buffer (-1: none), ``whole`` the root it
+    lives inside (-1: none) and ``within`` its element offset there;
+    ``offset["data_re"]`` places the second life of recomputed data.
+    ``scratch`` maps (step, name) to offsets (``scratch_re``: in a recomputed
+    step's second forward); ``total`` is the bytes the
+    workspace needs; ``groups`` are the weight-gradient groups and ``sizes``
+    the bytes of their buffers (roots numbered after the blobs); ``flags``
+    pairs steps with the :class:`LayerFlags` of every layer that takes part
+    in a layout (the others keep the defaults).
+    """
+
+    offset: Mapping
+    whole: Mapping
+    within: Mapping
+    scratch: Mapping
+    total: int
+    groups: tuple
+    sizes: Mapping
+    flags: tuple
+    scratch_re: Mapping = field(default_factory=dict)
+
+
+def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
+           itemsize: int) -> Layout:
+    """The layout of ``plan`` for blob shapes ``shapes`` (``itemsize`` bytes per element).
+
+    Besides each blob's own buffer: parts placed inside their whole (Concat,
+    Slice), diffs passed through unchanged (Eltwise SUM) sharing one buffer,
+    and the rows of layers that share a param placed back to back, so that its
+    gradient is one GEMM. ``rewritten`` lists the blobs written in place.
+    """
+    told = {s: {} for s, layer in enumerate(layers)
+            if layer.parts_of_whole or layer.passes_diffs or layer.batches_param_diffs}
+    data_host, diff_host, parts = group_parts(steps, layers, plan, shapes, rewritten)
+    skipped = {}
+    for s, (data_flags, diff_flags) in parts.items():
+        told[s]["parts_in_whole"] = (tuple(data_flags), tuple(diff_flags))
+        # a Slice writes its whole's diff unless every part is inside it
+        skipped[s] = diff_flags if layers[s].parts_of_whole == "bottoms" else [all(diff_flags)]
+    aliased = alias_pass_through_diffs(steps, layers, plan, bottom_need, diff_host, rewritten)
+    for s, fl in aliased.items():
+        told[s]["diff_aliased"] = skipped[s] = tuple(fl)
+    n_blobs = len(shapes)
+    groups, counts = plan_weight_gradients(steps, layers, plan, bottom_need, shapes, data_host,
+                                           diff_host, rewritten, skipped, n_blobs)
+    for group in groups:
+        for s in group.steps:
+            told[s]["param_diffs_batched"] = True
+    sizes = {key: n * itemsize for key, n in counts.items()}
+    # with recomputation, a whole's data may die part by part before its diff is written
+    # there (a time-major projection, re-read by each segment's second forward): one buffer
+    shared = (_data_then_diff(plan, data_host, diff_host, shapes) if plan.recompute is not None
+              else set())
+    buffers, keys, spans_of = [], [], {}
+    lives = [("data", plan.data_life, data_host), ("diff", plan.diff_life, diff_host)]
+    if plan.data_re_life is not None:
+        lives.append(("data_re", plan.data_re_life, {}))  # the second lives of recomputed data
+    for kind, life, host in lives:
+        spans = dict(life.items())
+        for r in host:  # a buffer inside another lives as long as either
+            if r in life:
+                top = r
+                while top in host:
+                    top = host[top][0]
+                first, last = life[r]
+                a, b = spans.get(top, (first, last))
+                spans[top] = (min(a, first), max(b, last))
+        spans_of[kind] = spans
+        if kind == "diff":
+            for r in shared:
+                a, b = buffers[keys.index(("data", r))][:2]
+                c, d = spans.pop(r)
+                buffers[keys.index(("data", r))] = (min(a, c), max(b, d),
+                                                    _count(shapes[r]) * itemsize)
+        for r, (first, last) in spans.items():
+            if r not in host and r not in plan.private:
+                nbytes = sizes[(kind, r)] if (kind, r) in sizes else _count(shapes[r]) * itemsize
+                buffers.append((first, last, nbytes))
+                keys.append((kind, r))
+    for s, layer in enumerate(layers):
+        for name, (shape, dtype, lives) in layer.scratch_specs.items():
+            for kind, span in (("scratch", plan.scratch_life(s, lives)),
+                               ("scratch_re", plan.scratch_re_life(s, lives))):
+                if span is not None:
+                    buffers.append((span[0], span[1], _count(shape) * np.dtype(dtype).itemsize))
+                    keys.append((kind, (s, name)))
+    offsets, total = place(buffers)
+    # kept per net, and a bucketed model keeps many nets: arrays by root, not dicts
+    n = n_blobs + len(sizes)  # the groups' buffers are numbered after the blobs
+    offset = {kind: np.full(n, -1, np.int64) for kind in ("data", "diff", "data_re")}
+    scratch: dict = {"scratch": {}, "scratch_re": {}}
+    for (kind, r), at in zip(keys, offsets):
+        if kind in scratch:
+            scratch[kind][r] = at
+        else:
+            offset[kind][r] = at
+    for r in shared:
+        offset["diff"][r] = offset["data"][r]
+    whole, within = {}, {}
+    for kind, host in (("data", data_host), ("diff", diff_host)):
+        whole[kind], within[kind] = np.full(n, -1, np.int32), np.zeros(n, np.int64)
+        if host:
+            roots = np.fromiter(host, np.int64, len(host))
+            whole[kind][roots], within[kind][roots] = zip(*host.values())
+    for arrays in (offset, whole, within):
+        for a in arrays.values():
+            a.flags.writeable = False
+    return Layout(MappingProxyType(offset), MappingProxyType(whole), MappingProxyType(within),
+                  MappingProxyType(scratch["scratch"]), total, tuple(groups),
+                  MappingProxyType(sizes),
+                  tuple((s, LayerFlags(**flags)) for s, flags in told.items()),
+                  MappingProxyType(scratch["scratch_re"]))
+
+
+def planned_bytes(plan: Liveness, layout: Layout, shapes, itemsize: int) -> int:
+    """The bytes a net plans besides its params: the workspace of ``layout`` (every planned
+    activation, diff and scratch buffer) and the data of the blobs it keeps."""
+    kept = sum(_count(shapes[r]) for r in set(plan.data_root) if r in plan.private)
+    return layout.total + kept * itemsize
+
+
+def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=None,
+                  mode=None, name: str = "") -> tuple[Liveness, Layout]:
+    """The liveness and layout of a net that fit ``budget`` bytes (:func:`planned_bytes`)
+    with the fewest forward steps recomputed, or, for ``mode="sqrt"``, Chen et al.'s
+    segments of about a square root of the steps each (where those need less memory than
+    no recomputation).
+
+    ``make(recompute)`` gives the net's :class:`Liveness` for a :class:`Recompute`
+    plan (None: none), ``lay_out(liveness)`` its layout for the current shapes.
+    Segments are Chen's greedy ones (:func:`greedy_cuts`), of every halving of
+    the steps' bytes down to a step each and of a square root of the steps:
+    of those that fit, the one that runs fewest steps again. A budget none
+    fits is a :class:`~unroll.core.errors.MemoryBudgetError` giving the smallest
+    plan found.
+    """
+    base = make(None)
+    full = lay_out(base)
+    if budget is None and mode is None:
+        return base, full
+    allowed = allowed_cuts(steps, layers, base.data_root)
+    sizes = [sum(_count(shapes[b]) * itemsize for b in step.tops
+                 if base.data_root[b] == b and b not in base.private) for step in steps]
+    total = max(sum(sizes), 1)
+
+    def attempt(segment_bytes):
+        plan = make(recompute_plan(steps, layers, base.data_root,
+                                   greedy_cuts(sizes, allowed, segment_bytes)))
+        layout_ = lay_out(plan)
+        return planned_bytes(plan, layout_, shapes, itemsize), plan, layout_
+
+    need = planned_bytes(base, full, shapes, itemsize)
+    if mode == "sqrt":  # never more memory than without recomputation, for nothing
+        n, plan, layout_ = attempt(total / max(1.0, len(steps) ** 0.5))
+        return (plan, layout_) if n < need else (base, full)
+    if need <= budget:
+        return base, full
+    # every halving of the segments' bytes down to a step each, and Chen's square root:
+    # memory falls then rises, and the steps run again do not follow the size
+    step = min((n for n in sizes if n), default=total) / 2  # segments of a step, at least
+    tries = [total / 2**k for k in range(1, 64) if total / 2**k >= step]
+    tries.append(total / max(1.0, len(steps) ** 0.5))
+    smallest, best = need, None
+    for segment in tries:
+        n, plan, layout_ = attempt(segment)
+        smallest = min(smallest, n)
+        if n <= budget and (best is None or (plan.recompute.recomputed, n) < best[0]):
+            best = ((plan.recompute.recomputed, n), plan, layout_)
+    if best is None:
+        raise MemoryBudgetError(
+            f"net '{name}': memory_budget {budget:,} bytes is too small: the smallest plan "
+            f"found needs {smallest:,} bytes (activations, diffs, scratch and kept blobs; "
+            f"params not counted)", smallest)
+    return best[1], best[2]
+
+
+def _data_then_diff(plan, data_host, diff_host, shapes) -> set[int]:
+    """Roots whose data and diff may be one buffer: every element's data is last read
+    before its diff is first written, for every value placed inside the root's data (by
+    its data life) and diff (by its diff life)."""
+    inside: dict[tuple, list] = {}
+    for kind, host, life in (("data", data_host, plan.data_life),
+                             ("diff", diff_host, plan.diff_life)):
+        for r in host:
+            if r in life:
+                whole, first = _resolve(host, r)
+                inside.setdefault((kind, whole), []).append((first, _count(shapes[r]), life[r]))
+    out = set()
+    for (kind, r), items in inside.items():
+        if (kind != "data" or r in plan.private or r in data_host or r in diff_host
+                or r not in plan.data_life or r not in plan.diff_life):
+            continue
+        n = _count(shapes[r])
+        data = [(0, n, plan.data_life[r]), *items]
+        diff = [(0, n, plan.diff_life[r]), *inside.get(("diff", r), ())]
+        cuts = sorted({a for a, _, _ in data + diff} | {a + c for a, c, _ in data + diff})
+        last = [-1] * len(cuts)  # per piece between two cuts: the latest data read ...
+        first = [1 << 62] * len(cuts)  # ... and the earliest diff write
+        for items_, table, pick, better in ((data, last, 1, max), (diff, first, 0, min)):
+            for a, c, span in items_:
+                for i in range(bisect.bisect_left(cuts, a), bisect.bisect_left(cuts, a + c)):
+                    table[i] = better(table[i], span[pick])
+        if all(d < g for d, g in zip(last, first)):
+            out.add(r)
+    return out
+
+
+def place(buffers) -> tuple[list[int], int]:
+    """Offsets for buffers ``(first, last, nbytes)`` live over steps first..last, and the total.
+
+    Two buffers whose lifetimes overlap never overlap in memory. A buffer
+    takes, in this order, a freed buffer of its exact size, the smallest freed
+    one at most twice its size, or new memory at the end: an unrolled net's
+    steps free and ask for the same sizes over and over, so this stays within
+    a few percent of the live peak, in O(n log n). Every buffer is aligned to
+    :data:`unroll.engine.workspace.ALIGN` bytes.
+
+    >>> place([(0, 1, 64), (1, 2, 64), (2, 3, 64)])
+    ([0, 64, 0], 128)
+    """
+    order = sorted(range(len(buffers)), key=lambda i: buffers[i][0])
+    ending: list[tuple[int, int]] = []  # (last, index) of placed buffers, a heap by last
+    free: list[tuple[int, int]] = []  # (size, offset), sorted
+    offsets = [0] * len(buffers)
+    sizes = [-(-max(b[2], 1) // ALIGN) * ALIGN for b in buffers]
+    top = 0
+    for i in order:
+        first = buffers[i][0]
+        while ending and ending[0][0] < first:
+            _, j = heapq.heappop(ending)
+            bisect.insort(free, (sizes[j], offsets[j]))
+        need = sizes[i]
+        k = bisect.bisect_left(free, (need, -1))
+        if k < len(free) and free[k][0] <= 2 * need:
+            size, offsets[i] = free.pop(k)
+            sizes[i] = size  # the whole block returns to the free list with it
+        else:
+            offsets[i], top = top, top + need
+        heapq.heappush(ending, (buffers[i][1], i))
+    return offsets, top
+
+
+def private_blobs(steps, layers, table, named, phase: str, loss_blobs) -> set[int]:
+    """Blobs readable after a run, which keep memory of their own: inputs, those ``named``
+    (outputs, ``keep=``; ``table`` pairs names with blobs), losses, and in the test phase
+    what losses and accuracies read (the predictions, as pycaffe users read them)."""
+    private = {b for name, b in table if name in named}
+    for step, layer in zip(steps, layers):
+        if layer.type == "Input":
+            private.update(step.tops)
+        elif phase == "test" and (layer.is_loss or layer.type == "Accuracy"):
+            private.update(step.bottoms)
+    private.update(loss_blobs)
+    return private
+
+
+# -- liveness: lifetimes from the graph alone ---------------------------------------------
+class Lifetimes(Mapping):
+    """root -> (first, last) time, for the roots placed in the workspace: a mapping held
+    in two int32 arrays, since a net keeps it and a bucketed model keeps many nets."""
+
+    __slots__ = ("_first", "_last")
+
+    def __init__(self, spans: dict, n: int):
+        self._first = np.full(n, -1, np.int32)
+        self._last = np.full(n, -1, np.int32)
+        if spans:
+            roots = np.fromiter(spans, np.int64, len(spans))
+            firsts, lasts = zip(*spans.values())
+            self._first[roots], self._last[roots] = firsts, lasts
+
+    def __getitem__(self, root: int) -> tuple[int, int]:
+        if 0 <= root < len(self._first) and self._first[root] >= 0:
+            return int(self._first[root]), int(self._last[root])
+        raise KeyError(root)
+
+    def __contains__(self, root) -> bool:
+        return 0 <= root < len(self._first) and self._first[root] >= 0
+
+    def __iter__(self):
+        return iter(np.flatnonzero(self._first >= 0).tolist())
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self._first >= 0))
+
+    def items(self):
+        roots = np.flatnonzero(self._first >= 0)
+        return zip(roots.tolist(), zip(self._first[roots].tolist(), self._last[roots].tolist()))
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """Lifetimes of a net's memory, from its graph alone (no shapes).
+
+    ``data_root[b]`` / ``diff_root[b]``: the blob whose memory blob b's data /
+    diff is (a view or Split top shares its bottom's). ``data_life`` and
+    ``diff_life`` map each root placed in the workspace to its (first, last)
+    time; roots in ``private`` keep memory of their own (inputs, outputs,
+    losses, ``keep=``). ``zero_before[s]`` lists diff roots that backward
+    reads before anything writes them: zeroed right before step s's backward.
+    """
+
+    steps: int
+    data_root: array
+    diff_root: array
+    private: set[int]
+    data_life: Lifetimes
+    diff_life: Lifetimes
+    zero_before: dict[int, list[int]]
+    layer_need: list[bool]
+    windows: list = field(default_factory=list)  # of concurrent regions, as time spans
+    #: with a Recompute plan: each step's backward time, the time of each recomputed step's
+    #: second forward, the roots with two lives and their second ones, and the plan itself
+    back: tuple | None = None
+    re_time: Mapping = field(default_factory=dict)
+    recomputed: frozenset = frozenset()
+    data_re_life: Lifetimes | None = None
+    recompute: Recompute | None = None
+
+    def backward_time(self, step: int) -> int:
+        return self.back[step] if self.back is not None else 2 * self.steps - step
+
+    def scratch_life(self, step: int, lives: str) -> tuple[int, int] | None:
+        """When scratch of step ``step`` is live: ``lives`` is "forward", "backward" or "both".
+        For a recomputed step, its forward life (:meth:`scratch_re_life` gives the other)."""
+        f, b = step, self.backward_time(step)
+        runs_backward = self.layer_need[step]
+        if lives == "forward":
+            span = (f, f)
+        elif lives == "backward":
+            if not runs_backward:
+                return None
+            span = (b, b)
+        elif step in self.re_time:
+            span = (f, f)  # what backward reads, the second forward saves again
+        else:
+            span = (f, b) if runs_backward else (f, f)
+        return _widened(span, self.windows)
+
+    def scratch_re_life(self, step: int, lives: str) -> tuple[int, int] | None:
+        """When scratch of a recomputed step is live in its second forward (None: not)."""
+        again = self.re_time.get(step)
+        if again is None or lives == "backward":
+            return None
+        if lives == "forward" or not self.layer_need[step]:
+            return (again, again)
+        return (again, self.backward_time(step))
+
+
+def _roots(steps, layers, n_blobs: int, what: str) -> list[int]:
+    root = list(range(n_blobs))
+    for step, layer in zip(steps, layers):
+        if what in layer.shares_bottom:
+            for t in step.tops:
+                root[t] = root[step.bottoms[0]]
+    return root
+
+
+def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
+             bottom_need, loss_blobs, regions=(), recompute: Recompute | None = None
+             ) -> Liveness:
+    """The lifetime of every buffer of the net, from the graph alone.
+
+    A value's data lives from its producer's forward until its last reader:
+    forward readers, and backward readers as the layers' ``backward_reads``
+    declare (``"bottom"``: a reader's backward, of the bottoms its
+    :meth:`~unroll.engine.layer.Layer.reads_in_backward` names; ``"top"``: the
+    producer's). A
+    diff lives from the first backward that writes it to the backward of its
+    producer, which consumes it. Within a :class:`Region` whose branches run at
+    once, forward or backward, every buffer the region touches lives through
+    all of it: the branches' order is not known in advance.
+
+    With a :class:`Recompute` plan, backward runs segment by segment, last
+    first, each segment's recomputed forward steps right before its backward:
+    a value only those steps touch has two lives, its forward one (until its
+    last forward reader) and its recomputed one (until its last backward
+    reader), each a buffer of its own (``data_re_life``).
+    """
+    S = len(steps)
+    data_root = _roots(steps, layers, n_blobs, "data")
+    diff_root = _roots(steps, layers, n_blobs, "diff")
+    private = {data_root[b] for b in private_blobs} | {diff_root[b] for b in private_blobs}
+    recomputed: set[int] = set()
+    if recompute is not None:
+        recomputed = _recomputed_roots(steps, layers, data_root, private, recompute)
+        # a step whose every top is still there (a checkpoint) need not run again
+        recompute = Recompute(recompute.cuts, tuple(
+            tuple(s for s in seg if any(data_root[b] in recomputed for b in steps[s].tops))
+            for seg in recompute.steps))
+    back_of, re_time = _timeline(S, recompute)
+    data_re_life: dict[int, list[int]] = {}
+    data_life: dict[int, list[int]] = {}
+    reads: dict[int, int] = {}
+    writes: dict[int, int] = {}
+    diff_life: dict[int, list[int]] = {}
+
+    def touch(life, root, t):
+        span = life.get(root)
+        if span is None:
+            life[root] = [t, t]
+        elif t < span[0]:
+            span[0] = t
+        elif t > span[1]:
+            span[1] = t
+
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        back = back_of[s] if back_of is not None else 2 * S - s
+        runs_backward = layer_need[s]
+        again = re_time.get(s)  # when the step runs forward again, if it does
+        for b in step.tops:
+            r = data_root[b]
+            touch(data_life, r, s)
+            late = data_re_life if r in recomputed else data_life
+            if again is not None:
+                touch(late, r, again)
+            if runs_backward and "top" in layer.backward_reads:
+                touch(late, r, back)
+        for k, b in enumerate(step.bottoms):
+            r = data_root[b]
+            touch(data_life, r, s)
+            late = data_re_life if r in recomputed else data_life
+            if again is not None:
+                touch(late, r, again)
+            if runs_backward and layer.reads_in_backward(k, bottom_need[s]):
+                touch(late, r, back)
+        if not runs_backward or "diff" in layer.shares_bottom:
+            continue  # a view's diff is its bottom's: its backward moves nothing
+        for b in step.tops:
+            r = diff_root[b]
+            touch(diff_life, r, back)
+            reads[r] = min(reads.get(r, back), back)
+        for b, down in zip(step.bottoms, bottom_need[s]):
+            if down:
+                r = diff_root[b]
+                touch(diff_life, r, back)
+                writes[r] = min(writes.get(r, back), back)
+    for b in loss_blobs:
+        writes[diff_root[b]] = S
+    zero_before: dict[int, list[int]] = {}
+    step_at = ({t: s for s, t in enumerate(back_of)} if back_of is not None else None)
+    for r, first_read in reads.items():
+        if r not in private and writes.get(r, first_read) >= first_read:
+            s = step_at[first_read] if step_at is not None else 2 * S - first_read
+            zero_before.setdefault(s, []).append(r)
+    windows = [w for r in regions
+               for w in ((r.start, r.stop - 1), (2 * S - r.stop + 1, 2 * S - r.start))]
+    return Liveness(
+        S, array("i", data_root), array("i", diff_root), private,
+        Lifetimes({r: _widened(v, windows) for r, v in data_life.items() if r not in private},
+                  n_blobs),
+        Lifetimes({r: _widened(v, windows) for r, v in diff_life.items() if r not in private},
+                  n_blobs),
+        zero_before, list(layer_need), windows, back_of, re_time, frozenset(recomputed),
+        Lifetimes({r: tuple(v) for r, v in data_re_life.items()}, n_blobs), recompute,
+    )
+
+
+# -- recomputation: segments of the run order, re-run before their backward ----------------
+@dataclass(frozen=True)
+class Recompute:
+    """A recomputation plan: the run order cut into segments at ``cuts`` (the first step of
+    every segment but the first). Backward runs the segments last first; before the
+    backward of every segment but the last, its ``steps`` (per segment, in run order) run
+    forward again from the values kept at its start, the checkpoints. A step that cannot
+    be recomputed (:attr:`~unroll.engine.layer.Layer.recomputable`, Dropout's mask, BatchNorm's
+    statistics), and every step writing memory such a step writes, keeps its values."""
+
+    cuts: tuple
+    steps: tuple
+
+    @property
+    def recomputed(self) -> int:
+        """How many forward steps backward runs again."""
+        return sum(len(seg) for seg in self.steps)
+
+
+def recompute_plan(steps, layers, data_root, cuts) -> Recompute:
+    """The :class:`Recompute` plan of segments starting at ``cuts``, from the layers'
+    declarations (``recomputable``, ``draws_random``)."""
+    writers: dict[int, list[int]] = {}
+    for s, step in enumerate(steps):
+        for b in step.tops:
+            writers.setdefault(data_root[b], []).append(s)
+    kept = {s for s, layer in enumerate(layers) if not layer.recomputable or layer.draws_random}
+    todo = list(kept)
+    while todo:  # a value a kept step writes must not be written again by another step
+        s = todo.pop()
+        for b in steps[s].tops:
+            for w in writers[data_root[b]]:
+                if w not in kept:
+                    kept.add(w)
+                    todo.append(w)
+    bounds = [0, *cuts, len(steps)]
+    segments = tuple(tuple(s for s in range(a, b) if s not in kept)
+                     for a, b in zip(bounds[:-2], bounds[1:-1]))
+    return Recompute(tuple(cuts), segments)
+
+
+def allowed_cuts(steps, layers, data_root) -> list[int]:
+    """The steps a segment may start at: not inside an in-place chain (a value produced
+    before the cut and written in place after it), whose second forward would leave the
+    earlier version where backward reads the later one."""
+    first: dict[int, int] = {}
+    banned = bytearray(len(steps) + 1)
+    for s, step in enumerate(steps):
+        for b in step.tops:
+            r = data_root[b]
+            if r in first and b in step.bottoms and first[r] < s:
+                for p in range(first[r] + 1, s + 1):
+                    banned[p] = 1
+            first.setdefault(r, s)
+    return [p for p in range(1, len(steps)) if not banned[p]]
+
+
+def greedy_cuts(sizes, allowed, segment_bytes: float) -> list[int]:
+    """Chen et al.'s greedy segments over the run order: walking the steps, the bytes their
+    tops take (``sizes``, per step) add up, and a segment ends at the first allowed cut
+    after they pass ``segment_bytes``."""
+    allowed, cuts, total = set(allowed), [], 0
+    for s, n in enumerate(sizes):
+        if total >= segment_bytes and s in allowed:
+            cuts.append(s)
+            total = 0
+        total += n
+    return cuts
+
+
+def _timeline(S: int, recompute):
+    """Each step's backward time, each recomputed step's second forward time: after the
+    forward steps 0..S-1 and the loss at S, the segments last first, each its recomputed
+    steps then its backward. Without recomputation, step s's backward is at 2S - s."""
+    if recompute is None:
+        return None, {}
+    back, re_time, t = [0] * S, {}, S + 1
+    bounds = [0, *recompute.cuts, S]
+    for k in reversed(range(len(bounds) - 1)):
+        if k < len(recompute.steps):
+            for s in recompute.steps[k]:
+                re_time[s], t = t, t + 1
+        for s in reversed(range(bounds[k], bounds[k + 1])):
+            back[s], t = t, t + 1
+    return tuple(back), re_time
+
+
+def _recomputed_roots(steps, layers, data_root, private, recompute) -> set[int]:
+    """The data roots that only recomputed steps of one segment touch: they need no memory
+    between their forward and their second forward. Not the rows of a batched weight
+    gradient (those must all be there for its one GEMM), nor a kept blob."""
+    segment: dict[int, int] = {}
+    for k, seg in enumerate(recompute.steps):
+        for s in seg:
+            segment[s] = k
+    where: dict[int, int] = {}
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        k = segment.get(s, -1)
+        x_rows = layer.batches_param_diffs and bool(layer.blobs)
+        for i, b in enumerate(step.bottoms + step.tops):
+            here = -1 if x_rows and i == 0 else k
+            r = data_root[b]
+            where[r] = here if where.get(r, here) == here else -1
+    return {r for r, k in where.items() if k >= 0 and r not in private}
+
+
+def bptt_hsm(t: int, slots: int) -> int:
+    """Gruslys et al.'s BPTT-HSM: the fewest forward steps that backpropagate a chain of
+    ``t`` steps keeping at most ``slots`` hidden states (the input's included), by their
+    dynamic program ``Q(t, m) = min_y y + Q(t - y, m - 1) + Q(y, m)``, ``Q(t, 1) = t(t+1)/2``,
+    ``Q(1, m) = 1``: a step's backward runs its forward again from the state before it.
+
+    >>> bptt_hsm(4, 1), bptt_hsm(4, 2), bptt_hsm(4, 4), bptt_hsm(1000, 10)
+    (10, 8, 7, 4636)
+    """
+    ts = np.arange(t + 1, dtype=np.int64)
+    q = ts * (ts + 1) // 2  # one slot: from the input every time
+    for _ in range(2, min(slots, t) + 1):
+        nxt = q.copy()  # Q(., m) from Q(., m - 1), one t at a time (it reads Q(y, m), y < t)
+        for n in range(2, t + 1):
+            ys = ts[1:n]
+            nxt[n] = int((ys + q[n - ys] + nxt[ys]).min())
+        q = nxt
+    return int(q[t])
+
+
+def _widened(span, windows) -> tuple[int, int]:
+    """``span`` stretched over every window (of a concurrent region) it meets."""
+    first, last = span
+    for a, b in windows:
+        if first <= b and last >= a:
+            first, last = min(first, a), max(last, b)
+    return first, last
+
+
+def group_parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten) -> tuple:
+    """Concat bottoms and Slice tops placed inside their whole, so they move no memory.
+
+    Along axis 0 (or any axis with only 1s before it) the parts of a Concat
+    top or a Slice bottom are consecutive blocks of it: each part's root is
+    then hosted at its element offset in the whole's root, data and diff
+    alike, and the layer skips its copy. Not for memory written in place
+    (``rewritten``: a write through the whole would change a part a backward
+    still reads), nor for a part that keeps memory of its own (an input, say,
+    which the user may reshape and fill between runs).
+
+    Returns ``(data_host, diff_host, flags)``: root -> (host root, element
+    offset), and step -> (data in whole, diff in whole) per part.
+    """
+    data_host: dict[int, tuple[int, int]] = {}
+    diff_host: dict[int, tuple[int, int]] = {}
+    flags: dict[int, tuple[list[bool], list[bool]]] = {}
+    written = {plan.data_root[b] for b in rewritten}
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        kind = layer.parts_of_whole
+        if kind is None:
+            continue
+        whole, parts = (step.tops[0], step.bottoms) if kind == "bottoms" else (
+            step.bottoms[0], step.tops)
+        shape = shapes[whole]
+        axis = getattr(layer, "axis", None)  # a parts layer's axis, None until set up
+        data_flags, diff_flags = [False] * len(parts), [False] * len(parts)
+        flags[s] = (data_flags, diff_flags)
+        if axis is None or any(d != 1 for d in shape[:axis]):
+            continue
+        offset = 0
+        for k, part in enumerate(parts):
+            for roots, host, fl, twice in ((plan.data_root, data_host, data_flags,
+                                            plan.recomputed),
+                                           (plan.diff_root, diff_host, diff_flags, ())):
+                r, w = roots[part], roots[whole]
+                if (r == w or r in host or r in written or w in written or r in plan.private
+                        or r in twice or w in twice):
+                    continue
+                host[r] = (w, offset)
+                fl[k] = True
+            offset += _count(shapes[part])
+    return data_host, diff_host, flags
+
+
+def _count(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# -- gradients without copies: pass-through diffs, one weight-gradient GEMM per param -----
+def _resolve(host, r: int) -> tuple[int, int]:
+    """The whole that root ``r`` lives in and its element offset there ((r, 0) if none)."""
+    offset = 0
+    while r in host:
+        r, o = host[r]
+        offset += o
+    return r, offset
+
+
+def alias_pass_through_diffs(steps: list[Step], layers, plan: Liveness, bottom_need,
+                             diff_host: dict, rewritten) -> dict[int, list[bool]]:
+    """Bottom diffs equal to their top's diff (Eltwise SUM, coefficient 1) share its memory.
+
+    The top's diff and those bottoms' diffs become one buffer, placed where
+    one of them already lives (a Slice part of a time-major whole, say) or
+    else at the top's; ``diff_host`` gains the entries. Every value has one
+    reader (splits see to that), so nothing else writes that buffer between
+    the top's readers' backward and the bottoms' producers'. Not for memory
+    written in place or kept, nor for buffers already inside two wholes.
+    Returns step -> per-bottom flags: the layer writes no diff for those.
+    """
+    written = {plan.diff_root[b] for b in rewritten}
+    aliased: dict[int, list[bool]] = {}
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        passes = layer.passes_diff
+        if not layer.passes_diffs or not plan.layer_need[s]:
+            continue
+        top = plan.diff_root[step.tops[0]]
+        if top in plan.private or top in written:
+            continue
+        members = [(k, plan.diff_root[b]) for k, b in enumerate(step.bottoms)
+                   if bottom_need[s][k] and passes(k)]
+        members = [(k, r) for k, r in members if r != top and r not in plan.private
+                   and r not in written and sum(r == q for _, q in members) == 1]
+        if not members:
+            continue
+        home = top if top in diff_host else next(
+            (r for _, r in members if r in diff_host), top)
+        if _resolve(diff_host, home)[0] == top and home != top:
+            continue  # the top's own buffer holds the bottom: not a pass-through
+        flags = [False] * len(step.bottoms)
+        for k, r in [(None, top)] + members:
+            if r != home:
+                if r in diff_host:
+                    continue  # inside another whole already
+                diff_host[r] = (home, 0)
+            if k is not None:
+                flags[k] = True
+        if any(flags):
+            aliased[s] = flags
+    return aliased
+
+
+@dataclass
+class WeightGradGroup:
+    """Layers sharing one param whose weight gradient is ONE GEMM over all their rows.
+
+    ``steps`` are the members in row order; after the backward of step
+    ``after`` (the last member backward reaches) the net runs the GEMM over
+    ``x`` (data) and ``gy`` (diff), each ``(root, first element)`` of a
+    buffer holding every member's rows back to back, ``rows`` of them.
+    """
+
+    steps: list[int]
+    after: int
+    x: tuple[int, int]
+    gy: tuple[int, int]
+    rows: int
+
+
+def _tiling(roots, host, counts):
+    """How ``roots`` sit in other buffers: None if in none, ``(whole, first element,
+    order)`` if back to back in one whole (in that order), False otherwise."""
+    if all(r not in host for r in roots):
+        return None
+    placed = [_resolve(host, r) for r in roots]
+    if len({whole for whole, _ in placed}) != 1:
+        return False
+    order = sorted(range(len(roots)), key=lambda i: placed[i][1])
+    ends = [placed[i][1] + counts[i] for i in order]
+    if [placed[i][1] for i in order[1:]] != ends[:-1]:
+        return False
+    return placed[0][0], placed[order[0]][1], order
+
+
+def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need, shapes,
+                          data_host: dict, diff_host: dict, rewritten, skipped,
+                          n_roots: int) -> tuple[list[WeightGradGroup], dict]:
+    """Group the layers that share a param, so that its gradient is one GEMM.
+
+    A layer declaring ``batches_param_diffs`` computes its param gradient as
+    a GEMM over rows of its bottom (x) and of its top's diff (gy), in
+    ``param_backward(x, gy)``; layers with one ``param_batch_key()`` (the
+    same param blobs, used the same way) form a group. The members' rows go
+    back to back, time-major: where they already tile one block of a whole
+    (the time-major diff of a shared input projection, reached through
+    pass-through diffs; the Slice parts of an input) they stay, otherwise
+    they get a new buffer, x and gy in one order. Both stay live until the
+    group's GEMM. A group needs every member's x and gy planned (not kept),
+    written nowhere in place, and no backward write landing in a member's gy
+    rows between its backward and the GEMM.
+
+    ``n_roots`` numbers the new buffers (roots ``n_roots, n_roots + 1, ...``).
+    Returns the groups and ``{(kind, root): elements}`` of the new buffers;
+    ``data_host``/``diff_host`` gain the placements.
+    """
+    by_param: dict[tuple, list[int]] = {}
+    for s, layer in enumerate(layers):
+        if plan.layer_need[s] and layer.batches_param_diffs and layer.blobs:
+            by_param.setdefault(layer.param_batch_key(), []).append(s)
+    groups = [members for members in by_param.values() if len(members) > 1]
+    if not groups:
+        return [], {}
+    written = {plan.data_root[b] for b in rewritten} | {plan.diff_root[b] for b in rewritten}
+    at = plan.backward_time
+    writes: dict[int, list] = {}
+
+    def write(root, time, count):
+        whole, first = _resolve(diff_host, root)
+        writes.setdefault(whole, []).append((time, first, first + count))
+
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        if not plan.layer_need[s] or "diff" in layer.shares_bottom:
+            continue
+        flags = skipped.get(s, ())
+        for k, b in enumerate(step.bottoms):
+            if bottom_need[s][k] and not (k < len(flags) and flags[k]):
+                write(plan.diff_root[b], at(s), _count(shapes[b]))
+    for s, roots in plan.zero_before.items():
+        for r in roots:
+            write(r, at(s) - 0.5, _count(shapes[r]))
+
+    def untouched(members, whole, regions) -> bool:
+        """No backward write lands in member i's rows from its backward to the GEMM."""
+        gemm = at(members[0])
+        spans = sorted((first, end, at(s)) for s, (first, end) in zip(members, regions))
+        firsts = [first for first, _, _ in spans]
+        for t, a, b in writes.get(whole, ()):
+            k = max(bisect_right(firsts, a) - 1, 0)
+            while k < len(spans) and spans[k][0] < b:  # every member block the write meets
+                first, end, since = spans[k]
+                if a < end and since <= t <= gemm:
+                    return False
+                k += 1
+        return True
+
+    out, sizes = [], {}
+    for members in groups:
+        layer = layers[members[0]]
+        x_roots = [plan.data_root[steps[s].bottoms[0]] for s in members]
+        gy_roots = [plan.diff_root[steps[s].tops[0]] for s in members]
+        x_counts = [_count(shapes[steps[s].bottoms[0]]) for s in members]
+        gy_counts = [_count(shapes[steps[s].tops[0]]) for s in members]
+        if any(r in plan.private or r in written for r in x_roots + gy_roots) or any(
+                r in plan.recomputed for r in x_roots):
+            continue
+        if len(set(x_roots)) < len(members) or len(set(gy_roots)) < len(members):
+            continue
+        x_tiles = _tiling(x_roots, data_host, x_counts)
+        gy_tiles = _tiling(gy_roots, diff_host, gy_counts)
+        if x_tiles is False or gy_tiles is False:
+            continue  # some rows live inside other buffers, but not as one block
+        orders = [t[2] for t in (x_tiles, gy_tiles) if t is not None]
+        if len(orders) == 2 and orders[0] != orders[1]:
+            continue
+        order = orders[0] if orders else list(range(len(members)))
+        if gy_tiles is not None and not untouched(
+                members, gy_tiles[0],
+                [(first, first + n) for (_, first), n in
+                 zip((_resolve(diff_host, r) for r in gy_roots), gy_counts)]):
+            continue
+        blocks = []
+        for kind, tiles, roots, counts, host in (("data", x_tiles, x_roots, x_counts, data_host),
+                                                 ("diff", gy_tiles, gy_roots, gy_counts,
+                                                  diff_host)):
+            if tiles is not None:
+                blocks.append(tiles[:2])
+                continue
+            whole, n_roots, offset = n_roots, n_roots + 1, 0
+            for i in order:
+                host[roots[i]] = (whole, offset)
+                offset += counts[i]
+            sizes[(kind, whole)] = offset
+            blocks.append((whole, 0))
+        out.append(WeightGradGroup([members[i] for i in order], members[0], blocks[0],
+                                   blocks[1], sum(gy_counts) // layer.param_row_widths()[1]))
+    return out, sizes
+
+
+# -- independent branches -------------------------------------------------------------------
+@dataclass
+class Region:
+    """Steps ``start..stop-1`` of the run order, split into independent branches.
+
+    ``first`` lists the region's steps that depend on no branch (run before
+    them, in run order); ``branches`` the others, one list per branch in run
+    order. No branch reads what another writes, and none shares a param or
+    draws random numbers, so they may run at once.
+    """
+
+    start: int
+    stop: int
+    first: list[int]
+    branches: list[list[int]]
+
+
+def concurrent_regions(steps: list[Step], layers, min_steps: int = 8) -> list[Region]:
+    """Where a Split fans a value out to chains that meet again only later (the two
+    directions of a bidirectional layer), the steps between the Split and their meeting.
+
+    A Split is a candidate when each of its readers reads nothing else made
+    after it (a reader that also reads later values is where branches meet,
+    not a branch). Labels then flow from its tops through the steps after it;
+    the first step reached by two labels ends the region. A region is kept if
+    it has two or more branches of ``min_steps`` steps or more, their layers
+    share no param, and none draws random numbers.
+    """
+    producer: dict[int, int] = {}  # blob -> its latest writer so far
+    readers: dict[int, list[int]] = {}
+    made_by: list[list[int]] = []  # step -> the steps that wrote its bottoms
+    for s, step in enumerate(steps):
+        made_by.append([producer[b] for b in step.bottoms if b in producer])
+        for b in step.bottoms:
+            readers.setdefault(b, []).append(s)
+        for t in step.tops:
+            producer[t] = s
+    regions: list[Region] = []
+    s = 0
+    while s < len(steps):
+        region = _region_from(s, steps, layers, made_by, readers, min_steps)
+        if region is None:
+            s += 1
+        else:
+            regions.append(region)
+            s = region.stop
+    return regions
+
+
+def _region_from(p: int, steps, layers, made_by, readers, min_steps) -> Region | None:
+    if layers[p].type != "Split" or len(steps[p].tops) < 2:
+        return None
+    heads = [readers.get(t, [None])[0] for t in steps[p].tops]
+    if any(h is None or any(w > p for w in made_by[h] if w != p) for h in heads):
+        return None
+    label: dict[int, int] = {}  # step -> its branch
+    for k, h in enumerate(heads):
+        if h in label:
+            return None  # one reader takes two tops: no branches here
+        label[h] = k
+    first, stop = [], len(steps)
+    for s in range(p + 1, len(steps)):
+        found = {label[w] for w in made_by[s] if w in label}
+        if s in label:
+            found.add(label[s])
+        if len(found) > 1:
+            stop = s
+            break
+        if found:
+            label[s] = found.pop()
+        else:
+            first.append(s)
+    branches: list[list[int]] = [[] for _ in heads]
+    for s in range(p + 1, stop):
+        if s in label:
+            branches[label[s]].append(s)
+    branches = [b for b in branches if b]
+    if len(branches) < 2 or min(len(b) for b in branches) < min_steps:
+        return None
+    params = [{id(blob) for s in b for blob in layers[s].blobs} for b in branches]
+    if sum(len(p) for p in params) != len(set().union(*params)):
+        return None
+    if any(layers[s].draws_random for b in branches for s in b):
+        return None
+    return Region(p + 1, stop, first, branches)
