@@ -111,19 +111,15 @@ def test_the_environment_variable_fixes_the_count(policy, net, monkeypatch):
                           (1, 0.0, 1)])
 def test_measured_policy_leaves_the_cores_others_keep_busy(policy, net, monkeypatch, cores,
                                                            others, want):
-    class Busy:
-        def others(self):
-            return others
-
     monkeypatch.setattr(threads, "cores", lambda: cores)
-    monkeypatch.setattr(threads, "_load", lambda: Busy())
+    monkeypatch.setattr(threads, "others_busy", lambda: others)
     assert threads.num_threads() == want
     assert run(net) == [want, want]
 
 
 def test_the_load_is_measured_from_the_machine(policy):
     # a real measurement: a number of cores' worth between none and all of them
-    assert 0.0 <= threads._load().others() <= threads.cores() + 1e-6
+    assert 0.0 <= threads.others_busy() <= threads.cores() + 1e-6
     assert 1 <= threads.num_threads() <= threads.cores()
 
 

@@ -273,7 +273,7 @@ def test_clipping_on_the_device_has_the_bits_of_the_host_formula(scale):
         diff[0] = np.nan  # a NaN norm scales nothing, as Caffe's `norm > clip` test
     net.store.diff[...] = diff
     with trace.measure() as c:
-        solver._clip_gradients()
+        solver.clip_gradients()
     norm = math.sqrt(float(diff @ diff))
     want = diff * np.float32(1.0 / norm) if norm > 1.0 else diff
     np.testing.assert_array_equal(to_numpy(net.store.diff), want)

@@ -51,7 +51,7 @@ def test_a_folder_holding_a_model_is_refused_without_resume_or_overwrite(options
 def test_a_second_trainer_on_one_folder_is_refused(options, corpus, tmp_path):
     model_dir = tmp_path / "m"
     model_dir.mkdir()
-    with folder._locked(model_dir), pytest.raises(ModelFolderError, match="in use by another"):
+    with folder.claimed(model_dir), pytest.raises(ModelFolderError, match="in use by another"):
         train(options(corpus, model_dir, epochs=1))
     assert not (model_dir / "config.json").exists()
 

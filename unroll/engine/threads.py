@@ -27,7 +27,7 @@ import os
 import threading
 import time
 
-__all__ = ["ENV", "cores", "num_threads", "run_threads", "set_num_threads"]
+__all__ = ["ENV", "cores", "num_threads", "others_busy", "run_threads", "set_num_threads"]
 
 ENV = "UNROLL_NUM_THREADS"
 #: how long a measurement of the other processes' load stands before it is taken again
@@ -95,6 +95,12 @@ def _load() -> _Load:
     return _Load()
 
 
+def others_busy() -> float:
+    """Cores' worth of CPU time that other processes used over the last interval
+    (:data:`MEASURE_EVERY` seconds at most): the machine's busy time less this process's."""
+    return _load().others()
+
+
 def num_threads() -> int:
     """The BLAS threads a net run uses now: fixed, from UNROLL_NUM_THREADS, or free cores."""
     if _fixed is not None:
@@ -109,7 +115,7 @@ def num_threads() -> int:
             raise ValueError(f"{ENV} must be an integer >= 1, found {env!r}")
         return n
     n = cores()
-    return max(1, min(n, round(n - _load().others())))
+    return max(1, min(n, round(n - others_busy())))
 
 
 @functools.cache

@@ -813,7 +813,7 @@ class Solver:
                 return False, checked
         self.current_step = current_step
         if self._store.diff is not None:
-            self._clip_gradients()
+            self.clip_gradients()
         passes = self.param.iter_size * self.comm.size  # gradients summed so far
         data, diff = self._store.data, self._store.diff
         for span in self._spans(params):
@@ -870,8 +870,9 @@ class Solver:
                                      self._store.data)
         return self._span_list
 
-    def _clip_gradients(self) -> None:
-        """Caffe's ClipGradients, on the device: diff *= clip / max(norm, clip).
+    def clip_gradients(self) -> None:
+        """Caffe's ClipGradients, on the device: diff *= clip / max(norm, clip) (a step
+        calls it after backward).
 
         The scale is 1 (bit for bit) while the norm is within ``clip``, and a NaN
         norm scales nothing (``fmax`` ignores it), as Caffe's ``norm > clip`` test;
