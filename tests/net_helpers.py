@@ -72,3 +72,14 @@ BN_RELU = (
 def assert_names(error, *names):
     for name in names:
         assert f"'{name}'" in str(error.value), (name, str(error.value))
+
+
+def outputs_and_gradients(net, x, cont, dh):
+    """h of a net with inputs x and cont, and every gradient (x's and the params') after
+    backward from the diff ``dh`` of h (the nets have no loss: the test sets h's diff)."""
+    h = net.forward(x=x, cont=cont)["h"].copy()
+    net.clear_param_diffs()
+    net.blobs["h"].diff[...] = dh
+    net.backward()
+    return h, {"x": net.blobs["x"].diff.copy(),
+               **{p.name: p.blob.diff.copy() for p in net.learnable_params}}

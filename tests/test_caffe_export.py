@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.net_helpers import outputs_and_gradients
 from unroll import NetError, expand, to_prototxt
 from unroll.core.proto import NetParameter, parse_text
 from unroll.engine.layer import LAYERS, Layer
@@ -51,14 +52,6 @@ def net_of(net_param):
     return Net(net_param, dtype="float64")
 
 
-def run(net, x, cont, dh):
-    h = net.forward(x=x, cont=cont)["h"].copy()
-    net.clear_param_diffs()
-    net.blobs["h"].diff[...] = dh
-    net.backward()
-    return h, {"x": net.blobs["x"].diff.copy(),
-               **{p.name: p.blob.diff.copy() for p in net.learnable_params}}
-
 
 @st.composite
 def configurations(draw):
@@ -92,8 +85,8 @@ def test_the_lowered_net_equals_the_unrolled_one(case):
     x = rng.uniform(-1, 1, (T, N, D))
     cont = cont_from_lengths(case["lengths"], T, align=case["align"])
     dh = rng.uniform(-1, 1, a.blobs["h"].shape)
-    h1, g1 = run(a, x, cont, dh)
-    h2, g2 = run(b, x, cont, dh)
+    h1, g1 = outputs_and_gradients(a, x, cont, dh)
+    h2, g2 = outputs_and_gradients(b, x, cont, dh)
     np.testing.assert_allclose(h2, h1, rtol=1e-12, atol=1e-13)
     assert g1.keys() == g2.keys()
     for name in g1:

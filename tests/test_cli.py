@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.cli_helpers import one_line_error
 from tests.hang import limit
 from unroll.core.proto import NetParameter, parse_text
 from unroll.engine.net import Net
@@ -18,14 +19,6 @@ from unroll.tools import cli
 LSTM5 = ["expand", "lstm", "--steps", "5", "--set", "batch=2", "--set", "input_dim=3",
          "--set", "hidden=4"]
 
-
-def one_line_error(capsys, what):
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert what in lines[0]
-    return lines[0]
 
 
 def test_expand_writes_a_net_that_loads_and_runs(tmp_path, capsys):

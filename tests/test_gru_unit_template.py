@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.net_helpers import outputs_and_gradients
 from unroll.engine.kernels import ENGINE_VARIABLE, ENGINES
 from unroll.engine.net import Net
 from unroll.frontend.unroller import expand
@@ -23,14 +24,6 @@ def gru_net(template, T, N, D, H, **kw):
     net_param.force_backward = True  # no loss layer: the diff of h is set by the test
     return Net(net_param, dtype="float64")
 
-
-def outputs_and_gradients(net, x, cont, dh):
-    h = net.forward(x=x, cont=cont)["h"].copy()
-    net.clear_param_diffs()
-    net.blobs["h"].diff[...] = dh
-    net.backward()
-    return h, {"x": net.blobs["x"].diff.copy(),
-               **{p.name: p.blob.diff.copy() for p in net.learnable_params}}
 
 
 @st.composite

@@ -24,6 +24,7 @@ from examples.pos_tagging.data import (
     fetched_data_dir,
 )
 from examples.pos_tagging.fetch import URL_ENV, FetchError, fetch_ewt
+from tests.cli_helpers import one_line_error
 
 
 class Mirror:
@@ -88,14 +89,6 @@ def looks_complete(folder: Path) -> set:
     names = {p.name for p in folder.iterdir()}
     return {n for n in names if n in fetch.SHA256 or n.endswith(".tmp")}
 
-
-def one_line_error(capsys, *parts):
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    for part in parts:
-        assert part in lines[0], lines[0]
 
 
 def test_fetch_verifies_the_files_and_writes_the_licence_once(mirror, tmp_path, capsys):

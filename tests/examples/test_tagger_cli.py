@@ -9,18 +9,10 @@ from examples.pos_tagging.__main__ import main
 from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.tagger import Tagger, TaggerConfig
+from tests.cli_helpers import one_line_error
 
 pytestmark = pytest.mark.slow
 
-
-def one_line_error(capsys, *parts):
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    for part in parts:
-        assert part in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture

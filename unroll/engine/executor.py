@@ -245,27 +245,23 @@ def set_up(fwd, limit) -> None:
     """Set up every layer of ``fwd`` (``(layer, bottoms, tops)`` per step) in order, each
     top refused by ``limit`` (a :class:`~unroll.engine.memory_limit.MemoryLimit`) as soon as its
     shape is known; a layer's unexpected exception becomes a NetError naming it."""
-    most = limit.bytes()
-    for layer, bottoms, tops in fwd:
-        try:
-            layer.set_up(bottoms, tops)
-        except NetError:
-            raise
-        except Exception as e:
-            raise layer_failure(layer, "cannot set up", e, bottoms) from e
-        limit.check_tops(layer, tops, most)
+    _each_layer(fwd, limit, "set_up", "cannot set up")
 
 
 def reshape(fwd, limit) -> None:
     """Reshape every layer of ``fwd`` in order to new input shapes, as :func:`set_up`."""
+    _each_layer(fwd, limit, "reshape", "cannot reshape")
+
+
+def _each_layer(fwd, limit, method: str, what: str) -> None:
     most = limit.bytes()
     for layer, bottoms, tops in fwd:
         try:
-            layer.reshape(bottoms, tops)
+            getattr(layer, method)(bottoms, tops)
         except NetError:
             raise
         except Exception as e:
-            raise layer_failure(layer, "cannot reshape", e, bottoms) from e
+            raise layer_failure(layer, what, e, bottoms) from e
         limit.check_tops(layer, tops, most)
 
 

@@ -153,6 +153,14 @@ class ParamStore:
         self._packed = len(self._order)
         return True
 
+    def clear_diffs(self) -> None:
+        """Zero every param's diff: one fill of the flat buffer once packed."""
+        if self.packed:
+            self.diff.fill(0)
+            return
+        for p in self._order:
+            p.blob.diff.fill(0)
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the owners' data and diff (one copy each, however shared)."""

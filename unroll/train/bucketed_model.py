@@ -223,12 +223,8 @@ class BucketedModel:
         self.active.backward()
 
     def clear_param_diffs(self) -> None:
-        """Zero every param's diff: one fill of the store's flat buffer once it is packed."""
-        if self.store.packed:
-            self.store.diff.fill(0)
-            return
-        for p in self.store:
-            p.blob.diff.fill(0)
+        """Zero every param's diff (:meth:`ParamStore.clear_diffs`)."""
+        self.store.clear_diffs()
 
     def _canonical(self) -> Net:
         # every bucket's net holds every param, but layer names carry t: files are

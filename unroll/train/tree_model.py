@@ -85,11 +85,7 @@ class TreeModel:
         self.active.backward()
 
     def clear_param_diffs(self) -> None:
-        if self.store.packed:
-            self.store.diff.fill(0)
-            return
-        for p in self.store:
-            p.blob.diff.fill(0)
+        self.store.clear_diffs()
 
     def to_proto(self):
         """The params as a Caffe NetParameter (.caffemodel), through the canonical net."""

@@ -121,16 +121,23 @@ expected -1 or a whole number >= 0 (a cell of 'bottom2')
                              f"{like.shape})")
 
     def backward(self, tops, propagate_down, bottoms):
-        x, i, like = bottoms
-        if propagate_down[0]:
-            grid = self.scratch("grid_diff")
-            grid[: self.cells] = tops[0].diff.reshape(self.cells, self.rows)
-            grid[self.cells] = 0
-            x.diff[...] = grid[self.scratch("index")].reshape(x.shape)
-        # positions are piecewise constant and ``like`` gives only a shape: zero gradients
-        for down, blob in zip(propagate_down[1:], (i, like)):
-            if down:
-                blob.diff[...] = 0
+        gather_backward(self, tops, propagate_down, bottoms, self.cells, self.rows)
+
+
+def gather_backward(layer, tops, propagate_down, bottoms, count: int, width: int) -> None:
+    """The backward of a layer that adds rows of ``x`` into ``count`` cells of ``width``
+    by the indices it saved (scratch "index", the extra cell ``count`` for dropped rows):
+    x's diff gathers the cells' diffs. The indices are piecewise constant and ``like``
+    gives only a shape: their gradients are zero."""
+    x, indices, like = bottoms
+    if propagate_down[0]:
+        grid = layer.scratch("grid_diff")
+        grid[:count] = tops[0].diff.reshape(count, width)
+        grid[count] = 0
+        x.diff[...] = grid[layer.scratch("index")].reshape(x.shape)
+    for down, blob in zip(propagate_down[1:], (indices, like)):
+        if down:
+            blob.diff[...] = 0
 
 
 def _where(k: int, shape) -> tuple:

@@ -12,6 +12,7 @@ import numpy as np
 
 from unroll.engine.layer import Layer, register_layer
 from unroll.engine.layers.embed import scatter_add_rows, sorted_add_rows
+from unroll.engine.layers.scatter import gather_backward
 
 
 @register_layer("SegmentSum")
@@ -101,12 +102,4 @@ expected -1 or a segment (a row of 'bottom2')
         tops[0].data[...] = grid[: self.segments].reshape(tops[0].shape)
 
     def backward(self, tops, propagate_down, bottoms):
-        x, seg, like = bottoms
-        if propagate_down[0]:
-            grid = self.scratch("grid_diff")
-            grid[: self.segments] = tops[0].diff.reshape(self.segments, self.width)
-            grid[self.segments] = 0
-            x.diff[...] = grid[self.scratch("index")].reshape(x.shape)
-        for down, blob in zip(propagate_down[1:], (seg, like)):
-            if down:
-                blob.diff[...] = 0
+        gather_backward(self, tops, propagate_down, bottoms, self.segments, self.width)
