@@ -39,6 +39,17 @@ __all__ = ["LemmatizerConfig", "Lemmatizer", "StepDecoder", "Dictionary"]
 TEMPLATE = Path(__file__).with_name("lemmatizer.prototxt.j2")
 BOS, EOS = "<s>", "</s>"
 IGNORE = -1
+#: what the edit classifier may say of a lemma: the decoder's, the form, the form lower-cased
+EDITS = ("decode", "identity", "lower")
+
+
+def edit_of(form: str, lemma: str) -> int:
+    """The edit class of a (form, lemma) pair (see :data:`EDITS`).
+
+    >>> [edit_of(f, lemma) for f, lemma in [("dogs", "dog"), ("Paris", "Paris"), ("The", "the")]]
+    [0, 1, 2]
+    """
+    return 1 if lemma == form else 2 if lemma == form.lower() else 0
 
 
 def upos_symbol(upos: str) -> str:
@@ -167,6 +178,7 @@ class Lemmatizer:
 
     def _net(self, part: str, src: int, tgt: int):
         return expand(TEMPLATE, steps=tgt, batch=self.config.batch, chars=len(self.chars),
+                      edits=len(EDITS),
                       embed=self.config.embed, hidden=self.config.hidden, part=part,
                       src_steps=src, dropout=self.config.dropout, ignore_label=IGNORE)
 
@@ -207,14 +219,17 @@ class Lemmatizer:
         cont = np.ones((length, n))
         cont[0] = 0
         zeros = np.zeros((1, n, self.config.hidden))
+        edit = np.array([[edit_of(f, lemma) for f, _, lemma in batch]], float)
         inputs = {"src": src, "src_cont": cont, "tgt_in": tgt_in, "tgt_cont": np.ones((steps, n)),
-                  "tgt_out": tgt_out, "enc_fw_h_0": zeros, "enc_fw_c_0": zeros,
+                  "tgt_out": tgt_out, "edit": edit, "enc_fw_h_0": zeros, "enc_fw_c_0": zeros,
                   "enc_bw_h_0": zeros, "enc_bw_c_0": zeros}
         return (length, steps), inputs
 
     # -- prediction ---------------------------------------------------------------------
-    def predict(self, words, beam: int = 1, batch_size: int = 256) -> list[str]:
-        """The seq2seq's lemma of each (form, UPOS): greedy (``beam=1``) or beam search."""
+    def predict(self, words, beam: int = 1, batch_size: int = 256, edits: bool = True
+                ) -> list[str]:
+        """The seq2seq's lemma of each (form, UPOS): greedy (``beam=1``) or beam search; with
+        ``edits``, the form or the form lower-cased where the edit classifier says so."""
         out: list[str | None] = [None] * len(words)
         by_length: dict = {}
         for i, (form, _) in enumerate(words):
@@ -225,19 +240,20 @@ class Lemmatizer:
         for length, index in sorted(by_length.items()):
             for k in range(0, len(index), batch_size):
                 part = index[k:k + batch_size]
-                lemmas = self._decode([words[i] for i in part], length, beam)
+                lemmas = self._decode([words[i] for i in part], length, beam, edits)
                 for i, lemma in zip(part, lemmas):
                     out[i] = lemma
         return out
 
-    def _decode(self, words, length: int, beam: int) -> list[str]:
+    def _decode(self, words, length: int, beam: int, edits: bool) -> list[str]:
         n = len(words)
         src = np.array([self.source(f, u) for f, u in words], float).T
         cont = np.ones((length, n))
         cont[0] = 0
         zeros = np.zeros((1, n, self.config.hidden))
         enc = self.encoders.forward(widths=length, src=src, src_cont=cont, enc_fw_h_0=zeros,
-                                    enc_fw_c_0=zeros, enc_bw_h_0=zeros, enc_bw_c_0=zeros)
+                                    enc_fw_c_0=zeros, enc_bw_h_0=zeros, enc_bw_c_0=zeros,
+                                    blobs=["dec_h_init"])
         state = {"dec_h_0": np.asarray(enc["dec_h_init"]).copy(),
                  "dec_c_0": np.asarray(enc["dec_c_init"]).copy()}
         max_len = max(len(f) for f, _ in words) + 10
@@ -249,8 +265,13 @@ class Lemmatizer:
         else:
             decoder = StepDecoder(self.stepper, state)
             found = greedy(decoder.step, n, self.bos, self.eos, max_len)
-        return ["".join(self.chars.itos[t] if t != UNK_ID else "?" for t in tokens)
-                for tokens, _ in found]
+        lemmas = ["".join(self.chars.itos[t] if t != UNK_ID else "?" for t in tokens)
+                  for tokens, _ in found]
+        if not edits:
+            return lemmas
+        said = np.asarray(enc["edit_probs"]).reshape(n, -1).argmax(axis=1)
+        return [form if e == 1 else form.lower() if e == 2 else lemma
+                for (form, _), e, lemma in zip(words, said, lemmas)]
 
     def lemmatize(self, words, beam: int = 1, lower: bool = False) -> list[str]:
         """The lemma of each (form, UPOS): the dictionary's where it has the pair (with

@@ -165,7 +165,7 @@ def test_beam_one_through_the_stepper_is_greedy(trained):
     zeros = np.zeros((1, n, lemmatizer.config.hidden))
     enc = lemmatizer.encoders.forward(widths=src.shape[0], src=src, src_cont=cont,
                                       enc_fw_h_0=zeros, enc_fw_c_0=zeros, enc_bw_h_0=zeros,
-                                      enc_bw_c_0=zeros)
+                                      enc_bw_c_0=zeros, blobs=["dec_h_init"])
     state = {"dec_h_0": enc["dec_h_init"].copy(), "dec_c_0": enc["dec_c_init"].copy()}
     decoder = StepDecoder(lemmatizer.stepper, state)
     found = greedy(decoder.step, n, lemmatizer.bos, lemmatizer.eos, 12)
