@@ -1,6 +1,6 @@
 """Stepper: a net run one step at a time equals the net unrolled over the same inputs.
 
-docs/design.md, "Bucketing": nets over one ParamStore share every named param, so a net
+docs/design.md, "Stepping": nets over one ParamStore share every named param, so a net
 unrolled to one step runs the weights of any T; expose_hidden makes each state an input
 X_0 and an output X_T, which the stepper carries from call to call.
 """

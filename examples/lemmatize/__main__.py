@@ -62,7 +62,7 @@ def _lemmatize(args) -> int:
     sents = read_lemmas(args.conllu, labelled=False)
     lemmatizer = Lemmatizer.load(Path(args.model_dir), args.checkpoint)
     words = [(f, u) for forms, upos, _ in sents for f, u in zip(forms, upos)]
-    found = iter(lemmatizer.lemmatize(words, beam=args.beam))
+    found = iter(lemmatizer.lemmatize(words, beam=args.beam, lower=args.lower))
     lemmas = [[next(found) for _ in forms] for forms, _, _ in sents]
     if args.output and args.output != "-":
         fill_lemmas(args.conllu, lemmas, args.output)
@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--data")
         else:
             p.add_argument("-o", "--output", metavar="OUT", help="default: stdout")
+            p.add_argument("--lower", action="store_true",
+                           help="look the lower-cased form up in the dictionary too")
         p.set_defaults(run=run)
     return parser
 

@@ -1,6 +1,6 @@
 """examples/lemmatize: decoding, reading and writing column 3, and training on a made-up corpus.
 
-The decoders run on a hand-made step function (docs/design.md, "Bucketing": the
+The decoders run on a hand-made step function (docs/design.md, "Stepping": the
 lemmatizer's runs on unroll.Stepper, whose equality with the unrolled net
 tests/test_stepper.py proves).
 """

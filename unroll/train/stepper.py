@@ -7,7 +7,7 @@ to T steps computes over the same inputs: decoders that feed each step's
 prediction to the next (greedy decoding, beam search), streams read as they
 come. Built over the training model's :class:`~unroll.engine.param_store.ParamStore`,
 it runs the trained weights, whatever T they were trained at (docs/design.md,
-"Bucketing": nets over one store share every named param).
+"Stepping").
 """
 
 from __future__ import annotations
