@@ -121,7 +121,7 @@ def _batches(lemmatizer, examples, epochs: int, seed: int):
 
 def _unroll_side(job_path: str, out_path: str) -> None:
     """Train and decode in unroll; writes the same JSON as the PyTorch side."""
-    from unroll.train.solver import Solver
+    from unroll import Solver
 
     with open(job_path, "rb") as f:
         job = pickle.load(f)

@@ -27,11 +27,10 @@ from examples.lemmatize.decode import beam_search, greedy
 from examples.pos_tagging import folder, schema
 from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import UNK_ID, Vocab
+from unroll import Stepper, expand
 from unroll.core.atomic import write_atomic
 from unroll.core.errors import FileFormatError
 from unroll.core.proto import NetParameter
-from unroll.frontend.unroller import expand
-from unroll.train.stepper import Stepper
 from unroll.train.tree_model import TreeModel
 
 __all__ = ["LemmatizerConfig", "Lemmatizer", "StepDecoder", "Dictionary"]

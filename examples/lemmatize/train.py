@@ -26,7 +26,7 @@ from tqdm import tqdm
 from examples.lemmatize.conll import read_lemmas
 from examples.lemmatize.model import Lemmatizer, LemmatizerConfig
 from examples.pos_tagging import folder
-from unroll.train.solver import Solver
+from unroll import Solver
 
 __all__ = ["TrainOptions", "scores", "train", "words_of"]
 
