@@ -33,7 +33,8 @@ from unroll.core.errors import FileFormatError
 from unroll.core.proto import NetParameter
 from unroll.train.tree_model import TreeModel
 
-__all__ = ["LemmatizerConfig", "Lemmatizer", "StepDecoder", "Dictionary"]
+__all__ = ["EDITS", "Dictionary", "Lemmatizer", "LemmatizerConfig", "StepDecoder", "edit_of",
+           "upos_symbol"]
 
 TEMPLATE = Path(__file__).with_name("lemmatizer.prototxt.j2")
 BOS, EOS = "<s>", "</s>"
@@ -52,6 +53,7 @@ def edit_of(form: str, lemma: str) -> int:
 
 
 def upos_symbol(upos: str) -> str:
+    """The source symbol of a UPOS tag, one \"character\" before the word's own."""
     return f"<{upos}>"
 
 

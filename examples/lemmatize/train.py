@@ -28,7 +28,7 @@ from examples.lemmatize.model import Lemmatizer, LemmatizerConfig
 from examples.pos_tagging import folder
 from unroll import Solver
 
-__all__ = ["TrainOptions", "scores", "train", "words_of"]
+__all__ = ["TrainOptions", "dictionary_baseline", "scores", "train", "words_of"]
 
 TRAIN_FILE, DEV_FILE = "en_ewt-ud-train.conllu", "en_ewt-ud-dev.conllu"
 
