@@ -53,7 +53,7 @@ def edit_of(form: str, lemma: str) -> int:
 
 
 def upos_symbol(upos: str) -> str:
-    """The source symbol of a UPOS tag, one \"character\" before the word's own."""
+    """The source symbol of a UPOS tag, read before the word's characters."""
     return f"<{upos}>"
 
 
