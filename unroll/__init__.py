@@ -25,6 +25,7 @@ _EXPORTS = {
     "PrototxtError": "unroll.core.proto",
     "Solver": "unroll.train.solver",
     "SolverError": "unroll.train.solver",
+    "Stepper": "unroll.train.stepper",
     "TemplateError": "unroll.core.errors",
     "carry_hidden": "unroll.frontend.unroller",
     "expand": "unroll.frontend.unroller",
@@ -34,7 +35,8 @@ _EXPORTS = {
 
 #: the exports that build nets: they bring the frontend, which registers its unroller with
 #: the engine (see unroll.engine.hidden_nets)
-_BUILD_NETS = {"unroll.engine.net", "unroll.train.bucketed_model", "unroll.train.solver"}
+_BUILD_NETS = {"unroll.engine.net", "unroll.train.bucketed_model", "unroll.train.solver",
+               "unroll.train.stepper"}
 
 
 def __getattr__(name: str):
@@ -63,6 +65,7 @@ __all__ = [
     "PrototxtError",
     "Solver",
     "SolverError",
+    "Stepper",
     "TemplateError",
     "carry_hidden",
     "expand",

@@ -1,0 +1,347 @@
+"""The lemmatizer: a character encoder-decoder over one parameter store, and its dictionary.
+
+The net is ``lemmatizer.prototxt.j2`` beside this file (read it for the
+equations). The source of a word is its UPOS, as one symbol, then its
+characters; the target is its lemma's characters then EOS. Three kinds of net
+share the params: the training nets (encoder and decoder, teacher forcing), one
+per (source length, target length) bucket
+(:class:`~unroll.train.tree_model.TreeModel`, a model keyed by the bucket); the
+test-phase encoder, one per source length; and the one-step decoder, run by an
+:class:`unroll.Stepper` for greedy decoding and beam search
+(:mod:`examples.lemmatize.decode`). Batches hold words of one source length
+(no source padding) with targets of similar lengths (padded with the loss's
+ignore label).
+
+A word longer than ``max_chars`` (URLs, e-mail addresses) is its own lemma.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from examples.lemmatize.decode import beam_search, greedy
+from examples.pos_tagging import folder, schema
+from examples.pos_tagging.conll import UPOS_TAGS
+from examples.pos_tagging.features import UNK_ID, Vocab
+from unroll import Stepper, expand
+from unroll.core.atomic import write_atomic
+from unroll.core.errors import FileFormatError
+from unroll.core.proto import NetParameter
+from unroll.train.tree_model import TreeModel
+
+__all__ = ["EDITS", "Dictionary", "Lemmatizer", "LemmatizerConfig", "StepDecoder", "edit_of",
+           "upos_symbol"]
+
+TEMPLATE = Path(__file__).with_name("lemmatizer.prototxt.j2")
+BOS, EOS = "<s>", "</s>"
+IGNORE = -1
+#: what the edit classifier may say of a lemma: the decoder's, the form, the form lower-cased
+EDITS = ("decode", "identity", "lower")
+
+
+def edit_of(form: str, lemma: str) -> int:
+    """The edit class of a (form, lemma) pair (see :data:`EDITS`).
+
+    >>> [edit_of(f, lemma) for f, lemma in [("dogs", "dog"), ("Paris", "Paris"), ("The", "the")]]
+    [0, 1, 2]
+    """
+    return 1 if lemma == form else 2 if lemma == form.lower() else 0
+
+
+def upos_symbol(upos: str) -> str:
+    """The source symbol of a UPOS tag, read before the word's characters."""
+    return f"<{upos}>"
+
+
+@dataclass
+class LemmatizerConfig:
+    """Sizes of a lemmatizer; saved as config.json in the model folder."""
+
+    embed: int = 64
+    hidden: int = 128
+    dropout: float = 0.2
+    batch: int = 48
+    max_chars: int = 40
+
+    def save(self, path: Path) -> None:
+        write_atomic(path, json.dumps(asdict(self), indent=1).encode())
+
+    @classmethod
+    def load(cls, path: Path) -> LemmatizerConfig:
+        return cls(**schema.read_checked(path, CONFIG_SCHEMA))
+
+
+CONFIG_SCHEMA = {
+    "type": "object", "description": "an object {...}", "additionalProperties": False,
+    "required": ["embed", "hidden", "dropout", "batch", "max_chars"],
+    "properties": {
+        "embed": schema._count(schema.MAX_WIDTH), "hidden": schema._count(schema.MAX_WIDTH),
+        "batch": schema._count(schema.MAX_WIDTH), "max_chars": schema._count(256),
+        "dropout": schema._ratio(),
+    },
+}
+
+_STRING = {"type": "string", "maxLength": 4096, "description": "a string"}
+
+#: features.json: the character vocabulary and the training dictionary
+FEATURES_SCHEMA = {
+    "type": "object", "description": "an object {chars, dictionary}",
+    "required": ["chars", "dictionary"], "additionalProperties": False,
+    "properties": {
+        "chars": schema.FEATURES_SCHEMA["properties"]["chars"],
+        "dictionary": {"type": "array", "maxItems": schema.MAX_VOCAB,
+                       "description": "a list of [form, UPOS, lemma]",
+                       "items": {"type": "array", "minItems": 3, "maxItems": 3,
+                                 "description": "a [form, UPOS, lemma] triple",
+                                 "items": _STRING}},
+    },
+}
+
+
+class Dictionary:
+    """The most frequent training lemma of each (form, UPOS), and of each (lower-cased form,
+    UPOS).
+
+    >>> d = Dictionary.build([("Dogs", "NOUN", "dog"), ("dogs", "NOUN", "dog"),
+    ...                       ("saw", "VERB", "see"), ("saw", "VERB", "see"),
+    ...                       ("saw", "VERB", "saw")])
+    >>> d.get("saw", "VERB"), d.get("DOGS", "NOUN"), d.get("DOGS", "NOUN", lower=True)
+    ('see', None, 'dog')
+    """
+
+    def __init__(self, entries):
+        self.entries = {(f, u): lemma for f, u, lemma in entries}
+        counts: dict = {}
+        for (form, upos), lemma in self.entries.items():
+            key = (form.lower(), upos)
+            counts.setdefault(key, {}).setdefault(lemma, 0)
+            counts[key][lemma] += 1
+        self.lowered = {key: max(sorted(c), key=c.get) for key, c in counts.items()}
+
+    @classmethod
+    def build(cls, triples) -> Dictionary:
+        counts: dict = {}
+        for form, upos, lemma in triples:
+            c = counts.setdefault((form, upos), {})
+            c[lemma] = c.get(lemma, 0) + 1
+        return cls((f, u, max(sorted(c), key=c.get)) for (f, u), c in counts.items())
+
+    def get(self, form: str, upos: str, lower: bool = False) -> str | None:
+        found = self.entries.get((form, upos))
+        if found is None and lower:
+            found = self.lowered.get((form.lower(), upos))
+        return found
+
+    def to_list(self) -> list:
+        return [[f, u, lemma] for (f, u), lemma in sorted(self.entries.items())]
+
+
+class StepDecoder:
+    """The decoder as :mod:`examples.lemmatize.decode` drives it: a Stepper over the
+    one-step decoder net, started from the encoder's final states."""
+
+    def __init__(self, stepper: Stepper, state: dict):
+        self.stepper = stepper
+        stepper.reset(state)
+
+    def step(self, tokens) -> np.ndarray:
+        n = len(tokens)
+        probs = self.stepper(tgt_in=np.asarray(tokens, float)[None], tgt_cont=np.ones((1, n)))
+        return np.log(np.maximum(np.asarray(probs["probs"][0], np.float64), 1e-30))
+
+    def reorder(self, rows) -> None:
+        self.stepper.reset({k: v[:, rows] for k, v in self.stepper.state.items()})
+
+
+class Lemmatizer:
+    """Characters and UPOS in, the lemma's characters out; the dictionary beside it."""
+
+    def __init__(self, chars: Vocab, dictionary: Dictionary, config: LemmatizerConfig,
+                 seed: int = 0):
+        self.chars, self.dictionary, self.config = chars, dictionary, config
+        self.bos, self.eos = chars[BOS], chars[EOS]
+        self.train_model = TreeModel(lambda key: self._net("train", *key), (1, 1), seed=seed)
+        self.encoders = TreeModel(lambda s: self._net("encoder", s, 1), 1, phase="test",
+                                  store=self.train_model.store)
+        self.stepper = Stepper(self._net("decoder", 1, 1), store=self.train_model.store)
+
+    @classmethod
+    def build(cls, triples, config: LemmatizerConfig, seed: int = 0) -> Lemmatizer:
+        """A new lemmatizer for the training (form, UPOS, lemma) triples."""
+        symbols = [BOS, EOS, *map(upos_symbol, UPOS_TAGS)]
+        chars = Vocab.build([c for f, _, lemma in triples for c in f + lemma])
+        chars = Vocab([*symbols, *chars.itos[2:]], [0] * len(symbols) + chars.counts[2:].tolist())
+        return cls(chars, Dictionary.build(triples), config, seed)
+
+    def _net(self, part: str, src: int, tgt: int):
+        return expand(TEMPLATE, steps=tgt, batch=self.config.batch, chars=len(self.chars),
+                      edits=len(EDITS),
+                      embed=self.config.embed, hidden=self.config.hidden, part=part,
+                      src_steps=src, dropout=self.config.dropout, ignore_label=IGNORE)
+
+    # -- data ---------------------------------------------------------------------------
+    def source(self, form: str, upos: str) -> list[int]:
+        return [self.chars[upos_symbol(upos)], *self.chars.encode(form).tolist()]
+
+    def fits(self, form: str) -> bool:
+        return len(form) <= self.config.max_chars
+
+    def batches(self, examples, rng=None):
+        """Training batches of (form, UPOS, lemma) examples: (key, inputs), each batch one
+        source length, targets sorted by length within it; shuffled with ``rng``."""
+        by_length: dict = {}
+        for form, upos, lemma in examples:
+            if self.fits(form) and len(lemma) <= self.config.max_chars:
+                by_length.setdefault(len(form) + 1, []).append((form, upos, lemma))
+        out = []
+        for length, group in sorted(by_length.items()):
+            if rng is not None:
+                group = [group[i] for i in rng.permutation(len(group))]
+            group.sort(key=lambda e: len(e[2]))  # stable: shuffled within a target length
+            for k in range(0, len(group), self.config.batch):
+                out.append(self._inputs(group[k:k + self.config.batch], length))
+        if rng is not None:
+            out = [out[i] for i in rng.permutation(len(out))]
+        return out
+
+    def _inputs(self, batch, length: int):
+        n, steps = len(batch), max(len(lemma) for _, _, lemma in batch) + 1
+        src = np.array([self.source(f, u) for f, u, _ in batch], float).T
+        tgt_in = np.zeros((steps, n))
+        tgt_out = np.full((steps, n), IGNORE, float)
+        for j, (_, _, lemma) in enumerate(batch):
+            ids = self.chars.encode(lemma).tolist()
+            tgt_in[:len(ids) + 1, j] = [self.bos, *ids]
+            tgt_out[:len(ids) + 1, j] = [*ids, self.eos]
+        cont = np.ones((length, n))
+        cont[0] = 0
+        zeros = np.zeros((1, n, self.config.hidden))
+        edit = np.array([[edit_of(f, lemma) for f, _, lemma in batch]], float)
+        inputs = {"src": src, "src_cont": cont, "tgt_in": tgt_in, "tgt_cont": np.ones((steps, n)),
+                  "tgt_out": tgt_out, "edit": edit, "enc_fw_h_0": zeros, "enc_fw_c_0": zeros,
+                  "enc_bw_h_0": zeros, "enc_bw_c_0": zeros}
+        return (length, steps), inputs
+
+    # -- prediction ---------------------------------------------------------------------
+    def predict(self, words, beam: int = 1, batch_size: int = 256, edits: bool = True
+                ) -> list[str]:
+        """The seq2seq's lemma of each (form, UPOS): greedy (``beam=1``) or beam search; with
+        ``edits``, the form or the form lower-cased where the edit classifier says so."""
+        out: list[str | None] = [None] * len(words)
+        by_length: dict = {}
+        for i, (form, _) in enumerate(words):
+            if self.fits(form):
+                by_length.setdefault(len(form) + 1, []).append(i)
+            else:
+                out[i] = form
+        for length, index in sorted(by_length.items()):
+            for k in range(0, len(index), batch_size):
+                part = index[k:k + batch_size]
+                lemmas = self._decode([words[i] for i in part], length, beam, edits)
+                for i, lemma in zip(part, lemmas):
+                    out[i] = lemma
+        return out
+
+    def _decode(self, words, length: int, beam: int, edits: bool) -> list[str]:
+        n = len(words)
+        src = np.array([self.source(f, u) for f, u in words], float).T
+        cont = np.ones((length, n))
+        cont[0] = 0
+        zeros = np.zeros((1, n, self.config.hidden))
+        enc = self.encoders.forward(widths=length, src=src, src_cont=cont, enc_fw_h_0=zeros,
+                                    enc_fw_c_0=zeros, enc_bw_h_0=zeros, enc_bw_c_0=zeros,
+                                    blobs=["dec_h_init"])
+        state = {"dec_h_0": np.asarray(enc["dec_h_init"]).copy(),
+                 "dec_c_0": np.asarray(enc["dec_c_init"]).copy()}
+        max_len = max(len(f) for f, _ in words) + 10
+        if beam > 1:
+            state = {k: np.repeat(v, beam, axis=1) for k, v in state.items()}
+            decoder = StepDecoder(self.stepper, state)
+            found = beam_search(decoder.step, decoder.reorder, n, self.bos, self.eos,
+                                max_len, beam)
+        else:
+            decoder = StepDecoder(self.stepper, state)
+            found = greedy(decoder.step, n, self.bos, self.eos, max_len)
+        lemmas = ["".join(self.chars.itos[t] if t != UNK_ID else "?" for t in tokens)
+                  for tokens, _ in found]
+        if not edits:
+            return lemmas
+        said = np.asarray(enc["edit_probs"]).reshape(n, -1).argmax(axis=1)
+        return [form if e == 1 else form.lower() if e == 2 else lemma
+                for (form, _), e, lemma in zip(words, said, lemmas)]
+
+    def lemmatize(self, words, beam: int = 1, lower: bool = False) -> list[str]:
+        """The lemma of each (form, UPOS): the dictionary's where it has the pair (with
+        ``lower``, also the lower-cased form), the seq2seq's for the rest."""
+        known = [self.dictionary.get(f, u, lower) for f, u in words]
+        rest = [i for i, lemma in enumerate(known) if lemma is None]
+        for i, lemma in zip(rest, self.predict([words[i] for i in rest], beam)):
+            known[i] = lemma
+        return known
+
+    # -- files --------------------------------------------------------------------------
+    def save_description(self, model_dir: Path) -> None:
+        folder.write_json(Path(model_dir) / folder.FEATURES,
+                          {"chars": self.chars.to_dict(),
+                           "dictionary": self.dictionary.to_list()})
+        self.config.save(Path(model_dir) / folder.CONFIG)
+
+    def save(self, path: Path) -> bytes:
+        data = self.train_model.to_proto().SerializeToString()
+        write_atomic(path, data)
+        return data
+
+    @classmethod
+    def load(cls, model_dir: Path, checkpoint: str = "best") -> Lemmatizer:
+        """The lemmatizer of a model folder: its JSON schema-checked, its weights checked
+        against the SHA-256 that log.json records."""
+        model_dir = Path(model_dir)
+        try:
+            features = schema.read_checked(folder.inside(model_dir, folder.FEATURES),
+                                           FEATURES_SCHEMA)
+            config = LemmatizerConfig.load(folder.inside(model_dir, folder.CONFIG))
+            log = schema.read_checked(folder.inside(model_dir, folder.LOG), LOG_SCHEMA)
+        except FileNotFoundError as e:
+            raise folder.ModelFolderError(
+                f"{model_dir} holds no trained lemmatizer ({Path(e.filename).name} is "
+                f"missing); train one with `python -m examples.lemmatize train --model-dir "
+                f"{model_dir}`") from None
+        if not log:
+            raise FileFormatError(model_dir / folder.LOG, "holds no epoch")
+        name = folder.checkpoint_name(checkpoint)
+        # a kill between a weight file and log.json leaves the previous epoch's in place
+        data = folder.verified(folder.inside(model_dir, name),
+                               {entry["sha256"][name] for entry in log[-2:]})
+        lemmatizer = cls(Vocab.from_dict(features["chars"]),
+                         Dictionary(map(tuple, features["dictionary"])), config)
+        lemmatizer.train_model.copy_from(NetParameter.FromString(data), strict=True)
+        return lemmatizer
+
+
+#: an epoch record of the lemmatizer's log.json
+LOG_SCHEMA = {
+    "type": "array", "description": "a list [...]", "maxItems": 1 << 20,
+    "items": {
+        "type": "object", "description": "an epoch record {...}", "additionalProperties": False,
+        "required": ["epoch", "iter", "train_loss", "dev_accuracy", "seconds", "sha256"],
+        "properties": {
+            "epoch": schema._count(1 << 20),
+            "iter": {"type": "integer", "minimum": 0, "maximum": 1 << 53,
+                     "description": "an iteration count >= 0"},
+            "train_loss": schema._finite(), "dev_accuracy": schema._finite(1),
+            "dev_combined": schema._finite(1), "dev_combined_lower": schema._finite(1),
+            "seconds": schema._finite(), "words_per_s": schema._finite(),
+            "sha256": {"type": "object", "description": "{best.caffemodel, last.caffemodel}",
+                       "required": ["best.caffemodel", "last.caffemodel"],
+                       "additionalProperties": False,
+                       "properties": {
+                           "best.caffemodel": schema._SHA256,
+                           "last.caffemodel": schema._SHA256}},
+            "stopped": {"type": "string", "maxLength": 200, "description": "a message"},
+        },
+    },
+}

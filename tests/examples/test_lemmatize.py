@@ -1,0 +1,237 @@
+"""examples/lemmatize: decoding, reading and writing column 3, and training on a made-up corpus.
+
+The decoders run on a hand-made step function (docs/design.md, "Stepping": the
+lemmatizer's runs on unroll.Stepper, whose equality with the unrolled net
+tests/test_stepper.py proves).
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from examples.lemmatize import __main__ as cli
+from examples.lemmatize.conll import fill_lemmas, read_lemmas
+from examples.lemmatize.decode import beam_search, greedy
+from examples.lemmatize.model import Lemmatizer, LemmatizerConfig, StepDecoder
+from examples.lemmatize.train import DEV_FILE, TRAIN_FILE, TrainOptions, scores, train, words_of
+
+EOS, BOS, VOCAB = 0, 3, 4
+
+
+class TableDecoder:
+    """A decoder whose next-token log probabilities depend on the sum of a hypothesis's
+    tokens (mod 5) and its last token: it has a state to carry and to reorder."""
+
+    def __init__(self, rows: int, seed: int):
+        rng = np.random.default_rng(seed)
+        logits = rng.normal(size=(5, VOCAB, VOCAB)) * 2
+        logits[..., BOS] = -np.inf  # bos only starts
+        self.table = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
+        self.sums = np.zeros(rows, dtype=np.int64)
+
+    def step(self, tokens):
+        tokens = np.asarray(tokens)
+        self.sums += np.where(tokens == BOS, 0, tokens)
+        return self.table[self.sums % 5, tokens]
+
+    def reorder(self, rows):
+        self.sums = self.sums[rows]
+
+    def score(self, tokens):
+        """The log probability of ``tokens`` then EOS (or ``tokens`` alone at the length cap)."""
+        total, total_sum, prev = 0.0, 0, BOS
+        for t in [*tokens, EOS]:
+            total += self.table[total_sum % 5, prev, t]
+            total_sum, prev = total_sum + t, t
+        return total
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_beam_search_with_beam_one_is_greedy(seed):
+    found = greedy(TableDecoder(3, seed).step, 3, BOS, EOS, max_len=6)
+    d = TableDecoder(3, seed)
+    assert beam_search(d.step, d.reorder, 3, BOS, EOS, max_len=6, beam=1) == found
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_beam_search_finds_the_best_hypothesis_that_it_can_see(seed):
+    """Every finished sequence of up to 3 tokens, scored by brute force: with a beam as wide
+    as all extensions of all prefixes, the search returns the best of them."""
+    d = TableDecoder(32, seed)
+    tokens, score = beam_search(d.step, d.reorder, 1, BOS, EOS, max_len=4, beam=32)[0]
+    reference = TableDecoder(1, seed)
+    every = [list(p) for n in range(4) for p in itertools.product([1, 2], repeat=n)]
+    best = max(every, key=reference.score)
+    assert tokens == best
+    assert score == pytest.approx(reference.score(best))
+
+
+def test_beam_search_beats_greedy_on_a_hand_made_case():
+    """Greedy takes 'a' (0.6) and then ends (0.4): 0.24; 'b' (0.4) then EOS (1.0) is 0.4."""
+    p = np.array([[1, 0, 0, 0], [.4, .3, .3, 0], [1, 0, 0, 0], [0, .6, .4, 0]]) + 1e-12
+    table = np.log(p)
+    step = lambda tokens: table[np.asarray(tokens)]  # noqa: E731
+    assert greedy(step, 1, BOS, EOS, max_len=5)[0][0] == [1]
+    tokens, score = beam_search(step, lambda rows: None, 1, BOS, EOS, max_len=5, beam=2)[0]
+    assert tokens == [2] and score == pytest.approx(np.log(0.4))
+
+
+# -- a made-up corpus: regular inflections of made-up stems ------------------------------
+
+TRAIN_SENTENCES = 120
+
+
+def _stem(rng) -> str:
+    return "".join(rng.choice(list("bdkmst")) + rng.choice(list("aio"))
+                   for _ in range(int(rng.integers(1, 4))))
+
+
+def _word(rng) -> tuple[str, str, str]:
+    stem = _stem(rng)
+    kind = int(rng.integers(4))
+    if kind == 0:
+        return stem + "s", "NOUN", stem
+    if kind == 1:
+        return stem + "ed", "VERB", stem
+    if kind == 2:
+        return stem + "ing", "VERB", stem
+    return stem, "ADJ", stem
+
+
+def _conllu(sentences, extras=False) -> str:
+    out = []
+    for k, words in enumerate(sentences):
+        out.append(f"# sent_id = {k + 1}\n")
+        if extras:
+            out.append(f"1-2\t{words[0][0]}{words[1][0]}\t_\t_\t_\t_\t_\t_\t_\t_\n")
+        for i, (form, upos, lemma) in enumerate(words, start=1):
+            out.append(f"{i}\t{form}\t{lemma}\t{upos}\t_\t_\t0\tdep\t_\t_\n")
+        if extras:
+            out.append(f"{len(words)}.1\tx\t_\t_\t_\t_\t_\t_\t{len(words)}:dep\t_\n")
+        out.append("\n")
+    return "".join(out)
+
+
+def _corpus(folder, seed=0):
+    rng = np.random.default_rng(seed)
+    folder.mkdir(exist_ok=True)
+    train_sents = [[_word(rng) for _ in range(5)] for _ in range(TRAIN_SENTENCES)]
+    dev_sents = [[_word(rng) for _ in range(5)] for _ in range(20)]
+    (folder / TRAIN_FILE).write_text(_conllu(train_sents))
+    (folder / DEV_FILE).write_text(_conllu(dev_sents, extras=True))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lemma")
+    data = _corpus(root / "data")
+    model_dir = root / "model"
+    log = train(TrainOptions(model_dir=model_dir, data=data, epochs=60, lr=1e-2, hidden=32,
+                             embed=16, dropout=0.2, batch=16, max_minutes=None, quiet=True))
+    return data, model_dir, log
+
+
+def test_the_reader_reads_lemmas_past_multiword_and_empty_node_lines(tmp_path):
+    rng = np.random.default_rng(3)
+    sents = [[_word(rng) for _ in range(4)] for _ in range(3)]
+    path = tmp_path / "dev.conllu"
+    path.write_text(_conllu(sents, extras=True))
+    assert words_of(read_lemmas(path)) == [w for s in sents for w in s]
+
+
+@pytest.mark.slow
+def test_the_lemmatizer_learns_and_beats_the_dictionary(trained):
+    data, model_dir, log = trained
+    assert log[-1]["train_loss"] < 0.5 * log[0]["train_loss"]
+    lemmatizer = Lemmatizer.load(model_dir)
+    dev = words_of(read_lemmas(data / DEV_FILE))
+    greedy_scores, beam_scores = scores(lemmatizer, dev), scores(lemmatizer, dev, beam=4)
+    # the dev stems are new: the dictionary knows few of them and leaves the rest as they are
+    assert greedy_scores["combined"] > greedy_scores["dictionary"] + 0.2
+    assert beam_scores["combined"] > greedy_scores["dictionary"] + 0.2
+
+
+@pytest.mark.slow
+def test_beam_one_through_the_stepper_is_greedy(trained):
+    _, model_dir, _ = trained
+    lemmatizer = Lemmatizer.load(model_dir)
+    words = [("kaing", "VERB"), ("tomis", "NOUN"), ("dokit", "ADJ")]  # one length
+    n = len(words)
+    src = np.array([lemmatizer.source(f, u) for f, u in words], float).T
+    cont = np.ones(src.shape)
+    cont[0] = 0
+    zeros = np.zeros((1, n, lemmatizer.config.hidden))
+    enc = lemmatizer.encoders.forward(widths=src.shape[0], src=src, src_cont=cont,
+                                      enc_fw_h_0=zeros, enc_fw_c_0=zeros, enc_bw_h_0=zeros,
+                                      enc_bw_c_0=zeros, blobs=["dec_h_init"])
+    state = {"dec_h_0": enc["dec_h_init"].copy(), "dec_c_0": enc["dec_c_init"].copy()}
+    decoder = StepDecoder(lemmatizer.stepper, state)
+    found = greedy(decoder.step, n, lemmatizer.bos, lemmatizer.eos, 12)
+    decoder = StepDecoder(lemmatizer.stepper, state)
+    beamed = beam_search(decoder.step, decoder.reorder, n, lemmatizer.bos, lemmatizer.eos, 12, 1)
+    assert [t for t, _ in beamed] == [t for t, _ in found]
+    np.testing.assert_allclose([s for _, s in beamed], [s for _, s in found], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_lemmatize_conllu_fills_column_three_and_keeps_every_other_byte(trained, tmp_path,
+                                                                        capsys):
+    data, model_dir, _ = trained
+    text = (data / DEV_FILE).read_bytes().replace(b"\n", b"\r\n")
+    lines = text.split(b"\r\n")
+    blanked = [b"\t".join([*c[:2], b"_", *c[3:]]) if len(c := line.split(b"\t")) == 10
+               and c[0].isdigit() else line for line in lines]
+    source = tmp_path / "in.conllu"
+    source.write_bytes(b"\xef\xbb\xbf" + b"\r\n".join(blanked))
+    out = tmp_path / "out.conllu"
+    assert cli.main(["lemmatize", "--model-dir", str(model_dir), "--conllu", str(source),
+                     "-o", str(out)]) == 0
+    written = out.read_bytes()
+    assert written.startswith(b"\xef\xbb\xbf")
+    got = written[3:].split(b"\r\n")
+    assert len(got) == len(blanked)
+    for before, after in zip(blanked, got):
+        a, b = before.split(b"\t"), after.split(b"\t")
+        if len(a) == 10 and a[0].isdigit():
+            assert a[:2] + a[3:] == b[:2] + b[3:] and b[2] not in (b"", b"_")
+        else:
+            assert before == after
+    lemmatizer = Lemmatizer.load(model_dir)
+    words = [(f, u) for forms, upos, _ in read_lemmas(source, labelled=False)
+             for f, u in zip(forms, upos)]
+    assert [lemma for forms, _, lemmas in read_lemmas(out) for lemma in lemmas] == \
+        lemmatizer.lemmatize(words)
+
+
+def test_fill_lemmas_writes_one_lemma_per_word(tmp_path):
+    source = tmp_path / "in.conllu"
+    source.write_text(_conllu([[("dogs", "NOUN", "_"), ("ran", "VERB", "_")]], extras=True))
+    out = tmp_path / "out.conllu"
+    fill_lemmas(source, [["dog", "run"]], out)
+    assert words_of(read_lemmas(out)) == [("dogs", "NOUN", "dog"), ("ran", "VERB", "run")]
+
+
+@pytest.mark.slow
+def test_a_folder_with_a_model_is_refused_and_a_damaged_weight_file_is_an_error(trained,
+                                                                                  capsys):
+    data, model_dir, _ = trained
+    assert cli.main(["train", "--model-dir", str(model_dir), "--data", str(data),
+                     "--epochs", "1"]) == 2
+    assert "already holds a model" in capsys.readouterr().err
+    best = model_dir / "best.caffemodel"
+    kept = best.read_bytes()
+    try:
+        best.write_bytes(kept[:-1] + bytes([kept[-1] ^ 1]))
+        assert cli.main(["evaluate", "--model-dir", str(model_dir), "--data", str(data)]) == 2
+        assert "checksum" in capsys.readouterr().err
+    finally:
+        best.write_bytes(kept)
+
+
+def test_the_config_is_schema_checked(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"embed": 8, "hidden": 0, "dropout": 0, "batch": 4, "max_chars": 9}')
+    with pytest.raises(Exception, match="hidden"):
+        LemmatizerConfig.load(path)

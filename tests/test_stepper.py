@@ -1,0 +1,72 @@
+"""Stepper: a net run one step at a time equals the net unrolled over the same inputs.
+
+docs/design.md, "Stepping": nets over one ParamStore share every named param, so a net
+unrolled to one step runs the weights of any T; expose_hidden makes each state an input
+X_0 and an output X_T, which the stepper carries from call to call.
+"""
+
+import numpy as np
+import pytest
+
+import unroll
+from unroll.core.errors import NetError
+from unroll.train.stepper import Stepper
+
+CELLS = ["rnn", "lstm", "lstm_primitive", "gru", "gru_primitive"]
+T, N, D, H = 6, 3, 4, 5
+
+
+def _make(cell, layers):
+    return lambda steps: unroll.expand(cell, steps=steps, batch=N, input_dim=D, hidden=H,
+                                       layers=layers, expose_hidden=True)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("cell", CELLS)
+def test_stepping_equals_the_unrolled_net_from_given_states(cell, layers):
+    make = _make(cell, layers)
+    whole = unroll.Net(make(T), phase="test", dtype="float64")
+    stepper = Stepper(make(1), store=whole.store, dtype="float64")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(T, N, D))
+    cont = np.ones((T, N))
+    cont[3, 1] = 0  # a sequence that starts inside the chunk: cont restarts it in both
+    initial = {name: rng.normal(size=(1, N, H)) for name in stepper.pairs}
+    out = whole.forward(x=x, cont=cont, **initial)
+    stepper.reset(initial)
+    steps = [stepper(x=x[t:t + 1], cont=cont[t:t + 1]) for t in range(T)]
+    np.testing.assert_allclose(np.concatenate([s["h"] for s in steps]), out["h"], atol=1e-12)
+    for name, final in stepper.pairs.items():
+        np.testing.assert_allclose(stepper.state[name], out[final], atol=1e-12)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_reset_starts_from_zeros_sized_by_the_batch_of_the_next_call(cell):
+    make = _make(cell, 2)
+    whole = unroll.Net(make(T), phase="test", dtype="float64")
+    stepper = Stepper(make(1), store=whole.store, dtype="float64")
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(T, 2, D))  # a batch of 2, not the N the nets were built with
+    zeros = {name: np.zeros((1, 2, H)) for name in stepper.pairs}
+    expected = whole.forward(x=x, cont=np.ones((T, 2)), **zeros)["h"]
+    stepper(x=x[:1], cont=np.ones((1, 2)))  # some state, then forgotten
+    stepper.reset()
+    got = [stepper(x=x[t:t + 1], cont=np.ones((1, 2)))["h"] for t in range(T)]
+    np.testing.assert_allclose(np.concatenate(got), expected, atol=1e-12)
+
+
+def test_a_net_without_states_and_a_wrong_state_are_errors():
+    with pytest.raises(NetError, match="expose_hidden=True"):
+        Stepper(unroll.expand("lstm", steps=1, batch=N, input_dim=D, hidden=H))
+    stepper = Stepper(_make("lstm", 1)(1))
+    with pytest.raises(ValueError, match=r"missing \['h_0'\]"):
+        stepper.reset({"c_0": np.zeros((1, N, H))})
+    with pytest.raises(ValueError, match="reset"):
+        stepper(x=np.zeros((1, N, D)), cont=np.ones((1, N)), h_0=np.zeros((1, N, H)))
+
+
+def test_the_repr_names_the_states_and_what_it_holds():
+    stepper = unroll.Stepper(_make("gru", 1)(1))
+    assert repr(stepper) == "Stepper(net 'gru_T1', states ['h_0'], holding zeros)"
+    stepper(x=np.zeros((1, N, D)), cont=np.ones((1, N)))
+    assert repr(stepper).endswith("holding {'h_0': (1, 3, 5)})")

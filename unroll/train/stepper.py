@@ -1,0 +1,126 @@
+"""Stepper: run a net one step at a time, carrying every recurrent state from call to call.
+
+A net unrolled to one step with ``expose_hidden=True`` takes each state as an
+input ``X_0`` and gives it back as an output ``X_T``. A :class:`Stepper` holds
+those states between calls, so a loop of calls computes what the net unrolled
+to T steps computes over the same inputs: decoders that feed each step's
+prediction to the next (greedy decoding, beam search), streams read as they
+come. Built over the training model's :class:`~unroll.engine.param_store.ParamStore`,
+it runs the trained weights, whatever T they were trained at (docs/design.md,
+"Stepping").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from unroll.core.errors import NetError
+from unroll.core.proto import NetParameter, read_message
+from unroll.engine.net import Net
+from unroll.engine.param_store import ParamStore
+from unroll.train.bucketed_model import _input_ties
+
+__all__ = ["Stepper"]
+
+
+class Stepper:
+    """One step of a net per call; the states flow from each call into the next.
+
+    ``source`` is a net unrolled to ONE step with ``expose_hidden=True`` (a
+    NetParameter, prototxt path or text): its state pairs are the inputs
+    ``X_0`` whose outputs ``X_T`` it has (``h_0``/``h_T``, ``l1_c_0``/``l1_c_T``,
+    ``dec_h_0``/``dec_h_T`` with a scope). ``store`` is the ParamStore of the
+    model whose weights it runs. Each call takes the other inputs of one step,
+    shaped as the net's inputs at T = 1 (``x`` (1, N, D), ``cont`` (1, N)), and
+    returns the outputs of that step (without the states, which :attr:`state`
+    holds). cont still gates the carried state as in the unrolled net: cont 0
+    starts a sequence from zeros.
+
+    :meth:`reset` starts every sequence from zeros (sized by the batch of the next
+    call), ``reset(state)`` from given states, ``{"h_0": (1, N, H), ...}``, as a
+    decoder starts from its encoder's final states; beam search reorders the
+    hypotheses with ``reset({k: v[:, order] for k, v in stepper.state.items()})``.
+
+    >>> import numpy as np, unroll
+    >>> make = lambda T: unroll.expand("lstm", steps=T, batch=2, input_dim=3, hidden=4,
+    ...                                expose_hidden=True)
+    >>> whole = unroll.Net(make(3), phase="test")
+    >>> step = Stepper(make(1), store=whole.store)
+    >>> x, cont = np.random.default_rng(0).normal(size=(3, 2, 3)), np.ones((3, 2))
+    >>> h = whole.forward(x=x, cont=cont, h_0=np.zeros((1, 2, 4)), c_0=np.zeros((1, 2, 4)))["h"]
+    >>> steps = [step(x=x[t:t + 1], cont=cont[t:t + 1])["h"] for t in range(3)]
+    >>> bool(np.allclose(np.concatenate(steps), h, atol=1e-6)), sorted(step.state)
+    (True, ['c_0', 'h_0'])
+    >>> step.reset()                      # the next call starts from zeros again
+    """
+
+    def __init__(self, source, store: ParamStore | None = None, phase: str = "test",
+                 device: str = "cpu", dtype="float32", keep=()):
+        net_param = read_message(source, NetParameter)
+        self.net = Net(net_param, phase=phase, device=device, dtype=dtype, keep=keep,
+                       param_store=store)
+        #: {state input X_0: its final state output X_T}
+        self.pairs = {f"{name[:-2]}_0": name for name in self.net.outputs
+                      if name.endswith("_T") and f"{name[:-2]}_0" in self.net.inputs}
+        if not self.pairs:
+            raise NetError(
+                f"Stepper: net '{self.net.name}' carries no state (no input X_0 with an output "
+                f"X_T); unroll it to one step with expose_hidden=True")
+        self.inputs = [name for name in self.net.inputs if name not in self.pairs]
+        self._ties = _input_ties(net_param, self.net)
+        #: the states the next call starts from ({X_0: (1, N, size)}), None after reset()
+        self.state: dict | None = None
+
+    @property
+    def store(self) -> ParamStore:
+        return self.net.store
+
+    def reset(self, state: dict | None = None) -> None:
+        """Start the next call from zeros, or from ``state`` ({X_0: (1, N, size)}, every
+        state of the net; its values are copied)."""
+        if state is None:
+            self.state = None
+            return
+        missing = sorted(set(self.pairs) - set(state))
+        unknown = sorted(set(state) - set(self.pairs))
+        if missing or unknown:
+            raise ValueError(
+                f"Stepper.reset: the states are {sorted(self.pairs)}; "
+                + (f"missing {missing}" if missing else f"not a state: {unknown}"))
+        xp = self.net.xp
+        self.state = {name: xp.array(value, dtype=self.net.dtype) for name, value in
+                      state.items()}
+
+    def __call__(self, blobs=(), **inputs) -> dict:
+        """Run one step on ``inputs`` from the held states; returns {output: data} (and the
+        blobs named in ``blobs``), and holds the step's final states for the next call."""
+        given = sorted(set(inputs) & set(self.pairs))
+        if given:
+            raise ValueError(f"Stepper: {given} are states the stepper carries; start from "
+                             f"them with reset({{{given[0]!r}: ...}})")
+        missing = sorted(set(self.inputs) - set(inputs))
+        if missing:
+            raise ValueError(f"Stepper: the step needs inputs {missing} (inputs: {self.inputs})")
+        state = self.state if self.state is not None else self._zeros(inputs)
+        out = self.net.forward(blobs=blobs, **inputs, **state)
+        self.state = {initial: out[final].copy() for initial, final in self.pairs.items()}
+        return {name: value.copy() for name, value in out.items()
+                if name not in self.pairs.values()}
+
+    def _zeros(self, inputs: dict) -> dict:
+        """Zero states, each axis that the net ties to a given input sized as that input."""
+        zeros = {}
+        for name in self.pairs:
+            shape = list(self.net.blobs[name].shape)
+            for axis, tied in self._ties.get(name, {}).items():
+                sizes = {np.shape(inputs[other])[b] for other, b in tied
+                         if other in inputs and b < np.ndim(inputs[other])}
+                if len(sizes) == 1:
+                    shape[axis] = sizes.pop()
+            zeros[name] = self.net.xp.zeros(tuple(shape), self.net.dtype)
+        return zeros
+
+    def __repr__(self) -> str:
+        held = "zeros" if self.state is None else {k: tuple(v.shape) for k, v in
+                                                   self.state.items()}
+        return f"Stepper(net {self.net.name!r}, states {sorted(self.pairs)}, holding {held})"
