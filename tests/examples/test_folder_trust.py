@@ -510,7 +510,10 @@ def test_sigint_ends_training_with_one_line_and_the_folder_resumes(trained, tmp_
     run = subprocess.Popen(
         [sys.executable, "-m", "examples.pos_tagging", "train", "--data", str(corpus),
          "--model-dir", str(model_dir), "--epochs", "100000", "--quiet", *TINY_ARGS],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # a test run in the background (no job control) ignores SIGINT, and so would the
+        # trainer it starts: give it the default, as a terminal's foreground job has
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in run.stdout:  # the event: an epoch has ended and been committed
             if line.startswith("epoch 2:"):
