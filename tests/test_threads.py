@@ -119,7 +119,9 @@ def test_measured_policy_leaves_the_cores_others_keep_busy(policy, net, monkeypa
 
 def test_the_load_is_measured_from_the_machine(policy):
     # a real measurement: a number of cores' worth between none and all of them
-    assert 0.0 <= threads.others_busy() <= threads.cores() + 1e-6
+    # the busy time of this process's own cores only, less its own: the counters tick in
+    # 10 ms units, so a second's measurement is off by a few hundredths at most
+    assert 0.0 <= threads.others_busy() <= threads.cores() + 0.05
     assert 1 <= threads.num_threads() <= threads.cores()
 
 

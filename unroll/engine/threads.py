@@ -46,20 +46,27 @@ def set_num_threads(n: int | None) -> None:
 
 def cores() -> int:
     """The cores this process may run on (its affinity mask where the OS has one)."""
+    return len(_allowed())
+
+
+def _allowed() -> list[int]:
     try:
-        return len(os.sched_getaffinity(0))
+        return sorted(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
+        return list(range(os.cpu_count() or 1))
 
 
 class _Load:
-    """The cores that other processes kept busy, from psutil's counters over the last interval."""
+    """The cores that other processes kept busy, from psutil's counters over the last interval:
+    the busy time of the cores this process may run on (a job pinned to other cores takes
+    nothing from it), less this process's own."""
 
     def __init__(self):
         import psutil
 
         self._process = psutil.Process()
         self._psutil = psutil
+        self._cpus = set(_allowed())
         self._lock = threading.Lock()
         self._at, self._busy, self._own = self._sample()
         time.sleep(0.05)  # a first interval, so the first run already sees the machine
@@ -67,9 +74,10 @@ class _Load:
         self._measure(self._at + 0.05)
 
     def _sample(self) -> tuple[float, float, float]:
-        t = self._psutil.cpu_times()
-        busy = t.user + t.system + getattr(t, "nice", 0.0) + getattr(t, "irq", 0.0) \
-            + getattr(t, "softirq", 0.0)
+        per_cpu = self._psutil.cpu_times(percpu=True)
+        busy = sum(t.user + t.system + getattr(t, "nice", 0.0) + getattr(t, "irq", 0.0)
+                   + getattr(t, "softirq", 0.0)
+                   for k, t in enumerate(per_cpu) if k in self._cpus)
         own = self._process.cpu_times()
         return time.monotonic(), busy, own.user + own.system
 
