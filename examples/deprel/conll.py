@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from examples.pos_tagging.conll import CoNLLUError, read_conllu
+from examples.pos_tagging.conll import CoNLLUError, fill_column, read_conllu, read_lines
 from unroll.core.errors import TreeError
 from unroll.frontend.tree import Tree
 
@@ -38,14 +37,6 @@ class Sentence:
     heads: list
     deprels: list
     tree: Tree = field(repr=False)
-
-
-def _lines(source) -> tuple[list[bytes], str]:
-    if isinstance(source, (str, Path)):
-        return Path(source).read_bytes().splitlines(keepends=True), str(source)
-    data = source.read()
-    data = data.encode("utf-8") if isinstance(data, str) else data
-    return data.splitlines(keepends=True), str(getattr(source, "name", "<stream>"))
 
 
 def _word_lines(lines: list[bytes]):
@@ -69,7 +60,7 @@ def read_deprel(source, labelled: bool = True) -> list[Sentence]:
 
     ``labelled=False`` reads files to label: column 8 may hold anything.
     """
-    lines, name = _lines(source)
+    lines, name = read_lines(source)
     checked = io.BytesIO(b"".join(lines))
     checked.name = name  # the tagger's reader names the file in its errors
     sentences = list(read_conllu(checked, upos=True))
@@ -117,25 +108,4 @@ def fill_deprel(source, labels, file) -> None:
     >>> out.getvalue()
     b'# c\\r\\n1\\tHi\\t_\\tINTJ\\t_\\t_\\t0\\troot\\t_\\tx\\r\\n\\r\\n'
     """
-    lines, _ = _lines(source)
-    sentences = iter(labels)
-    current = iter(())
-    out = []
-    for k, raw in enumerate(lines):
-        body = raw.rstrip(b"\r\n")
-        ending = raw[len(body):]
-        bom = b"\xef\xbb\xbf" if k == 0 and body.startswith(b"\xef\xbb\xbf") else b""
-        cols = body[len(bom):].split(b"\t")
-        if len(cols) == 10 and cols[0].isdigit():
-            if cols[0] == b"1":
-                current = iter(next(sentences))
-            cols[7] = next(current).encode("utf-8")
-            raw = bom + b"\t".join(cols) + ending
-        out.append(raw)
-    data = b"".join(out)
-    if isinstance(file, (str, Path)):
-        from unroll.core.atomic import write_atomic
-
-        write_atomic(file, data)
-    else:
-        file.write(data)
+    fill_column(source, labels, 7, file)

@@ -16,21 +16,12 @@ writes a file back with column 3 set, every other byte as it was.
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
-from examples.pos_tagging.conll import CoNLLUError, read_conllu
+from examples.pos_tagging.conll import CoNLLUError, fill_column, read_conllu, read_lines
 
 __all__ = ["fill_lemmas", "read_lemmas"]
 
 _LEMMA = 2  # column 3
-
-
-def _lines(source) -> tuple[list[bytes], str]:
-    if isinstance(source, (str, Path)):
-        return Path(source).read_bytes().splitlines(keepends=True), str(source)
-    data = source.read()
-    data = data.encode("utf-8") if isinstance(data, str) else data
-    return data.splitlines(keepends=True), str(getattr(source, "name", "<stream>"))
 
 
 def _word(body: bytes, first: bool) -> tuple[bytes, list[bytes]] | None:
@@ -46,7 +37,7 @@ def read_lemmas(source, labelled: bool = True) -> list[tuple[list, list, list]]:
     ``labelled=False`` reads a file to lemmatize: column 3 may hold anything (its
     values are returned as found).
     """
-    lines, name = _lines(source)
+    lines, name = read_lines(source)
     checked = io.BytesIO(b"".join(lines))
     checked.name = name  # the tagger's reader names the file in its errors
     sentences = list(read_conllu(checked, upos=True))
@@ -78,24 +69,4 @@ def fill_lemmas(source, lemmas, file) -> None:
     >>> out.getvalue()
     b'\\xef\\xbb\\xbf# c\\r\\n1\\tHi\\thi\\tINTJ\\t_\\t_\\t0\\t_\\t_\\tx\\r\\n\\r\\n'
     """
-    lines, _ = _lines(source)
-    sentences = iter(lemmas)
-    current = iter(())
-    out = []
-    for k, raw in enumerate(lines):
-        body = raw.rstrip(b"\r\n")
-        word = _word(body, k == 0)
-        if word is not None:
-            bom, cols = word
-            if cols[0] == b"1":
-                current = iter(next(sentences))
-            cols[_LEMMA] = next(current).encode("utf-8")
-            raw = bom + b"\t".join(cols) + raw[len(body):]
-        out.append(raw)
-    data = b"".join(out)
-    if isinstance(file, (str, Path)):
-        from unroll.core.atomic import write_atomic
-
-        write_atomic(file, data)
-    else:
-        file.write(data)
+    fill_column(source, lemmas, _LEMMA, file)

@@ -19,10 +19,14 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 
 from conllu.parser import ParseException, parse_id_value
 
-__all__ = ["UPOS_TAGS", "CoNLLUError", "fill_upos", "read_conllu", "write_conllu"]
+from unroll.core.atomic import write_atomic
+
+__all__ = ["UPOS_TAGS", "CoNLLUError", "fill_column", "fill_upos", "read_conllu", "read_lines",
+           "write_conllu"]
 
 #: The 17 universal POS tags, in the order of the UD guidelines; a tag's index
 #: here is its label id.
@@ -286,3 +290,45 @@ def _write(file, text: str) -> None:
     finally:
         if owned:
             f.close()
+
+
+def read_lines(source) -> tuple[list[bytes], str]:
+    """The lines of a CoNLL-U file (a path or a file, binary or text), ends kept, and its
+    name for errors."""
+    if isinstance(source, (str, Path)):
+        return Path(source).read_bytes().splitlines(keepends=True), str(source)
+    data = source.read()
+    data = data.encode("utf-8") if isinstance(data, str) else data
+    return data.splitlines(keepends=True), str(getattr(source, "name", "<stream>"))
+
+
+def fill_column(source, values, column: int, file) -> None:
+    """Write ``source`` to ``file`` (each a path or a binary file) with column ``column``
+    (0-based) of every word line (10 columns, an integer ID) set from ``values``, one list
+    per sentence; every other byte (a BOM, comments, multiword and empty-node lines, line
+    ends) kept. A path is written atomically.
+
+    >>> import io
+    >>> out = io.BytesIO()
+    >>> line = b"1\\tHi\\t_\\tINTJ\\t_\\t_\\t0\\t_\\t_\\tx\\r\\n"
+    >>> fill_column(io.BytesIO(b"# c\\r\\n" + line), [["hi"]], 2, out)
+    >>> out.getvalue()
+    b'# c\\r\\n1\\tHi\\thi\\tINTJ\\t_\\t_\\t0\\t_\\t_\\tx\\r\\n'
+    """
+    lines, _ = read_lines(source)
+    sentences, current, out = iter(values), iter(()), []
+    for k, raw in enumerate(lines):
+        body = raw.rstrip(b"\r\n")
+        bom = b"\xef\xbb\xbf" if k == 0 and body.startswith(b"\xef\xbb\xbf") else b""
+        cols = body[len(bom):].split(b"\t")
+        if len(cols) == 10 and cols[0].isdigit():
+            if cols[0] == b"1":
+                current = iter(next(sentences))
+            cols[column] = next(current).encode("utf-8")
+            raw = bom + b"\t".join(cols) + raw[len(body):]
+        out.append(raw)
+    data = b"".join(out)
+    if isinstance(file, (str, Path)):
+        write_atomic(file, data)
+    else:
+        file.write(data)
