@@ -1,7 +1,9 @@
 """The CPU runs an InnerProduct of a few rows (one unrolled timestep's batch) as the
-transposed product (unroll.engine.layers.inner_product.FEW_ROWS): an unrolled net must give the
-plain products' loss, outputs and gradients, for every built-in cell, stacked,
-bidirectional and with sequences packed back to back (cont 0 inside a column)."""
+transposed product (unroll.engine.layers.inner_product.FEW_ROWS, for weights at least
+FEW_ROWS_MIN_WIDTH wide): an unrolled net must give the plain products' loss, outputs and
+gradients, for every built-in cell, stacked, bidirectional and with sequences packed back
+to back (cont 0 inside a column). The tests lower the width bound to reach the path at
+small sizes."""
 
 import numpy as np
 import pytest
@@ -54,7 +56,9 @@ def test_few_row_products_give_the_plain_products(cell, direction, layers, dtype
     out = 2 * 3 if direction == "bidirectional" else 3
     target = rng.normal(size=(T, N, out))
     args = (cell, direction, layers, dtype, x, cont, target, transpose)
-    fast = run(*args)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(inner_product, "FEW_ROWS_MIN_WIDTH", 1)  # every few-row product
+        fast = run(*args)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(inner_product, "FEW_ROWS", 0)  # every product the plain one
         plain = run(*args)
@@ -67,9 +71,18 @@ def test_few_row_products_give_the_plain_products(cell, direction, layers, dtype
         np.testing.assert_allclose(diff, plain[3][name], **tol, err_msg=name)
 
 
+def few_rows_by_layer(net):
+    return {layer.name: layer.few_rows for layer in net.layers if layer.type == "InnerProduct"}
+
+
 def test_a_timesteps_rows_take_the_transposed_product_and_a_sequences_the_plain_one():
     """The rule itself: N = 32 rows per step go the transposed way, T * N = 800 rows not."""
-    net = Net(expand("lstm", steps=25, batch=32, input_dim=4, hidden=3))
-    few = {layer.name: layer.few_rows for layer in net.layers if layer.type == "InnerProduct"}
+    few = few_rows_by_layer(Net(expand("lstm", steps=25, batch=32, input_dim=4, hidden=64)))
     assert few.pop("x_proj_seq") is False
     assert set(few.values()) == {True} and len(few) == 25
+
+
+def test_narrow_weights_take_the_plain_product():
+    """Weights narrower than the bound (64 inputs to 4 * 16 gates here) stay plain at any M."""
+    few = few_rows_by_layer(Net(expand("lstm", steps=3, batch=2, input_dim=4, hidden=16)))
+    assert set(few.values()) == {False}

@@ -359,9 +359,12 @@ def test_place_never_overlaps_live_buffers():
 
 
 # -- the report and its command ------------------------------------------------------------------
-def test_memory_report_and_the_cli_view(tmp_path, capsys):
+def test_memory_report_and_the_cli_view(tmp_path, capsys, monkeypatch):
+    from unroll.engine.layers import inner_product
     from unroll.frontend.unroller import to_prototxt
     from unroll.tools import cli
+
+    monkeypatch.setattr(inner_product, "FEW_ROWS_MIN_WIDTH", 1)  # the transposed product here
 
     path = tmp_path / "lstm.prototxt"
     net_param = expand("lstm", steps=20, batch=2, input_dim=3, hidden=4)

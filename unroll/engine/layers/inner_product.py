@@ -14,6 +14,10 @@ from unroll.engine.layer import Layer, register_layer
 #: product takes 0.53-0.87x the time for K = 64..512, 4K outputs, one thread (0.75x at
 #: K = 512 with two); at M = 64 it breaks even (bench/bench_lstm.py has the step's figures)
 FEW_ROWS = 32
+#: ...and only when both sides of the weights are at least this wide: below it the product
+#: is too small to be slow, and the scratch copy back costs more than it saves
+#: (bench/bench_dispatch.py, N = D = H = 1)
+FEW_ROWS_MIN_WIDTH = 64
 
 
 @register_layer("InnerProduct")
@@ -55,7 +59,8 @@ class InnerProductLayer(Layer):
             )
         self.M = math.prod(shape[:axis])
         tops[0].reshape(shape[:axis] + (self.num_output,))
-        self.few_rows = self.xp is np and self.M <= FEW_ROWS
+        self.few_rows = (self.xp is np and self.M <= FEW_ROWS
+                         and min(self.K, self.num_output) >= FEW_ROWS_MIN_WIDTH)
         if self.few_rows:  # the transposed products of forward (y) and backward (gx)
             if not self.transpose:
                 self.reserve("yT", (self.num_output, self.M), lives="forward")
