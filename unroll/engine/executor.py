@@ -11,7 +11,6 @@ bare call per layer: a layer's exception is named by the net afterwards
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from concurrent.futures import ThreadPoolExecutor
 
@@ -294,30 +293,36 @@ def schedule(fwd, bwd, regions) -> tuple[list, list]:
 
 
 # -- running ---------------------------------------------------------------------------------
-@contextlib.contextmanager
-def running(gate, regions, fwd, what: str):
+class running:
     """One run of a net: the policy's BLAS threads and the memory ``gate`` open; a layer's
     exception becomes a NetError naming it (one try around the loop: the hot path stays a
-    bare call per layer). Yields whether the concurrent ``regions`` run at once: with two
-    free cores or more, one BLAS thread a branch (two threads asking one OpenBLAS pool for
-    all cores were slower than one serial run); else in the serial order, which their memory
-    plan also allows."""
-    free = num_threads()
-    at_once = bool(regions) and free >= 2
-    blas = run_threads(1 if at_once else free)
-    gate.open = True
-    try:
-        with blas:
-            yield at_once
-    except NetError:
-        raise
-    except Exception as e:
-        failure = failure_in(e, fwd, f"failed in {what}")
-        if failure is None:
-            raise  # not a layer's: the engine's own bug, with its traceback
-        raise failure from e
-    finally:
-        gate.open = False
+    bare call per layer). Entering gives whether the concurrent ``regions`` run at once: with
+    two free cores or more, one BLAS thread a branch (two threads asking one OpenBLAS pool
+    for all cores were slower than one serial run); else in the serial order, which their
+    memory plan also allows. A class, not a generator: every net run pays for it."""
+
+    __slots__ = ("gate", "fwd", "what", "at_once", "blas")
+
+    def __init__(self, gate, regions, fwd, what: str):
+        free = num_threads()
+        self.at_once = bool(regions) and free >= 2
+        self.blas = run_threads(1 if self.at_once else free)
+        self.gate, self.fwd, self.what = gate, fwd, what
+
+    def __enter__(self) -> bool:
+        self.blas.__enter__()
+        self.gate.open = True
+        return self.at_once
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.gate.open = False
+        self.blas.__exit__(kind, error, traceback)
+        if kind is None or issubclass(kind, NetError) or not issubclass(kind, Exception):
+            return
+        failure = failure_in(error, self.fwd, f"failed in {self.what}")
+        if failure is not None:
+            raise failure from error
+        # else not a layer's: the engine's own bug, raised on with its traceback
 
 
 def run_forward(fwd, items) -> None:

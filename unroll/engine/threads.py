@@ -45,8 +45,9 @@ def set_num_threads(n: int | None) -> None:
 
 
 def cores() -> int:
-    """The cores this process may run on (its affinity mask where the OS has one)."""
-    return len(_allowed())
+    """The cores this process may run on (its affinity mask where the OS has one), as read
+    with the last load measurement (:data:`MEASURE_EVERY` seconds ago at most)."""
+    return _load().cores()
 
 
 def _allowed() -> list[int]:
@@ -59,7 +60,8 @@ def _allowed() -> list[int]:
 class _Load:
     """The cores that other processes kept busy, from psutil's counters over the last interval:
     the busy time of the cores this process may run on (a job pinned to other cores takes
-    nothing from it), less this process's own."""
+    nothing from it), less this process's own. The cores themselves (the affinity mask) are
+    read with each measurement, so a net run pays for neither more than once a second."""
 
     def __init__(self):
         import psutil
@@ -86,6 +88,10 @@ class _Load:
         if at > self._at:
             self._others = max(0.0, (busy - self._busy) - (own - self._own)) / (at - self._at)
         self._at, self._busy, self._own = at, busy, own
+        allowed = set(_allowed())
+        if allowed != self._cpus:  # the next interval counts the new cores from now
+            self._cpus = allowed
+            self._at, self._busy, self._own = self._sample()
 
     def others(self) -> float:
         """Cores' worth of CPU time other processes used, measured at most MEASURE_EVERY ago."""
@@ -96,6 +102,10 @@ class _Load:
             finally:
                 self._lock.release()
         return self._others
+
+    def cores(self) -> int:
+        """The cores this process may run on, as last measured."""
+        return len(self._cpus)
 
 
 @functools.cache
@@ -129,6 +139,7 @@ def num_threads() -> int:
 @functools.cache
 def _blas():
     """threadpoolctl's controllers of the BLAS libraries loaded (NumPy's OpenBLAS, MKL)."""
+    import numpy  # noqa: F401  (its BLAS must be loaded to be found)
     from threadpoolctl import ThreadpoolController
 
     return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
