@@ -22,7 +22,7 @@ loss, are from that side's (float64).
 Needs torch (not a dependency of unroll): run it with a Python that has it.
 
     python -m bench.bench_trees --plan /tmp/plan.json
-    /work/torchvenv/bin/python bench/bench_trees_torch.py /tmp/plan.json --version batched
+    python bench/bench_trees_torch.py /tmp/plan.json --version batched    (torch installed)
 """
 
 from __future__ import annotations
