@@ -1,6 +1,7 @@
 """``python -m examples.lemmatize train|evaluate|lemmatize``: a character seq2seq lemmatizer.
 
     python -m examples.lemmatize train --model-dir runs/lemma          # the default run
+    python -m examples.lemmatize train --model-dir runs/lemma --resume # continue it
     python -m examples.lemmatize evaluate --model-dir runs/lemma       # dev accuracies
     python -m examples.lemmatize lemmatize --model-dir runs/lemma --conllu in.conllu -o out
 
@@ -26,7 +27,7 @@ def _train(args) -> int:
         model_dir=Path(args.model_dir), data=data_dir(args.data), epochs=args.epochs,
         lr=args.lr, hidden=args.hidden, embed=args.embed, dropout=args.dropout,
         batch=args.batch, limit=args.limit, max_minutes=args.max_minutes or None,
-        seed=args.seed, quiet=args.quiet, overwrite=args.overwrite))
+        seed=args.seed, quiet=args.quiet, resume=args.resume, overwrite=args.overwrite))
     if log:
         best = max(log, key=lambda e: e["dev_combined"])
         print(f"done: {len(log)} epochs into {args.model_dir}: best dev combined "
@@ -73,26 +74,37 @@ def _lemmatize(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from examples.lemmatize.model import LemmatizerConfig
+
     parser = argparse.ArgumentParser(prog="python -m examples.lemmatize", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    d = LemmatizerConfig()
     tr = sub.add_parser("train", help="train a lemmatizer into a model folder")
     tr.add_argument("--model-dir", required=True)
     tr.add_argument("--data", help="the folder of EWT's train and dev .conllu (default: as the "
                                    "tagger finds it)")
-    tr.add_argument("--epochs", type=_positive, default=40)
+    tr.add_argument("--epochs", type=_positive, default=40,
+                    help="in all, with --resume the folder's included (default 40)")
     tr.add_argument("--lr", type=float, default=3e-3)
-    tr.add_argument("--hidden", type=_positive, default=128,
-                    help="each encoder direction's LSTM (the decoder's is twice it)")
-    tr.add_argument("--embed", type=_positive, default=64, help="character embedding size")
-    tr.add_argument("--dropout", type=float, default=0.2)
-    tr.add_argument("--batch", type=_positive, default=48)
+    sizes = tr.add_argument_group("model sizes (with --resume: only to check the folder's)")
+    sizes.add_argument("--hidden", type=_positive,
+                       help=f"each encoder direction's LSTM (the decoder's is twice it; "
+                            f"default {d.hidden})")
+    sizes.add_argument("--embed", type=_positive,
+                       help=f"character embedding size (default {d.embed})")
+    sizes.add_argument("--dropout", type=float, help=f"default {d.dropout}")
+    sizes.add_argument("--batch", type=_positive, help=f"default {d.batch}")
     tr.add_argument("--limit", type=int, default=0, help="only the first N sentences of each "
                                                          "split (a quick run)")
     tr.add_argument("--max-minutes", type=float, default=20.0,
                     help="start no epoch that would end after M minutes (default 20; 0: none)")
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--overwrite", action="store_true", help="replace the folder's model")
+    tr.add_argument("--seed", type=int, help="of the initial weights, shuffles and dropout "
+                                             "(default 0; with --resume the folder's)")
+    again = tr.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue from the last epoch's snapshot in --model-dir")
+    again.add_argument("--overwrite", action="store_true", help="replace the folder's model")
     tr.add_argument("--quiet", action="store_true")
     tr.set_defaults(run=_train)
     for name, helps, run in (("evaluate", "dev (or --conllu) lemma accuracies", _evaluate),

@@ -29,7 +29,6 @@ from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import UNK_ID, Vocab
 from unroll import Stepper, expand
 from unroll.core.atomic import write_atomic
-from unroll.core.errors import FileFormatError
 from unroll.core.proto import NetParameter
 from unroll.train.tree_model import TreeModel
 
@@ -290,58 +289,58 @@ class Lemmatizer:
                            "dictionary": self.dictionary.to_list()})
         self.config.save(Path(model_dir) / folder.CONFIG)
 
-    def save(self, path: Path) -> bytes:
-        data = self.train_model.to_proto().SerializeToString()
-        write_atomic(path, data)
-        return data
+    @classmethod
+    def described(cls, model_dir: Path, seed: int = 0) -> Lemmatizer:
+        """A lemmatizer of the vocabulary, dictionary and sizes of a model folder (its JSON
+        schema-checked), with new weights."""
+        model_dir = Path(model_dir)
+        try:
+            features = schema.read_checked(folder.inside(model_dir, folder.FEATURES),
+                                           FEATURES_SCHEMA)
+            config = LemmatizerConfig.load(folder.inside(model_dir, folder.CONFIG))
+        except FileNotFoundError as e:
+            raise folder.ModelFolderError(
+                f"{model_dir} holds no trained lemmatizer ({Path(e.filename).name} is "
+                f"missing); train one with `python -m examples.lemmatize train --model-dir "
+                f"{model_dir}`") from None
+        return cls(Vocab.from_dict(features["chars"]),
+                   Dictionary(map(tuple, features["dictionary"])), config, seed)
 
     @classmethod
     def load(cls, model_dir: Path, checkpoint: str = "best") -> Lemmatizer:
         """The lemmatizer of a model folder: its JSON schema-checked, its weights checked
         against the SHA-256 that log.json records."""
         model_dir = Path(model_dir)
-        try:
-            features = schema.read_checked(folder.inside(model_dir, folder.FEATURES),
-                                           FEATURES_SCHEMA)
-            config = LemmatizerConfig.load(folder.inside(model_dir, folder.CONFIG))
-            log = schema.read_checked(folder.inside(model_dir, folder.LOG), LOG_SCHEMA)
-        except FileNotFoundError as e:
-            raise folder.ModelFolderError(
-                f"{model_dir} holds no trained lemmatizer ({Path(e.filename).name} is "
-                f"missing); train one with `python -m examples.lemmatize train --model-dir "
-                f"{model_dir}`") from None
+        lemmatizer = cls.described(model_dir)
+        log = folder.read_log(model_dir, LOG_SCHEMA)
         if not log:
-            raise FileFormatError(model_dir / folder.LOG, "holds no epoch")
-        name = folder.checkpoint_name(checkpoint)
+            raise folder.ModelFolderError(
+                f"{model_dir} holds no trained lemmatizer ({folder.LOG} names no finished "
+                f"epoch); train one with `python -m examples.lemmatize train --model-dir "
+                f"{model_dir}`")
         # a kill between a weight file and log.json leaves the previous epoch's in place
-        data = folder.verified(folder.inside(model_dir, name),
-                               {entry["sha256"][name] for entry in log[-2:]})
-        lemmatizer = cls(Vocab.from_dict(features["chars"]),
-                         Dictionary(map(tuple, features["dictionary"])), config)
+        data = folder.verified(folder.inside(model_dir, folder.checkpoint_name(checkpoint)),
+                               folder.checkpoint_checksums(log, checkpoint))
         lemmatizer.train_model.copy_from(NetParameter.FromString(data), strict=True)
         return lemmatizer
 
 
-#: an epoch record of the lemmatizer's log.json
+_TAGGER_ENTRY = schema.LOG_ENTRY_SCHEMA["properties"]
+
+#: the lemmatizer's log.json: the tagger's folder (examples.pos_tagging.folder), whose
+#: read_log checks the names and checksums further, without an average
 LOG_SCHEMA = {
     "type": "array", "description": "a list [...]", "maxItems": 1 << 20,
     "items": {
         "type": "object", "description": "an epoch record {...}", "additionalProperties": False,
-        "required": ["epoch", "iter", "train_loss", "dev_accuracy", "seconds", "sha256"],
+        "required": ["epoch", "iter", "train_loss", "dev_accuracy", "dev_combined",
+                     "dev_combined_lower", "seconds", "seed", "snapshot", "sha256"],
         "properties": {
-            "epoch": schema._count(1 << 20),
-            "iter": {"type": "integer", "minimum": 0, "maximum": 1 << 53,
-                     "description": "an iteration count >= 0"},
+            **{key: _TAGGER_ENTRY[key] for key in ("epoch", "iter", "seed", "snapshot",
+                                                   "sha256", "stopped")},
             "train_loss": schema._finite(), "dev_accuracy": schema._finite(1),
             "dev_combined": schema._finite(1), "dev_combined_lower": schema._finite(1),
             "seconds": schema._finite(), "words_per_s": schema._finite(),
-            "sha256": {"type": "object", "description": "{best.caffemodel, last.caffemodel}",
-                       "required": ["best.caffemodel", "last.caffemodel"],
-                       "additionalProperties": False,
-                       "properties": {
-                           "best.caffemodel": schema._SHA256,
-                           "last.caffemodel": schema._SHA256}},
-            "stopped": {"type": "string", "maxLength": 200, "description": "a message"},
         },
     },
 }

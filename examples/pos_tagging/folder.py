@@ -6,10 +6,11 @@ Files, each written atomically (a temp file renamed into place)::
     <cell>.prototxt.j2                 a step template given as a path (copied in)
     snapshot_iter_N.caffemodel         per epoch: raw params,
     snapshot_iter_N.solverstate          solver state,
-    snapshot_iter_N.average.caffemodel   averaged params (to resume exactly)
-    log.json                           per epoch, after the three above
-    last.caffemodel                    per epoch: the averaged params
-    best.caffemodel                    the averaged params of the best dev epoch
+    snapshot_iter_N.average.caffemodel   averaged params (to resume exactly), where the
+                                         trainer averages (the tagger; not the lemmatizer)
+    log.json                           per epoch, after the snapshot
+    last.caffemodel                    per epoch: the averaged params (or the raw ones)
+    best.caffemodel                    the same, of the best dev epoch
     curve.png                          the loss and accuracy plot
     train.lock                         locked while a trainer runs
 
@@ -30,6 +31,12 @@ be exactly one the trainer writes there (a plain file name, never a path),
 and only such names are ever removed or replaced. ``--resume`` continues a
 complete, consistent folder or refuses, saying what is wrong; it never starts
 over in a folder that holds any of these files.
+
+Every trainer of ``examples/`` (the tagger, the lemmatizer) keeps its folder
+through this module: :func:`claimed` to hold it, :func:`commit_epoch` to write
+an epoch, :func:`restore_solver` to continue one. Each passes its own log
+schema (an epoch record with at least ``epoch``, ``iter``, ``snapshot`` and
+``sha256``; ``average`` where it averages).
 """
 
 from __future__ import annotations
@@ -43,7 +50,9 @@ from pathlib import Path
 
 from examples.pos_tagging import schema
 from unroll.core.atomic import remove_stale_temps, write_atomic
-from unroll.core.errors import FileFormatError
+from unroll.core.errors import FileFormatError, NetError
+from unroll.core.proto import SolverState, read_binary
+from unroll.train.solver import SolverError
 
 LOG = "log.json"
 CONFIG = "config.json"
@@ -94,18 +103,19 @@ def inside(model_dir: Path, name: str) -> Path:
     return path
 
 
-def read_log(model_dir: Path) -> list[dict]:
+def read_log(model_dir: Path, log_schema: dict = schema.LOG_SCHEMA) -> list[dict]:
     """The epochs logged in ``model_dir`` ([] where there is no log.json).
 
-    Every entry is schema-checked, numbered 1, 2, ... in order, and names the
-    snapshot files of its own iteration; its checksums cover exactly those
-    and the ``last`` and ``best`` weights. Anything else is a FileFormatError
-    naming the file, the entry and the field.
+    Every entry is checked against ``log_schema`` (the tagger's by default),
+    numbered 1, 2, ... in order, and names the snapshot files of its own
+    iteration; its checksums cover exactly those and the ``last`` and ``best``
+    weights. Anything else is a FileFormatError naming the file, the entry and
+    the field.
     """
     path = inside(model_dir, LOG)
     if not os.path.lexists(path):
         return []
-    log = schema.read_checked(path, schema.LOG_SCHEMA)
+    log = schema.read_checked(path, log_schema)
     for k, entry in enumerate(log):
         state, weights, average = snapshot_names(entry["iter"])
         if entry["epoch"] != k + 1:
@@ -115,10 +125,10 @@ def read_log(model_dir: Path) -> list[dict]:
             raise FileFormatError(path, f"[{k}].iter {entry['iter']} is below the previous "
                                         f"entry's {log[k - 1]['iter']}")
         for key, name in (("snapshot", state), ("average", average)):
-            if entry[key] != name:
+            if key in entry and entry[key] != name:
                 raise FileFormatError(path, f"[{k}].{key} must be {name!r} (its iteration's "
                                             f"snapshot), found {entry[key]!r:.60}")
-        expected = {state, weights, average, *map(checkpoint_name, CHECKPOINTS)}
+        expected = snapshot_files(entry) | set(map(checkpoint_name, CHECKPOINTS))
         if set(entry["sha256"]) != expected:
             raise FileFormatError(path, f"[{k}].sha256 must hold the checksums of exactly "
                                         f"{sorted(expected)}")
@@ -126,8 +136,16 @@ def read_log(model_dir: Path) -> list[dict]:
 
 
 def snapshot_files(entry: dict) -> set[str]:
-    """The names of the snapshot files of one (checked) log entry."""
-    return set(snapshot_names(entry["iter"]))
+    """The names of the snapshot files of one (checked) log entry: the solver's two, and the
+    average where the entry names one."""
+    state, weights, average = snapshot_names(entry["iter"])
+    return {state, weights, average} if "average" in entry else {state, weights}
+
+
+def committed_weights(entry: dict) -> str:
+    """The snapshot file that the entry's ``last`` (and a new ``best``) are copies of: the
+    average where there is one, else the solver's weights."""
+    return entry.get("average") or snapshot_names(entry["iter"])[1]
 
 
 def verified(path: Path, expected: str | set) -> bytes:
@@ -166,7 +184,7 @@ def resume_error(model_dir: Path, problem: str) -> ModelFolderError:
                             f"--model-dir")
 
 
-def resumable_log(model_dir: Path) -> list[dict]:
+def resumable_log(model_dir: Path, log_schema: dict = schema.LOG_SCHEMA) -> list[dict]:
     """The log of a folder that --resume can continue, after finishing an interrupted commit.
 
     The folder must hold its config, features and a log naming at least one
@@ -179,7 +197,7 @@ def resumable_log(model_dir: Path) -> list[dict]:
             raise resume_error(model_dir, f"{model_dir / name} is missing (the folder holds "
                                           f"{held})")
     try:
-        log = read_log(model_dir)
+        log = read_log(model_dir, log_schema)
         if not log:
             raise resume_error(model_dir, f"{model_dir / LOG} names no finished epoch")
         entry = log[-1]
@@ -195,17 +213,19 @@ def resumable_log(model_dir: Path) -> list[dict]:
 
 
 def _finish_commit(model_dir: Path, log: list) -> None:
-    """Copy the last epoch's average into ``last``/``best`` where a kill left them behind
-    the log; a checkpoint that matches neither is damaged, and refused."""
+    """Copy the last epoch's committed weights (its average) into ``last``/``best`` where a
+    kill left them behind the log; a checkpoint that matches neither is damaged, and
+    refused."""
     entry = log[-1]
-    average = entry["sha256"][entry["average"]]
+    source = committed_weights(entry)
+    average = entry["sha256"][source]
     for checkpoint in CHECKPOINTS:
         name = checkpoint_name(checkpoint)
         path = inside(model_dir, name)
         if entry["sha256"][name] == average and (
             not os.path.lexists(path) or not path.is_file() or _sha256_of(path) != average
         ):
-            write_atomic(path, verified(inside(model_dir, entry["average"]), average))
+            write_atomic(path, verified(inside(model_dir, source), average))
         else:
             verified(path, entry["sha256"][name])
 
@@ -215,13 +235,15 @@ def _sha256_of(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def claimed(model_dir: Path, resume: bool = False, overwrite: bool = False):
+def claimed(model_dir: Path, resume: bool = False, overwrite: bool = False,
+            log_schema: dict = schema.LOG_SCHEMA):
     """Hold ``model_dir`` for one trainer: create it, lock it, tidy it, check it may be used.
 
     Refuses a folder that already holds a model unless ``resume`` (continue it:
-    see :func:`resumable_log`) or ``overwrite`` (delete its model files first),
-    and a folder another trainer holds. Removes temp files and snapshots that a
-    killed run left, never one that the log names.
+    see :func:`resumable_log`, its log read with ``log_schema``) or
+    ``overwrite`` (delete its model files first), and a folder another trainer
+    holds. Removes temp files and snapshots that a killed run left, never one
+    that the log names.
     """
     model_dir = Path(model_dir)
     if model_dir.exists() and not model_dir.is_dir():
@@ -236,7 +258,7 @@ def claimed(model_dir: Path, resume: bool = False, overwrite: bool = False):
         held = model_files(model_dir)
         log = []
         if held and resume:
-            log = resumable_log(model_dir)
+            log = resumable_log(model_dir, log_schema)
         elif held:
             if not overwrite:
                 raise ModelFolderError(
@@ -251,6 +273,73 @@ def claimed(model_dir: Path, resume: bool = False, overwrite: bool = False):
             if SNAPSHOT_NAME.fullmatch(path.name) and path.name not in kept and not _is_dir(path):
                 path.unlink()
         yield model_dir
+
+
+def settings_differ(model_dir: Path, asked: dict, has: dict) -> None:
+    """Refuse to resume with settings (``asked``, those given) that differ from the folder's
+    (``has``), naming each."""
+    conflicts = [f"{k} {v!r} (the folder has {has.get(k)!r})"
+                 for k, v in asked.items() if has.get(k) != v]
+    if conflicts:
+        raise ModelFolderError(
+            f"--resume: {model_dir} was trained with other settings; asked for "
+            f"{', '.join(conflicts)}: drop these options, or train a new --model-dir"
+        )
+
+
+def commit_epoch(model_dir: Path, solver, log: list, result: dict, is_best: bool,
+                 averaged: bytes | None = None) -> None:
+    """Write an epoch's files in the order this module relies on; log.json commits them.
+
+    ``solver.snapshot`` writes the weights and solver state; ``averaged``
+    (serialized weights) is written beside them where the trainer averages,
+    and is what ``last`` (and, if ``is_best``, ``best``) get; else they get
+    the solver's weights. ``result`` (the epoch's record) gains the names and
+    checksums and is appended to ``log``; the previous epoch's snapshot goes last.
+    """
+    weights, state = solver.snapshot(model_dir / SNAPSHOT_PREFIX)
+    checksums = {path.name: sha256(path.read_bytes()) for path in (weights, state)}
+    result["snapshot"] = state.name
+    if averaged is not None:
+        average = state.with_suffix(".average.caffemodel")
+        write_atomic(average, averaged)
+        checksums[average.name] = sha256(averaged)
+        result["average"] = average.name
+    kept = averaged if averaged is not None else weights.read_bytes()
+    checksums["last.caffemodel"] = sha256(kept)
+    checksums["best.caffemodel"] = (checksums["last.caffemodel"] if is_best
+                                    else log[-1]["sha256"]["best.caffemodel"])
+    result["sha256"] = checksums
+    previous = snapshot_files(log[-1]) if log else set()
+    log.append(result)
+    write_json(model_dir / LOG, log)
+    write_atomic(model_dir / "last.caffemodel", kept)
+    if is_best:
+        write_atomic(model_dir / "best.caffemodel", kept)
+    for name in previous - snapshot_files(result):
+        (model_dir / name).unlink(missing_ok=True)
+
+
+def restore_solver(solver, model_dir: Path, entry: dict) -> None:
+    """The solver (iteration, history) and the weights of the epoch ``entry`` logs, from
+    files whose checksums :func:`claimed` checked; the state may name no weights but its
+    own. Weights that do not fit the net refuse the resume."""
+    state = inside(model_dir, entry["snapshot"])
+    weights = snapshot_names(entry["iter"])[1]
+    try:
+        learned = read_binary(state, SolverState, "solver state").learned_net
+    except FileFormatError as e:
+        raise resume_error(model_dir, str(e)) from None
+    if learned != weights:
+        raise resume_error(model_dir, f"{state}: its learned_net is {learned!r:.80}; "
+                                      f"the trainer writes {weights!r}")
+    try:
+        try:
+            solver.restore(state)
+        except NetError as e:  # the solver hands the weights over without their file name
+            raise NetError(f"{model_dir / weights}: {e}") from None
+    except (NetError, SolverError, FileFormatError) as e:
+        raise resume_error(model_dir, str(e)) from None
 
 
 @contextlib.contextmanager

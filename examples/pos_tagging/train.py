@@ -46,11 +46,10 @@ from examples.pos_tagging.tagger import (
 )
 from unroll.core.atomic import write_atomic
 from unroll.core.errors import FileFormatError, NetError
-from unroll.core.proto import SolverState, read_binary
 from unroll.engine.backend import module_of
 from unroll.engine.cuda_graph import graphs_for
 from unroll.train import distributed
-from unroll.train.solver import NonFiniteError, Solver, SolverError
+from unroll.train.solver import NonFiniteError, Solver
 
 __all__ = ["BUCKETED_LR", "DEV_FILE", "PACKED_LR", "TRAIN_FILE", "TrainOptions",
            "TrainingDiverged", "train"]
@@ -218,14 +217,7 @@ def _describe(opts: TrainOptions, model_dir: Path, train_sents):
         except FileFormatError as e:
             raise folder.resume_error(model_dir, str(e)) from None
         asked = dict(opts.sizes, **({} if opts.seed is None else {"seed": opts.seed}))
-        has = dict(asdict(config), seed=log[-1]["seed"])
-        conflicts = [f"{k} {v!r} (the folder has {has.get(k)!r})"
-                     for k, v in asked.items() if has.get(k) != v]
-        if conflicts:
-            raise folder.ModelFolderError(
-                f"--resume: {model_dir} was trained with other settings; asked for "
-                f"{', '.join(conflicts)}: drop these options, or train a new --model-dir"
-            )
+        folder.settings_differ(model_dir, asked, dict(asdict(config), seed=log[-1]["seed"]))
         return featurizer, config, log
     config = TaggerConfig(**opts.sizes)
     if config.cell not in builtin_cells():  # the folder keeps its own copy of the template
@@ -317,7 +309,7 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
             "seconds": time.perf_counter() - epoch_start,
             "padding_fraction": sampler.padding_fraction(epoch), "seed": seed,
         }
-        _commit_epoch(model_dir, solver, averaged, dev["accuracy"] > best, log, result)
+        folder.commit_epoch(model_dir, solver, log, result, dev["accuracy"] > best, averaged)
         best = max(best, dev["accuracy"])
         plot(log, model_dir / "curve.png")
         loss = math.nan if result["train_loss"] is None else result["train_loss"]
@@ -338,50 +330,15 @@ def _seed_epoch(tagger: Tagger, seed: int, rank: int, epoch: int) -> None:
 
 def _restore(solver: Solver, average: ParamAverage, tagger: Tagger, model_dir: Path,
              entry: dict) -> None:
-    """The solver, params and average of the epoch ``entry`` logs, from files whose checksums
-    folder.claimed checked; the state may name no weights but its own."""
-    state = folder.inside(model_dir, entry["snapshot"])
-    weights = folder.snapshot_names(entry["iter"])[1]
+    """The solver, params and average of the epoch ``entry`` logs (see folder.restore_solver)."""
+    folder.restore_solver(solver, model_dir, entry)
     try:
-        learned = read_binary(state, SolverState, "solver state").learned_net
-    except FileFormatError as e:
-        raise folder.resume_error(model_dir, str(e)) from None
-    if learned != weights:
-        raise folder.resume_error(model_dir, f"{state}: its learned_net is {learned!r:.80}; "
-                                             f"the trainer writes {weights!r}")
-    try:
-        try:
-            solver.restore(state)
-        except NetError as e:  # the solver hands the weights over without their file name
-            raise NetError(f"{model_dir / weights}: {e}") from None
         with average.applied():
             tagger.train_model.copy_from(folder.inside(model_dir, entry["average"]))
             average.values = [p.blob.data.copy() for p in average.params]
-    except (NetError, SolverError, FileFormatError) as e:  # weights that do not fit the config
+    except (NetError, FileFormatError) as e:  # weights that do not fit the config
         raise folder.resume_error(model_dir, str(e)) from None
     average.updates = solver.iter
-
-
-def _commit_epoch(model_dir: Path, solver: Solver, averaged: bytes, is_best: bool, log: list,
-                  result: dict) -> None:
-    """Write an epoch's files in the order :mod:`folder` relies on; log.json commits them."""
-    weights, state = solver.snapshot(model_dir / folder.SNAPSHOT_PREFIX)
-    average = state.with_suffix(".average.caffemodel")
-    write_atomic(average, averaged)
-    checksums = {path.name: folder.sha256(path.read_bytes()) for path in (weights, state)}
-    checksums[average.name] = folder.sha256(averaged)
-    checksums["last.caffemodel"] = checksums[average.name]
-    checksums["best.caffemodel"] = (checksums[average.name] if is_best
-                                    else log[-1]["sha256"]["best.caffemodel"])
-    result.update(snapshot=state.name, average=average.name, sha256=checksums)
-    previous = folder.snapshot_files(log[-1]) if log else set()
-    log.append(result)
-    folder.write_json(model_dir / folder.LOG, log)
-    write_atomic(model_dir / "last.caffemodel", averaged)
-    if is_best:
-        write_atomic(model_dir / "best.caffemodel", averaged)
-    for name in previous - folder.snapshot_files(result):
-        (model_dir / name).unlink(missing_ok=True)
 
 
 def _stopped_early(model_dir: Path, log: list, epoch: int, epochs: int) -> dict:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import zlib
+
+import numpy as np
+
 from unroll.core.atomic import write_atomic
 from unroll.core.proto import NetParameter
 from unroll.engine.net import Net
@@ -50,9 +54,22 @@ class TreeModel:
             param = self.make_net_param(key)
             self.nets[key] = Net(NetParameter.FromString(param.SerializeToString()),
                                  phase=self.phase, device=self.device, dtype=self.dtype,
-                                 seed=self._seed + len(self.nets), param_store=self.store,
+                                 seed=self._net_seed(key), param_store=self.store,
                                  plan_memory=self.plan_memory)
         return self.nets[key]
+
+    def _net_seed(self, key) -> int:
+        # from the key, not the build order, so that a run that builds its nets in another
+        # order (a resumed one) draws the same masks
+        entropy = [self._seed, zlib.crc32(repr(key).encode())]
+        return int(np.random.SeedSequence(entropy).generate_state(1)[0])
+
+    def seed(self, seed: int) -> None:
+        """Reseed run-time randomness (Dropout): the net of each key draws from a stream of
+        (``seed``, key) alone, built or not."""
+        self._seed = int(seed)
+        for key, net in self.nets.items():
+            net.seed(self._net_seed(key))
 
     @property
     def workspace(self):
