@@ -102,11 +102,13 @@ def main(argv=None) -> int:
     """Run the command; errors print one line (exit 2: bad input, 1: a failure)."""
     from examples.pos_tagging.conll import CoNLLUError
     from examples.pos_tagging.folder import ModelFolderError
+    from examples.pos_tagging.train import TrainingDiverged
     from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
 
     args = build_parser().parse_args(argv)
     return run_command(f"python -m examples.deprel {args.command}", args.run, args,
-                       (*USER_ERRORS, CoNLLUError, ModelFolderError, ValueError), FAILURES)
+                       (*USER_ERRORS, CoNLLUError, ModelFolderError, ValueError),
+                       (*FAILURES, TrainingDiverged))
 
 
 if __name__ == "__main__":

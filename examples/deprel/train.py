@@ -8,7 +8,6 @@ epoch, the commit point), under the tagger's ``train.lock``.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,8 @@ from examples.deprel.conll import read_deprel
 from examples.deprel.labeller import DeprelConfig, Labeller
 from examples.pos_tagging import folder
 from examples.pos_tagging.features import Featurizer, word_dropout
-from unroll.train.solver import Solver
+from examples.pos_tagging.train import bad_batch, diverged
+from unroll.train.solver import NonFiniteError, Solver
 
 __all__ = ["TrainOptions", "accuracy", "train"]
 
@@ -80,7 +80,7 @@ def train(opts: TrainOptions) -> list[dict]:
         sampler = labeller.sampler(encoded, seed=opts.seed)
         solver = Solver(labeller.train_model, type="Adam", base_lr=opts.lr, momentum=0.9,
                         momentum2=0.999, delta=1e-8, lr_policy="step", gamma=0.9,
-                        stepsize=len(sampler), clip_gradients=5.0)
+                        stepsize=len(sampler), clip_gradients=5.0, nonfinite="stop")
         rng = np.random.default_rng(opts.seed)
         log, best = [], -1.0
         for epoch in range(opts.epochs):
@@ -91,7 +91,7 @@ def train(opts: TrainOptions) -> list[dict]:
             bar = tqdm(list(labeller.batches(encoded, sampler, epoch)),
                        desc=f"epoch {epoch + 1}/{opts.epochs}", unit="batch",
                        disable=opts.quiet, mininterval=1.0, dynamic_ncols=True)
-            for key, inputs, where in bar:
+            for k, (key, inputs, where) in enumerate(bar):
                 # unknown words are learned from rare ones, as the tagger does
                 inputs["word"] = word_dropout(inputs["word"].astype(np.int64),
                                               featurizer.vocabs["word"], rng).astype(float)
@@ -100,12 +100,13 @@ def train(opts: TrainOptions) -> list[dict]:
                 model.clear_param_diffs()
                 model.forward(widths=key, **inputs)
                 model.backward()
-                solver.update()
+                try:
+                    solver.update()
+                except NonFiniteError as e:
+                    raise diverged(bad_batch(epoch, k, e.step), model_dir, log, opts.lr,
+                                   resumable=False) from None
                 compute += time.perf_counter() - c0
-                loss = model.loss
-                if not math.isfinite(loss):
-                    raise RuntimeError(f"epoch {epoch + 1}: the loss is {loss}; lower --lr")
-                losses.append(loss)
+                losses.append(model.loss)
                 words += sum(len(w) for w in where)
                 bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}",
                                 words_s=f"{words / compute:.0f}")

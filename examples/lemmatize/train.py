@@ -19,7 +19,6 @@ rest), with Adam and teacher forcing.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,8 +29,10 @@ from tqdm import tqdm
 from examples.lemmatize.conll import read_lemmas
 from examples.lemmatize.model import LOG_SCHEMA, Lemmatizer, LemmatizerConfig
 from examples.pos_tagging import folder
+from examples.pos_tagging.train import bad_batch, diverged
 from unroll import Solver
 from unroll.core.errors import FileFormatError
+from unroll.train.solver import NonFiniteError
 
 __all__ = ["TrainOptions", "dictionary_baseline", "scores", "train", "words_of"]
 
@@ -160,7 +161,7 @@ def _train(opts: TrainOptions, model_dir: Path, lemmatizer: Lemmatizer, log: lis
     steps_per_epoch = len(lemmatizer.batches(examples))
     solver = Solver(lemmatizer.train_model, type="Adam", base_lr=opts.lr, momentum=0.9,
                     momentum2=0.999, delta=1e-8, lr_policy="step", gamma=0.95,
-                    stepsize=steps_per_epoch, clip_gradients=5.0)
+                    stepsize=steps_per_epoch, clip_gradients=5.0, nonfinite="stop")
     if log:
         folder.restore_solver(solver, model_dir, log[-1])
     model = lemmatizer.train_model
@@ -178,17 +179,17 @@ def _train(opts: TrainOptions, model_dir: Path, lemmatizer: Lemmatizer, log: lis
         rng = _seed_epoch(lemmatizer, seed, epoch)
         bar = tqdm(lemmatizer.batches(examples, rng), desc=f"epoch {epoch + 1}/{opts.epochs}",
                    unit="batch", disable=opts.quiet, mininterval=1.0, dynamic_ncols=True)
-        for key, inputs in bar:
+        for k, (key, inputs) in enumerate(bar):
             c0 = time.perf_counter()
             model.clear_param_diffs()
             model.forward(widths=key, **inputs)
             model.backward()
-            solver.update()
+            try:
+                solver.update()
+            except NonFiniteError as e:
+                raise diverged(bad_batch(epoch, k, e.step), model_dir, log, opts.lr) from None
             compute += time.perf_counter() - c0
-            loss = model.loss
-            if not math.isfinite(loss):
-                raise RuntimeError(f"epoch {epoch + 1}: the loss is {loss}; lower --lr")
-            losses.append(loss)
+            losses.append(model.loss)
             words += inputs["src"].shape[1]
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}",
                             words_s=f"{words / compute:.0f}")

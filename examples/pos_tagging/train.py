@@ -52,7 +52,7 @@ from unroll.train import distributed
 from unroll.train.solver import NonFiniteError, Solver
 
 __all__ = ["BUCKETED_LR", "DEV_FILE", "PACKED_LR", "TRAIN_FILE", "TrainOptions",
-           "TrainingDiverged", "train"]
+           "TrainingDiverged", "bad_batch", "diverged", "train"]
 
 
 #: Adam's default learning rates with length buckets and with packed rows
@@ -278,11 +278,11 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
             try:
                 loss = solver.step(1, feed=inputs)
             except NonFiniteError as e:
-                raise TrainingDiverged(_diverged(_bad_batch(epoch, k, e.step), model_dir, log,
-                                                 opts)) from None
+                raise diverged(bad_batch(epoch, k, e.step), model_dir, log, opts.learning_rate,
+                               skip_option="--skip-bad-batches") from None
             if len(solver.skipped) > skipped:
                 skipped = len(solver.skipped)
-                where = _bad_batch(epoch, k, solver.skipped[-1])
+                where = bad_batch(epoch, k, solver.skipped[-1])
                 if lead:
                     tqdm.write(f"skipped a bad batch at {where} ({skipped} of at most "
                                f"{opts.skip_bad_batches})")
@@ -297,8 +297,8 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
             solver.snapshot(model_dir / folder.SNAPSHOT_PREFIX)
             continue
         if not all_finite([p.blob.data for p in average.params] + average.values):
-            raise TrainingDiverged(_diverged(f"the end of epoch {epoch + 1}: weights are not "
-                                             f"finite", model_dir, log, opts))
+            raise diverged(f"the end of epoch {epoch + 1}: weights are not finite", model_dir,
+                           log, opts.learning_rate, skip_option="--skip-bad-batches")
         with average.applied():
             dev = evaluate(tagger, dev_sents)
             averaged = tagger.train_model.to_proto().SerializeToString()
@@ -351,15 +351,19 @@ def _stopped_early(model_dir: Path, log: list, epoch: int, epochs: int) -> dict:
     return log[-1]
 
 
-def _bad_batch(epoch: int, k: int, step) -> str:
+def bad_batch(epoch: int, k: int, step) -> str:
+    """Where a non-finite step (a :class:`~unroll.train.solver.SkippedStep`) was: for messages."""
     return (f"epoch {epoch + 1}, batch {k + 1} (iteration {step.iter}): loss {step.loss:g}, "
             f"gradient norm {step.gradient_norm:g}")
 
 
-def _diverged(where: str, model_dir: Path, log: list, opts: TrainOptions) -> str:
+def diverged(where: str, model_dir: Path, log: list, lr: float, resumable: bool = True,
+             skip_option: str | None = None) -> TrainingDiverged:
+    """The one-line error of a training stopped at a non-finite ``where``, saying what the
+    folder keeps and how to go on; shared by the example trainers."""
     kept = (f"{model_dir} keeps epoch {log[-1]['epoch']}" if log
             else f"no epoch had ended, so {model_dir} holds no weights")
-    again = "--resume" if log else "--overwrite"
-    return (f"training diverged at {where}. Nothing of it was saved; {kept}. Lower --lr "
-            f"(now {opts.learning_rate:g}) and run again with {again}, or allow a few bad "
-            f"batches with --skip-bad-batches N")
+    again = "--resume" if log and resumable else "--overwrite"
+    skip = f", or allow a few bad batches with {skip_option} N" if skip_option else ""
+    return TrainingDiverged(f"training diverged at {where}. Nothing of it was saved; {kept}. "
+                            f"Lower --lr (now {lr:g}) and run again with {again}{skip}")

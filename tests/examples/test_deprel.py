@@ -171,3 +171,13 @@ def test_a_bad_input_file_is_one_line_naming_it(tmp_path, capsys):
     assert cli.main(["label", "--model-dir", str(tmp_path / "m"), "--conllu", str(bad)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "bad.conllu:1: HEAD 5 is not a word" in err
+
+
+def test_divergence_exits_1_with_one_line(tmp_path, capsys):
+    data = _corpus(tmp_path / "data", n_train=20, n_dev=5)
+    model_dir = tmp_path / "m"
+    assert cli.main(["train", "--model-dir", str(model_dir), "--data", str(data),
+                     "--epochs", "2", "--lr", "1e38", "--hidden", "8", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "training diverged at epoch " in err and "loss nan" in err and "Lower --lr" in err

@@ -235,3 +235,14 @@ def test_the_config_is_schema_checked(tmp_path):
     path.write_text('{"embed": 8, "hidden": 0, "dropout": 0, "batch": 4, "max_chars": 9}')
     with pytest.raises(Exception, match="hidden"):
         LemmatizerConfig.load(path)
+
+
+def test_divergence_exits_1_with_one_line(tmp_path, capsys):
+    data = _corpus(tmp_path / "data")
+    model_dir = tmp_path / "m"
+    assert cli.main(["train", "--model-dir", str(model_dir), "--data", str(data),
+                     "--epochs", "2", "--lr", "1e38", "--hidden", "8", "--embed", "4",
+                     "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "training diverged at epoch " in err and "loss nan" in err and "Lower --lr" in err
