@@ -10,7 +10,7 @@ the dictionary + seq2seq are computed here, alike for both. The PyTorch side
 needs only numpy and torch (``--torch-python`` names its interpreter); it
 uses fused ``nn.LSTM``. A benchmark, not a test: run it on an idle machine.
 
-    python -m bench.bench_lemmatize --epochs 3 --torch-python /work/torchvenv2/bin/python
+    python -m bench.bench_lemmatize --epochs 3 --torch-python PATH/TO/venv/bin/python
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ drifts. Prints the median milliseconds per step of each side, and the ratio;
 ``--clock cpu`` times by each process's CPU time instead of the wall clock (for
 one thread on a busy machine). A benchmark, not a test: run it on an idle machine.
 
-    python -m bench.bench_seq2seq --torch-python /work/torchvenv/bin/python
+    python -m bench.bench_seq2seq --torch-python PATH/TO/venv/bin/python
     python -m bench.bench_seq2seq --threads 1 --turns 3 --hidden 512
 """
 

@@ -20,7 +20,7 @@ the same batches; ``--dump FILE`` writes a few trees, their inputs, weights and
 this side's outputs (float64), which ``bench_trees_torch.py --check`` compares
 with its own.
 
-    python -m bench.bench_trees --plan /tmp/plan.json     (from the repository root)
+    python -m bench.bench_trees --plan plan.json     (from the repository root)
 """
 
 from __future__ import annotations

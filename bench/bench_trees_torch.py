@@ -21,8 +21,8 @@ weights and inputs and prints how far each version's h, and the gradients of the
 loss, are from that side's (float64).
 Needs torch (not a dependency of unroll): run it with a Python that has it.
 
-    python -m bench.bench_trees --plan /tmp/plan.json
-    python bench/bench_trees_torch.py /tmp/plan.json --version batched    (torch installed)
+    python -m bench.bench_trees --plan plan.json
+    python bench/bench_trees_torch.py plan.json --version batched    (torch installed)
 """
 
 from __future__ import annotations
