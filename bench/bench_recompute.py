@@ -23,16 +23,39 @@ import numpy as np
 
 from unroll import Net, expand
 from unroll.core.errors import MemoryBudgetError
+from unroll.core.proto import LayerParameter
 from unroll.engine.memory_plan import bptt_hsm
 
 
-def lstm_net(T: int, N: int, H: int):
+def lstm_net(T: int, N: int, H: int, per_step: bool = False):
+    """One LSTM layer under a Euclidean loss: over the whole (T, N, H) output, or with
+    ``per_step`` one loss a step, right after it (the output is then never whole: what a
+    long stream trains with, and what a budget far under the full plan needs)."""
     net_param = expand("lstm", steps=T, batch=N, input_dim=H, hidden=H)
     target = net_param.layer.add(name="target", type="Input", top=["target"])
     target.input_param.shape.add(dim=[T, N, H])
-    net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "target"],
-                        top=["loss"])
     net_param.force_backward = True
+    if not per_step:
+        net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "target"],
+                            top=["loss"])
+        return net_param
+    layers = list(net_param.layer)
+    concat = next(lp for lp in layers if list(lp.top) == ["h"])
+    step_of = {h: t for t, h in enumerate(concat.bottom)}
+    cut = LayerParameter(name="target_slice", type="Slice", bottom=["target"],
+                         top=[f"target_t{t}" for t in range(T)])
+    cut.slice_param.axis = 0
+    del net_param.layer[:]
+    net_param.layer.extend([layers[-1], cut])  # the target's Input, then its steps
+    for lp in layers[:-1]:
+        if lp is concat:
+            continue
+        net_param.layer.append(lp)
+        for top in lp.top:
+            if top in step_of:
+                t = step_of[top]
+                net_param.layer.add(name=f"loss_t{t}", type="EuclideanLoss",
+                                    bottom=[top, f"target_t{t}"], top=[f"loss_t{t}"])
     return net_param
 
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from tests.net_helpers import host
 from unroll import expand, testing, to_prototxt
 from unroll.core.errors import MemoryBudgetError, NetError
-from unroll.engine.memory_plan import bptt_hsm
+from unroll.core.proto import LayerParameter
+from unroll.engine.memory_plan import GRADIENT_CHUNK, bptt_hsm
 from unroll.engine.net import Net
 from unroll.train.bucketing import cont_from_lengths
 
@@ -66,9 +67,14 @@ def smallest_budget(text, dtype) -> int:
     return error.value.smallest
 
 
+#: short nets, and nets longer than a weight-gradient chunk (GRADIENT_CHUNK steps): their
+#: input projections and weight gradients run by chunks, and segments are cut between them
+LENGTHS = st.one_of(st.integers(2, 7), st.integers(GRADIENT_CHUNK + 1, GRADIENT_CHUNK + 16))
+
+
 @settings(max_examples=12, deadline=None)
-@given(cell=st.sampled_from(CELLS), layers=st.integers(1, 2), T=st.integers(2, 7),
-       lengths=st.lists(st.integers(1, 7), min_size=1, max_size=3),
+@given(cell=st.sampled_from(CELLS), layers=st.integers(1, 2), T=LENGTHS,
+       lengths=st.lists(st.integers(1, GRADIENT_CHUNK + 16), min_size=1, max_size=3),
        direction=st.sampled_from(["forward", "bidirectional"]), dropout=st.booleans(),
        dtype=st.sampled_from(["float32", "float64"]), where=st.floats(0, 1))
 def test_a_budgeted_net_is_bit_identical_to_the_full_plan(cell, layers, T, lengths, direction,
@@ -143,6 +149,53 @@ def test_the_planned_peak_is_within_the_budget_and_recomputes():
     assert plan["checkpoints"] and plan["recomputed_steps"] > 0
     assert plan["planned_bytes"] <= budget and plan["budget"] == budget
     assert "recomputed in backward" in str(net.inspect())
+
+
+def per_step_loss_net(cell, T, N, D, H):
+    """A recurrent layer with a Euclidean loss right after each step (its output is never
+    whole), as a long stream trains."""
+    net_param = expand(cell, steps=T, batch=N, input_dim=D, hidden=H)
+    net_param.force_backward = True
+    layers = list(net_param.layer)
+    concat = next(lp for lp in layers if list(lp.top) == ["h"])
+    step_of = {h: t for t, h in enumerate(concat.bottom)}
+    target = LayerParameter(name="target", type="Input", top=["target"])
+    target.input_param.shape.add(dim=[T, N, H])
+    cut = LayerParameter(name="target_slice", type="Slice", bottom=["target"],
+                         top=[f"target_t{t}" for t in range(T)])
+    cut.slice_param.axis = 0
+    del net_param.layer[:]
+    net_param.layer.extend([target, cut])
+    for lp in layers:
+        if lp is concat:
+            continue
+        net_param.layer.append(lp)
+        for top in (t for t in lp.top if t in step_of):
+            net_param.layer.add(name=f"loss_t{step_of[top]}", type="EuclideanLoss",
+                                bottom=[top, f"target_t{step_of[top]}"],
+                                top=[f"loss_t{step_of[top]}"])
+    return to_prototxt(net_param)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_a_long_chain_trains_in_a_tenth_of_its_full_plan(cell):
+    # chunked input projections and weight gradients leave nothing T steps long but the
+    # checkpoints (docs/design.md, 6. Memory)
+    T = 12 * GRADIENT_CHUNK
+    text = per_step_loss_net(cell, T, 2, 8, 8)
+    rng = np.random.default_rng(2)
+    feed = dict(x=rng.normal(size=(T, 2, 8)), target=rng.normal(size=(T, 2, 8)),
+                cont=cont_from_lengths([T, T - 50], T))
+    full = Net(text, dtype="float64", seed=3)
+    want = train_step(full, feed)
+    need = full.inspect().recompute["planned_bytes"]
+    assert smallest_budget(text, "float64") <= need // 10
+    for budget in (need // 4, need // 10):
+        net = Net(text, dtype="float64", seed=3, memory_budget=budget)
+        assert_identical(train_step(net, feed), want)
+        assert net.workspace.nbytes <= budget  # the high-water mark after a real step
+        plan = net.inspect().recompute
+        assert plan["planned_bytes"] <= budget and plan["recomputed_steps"] > 0
 
 
 def test_too_small_a_budget_names_the_smallest_that_works():
