@@ -126,6 +126,9 @@ def unroll_side(args) -> dict:
             net.clear_param_diffs()
             net.backward()
 
+        for name, value in feed.items():  # the inputs and their diffs: there before a step
+            net.blobs[name].data[...] = value
+            net.blobs[name].diff[...] = 0
         return net, step
 
     make(WARM_UP, {"recompute": "sqrt"})[1]()  # compiled kernels, imports: not the plan's
@@ -153,6 +156,7 @@ def torch_side(args) -> dict:
     def make(T):
         x, y = (torch.from_numpy(a) for a in data(T, N, H))
         x.requires_grad_(True)  # as unroll's force_backward: the input's diff too
+        x.grad = torch.zeros_like(x)  # there before a step, as unroll's
         if args.config == "full":
             lstm = torch.nn.LSTM(H, H)
 
@@ -164,6 +168,11 @@ def torch_side(args) -> dict:
 
             return step
         cell = torch.nn.LSTMCell(H, H)  # sqrt(T) segments over one LSTMCell a step
+        # each step's input its own leaf: the gradient of a slice of one (T, N, H) leaf
+        # would be a (T, N, H) array a step, T times
+        xs = [x[t].detach().requires_grad_(True) for t in range(T)]
+        for x_t in xs:
+            x_t.grad = torch.zeros_like(x_t)
 
         class Step(torch.nn.Module):
             def __init__(self, t):
@@ -171,7 +180,7 @@ def torch_side(args) -> dict:
                 self.t = t
 
             def forward(self, z):  # z = [h, c, the loss so far]
-                h, c = cell(x[self.t], (z[:, :H], z[:, H : 2 * H]))
+                h, c = cell(xs[self.t], (z[:, :H], z[:, H : 2 * H]))
                 loss = ((h - y[self.t]) ** 2).sum(dim=1, keepdim=True) / (2 * N)
                 return torch.cat([h, c, z[:, 2 * H :] + loss], dim=1)
 
@@ -227,6 +236,9 @@ def main(argv=None) -> None:
                         metavar="FRACTION", help="budgets, as fractions of the full plan")
     parser.add_argument("--torch-python", default=None, help="a Python with torch")
     parser.add_argument("--turns", type=int, default=1)
+    parser.add_argument("--configs", nargs="+", help="only these of sqrt and the budgets "
+                        "(as given to --budgets), e.g. 0.02; default all")
+    parser.add_argument("--torch-only", action="store_true", help="only the PyTorch side")
     parser.add_argument("--side", choices=["unroll", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--T", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -242,14 +254,17 @@ def main(argv=None) -> None:
           f"{args.turns} turn(s); each configuration in its own process")
     for T in args.steps:
         for turn in range(args.turns):
-            full = run_side("unroll", sys.executable, args, T, "full")
+            full = None if args.torch_only else run_side("unroll", sys.executable, args, T,
+                                                         "full")
             if full is None:
+                if args.torch_python:
+                    torch_figures(args, T, None)
                 continue
             print(f"T={T} (turn {turn + 1}) unroll full plan: planned {mib(full['planned'])}, "
                   f"workspace {mib(full['workspace'])}, RSS +{mib(full['rss'])}, "
                   f"{full['seconds']:.2f} s/step")
             sqrt_kept = None
-            for config in ["sqrt", *map(str, args.budgets)]:
+            for config in args.configs or ["sqrt", *map(str, args.budgets)]:
                 got = run_side("unroll", sys.executable, args, T, config, full["planned"])
                 if got is None:
                     continue
@@ -272,15 +287,17 @@ def main(argv=None) -> None:
                 print(f"  BPTT-HSM optimum for {T} steps and {sqrt_kept} kept states: "
                       f"{bptt_hsm(T, sqrt_kept) / T:.2f} forward steps per step")
             if args.torch_python:
-                tf = run_side("torch", args.torch_python, args, T, "full")
-                tc = run_side("torch", args.torch_python, args, T, "checkpoint")
-                if tf and tc:
-                    print(f"  torch nn.LSTM full: RSS +{mib(tf['rss'])}, {tf['seconds']:.2f} "
-                          f"s/step (x {tf['seconds'] / full['seconds']:.2f} unroll's full); "
-                          f"checkpoint_sequential sqrt(T) segments: RSS "
-                          f"+{tc['rss'] / tf['rss']:.3f} of torch full, step time "
-                          f"x {tc['seconds'] / tf['seconds']:.2f}")
+                torch_figures(args, T, full)
 
+
+def torch_figures(args, T: int, full) -> None:
+    tf = run_side("torch", args.torch_python, args, T, "full")
+    tc = run_side("torch", args.torch_python, args, T, "checkpoint")
+    if tf and tc:
+        versus = f" (x {tf['seconds'] / full['seconds']:.2f} unroll's full)" if full else ""
+        print(f"  torch nn.LSTM full: RSS +{mib(tf['rss'])}, {tf['seconds']:.2f} s/step{versus}; "
+              f"checkpoint_sequential sqrt(T) segments: RSS +{tc['rss'] / tf['rss']:.3f} of "
+              f"torch full, step time x {tc['seconds'] / tf['seconds']:.2f}")
 
 if __name__ == "__main__":
     main()

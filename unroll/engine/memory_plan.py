@@ -16,8 +16,9 @@ What the layout does beyond giving each buffer its own bytes (docs/design.md,
 (:func:`group_parts`); a diff passed through unchanged (Eltwise SUM) is its
 bottoms' diff too (:func:`alias_pass_through_diffs`); the rows of the layers
 that share a param go back to back, so that its gradient is one GEMM per chunk
-of :data:`GRADIENT_CHUNK` timesteps (:func:`plan_weight_gradients`); within a region whose branches run at once
-(:func:`concurrent_regions`) every buffer lives through all of it.
+of :data:`GRADIENT_CHUNK` timesteps (:func:`plan_weight_gradients`); within a
+region whose branches run at once (:func:`concurrent_regions`) every buffer
+lives through all of it.
 
 Within a memory budget (:func:`within_budget`), backward recomputes segments
 of the forward from checkpoints (a :class:`Recompute` plan), cut between
@@ -44,6 +45,7 @@ import bisect
 import heapq
 from array import array
 from bisect import bisect_right
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -241,12 +243,18 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
         return base, full
     inputs = input_roots(steps, layers, base.data_root)
     chunks = gradient_chunks(steps, layers, base.layer_need, shapes)
-    allowed = allowed_cuts(steps, layers, base.data_root, chunks)
+    # a param with one chunk (T <= GRADIENT_CHUNK) may be cut inside it: its rows are then
+    # kept, as without chunks; segments of a longer chain start between chunks, where the
+    # fewest bytes cross
+    count = Counter(layers[c[0]].param_batch_key() for c in chunks)
+    between = [c for c in chunks if count[layers[c[0]].param_batch_key()] > 1]
+    allowed = allowed_cuts(steps, layers, base.data_root, between)
     sizes = [sum(_count(shapes[b]) * itemsize for b in step.tops
                  if base.data_root[b] == b and b not in base.private) for step in steps]
     total = max(sum(sizes), 1)
-    crossing = crossing_bytes(steps, base.data_root, base.private,
-                              [_count(shape) * itemsize for shape in shapes])
+    crossing = (crossing_bytes(steps, base.data_root, base.private,
+                               [_count(shape) * itemsize for shape in shapes])
+                if between else None)
 
     def attempt(segment_bytes):
         plan = make(recompute_plan(steps, layers, base.data_root,
@@ -629,23 +637,30 @@ def allowed_cuts(steps, layers, data_root, chunks=()) -> list[int]:
     return [p for p in range(1, len(steps)) if not banned[p]]
 
 
+#: how many allowed cuts in a row :func:`greedy_cuts` weighs against each other
+CUT_WINDOW = 64
+
+
 def greedy_cuts(sizes, allowed, segment_bytes: float, crossing=None) -> list[int]:
     """Chen et al.'s greedy segments over the run order: walking the steps, the bytes their
-    tops take (``sizes``, per step) add up, and a segment ends at an allowed cut once they
-    pass ``segment_bytes``: of the run of allowed cuts there, the one the fewest bytes
-    cross (``crossing``, per step: :func:`crossing_bytes`; default the first).
+    tops take (``sizes``, per step) add up, and a segment ends at the first allowed cut
+    after they pass ``segment_bytes``. With ``crossing`` (per step, :func:`crossing_bytes`),
+    the cut is the one the fewest bytes cross of the allowed cuts in a row there (up to
+    :data:`CUT_WINDOW` of them), and the next cut comes after them: between the chunks of
+    an unrolled chain, one cut, where only the state crosses.
 
-    >>> greedy_cuts([4, 4, 4, 4], [1, 2, 3], 8), greedy_cuts([4, 4, 4, 4], [1, 2, 3], 8,
+    >>> greedy_cuts([4, 4, 4, 4], [1, 2, 3], 8), greedy_cuts([4, 4, 4, 4], [1, 2, 3], 4,
     ...                                                       [0, 9, 9, 1])
     ([2], [3])
     """
-    allowed, cuts, total, s = set(allowed), [], 0, 0
+    allowed, cuts, total, s, hold = set(allowed), [], 0, 0, -1
     while s < len(sizes):
-        if total >= segment_bytes and s in allowed:
-            end = s
-            while end + 1 in allowed:
-                end += 1
-            s = s if crossing is None else min(range(s, end + 1), key=crossing.__getitem__)
+        if total >= segment_bytes and s in allowed and s > hold:
+            if crossing is not None:
+                hold = s
+                while hold + 1 in allowed and hold + 1 < s + CUT_WINDOW:
+                    hold += 1
+                s = min(range(s, hold + 1), key=crossing.__getitem__)
             cuts.append(s)
             total = 0
         total += sizes[s]
