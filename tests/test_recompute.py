@@ -292,3 +292,19 @@ def test_unroll_memory_with_a_budget_shows_the_recomputation(tmp_path, capsys):
     assert "recomputed in backward:" in out and f"of a budget of {least / 1024:.1f} KiB" in out
     assert cli.main(["memory", str(path), "--budget", "1kB"]) == 2
     assert "is too small: the smallest plan found needs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cell, direction", [("lstm", "forward"), ("gru", "reverse"),
+                                             ("rnn", "bidirectional")])
+def test_a_chain_longer_than_a_chunk_has_its_gradients(cell, direction):
+    # the input projection by chunks of GRADIENT_CHUNK steps, each right before its steps
+    # (from step T-1 down in reverse), and the weight gradients by chunks: still the net's
+    # gradients, against finite differences
+    T = GRADIENT_CHUNK + 5
+    text = recurrent_net(cell, T, 1, 1, direction, False, D=2, H=2)
+    net = Net(text, dtype="float64", seed=3)
+    projections = [n for n in net.layer_names if "x_proj_seq_c" in n]
+    assert len(projections) == 2 * (2 if direction == "bidirectional" else 1)
+    for name, value in feed_for(net, T, [T]).items():
+        net.blobs[name].data[...] = value
+    testing.check_net_gradient(net, wrt=["x"])
