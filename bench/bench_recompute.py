@@ -1,99 +1,303 @@
-"""Training an LSTM layer in a memory budget: planned bytes, workspace and step time.
+"""Training an LSTM layer in a memory budget: memory and step time, beside PyTorch.
 
 One unrolled LSTM layer (``unroll.expand("lstm")``, H hidden, N sequences, T
-steps) under a Euclidean loss, planned four ways: the full plan, Chen et al.'s
-``recompute="sqrt"`` segments, and ``memory_budget`` of 1/4 and 1/10 of the
-full plan (``--budgets``). For each: the bytes planned (workspace and kept blobs), the
-workspace's high-water mark after a training step, the recomputed forward
-steps, and the median time of a training step (forward and backward) as a ratio
-to the full plan's. A budget no plan fits is reported with the smallest that
-works. Beside them, Gruslys et al.'s BPTT-HSM optimum for T steps and as many
-kept states as the sqrt plan has segments. A benchmark, not a test: ratios only
-on a shared machine.
+steps, input width H) under a Euclidean loss at every step, right after it
+(``--loss whole``: one loss over the whole (T, N, H) output, which then keeps
+three T-long blobs of its own), planned five ways: the full plan, Chen et al.'s
+``recompute="sqrt"`` segments, and ``memory_budget`` of 1/4, 1/10 and 1/50 of
+the full plan (``--budgets``). Beside it, in the same run, PyTorch: the fused
+``nn.LSTM`` (everything kept) and ``torch.utils.checkpoint.checkpoint_sequential``
+with sqrt(T) segments over a chain of per-step ``nn.LSTMCell`` modules, the same
+loss.
 
-    python -m bench.bench_recompute --steps 1000 --hidden 256 --batch 32
+Every configuration runs in its own process (unset OPENBLAS_CORETYPE and
+OPENBLAS_L2_SIZE for both sides) a small net first (compiled kernels, imports),
+then: the peak RSS growth over the process's RSS before the first step (the
+memory a training step adds: activations, diffs, scratch; inputs and params
+are there before), and the median time of a training step (forward and
+backward) after a first one. For unroll also the
+bytes planned (the workspace and kept blobs but the inputs), the workspace's
+high-water mark, the forward steps recomputed and how long planning took. A
+budget no plan fits is reported with the smallest that works. Ratios are to
+each side's own full run, in the same turn. A benchmark, not a test: on a
+shared machine quote the ratios.
+
+    python -m bench.bench_recompute --steps 1000 5000 --torch-python /work/torchvenv/bin/python
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from unroll import Net, expand
-from unroll.core.errors import MemoryBudgetError
-from unroll.engine.memory_plan import bptt_hsm
+ROOT = Path(__file__).resolve().parents[1]
+#: the steps of a first, small run in each process, before anything is measured
+WARM_UP = 70
 
 
-def lstm_net(T: int, N: int, H: int):
+def lstm_net(T: int, N: int, H: int, per_step: bool = False):
+    """One LSTM layer under a Euclidean loss: over the whole (T, N, H) output, or with
+    ``per_step`` one loss a step, right after it (the output is then never whole: what a
+    long stream trains with, and what a budget far under the full plan needs)."""
+    from unroll import expand
+    from unroll.core.proto import LayerParameter
+
     net_param = expand("lstm", steps=T, batch=N, input_dim=H, hidden=H)
     target = net_param.layer.add(name="target", type="Input", top=["target"])
     target.input_param.shape.add(dim=[T, N, H])
-    net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "target"],
-                        top=["loss"])
     net_param.force_backward = True
+    if not per_step:
+        net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "target"],
+                            top=["loss"])
+        return net_param
+    layers = list(net_param.layer)
+    concat = next(lp for lp in layers if list(lp.top) == ["h"])
+    step_of = {h: t for t, h in enumerate(concat.bottom)}
+    cut = LayerParameter(name="target_slice", type="Slice", bottom=["target"],
+                         top=[f"target_t{t}" for t in range(T)])
+    cut.slice_param.axis = 0
+    del net_param.layer[:]
+    net_param.layer.extend([layers[-1], cut])  # the target's Input, then its steps
+    for lp in layers[:-1]:
+        if lp is concat:
+            continue
+        net_param.layer.append(lp)
+        for top in lp.top:
+            if top in step_of:
+                t = step_of[top]
+                net_param.layer.add(name=f"loss_t{t}", type="EuclideanLoss",
+                                    bottom=[top, f"target_t{t}"], top=[f"loss_t{t}"])
     return net_param
 
 
-def step_seconds(net, feed, iters: int) -> float:
+def data(T: int, N: int, H: int):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((T, N, H)).astype(np.float32)
+    target = rng.uniform(-1, 1, (T, N, H)).astype(np.float32)
+    return x, target
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def timed_steps(step, iters: int) -> tuple[float, int]:
+    """The median seconds of a step after a first one, and the peak RSS growth."""
+    before = rss_bytes()
     times = []
-    for _ in range(iters + 1):  # the first binds the workspace
+    for _ in range(iters + 1):
         start = time.perf_counter()
-        net.forward(**feed)
-        net.clear_param_diffs()
-        net.backward()
+        step()
         times.append(time.perf_counter() - start)
-    return float(np.median(times[1:]))
+    return float(np.median(times[1:])), peak_rss_bytes() - before
+
+
+def unroll_side(args) -> dict:
+    from unroll import Net
+    from unroll.core.errors import MemoryBudgetError
+
+    N, H = args.batch, args.hidden
+    options = {"full": {}, "sqrt": {"recompute": "sqrt"}}.get(args.config)
+    if options is None:
+        options = {"memory_budget": int(args.full_bytes * float(args.config))}
+
+    def make(T, options):
+        net = Net(lstm_net(T, N, H, per_step=args.loss == "per-step"), **options)
+        x, y = data(T, N, H)
+        cont = np.ones((T, N), np.float32)
+        cont[0] = 0
+        feed = {"x": x, "cont": cont, "target": y}
+
+        def step():
+            net.forward(**feed)
+            net.clear_param_diffs()
+            net.backward()
+
+        for name, value in feed.items():  # the inputs and their diffs: there before a step
+            net.blobs[name].data[...] = value
+            net.blobs[name].diff[...] = 0
+        return net, step
+
+    make(WARM_UP, {"recompute": "sqrt"})[1]()  # compiled kernels, imports: not the plan's
+    start = time.perf_counter()
+    try:
+        net, step = make(args.T, options)
+    except MemoryBudgetError as e:
+        return {"refused": e.smallest}
+    planning = time.perf_counter() - start
+    seconds, rss = timed_steps(step, args.iters)
+    plan = net.inspect().recompute
+    return {"seconds": seconds, "rss": rss, "planned": plan["planned_bytes"],
+            "workspace": net.workspace.nbytes, "recomputed": plan["recomputed_steps"],
+            "factor": plan["factor"], "checkpoints": len(plan["checkpoints"]),
+            "planning": planning}
+
+
+def torch_side(args) -> dict:
+    import torch
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    torch.manual_seed(0)
+    N, H = args.batch, args.hidden
+
+    def make(T):
+        x, y = (torch.from_numpy(a) for a in data(T, N, H))
+        x.requires_grad_(True)  # as unroll's force_backward: the input's diff too
+        x.grad = torch.zeros_like(x)  # there before a step, as unroll's
+        if args.config == "full":
+            lstm = torch.nn.LSTM(H, H)
+
+            def step():
+                lstm.zero_grad()
+                out, _ = lstm(x)
+                loss = ((out - y) ** 2).sum() / (2 * N)  # the per-step losses, summed
+                loss.backward()
+
+            return step
+        cell = torch.nn.LSTMCell(H, H)  # sqrt(T) segments over one LSTMCell a step
+        # each step's input its own leaf: the gradient of a slice of one (T, N, H) leaf
+        # would be a (T, N, H) array a step, T times
+        xs = [x[t].detach().requires_grad_(True) for t in range(T)]
+        for x_t in xs:
+            x_t.grad = torch.zeros_like(x_t)
+
+        class Step(torch.nn.Module):
+            def __init__(self, t):
+                super().__init__()
+                self.t = t
+
+            def forward(self, z):  # z = [h, c, the loss so far]
+                h, c = cell(xs[self.t], (z[:, :H], z[:, H : 2 * H]))
+                loss = ((h - y[self.t]) ** 2).sum(dim=1, keepdim=True) / (2 * N)
+                return torch.cat([h, c, z[:, 2 * H :] + loss], dim=1)
+
+        chain = torch.nn.Sequential(*(Step(t) for t in range(T)))
+        segments = max(1, round(T ** 0.5))
+
+        def step():
+            cell.zero_grad()
+            z = torch.zeros(N, 2 * H + 1)
+            out = checkpoint_sequential(chain, segments, z, use_reentrant=False)
+            out[:, 2 * H :].sum().backward()
+
+        return step
+
+    make(WARM_UP)()
+    seconds, rss = timed_steps(make(args.T), args.iters)
+    return {"seconds": seconds, "rss": rss}
+
+
+def run_side(side: str, python: str, args, T: int, config: str, full_bytes=None):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    env["PYTHONPATH"] = str(ROOT)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "UNROLL_NUM_THREADS"):
+        env[var] = str(args.threads)
+    command = [python, str(Path(__file__).resolve()), "--side", side, "--T", str(T),
+               "--config", config, "--batch", str(args.batch), "--hidden", str(args.hidden),
+               "--iters", str(args.iters), "--loss", args.loss, "--threads", str(args.threads)]
+    if full_bytes is not None:
+        command += ["--full-bytes", str(full_bytes)]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        print(f"{side} {config} T={T} failed:\n{done.stderr.strip()[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def mib(n) -> str:
+    return f"{n / 2**20:8.1f} MiB"
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1000, help="T (default 1000)")
+    parser.add_argument("--steps", type=int, nargs="+", default=[1000], help="T values")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--iters", type=int, default=1)
-    parser.add_argument("--budgets", type=float, nargs="+", default=[1 / 4, 1 / 10],
-                        metavar="FRACTION", help="budgets, as fractions of the full plan "
-                        "(default 0.25 0.1)")
+    parser.add_argument("--iters", type=int, default=2, help="timed steps after a first")
+    parser.add_argument("--threads", type=int, default=1, help="threads per side")
+    parser.add_argument("--loss", choices=["per-step", "whole"], default="per-step")
+    parser.add_argument("--budgets", type=float, nargs="+", default=[1 / 4, 1 / 10, 1 / 50],
+                        metavar="FRACTION", help="budgets, as fractions of the full plan")
+    parser.add_argument("--torch-python", default=None, help="a Python with torch")
+    parser.add_argument("--turns", type=int, default=1)
+    parser.add_argument("--configs", nargs="+", help="only these of sqrt and the budgets "
+                        "(as given to --budgets), e.g. 0.02; default all")
+    parser.add_argument("--torch-only", action="store_true", help="only the PyTorch side")
+    parser.add_argument("--side", choices=["unroll", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--T", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--full-bytes", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    T, N, H = args.steps, args.batch, args.hidden
-    net_param = lstm_net(T, N, H)
-    rng = np.random.default_rng(0)
-    cont = np.ones((T, N))
-    cont[0] = 0
-    feed = dict(x=rng.normal(size=(T, N, H)), cont=cont, target=rng.normal(size=(T, N, H)))
-    full = Net(net_param)
-    base = step_seconds(full, feed, args.iters)
-    need = full.inspect().recompute["planned_bytes"]
-    print(f"LSTM layer T={T} N={N} H={H}: full plan {need / 2**20:.1f} MiB planned, "
-          f"workspace {full.workspace.nbytes / 2**20:.1f} MiB")
-    del full
-    segments = None
-    for label, options in (("sqrt", {"recompute": "sqrt"}),
-                           *((f"{f:g}", {"memory_budget": int(need * f)}) for f in args.budgets)):
-        start = time.perf_counter()
-        try:
-            net = Net(net_param, **options)
-        except MemoryBudgetError as e:
-            print(f"{label:>5}: refused, the smallest plan needs {e.smallest / 2**20:.1f} MiB "
-                  f"({e.smallest / need:.2f} of the full plan)")
-            continue
-        planning = time.perf_counter() - start
-        seconds = step_seconds(net, feed, args.iters)
-        plan = net.inspect().recompute
-        if label == "sqrt":
-            segments = len(plan["checkpoints"]) + 1
-        print(f"{label:>5}: planned {plan['planned_bytes'] / need:.2f} of the full plan, "
-              f"workspace {net.workspace.nbytes / 2**20:.1f} MiB, "
-              f"{plan['recomputed_steps']} steps recomputed (forward x {plan['factor']:.2f}), "
-              f"step time x {seconds / base:.2f}, planned in {planning:.1f} s")
-        del net
-    if segments:
-        print(f"BPTT-HSM optimum for {T} steps and {segments} kept states: "
-              f"{bptt_hsm(T, segments) / T:.2f} forward steps per step")
+    if args.side:
+        print(json.dumps({"unroll": unroll_side, "torch": torch_side}[args.side](args)))
+        return
+    from unroll.engine.memory_plan import bptt_hsm
 
+    print(f"LSTM layer H={args.hidden} N={args.batch}, float32, {args.threads} thread(s), "
+          f"loss {args.loss}, median of {args.iters} step(s) after a first, "
+          f"{args.turns} turn(s); each configuration in its own process")
+    for T in args.steps:
+        for turn in range(args.turns):
+            full = None if args.torch_only else run_side("unroll", sys.executable, args, T,
+                                                         "full")
+            if full is None:
+                if args.torch_python:
+                    torch_figures(args, T, None)
+                continue
+            print(f"T={T} (turn {turn + 1}) unroll full plan: planned {mib(full['planned'])}, "
+                  f"workspace {mib(full['workspace'])}, RSS +{mib(full['rss'])}, "
+                  f"{full['seconds']:.2f} s/step")
+            sqrt_kept = None
+            for config in args.configs or ["sqrt", *map(str, args.budgets)]:
+                got = run_side("unroll", sys.executable, args, T, config, full["planned"])
+                if got is None:
+                    continue
+                label = "sqrt" if config == "sqrt" else f"1/{1 / float(config):g}"
+                if "refused" in got:
+                    print(f"  {label:>6}: refused, the smallest plan needs "
+                          f"{mib(got['refused'])} ({got['refused'] / full['planned']:.3f} of "
+                          f"the full plan)")
+                    continue
+                if config == "sqrt":
+                    sqrt_kept = got["checkpoints"] + 1
+                print(f"  {label:>6}: planned {got['planned'] / full['planned']:.3f}, "
+                      f"workspace {got['workspace'] / full['workspace']:.3f}, "
+                      f"RSS +{got['rss'] / full['rss']:.3f} of full; "
+                      f"forward x {got['factor']:.2f} ({got['recomputed']} steps again, "
+                      f"{got['checkpoints']} checkpoints), step time "
+                      f"x {got['seconds'] / full['seconds']:.2f}; planned in "
+                      f"{got['planning']:.1f} s")
+            if sqrt_kept:
+                print(f"  BPTT-HSM optimum for {T} steps and {sqrt_kept} kept states: "
+                      f"{bptt_hsm(T, sqrt_kept) / T:.2f} forward steps per step")
+            if args.torch_python:
+                torch_figures(args, T, full)
+
+
+def torch_figures(args, T: int, full) -> None:
+    tf = run_side("torch", args.torch_python, args, T, "full")
+    tc = run_side("torch", args.torch_python, args, T, "checkpoint")
+    if tf and tc:
+        versus = f" (x {tf['seconds'] / full['seconds']:.2f} unroll's full)" if full else ""
+        print(f"  torch nn.LSTM full: RSS +{mib(tf['rss'])}, {tf['seconds']:.2f} s/step{versus}; "
+              f"checkpoint_sequential sqrt(T) segments: RSS +{tc['rss'] / tf['rss']:.3f} of "
+              f"torch full, step time x {tc['seconds'] / tf['seconds']:.2f}")
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from tests.net_helpers import host
 from unroll import expand, testing, to_prototxt
 from unroll.core.errors import MemoryBudgetError, NetError
-from unroll.engine.memory_plan import bptt_hsm
+from unroll.core.proto import LayerParameter
+from unroll.engine.memory_plan import GRADIENT_CHUNK, bptt_hsm
 from unroll.engine.net import Net
 from unroll.train.bucketing import cont_from_lengths
 
@@ -66,9 +67,14 @@ def smallest_budget(text, dtype) -> int:
     return error.value.smallest
 
 
+#: short nets, and nets longer than a weight-gradient chunk (GRADIENT_CHUNK steps): their
+#: input projections and weight gradients run by chunks, and segments are cut between them
+LENGTHS = st.one_of(st.integers(2, 7), st.integers(GRADIENT_CHUNK + 1, GRADIENT_CHUNK + 16))
+
+
 @settings(max_examples=12, deadline=None)
-@given(cell=st.sampled_from(CELLS), layers=st.integers(1, 2), T=st.integers(2, 7),
-       lengths=st.lists(st.integers(1, 7), min_size=1, max_size=3),
+@given(cell=st.sampled_from(CELLS), layers=st.integers(1, 2), T=LENGTHS,
+       lengths=st.lists(st.integers(1, GRADIENT_CHUNK + 16), min_size=1, max_size=3),
        direction=st.sampled_from(["forward", "bidirectional"]), dropout=st.booleans(),
        dtype=st.sampled_from(["float32", "float64"]), where=st.floats(0, 1))
 def test_a_budgeted_net_is_bit_identical_to_the_full_plan(cell, layers, T, lengths, direction,
@@ -143,6 +149,53 @@ def test_the_planned_peak_is_within_the_budget_and_recomputes():
     assert plan["checkpoints"] and plan["recomputed_steps"] > 0
     assert plan["planned_bytes"] <= budget and plan["budget"] == budget
     assert "recomputed in backward" in str(net.inspect())
+
+
+def per_step_loss_net(cell, T, N, D, H):
+    """A recurrent layer with a Euclidean loss right after each step (its output is never
+    whole), as a long stream trains."""
+    net_param = expand(cell, steps=T, batch=N, input_dim=D, hidden=H)
+    net_param.force_backward = True
+    layers = list(net_param.layer)
+    concat = next(lp for lp in layers if list(lp.top) == ["h"])
+    step_of = {h: t for t, h in enumerate(concat.bottom)}
+    target = LayerParameter(name="target", type="Input", top=["target"])
+    target.input_param.shape.add(dim=[T, N, H])
+    cut = LayerParameter(name="target_slice", type="Slice", bottom=["target"],
+                         top=[f"target_t{t}" for t in range(T)])
+    cut.slice_param.axis = 0
+    del net_param.layer[:]
+    net_param.layer.extend([target, cut])
+    for lp in layers:
+        if lp is concat:
+            continue
+        net_param.layer.append(lp)
+        for top in (t for t in lp.top if t in step_of):
+            net_param.layer.add(name=f"loss_t{step_of[top]}", type="EuclideanLoss",
+                                bottom=[top, f"target_t{step_of[top]}"],
+                                top=[f"loss_t{step_of[top]}"])
+    return to_prototxt(net_param)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_a_long_chain_trains_in_an_eighth_of_its_full_plan(cell):
+    # chunked input projections and weight gradients leave nothing T steps long but the
+    # checkpoints (docs/design.md, 6. Memory)
+    T, N, H = 20 * GRADIENT_CHUNK, 4, 16
+    text = per_step_loss_net(cell, T, N, H, H)
+    rng = np.random.default_rng(2)
+    feed = dict(x=rng.normal(size=(T, N, H)), target=rng.normal(size=(T, N, H)),
+                cont=cont_from_lengths([T, T - 50, 100, 7], T))
+    full = Net(text, dtype="float64", seed=3)
+    want = train_step(full, feed)
+    need = full.inspect().recompute["planned_bytes"]
+    assert smallest_budget(text, "float64") <= need // 8
+    for budget in (need // 4, need // 8):
+        net = Net(text, dtype="float64", seed=3, memory_budget=budget)
+        assert_identical(train_step(net, feed), want)
+        assert net.workspace.nbytes <= budget  # the high-water mark after a real step
+        plan = net.inspect().recompute
+        assert plan["planned_bytes"] <= budget and plan["recomputed_steps"] > 0
 
 
 def test_too_small_a_budget_names_the_smallest_that_works():
@@ -239,3 +292,19 @@ def test_unroll_memory_with_a_budget_shows_the_recomputation(tmp_path, capsys):
     assert "recomputed in backward:" in out and f"of a budget of {least / 1024:.1f} KiB" in out
     assert cli.main(["memory", str(path), "--budget", "1kB"]) == 2
     assert "is too small: the smallest plan found needs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cell, direction", [("lstm", "forward"), ("gru", "reverse"),
+                                             ("rnn", "bidirectional")])
+def test_a_chain_longer_than_a_chunk_has_its_gradients(cell, direction):
+    # the input projection by chunks of GRADIENT_CHUNK steps, each right before its steps
+    # (from step T-1 down in reverse), and the weight gradients by chunks: still the net's
+    # gradients, against finite differences
+    T = GRADIENT_CHUNK + 5
+    text = recurrent_net(cell, T, 1, 1, direction, False, D=2, H=2)
+    net = Net(text, dtype="float64", seed=3)
+    projections = [n for n in net.layer_names if "x_proj_seq_c" in n]
+    assert len(projections) == 2 * (2 if direction == "bidirectional" else 1)
+    for name, value in feed_for(net, T, [T]).items():
+        net.blobs[name].data[...] = value
+    testing.check_net_gradient(net, wrt=["x"])

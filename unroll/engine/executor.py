@@ -198,8 +198,7 @@ def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int],
     for r in plan.recomputed:
         blob, diff = blobs[r], (array("diff", r) if r in plan.diff_life else None)
         forward[0].append((blob, array("data", r), diff))
-        backward[0].append((blob, workspace.view(int(offset["data_re"][r]), blob.shape, dtype),
-                            diff))
+        backward[0].append((blob, array("data_re", r), diff))
     for (s, name), at in layout.scratch_re.items():
         layer = layers[s]
         shape, dtype_, _ = layer.scratch_specs[name]
@@ -210,7 +209,7 @@ def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int],
         layer = layers[group.after]
         (xr, x0), (gr, g0) = group.x, group.gy
         K, n = layer.param_row_widths()
-        x = array("data", xr).reshape(-1)[x0 : x0 + group.rows * K].reshape(-1, K)
+        x = array(group.x_kind, xr).reshape(-1)[x0 : x0 + group.rows * K].reshape(-1, K)
         gy = array("diff", gr).reshape(-1)[g0 : g0 + group.rows * n].reshape(-1, n)
         gemms.setdefault(group.after, []).append((layer, x, gy))
     arrays.clear()  # array() refers to itself: left to the collector, the dict would

@@ -128,7 +128,7 @@ def inspect_net(net) -> Inspection:
 
 
 def _recompute(net) -> dict | None:
-    from unroll.engine.memory_plan import planned_bytes
+    from unroll.engine.memory_plan import input_roots, planned_bytes
 
     plan, layout = net.memory.liveness, net.memory.layout
     if layout is None:
@@ -137,6 +137,7 @@ def _recompute(net) -> dict | None:
     recomputed = rc.recomputed if rc is not None else 0
     return {"checkpoints": [net.layer_names[c] for c in rc.cuts] if rc is not None else [],
             "recomputed_steps": recomputed, "factor": (steps + recomputed) / max(steps, 1),
-            "planned_bytes": planned_bytes(plan, layout, [b.shape for b in net._blob_list],
-                                           net.dtype.itemsize),
+            "planned_bytes": planned_bytes(
+                plan, layout, [b.shape for b in net._blob_list], net.dtype.itemsize,
+                input_roots(net.graph.steps, net.layers_run, plan.data_root)),
             "budget": net.memory_budget}

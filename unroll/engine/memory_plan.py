@@ -15,13 +15,15 @@ What the layout does beyond giving each buffer its own bytes (docs/design.md,
 (:func:`place`); the parts of a Concat or Slice live inside their whole
 (:func:`group_parts`); a diff passed through unchanged (Eltwise SUM) is its
 bottoms' diff too (:func:`alias_pass_through_diffs`); the rows of the layers
-that share a param go back to back, so that its gradient is one GEMM
-(:func:`plan_weight_gradients`); within a region whose branches run at once
-(:func:`concurrent_regions`) every buffer lives through all of it.
+that share a param go back to back, so that its gradient is one GEMM per chunk
+of :data:`GRADIENT_CHUNK` timesteps (:func:`plan_weight_gradients`); within a
+region whose branches run at once (:func:`concurrent_regions`) every buffer
+lives through all of it.
 
 Within a memory budget (:func:`within_budget`), backward recomputes segments
-of the forward from checkpoints (a :class:`Recompute` plan): the plan gives
-the values only re-run steps touch two lives, each its own buffer.
+of the forward from checkpoints (a :class:`Recompute` plan), cut between
+weight-gradient chunks: the plan gives the values only re-run steps touch two
+lives, each its own buffer.
 
 Time, for lifetimes, counts forward steps ``0..S-1``, then ``S`` when loss
 diffs are filled, then backward steps, step ``s`` at ``2S - s``.
@@ -43,6 +45,7 @@ import bisect
 import heapq
 from array import array
 from bisect import bisect_right
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -56,11 +59,17 @@ from unroll.engine.workspace import ALIGN
 if TYPE_CHECKING:
     from unroll.graph import Step
 
-__all__ = ["Layout", "LayerFlags", "Lifetimes", "Liveness", "Recompute", "Region",
-           "WeightGradGroup", "alias_pass_through_diffs", "allowed_cuts", "bptt_hsm",
-           "concurrent_regions", "greedy_cuts", "group_parts", "layout", "liveness", "place",
-           "plan_weight_gradients", "planned_bytes", "private_blobs", "recompute_plan",
-           "within_budget"]
+__all__ = ["GRADIENT_CHUNK", "Layout", "LayerFlags", "Lifetimes", "Liveness", "Recompute",
+           "Region", "WeightGradGroup", "alias_pass_through_diffs", "allowed_cuts", "bptt_hsm",
+           "concurrent_regions", "crossing_bytes", "gradient_chunks", "greedy_cuts",
+           "group_parts", "input_roots", "layout", "liveness", "place", "plan_weight_gradients",
+           "planned_bytes", "private_blobs", "recompute_plan", "within_budget"]
+
+
+#: a weight-gradient GEMM covers sharers spanning at most this much of their bottoms' axis 0
+#: (timesteps, in an unrolled net): its chunks' rows then die chunk by chunk, and the
+#: chunks do not depend on the memory budget, so every plan runs the same GEMMs
+GRADIENT_CHUNK = 32
 
 
 # -- what the plan gives ------------------------------------------------------------------
@@ -122,8 +131,9 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
     for s, fl in aliased.items():
         told[s]["diff_aliased"] = skipped[s] = tuple(fl)
     n_blobs = len(shapes)
+    data_re_host: dict[int, tuple[int, int]] = {}
     groups, counts = plan_weight_gradients(steps, layers, plan, bottom_need, shapes, data_host,
-                                           diff_host, rewritten, skipped, n_blobs)
+                                           diff_host, rewritten, skipped, n_blobs, data_re_host)
     for group in groups:
         for s in group.steps:
             told[s]["param_diffs_batched"] = True
@@ -135,7 +145,9 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
     buffers, keys, spans_of = [], [], {}
     lives = [("data", plan.data_life, data_host), ("diff", plan.diff_life, diff_host)]
     if plan.data_re_life is not None:
-        lives.append(("data_re", plan.data_re_life, {}))  # the second lives of recomputed data
+        # the second lives of recomputed data (a chunk's rows of a batched weight gradient
+        # back to back in a buffer of their own)
+        lives.append(("data_re", plan.data_re_life, data_re_host))
     for kind, life, host in lives:
         spans = dict(life.items())
         for r in host:  # a buffer inside another lives as long as either
@@ -178,7 +190,7 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
     for r in shared:
         offset["diff"][r] = offset["data"][r]
     whole, within = {}, {}
-    for kind, host in (("data", data_host), ("diff", diff_host)):
+    for kind, host in (("data", data_host), ("diff", diff_host), ("data_re", data_re_host)):
         whole[kind], within[kind] = np.full(n, -1, np.int32), np.zeros(n, np.int64)
         if host:
             roots = np.fromiter(host, np.int64, len(host))
@@ -193,11 +205,21 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
                   MappingProxyType(scratch["scratch_re"]))
 
 
-def planned_bytes(plan: Liveness, layout: Layout, shapes, itemsize: int) -> int:
-    """The bytes a net plans besides its params: the workspace of ``layout`` (every planned
-    activation, diff and scratch buffer) and the data of the blobs it keeps."""
-    kept = sum(_count(shapes[r]) for r in set(plan.data_root) if r in plan.private)
+def planned_bytes(plan: Liveness, layout: Layout, shapes, itemsize: int,
+                  inputs=frozenset()) -> int:
+    """The bytes a net plans besides its params and its inputs: the workspace of ``layout``
+    (every planned activation, diff and scratch buffer) and the data of the blobs it keeps
+    (outputs, losses, ``keep=``) other than the ``inputs`` (:func:`input_roots`), which
+    hold the caller's batch whatever the plan."""
+    kept = sum(_count(shapes[r]) for r in set(plan.data_root)
+               if r in plan.private and r not in inputs)
     return layout.total + kept * itemsize
+
+
+def input_roots(steps, layers, data_root) -> set[int]:
+    """The data roots of the tops of a net's Input layers."""
+    return {data_root[t] for step, layer in zip(steps, layers) if layer.type == "Input"
+            for t in step.tops}
 
 
 def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=None,
@@ -219,18 +241,28 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
     full = lay_out(base)
     if budget is None and mode is None:
         return base, full
-    allowed = allowed_cuts(steps, layers, base.data_root)
+    inputs = input_roots(steps, layers, base.data_root)
+    chunks = gradient_chunks(steps, layers, base.layer_need, shapes)
+    # a param with one chunk (T <= GRADIENT_CHUNK) may be cut inside it: its rows are then
+    # kept, as without chunks; segments of a longer chain start between chunks, where the
+    # fewest bytes cross
+    count = Counter(layers[c[0]].param_batch_key() for c in chunks)
+    between = [c for c in chunks if count[layers[c[0]].param_batch_key()] > 1]
+    allowed = allowed_cuts(steps, layers, base.data_root, between)
     sizes = [sum(_count(shapes[b]) * itemsize for b in step.tops
                  if base.data_root[b] == b and b not in base.private) for step in steps]
     total = max(sum(sizes), 1)
+    crossing = (crossing_bytes(steps, base.data_root, base.private,
+                               [_count(shape) * itemsize for shape in shapes])
+                if between else None)
 
     def attempt(segment_bytes):
         plan = make(recompute_plan(steps, layers, base.data_root,
-                                   greedy_cuts(sizes, allowed, segment_bytes)))
+                                   greedy_cuts(sizes, allowed, segment_bytes, crossing), chunks))
         layout_ = lay_out(plan)
-        return planned_bytes(plan, layout_, shapes, itemsize), plan, layout_
+        return planned_bytes(plan, layout_, shapes, itemsize, inputs), plan, layout_
 
-    need = planned_bytes(base, full, shapes, itemsize)
+    need = planned_bytes(base, full, shapes, itemsize, inputs)
     if mode == "sqrt":  # never more memory than without recomputation, for nothing
         n, plan, layout_ = attempt(total / max(1.0, len(steps) ** 0.5))
         return (plan, layout_) if n < need else (base, full)
@@ -251,7 +283,7 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
         raise MemoryBudgetError(
             f"net '{name}': memory_budget {budget:,} bytes is too small: the smallest plan "
             f"found needs {smallest:,} bytes (activations, diffs, scratch and kept blobs; "
-            f"params not counted)", smallest)
+            f"params and inputs not counted)", smallest)
     return best[1], best[2]
 
 
@@ -465,10 +497,13 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     recomputed: set[int] = set()
     if recompute is not None:
         recomputed = _recomputed_roots(steps, layers, data_root, private, recompute)
-        # a step whose every top is still there (a checkpoint) need not run again
+        # a step whose every top is still there (a checkpoint) need not run again, unless
+        # only kept blobs come out of it (a loss of each step) and it saves scratch for its
+        # backward: running again, it writes the same values and saves its scratch anew
         recompute = Recompute(recompute.cuts, tuple(
-            tuple(s for s in seg if any(data_root[b] in recomputed for b in steps[s].tops))
-            for seg in recompute.steps))
+            tuple(s for s in seg if any(data_root[b] in recomputed for b in steps[s].tops)
+                  or _saves_for_kept(steps[s], layers[s], data_root, private, layer_need[s]))
+            for seg in recompute.steps), recompute.chunks)
     back_of, re_time = _timeline(S, recompute)
     data_re_life: dict[int, list[int]] = {}
     data_life: dict[int, list[int]] = {}
@@ -549,6 +584,9 @@ class Recompute:
 
     cuts: tuple
     steps: tuple
+    #: the weight-gradient chunks (:func:`gradient_chunks`): their x rows run again all
+    #: together or not at all
+    chunks: tuple = ()
 
     @property
     def recomputed(self) -> int:
@@ -556,9 +594,10 @@ class Recompute:
         return sum(len(seg) for seg in self.steps)
 
 
-def recompute_plan(steps, layers, data_root, cuts) -> Recompute:
+def recompute_plan(steps, layers, data_root, cuts, chunks=()) -> Recompute:
     """The :class:`Recompute` plan of segments starting at ``cuts``, from the layers'
-    declarations (``recomputable``, ``draws_random``)."""
+    declarations (``recomputable``, ``draws_random``); ``chunks`` are the weight-gradient
+    chunks (:func:`gradient_chunks`), none of which a cut may split."""
     writers: dict[int, list[int]] = {}
     for s, step in enumerate(steps):
         for b in step.tops:
@@ -575,15 +614,19 @@ def recompute_plan(steps, layers, data_root, cuts) -> Recompute:
     bounds = [0, *cuts, len(steps)]
     segments = tuple(tuple(s for s in range(a, b) if s not in kept)
                      for a, b in zip(bounds[:-2], bounds[1:-1]))
-    return Recompute(tuple(cuts), segments)
+    return Recompute(tuple(cuts), segments, tuple(map(tuple, chunks)))
 
 
-def allowed_cuts(steps, layers, data_root) -> list[int]:
+def allowed_cuts(steps, layers, data_root, chunks=()) -> list[int]:
     """The steps a segment may start at: not inside an in-place chain (a value produced
     before the cut and written in place after it), whose second forward would leave the
-    earlier version where backward reads the later one."""
+    earlier version where backward reads the later one; nor inside a weight-gradient
+    chunk (``chunks``, :func:`gradient_chunks`), whose one GEMM needs its rows together."""
     first: dict[int, int] = {}
     banned = bytearray(len(steps) + 1)
+    for chunk in chunks:
+        for p in range(min(chunk) + 1, max(chunk) + 1):
+            banned[p] = 1
     for s, step in enumerate(steps):
         for b in step.tops:
             r = data_root[b]
@@ -594,17 +637,57 @@ def allowed_cuts(steps, layers, data_root) -> list[int]:
     return [p for p in range(1, len(steps)) if not banned[p]]
 
 
-def greedy_cuts(sizes, allowed, segment_bytes: float) -> list[int]:
+#: how many allowed cuts in a row :func:`greedy_cuts` weighs against each other
+CUT_WINDOW = 64
+
+
+def greedy_cuts(sizes, allowed, segment_bytes: float, crossing=None) -> list[int]:
     """Chen et al.'s greedy segments over the run order: walking the steps, the bytes their
     tops take (``sizes``, per step) add up, and a segment ends at the first allowed cut
-    after they pass ``segment_bytes``."""
-    allowed, cuts, total = set(allowed), [], 0
-    for s, n in enumerate(sizes):
-        if total >= segment_bytes and s in allowed:
+    after they pass ``segment_bytes``. With ``crossing`` (per step, :func:`crossing_bytes`),
+    the cut is the one the fewest bytes cross of the allowed cuts in a row there (up to
+    :data:`CUT_WINDOW` of them), and the next cut comes after them: between the chunks of
+    an unrolled chain, one cut, where only the state crosses.
+
+    >>> greedy_cuts([4, 4, 4, 4], [1, 2, 3], 8), greedy_cuts([4, 4, 4, 4], [1, 2, 3], 4,
+    ...                                                       [0, 9, 9, 1])
+    ([2], [3])
+    """
+    allowed, cuts, total, s, hold = set(allowed), [], 0, 0, -1
+    while s < len(sizes):
+        if total >= segment_bytes and s in allowed and s > hold:
+            if crossing is not None:
+                hold = s
+                while hold + 1 in allowed and hold + 1 < s + CUT_WINDOW:
+                    hold += 1
+                s = min(range(s, hold + 1), key=crossing.__getitem__)
             cuts.append(s)
             total = 0
-        total += n
+        total += sizes[s]
+        s += 1
     return cuts
+
+
+def crossing_bytes(steps, data_root, private, sizes_of) -> list[int]:
+    """Per step p, the bytes of the values a cut at p leaves to checkpoints: planned data
+    written before p and read in forward at p or later (``sizes_of[root]``: its bytes)."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for s, step in enumerate(steps):
+        for b in step.tops:
+            first.setdefault(data_root[b], s)
+        for b in step.bottoms:
+            last[data_root[b]] = s
+    delta = [0] * (len(steps) + 2)
+    for r, w in first.items():
+        if r not in private and last.get(r, w) > w:
+            delta[w + 1] += sizes_of[r]
+            delta[last[r] + 1] -= sizes_of[r]
+    out, run = [], 0
+    for p in range(len(steps)):
+        run += delta[p]
+        out.append(run)
+    return out
 
 
 def _timeline(S: int, recompute):
@@ -624,23 +707,35 @@ def _timeline(S: int, recompute):
     return tuple(back), re_time
 
 
+def _saves_for_kept(step, layer, data_root, private, runs_backward) -> bool:
+    """Whether a step writes only kept blobs, none in place, and keeps scratch from its
+    forward to its backward."""
+    return (runs_backward and bool(step.tops) and not set(step.tops) & set(step.bottoms)
+            and all(data_root[b] in private for b in step.tops)
+            and any(lives == "both" for _, _, lives in layer.scratch_specs.values()))
+
+
 def _recomputed_roots(steps, layers, data_root, private, recompute) -> set[int]:
     """The data roots that only recomputed steps of one segment touch: they need no memory
-    between their forward and their second forward. Not the rows of a batched weight
-    gradient (those must all be there for its one GEMM), nor a kept blob."""
+    between their forward and their second forward. Not a kept blob, nor the x rows of a
+    weight-gradient chunk unless all of them run again (its one GEMM reads them together,
+    in their second life then)."""
     segment: dict[int, int] = {}
     for k, seg in enumerate(recompute.steps):
         for s in seg:
             segment[s] = k
     where: dict[int, int] = {}
-    for s, (step, layer) in enumerate(zip(steps, layers)):
+    for s, step in enumerate(steps):
         k = segment.get(s, -1)
-        x_rows = layer.batches_param_diffs and bool(layer.blobs)
-        for i, b in enumerate(step.bottoms + step.tops):
-            here = -1 if x_rows and i == 0 else k
+        for b in step.bottoms + step.tops:
             r = data_root[b]
-            where[r] = here if where.get(r, here) == here else -1
-    return {r for r, k in where.items() if k >= 0 and r not in private}
+            where[r] = k if where.get(r, k) == k else -1
+    again = {r for r, k in where.items() if k >= 0 and r not in private}
+    for chunk in recompute.chunks:
+        rows = [data_root[steps[s].bottoms[0]] for s in chunk]
+        if not all(r in again for r in rows):
+            again.difference_update(rows)
+    return again
 
 
 def bptt_hsm(t: int, slots: int) -> int:
@@ -784,7 +879,7 @@ class WeightGradGroup:
 
     ``steps`` are the members in row order; after the backward of step
     ``after`` (the last member backward reaches) the net runs the GEMM over
-    ``x`` (data) and ``gy`` (diff), each ``(root, first element)`` of a
+    ``x`` (data, of ``x_kind``) and ``gy`` (diff), each ``(root, first element)`` of a
     buffer holding every member's rows back to back, ``rows`` of them.
     """
 
@@ -793,6 +888,7 @@ class WeightGradGroup:
     x: tuple[int, int]
     gy: tuple[int, int]
     rows: int
+    x_kind: str = "data"  # "data_re": the x rows of a recomputed chunk, in their second life
 
 
 def _tiling(roots, host, counts):
@@ -810,34 +906,66 @@ def _tiling(roots, host, counts):
     return placed[0][0], placed[order[0]][1], order
 
 
+def gradient_chunks(steps: list[Step], layers, layer_need, shapes) -> list[tuple[int, ...]]:
+    """The sharers of one param whose weight gradient may be one GEMM, in chunks.
+
+    Layers declaring ``batches_param_diffs`` with one ``param_batch_key()``
+    share a param the same way; in run order, consecutive ones form a chunk
+    while their bottoms span at most :data:`GRADIENT_CHUNK` along axis 0 (a
+    bottom longer than that is a chunk alone). The chunks depend on shapes
+    only, never on a memory budget: the full plan and every budgeted plan
+    accumulate the same GEMMs in the same order, and segments of a
+    recomputation plan are cut between chunks (:func:`allowed_cuts`).
+    Returns the chunks of two members or more, each in run order.
+    """
+    by_param: dict[tuple, list[int]] = {}
+    for s, layer in enumerate(layers):
+        if layer_need[s] and layer.batches_param_diffs and layer.blobs:
+            by_param.setdefault(layer.param_batch_key(), []).append(s)
+    chunks = []
+    for members in by_param.values():
+        chunk: list[int] = []
+        span = 0
+        for s in members:
+            shape = shapes[steps[s].bottoms[0]]
+            extent = shape[0] if shape else 1
+            if chunk and span + extent > GRADIENT_CHUNK:
+                chunks.append(tuple(chunk))
+                chunk, span = [], 0
+            chunk.append(s)
+            span += extent
+        chunks.append(tuple(chunk))
+    return [c for c in chunks if len(c) > 1]
+
+
 def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need, shapes,
                           data_host: dict, diff_host: dict, rewritten, skipped,
-                          n_roots: int) -> tuple[list[WeightGradGroup], dict]:
-    """Group the layers that share a param, so that its gradient is one GEMM.
+                          n_roots: int, data_re_host: dict | None = None
+                          ) -> tuple[list[WeightGradGroup], dict]:
+    """Group the layers that share a param, so that its gradient is one GEMM per chunk.
 
     A layer declaring ``batches_param_diffs`` computes its param gradient as
     a GEMM over rows of its bottom (x) and of its top's diff (gy), in
-    ``param_backward(x, gy)``; layers with one ``param_batch_key()`` (the
-    same param blobs, used the same way) form a group. The members' rows go
+    ``param_backward(x, gy)``; the layers of one chunk (:func:`gradient_chunks`)
+    form a group. The members' rows go
     back to back, time-major: where they already tile one block of a whole
     (the time-major diff of a shared input projection, reached through
     pass-through diffs; the Slice parts of an input) they stay, otherwise
     they get a new buffer, x and gy in one order. Both stay live until the
     group's GEMM. A group needs every member's x and gy planned (not kept),
     written nowhere in place, and no backward write landing in a member's gy
-    rows between its backward and the GEMM.
+    rows between its backward and the GEMM. Where a recomputation plan runs
+    a chunk's x rows again, they go back to back in a buffer of their second
+    life (``data_re_host``) and the GEMM reads them there.
 
     ``n_roots`` numbers the new buffers (roots ``n_roots, n_roots + 1, ...``).
     Returns the groups and ``{(kind, root): elements}`` of the new buffers;
-    ``data_host``/``diff_host`` gain the placements.
+    ``data_host``/``diff_host``/``data_re_host`` gain the placements.
     """
-    by_param: dict[tuple, list[int]] = {}
-    for s, layer in enumerate(layers):
-        if plan.layer_need[s] and layer.batches_param_diffs and layer.blobs:
-            by_param.setdefault(layer.param_batch_key(), []).append(s)
-    groups = [members for members in by_param.values() if len(members) > 1]
+    groups = gradient_chunks(steps, layers, plan.layer_need, shapes)
     if not groups:
         return [], {}
+    data_re_host = {} if data_re_host is None else data_re_host
     written = {plan.data_root[b] for b in rewritten} | {plan.diff_root[b] for b in rewritten}
     at = plan.backward_time
     writes: dict[int, list] = {}
@@ -878,8 +1006,9 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
         gy_roots = [plan.diff_root[steps[s].tops[0]] for s in members]
         x_counts = [_count(shapes[steps[s].bottoms[0]]) for s in members]
         gy_counts = [_count(shapes[steps[s].tops[0]]) for s in members]
-        if any(r in plan.private or r in written for r in x_roots + gy_roots) or any(
-                r in plan.recomputed for r in x_roots):
+        again = [r in plan.recomputed for r in x_roots]
+        if any(r in plan.private or r in written for r in x_roots + gy_roots) or (
+                any(again) and not all(again)):
             continue
         if len(set(x_roots)) < len(members) or len(set(gy_roots)) < len(members):
             continue
@@ -897,7 +1026,8 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
                  zip((_resolve(diff_host, r) for r in gy_roots), gy_counts)]):
             continue
         blocks = []
-        for kind, tiles, roots, counts, host in (("data", x_tiles, x_roots, x_counts, data_host),
+        x_kind, x_host = ("data_re", data_re_host) if all(again) else ("data", data_host)
+        for kind, tiles, roots, counts, host in ((x_kind, x_tiles, x_roots, x_counts, x_host),
                                                  ("diff", gy_tiles, gy_roots, gy_counts,
                                                   diff_host)):
             if tiles is not None:
@@ -910,7 +1040,8 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
             sizes[(kind, whole)] = offset
             blocks.append((whole, 0))
         out.append(WeightGradGroup([members[i] for i in order], members[0], blocks[0],
-                                   blocks[1], sum(gy_counts) // layer.param_row_widths()[1]))
+                                   blocks[1], sum(gy_counts) // layer.param_row_widths()[1],
+                                   x_kind))
     return out, sizes
 
 

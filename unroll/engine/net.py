@@ -164,7 +164,7 @@ class Net:
     and workspace, as :meth:`memory_report` counts them; by default what the
     device has available): a net planning more is a NetError, naming its
     largest blobs and their layers, before any of them is allocated.
-    ``memory_budget`` (bytes of activations, diffs, scratch and kept blobs) has
+    ``memory_budget`` (bytes of activations, diffs, scratch and kept blobs but the inputs) has
     backward recompute segments of the forward, as few as fit, with the same
     results bit for bit; ``recompute="sqrt"`` takes Chen et al.'s segments.
     ``net.memory`` is the memory plan applied (:class:`unroll.engine.executor.NetMemory`):
@@ -317,8 +317,9 @@ class Net:
 
     @property
     def batched_param_gradients(self) -> dict[str, int]:
-        """Params whose gradient backward computes in ONE GEMM over every layer sharing
-        them, for the current shapes: param name -> how many layers that GEMM covers.
+        """Params whose gradient backward computes in GEMMs over the rows of several
+        layers sharing them (one per chunk of up to ``memory_plan.GRADIENT_CHUNK``
+        timesteps), for the current shapes: param name -> how many layers they cover.
 
         >>> from unroll import expand
         >>> net_param = expand("rnn", steps=5, batch=2, input_dim=3, hidden=4)
@@ -327,7 +328,11 @@ class Net:
         {'W_hh': 5}
         """
         groups = self.memory.layout.groups if self.memory.layout is not None else ()
-        return {self.layers_run[g.after].blobs[0].name: len(g.steps) for g in groups}
+        covered: dict[str, int] = {}
+        for g in groups:  # a param's GEMMs, one per chunk of its sharers
+            name = self.layers_run[g.after].blobs[0].name
+            covered[name] = covered.get(name, 0) + len(g.steps)
+        return covered
 
     def inspect(self):
         """What this net decided: each learnable param's owner, holders, shape and

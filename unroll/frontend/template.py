@@ -79,7 +79,11 @@ class Step:
     A step template declares its interface in a literal dict and defines a
     ``step(s)`` macro, rendered once per timestep, and optionally a
     ``sequence(s)`` macro, rendered once over the whole (T, N, D) input
-    before the recurrence (the input projection of Caffe's LSTM)::
+    before the recurrence (the input projection of Caffe's LSTM); where every
+    layer it renders is an InnerProduct from axis 1 or later, which maps each
+    timestep on its own, and T is over ``memory_plan.GRADIENT_CHUNK``, it is
+    rendered once per chunk of that many steps instead, right before the
+    chunk's steps (docs/design.md, 6. Memory)::
 
         {% set interface = {
             "kind": "step",
@@ -98,7 +102,8 @@ class Step:
 
     Attributes (all blob names are strings; N is the batch):
 
-    - ``t``: the timestep, 0 .. T-1 (``None`` in the sequence macro); ``T``: the step count;
+    - ``t``: the timestep, 0 .. T-1 (``None`` in the sequence macro); ``T``: the step count
+      (in the sequence macro: of the steps it covers);
       ``reverse``: True when the recurrence runs from T-1 down to 0.
     - ``input.NAME``: the step's (1, N, ...) slice of input NAME (in the sequence
       macro: the whole (T, N, ...) input); with a sequence macro, the slice of
@@ -125,13 +130,16 @@ class Step:
     """
 
     def __init__(self, scope: str, t: int | None, T: int, reverse: bool = False,
-                 cont: str | None = None, input=None, prev=None, state=None, output=None):
+                 cont: str | None = None, input=None, prev=None, state=None, output=None,
+                 chunk: int | None = None):
         self.t = t
         self.T = T
         self.reverse = reverse
         self.cont = cont
         self._scope = scope
-        self._suffix = "_seq" if t is None else f"_t{t}"
+        # the sequence macro over a chunk of the steps (chunk c) names its layers _seq_c<c>
+        self._suffix = (f"_t{t}" if t is not None else "_seq" if chunk is None
+                        else f"_seq_c{chunk}")
         # every name handed out -> its role ("prev:h"), the same role in every step: lets the
         # unroller parse a step's text once and give later steps their own names
         self.roles: dict[str, str] = {} if cont is None else {cont: "cont"}

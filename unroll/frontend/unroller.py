@@ -29,6 +29,7 @@ from pathlib import Path
 from unroll.core.errors import NetError, TemplateError, UngatedStateError
 from unroll.core.proto import LayerParameter, NetParameter, PrototxtError, parse_text, to_text
 from unroll.engine import hidden_nets
+from unroll.engine.memory_plan import GRADIENT_CHUNK
 from unroll.frontend.render_limits import bounded_rendering
 from unroll.frontend.template import (
     RENDER_ERRORS,
@@ -148,6 +149,8 @@ class _Direction:
     states: dict = field(default_factory=dict)  # state -> size
     module: object = None  # the template run with hyper
     shapes: dict = field(default_factory=dict)  # step text up to names -> _Shape
+    #: run step index -> layers of the sequence macro over a chunk, added right before it
+    pending: dict = field(default_factory=dict)
 
     @property
     def order(self) -> range:
@@ -386,10 +389,47 @@ class NetBuilder:
             _require(d, seq_out, {top for lp in layers for top in lp.top}, lambda local, blob: (
                 f"the sequence macro must produce s.output.{local} ('{blob}'), but no layer "
                 f"tops it"))
+            if d.T > GRADIENT_CHUNK and all(_row_wise(lp) for lp in layers):
+                return self._chunked_sequence(d, inputs, seq_out)
             for lp in layers:
                 self.add_layer(lp, f"{d.template.name} (sequence)")
             inputs = seq_out
         return {name: self.slice_steps(blob, d.T) for name, blob in inputs.items()}
+
+    def _chunked_sequence(self, d: _Direction, inputs: dict, seq_out: dict
+                          ) -> dict[str, list[str]]:
+        """The sequence macro over chunks of GRADIENT_CHUNK steps, each run right before
+        its chunk's first step (docs/design.md, 6. Memory): a projection of the whole
+        sequence would keep T steps of its rows, and of their diffs, alive at once. The
+        chunks start with the run (from step T-1 down, in reverse), as the chunks of the
+        batched weight gradients do, so that recomputed segments are cut between both."""
+        starts = (list(range(d.T, 0, -GRADIENT_CHUNK)) if d.reverse
+                  else list(range(0, d.T, GRADIENT_CHUNK)))
+        bounds = (sorted({max(0, e - GRADIENT_CHUNK) for e in starts} | {d.T}) if d.reverse
+                  else [*starts, d.T])
+        spans = list(zip(bounds[:-1], bounds[1:]))
+        parts = {}
+        for name, blob in inputs.items():
+            lp = LayerParameter(name=f"{d.scope}{name}_chunks", type="Slice", bottom=[blob],
+                                top=[f"{d.scope}{name}_c{c}" for c in range(len(spans))])
+            lp.slice_param.axis = 0
+            lp.slice_param.slice_point.extend(a for a, _ in spans[1:])
+            self.add_layer(lp, f"layer '{lp.name}'")
+            parts[name] = list(lp.top)
+        per_step = {name: [""] * d.T for name in inputs}
+        for c, (a, b) in enumerate(spans):
+            out = {name: f"{blob}_c{c}" for name, blob in seq_out.items()}
+            s = Step(d.scope, None, b - a, d.reverse, input={n: p[c] for n, p in parts.items()},
+                     output=out, chunk=c)
+            layers = self.render(d.template, d.module, "sequence", s)
+            for name, blob in out.items():
+                lp = LayerParameter(name=f"{blob}_slice", type="Slice", bottom=[blob],
+                                    top=[f"{seq_out[name]}_t{t}" for t in range(a, b)])
+                lp.slice_param.axis = 0
+                layers.append(lp)
+                per_step[name][a:b] = list(lp.top)
+            d.pending[b - 1 if d.reverse else a] = layers
+        return per_step
 
     def _unroll_steps(self, d: _Direction, per_step: dict, conts: list[str]):
         """Render every step; returns outputs by t, the final states, and the conts by run step."""
@@ -407,6 +447,8 @@ class NetBuilder:
         run_conts = []
         params_seen = None
         for k, t in enumerate(d.order, start=1):
+            for lp in d.pending.pop(t, ()):
+                self.add_layer(lp, f"{d.template.name} (sequence)")
             # reverse: the state entering step t comes from t+1, so it continues
             # exactly when t+1 does not start a sequence (cont[t+1] == 1)
             cont_t = conts[t + 1] if d.reverse and t + 1 < d.T else conts[t]
@@ -735,6 +777,12 @@ def _check_initial_blobs(template: Template, net: NetParameter, builder: NetBuil
                 f"layer above the recurrence makes; it must be a (1, N, size) blob made by a "
                 f"layer before the recurrent() call, or an input of the net"
             )
+
+
+def _row_wise(lp: LayerParameter) -> bool:
+    """Whether a layer maps every row along axis 0 on its own (an InnerProduct from axis 1
+    or later), so the sequence macro may run over chunks of the steps."""
+    return lp.type == "InnerProduct" and lp.inner_product_param.axis >= 1
 
 
 def _require(d: _Direction, blobs: dict, found: set, problem) -> None:
