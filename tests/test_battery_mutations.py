@@ -230,6 +230,7 @@ def peephole(tmp_path, output_gate_reads="s.state.c", name="peephole"):
 SMALL = dict(steps=4, batch=2, input_dim=2, hidden=3)
 
 
+@pytest.mark.slow
 def test_the_peephole_mistake_passes_every_gradient_check_and_fails_the_reference(tmp_path):
     check_template(peephole(tmp_path), peephole_step, **SMALL)
     wrong = peephole(tmp_path, "s.blob('c_cont')", "peephole_wrong")  # o reads c_{t-1}

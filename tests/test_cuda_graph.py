@@ -160,6 +160,7 @@ def test_a_pass_that_reads_the_device_is_refused_at_capture(device):
         graphs.gradients(TINY_INPUTS)
 
 
+@pytest.mark.slow
 def test_check_capturable_names_what_stops_a_capture():
     counts = check_capturable(small_lstm("trace")[0], small_lstm("trace")[2])
     assert (counts.syncs, counts.transfers) == (0, 0) and counts.launches > 0

@@ -252,6 +252,7 @@ def test_test_phase_memory_does_not_grow_with_T():
     assert reports[500] < unplanned / 4
 
 
+@pytest.mark.slow
 def test_a_long_line_is_tagged_in_memory_linear_in_its_length():
     """What grows with T is only the sequence-wide blobs (embeddings, projections, states,
     scores): the per-step blobs of 2 layers x 2 directions are reused step after step."""
@@ -299,6 +300,7 @@ def build_opcodes(text) -> int:
     return count
 
 
+@pytest.mark.slow
 def test_building_is_linear_in_the_layers():
     small, large = build_opcodes(chain(2_000)), build_opcodes(chain(4_000))
     assert large / small < 2.2  # linear gives 2, quadratic 4

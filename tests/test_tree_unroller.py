@@ -112,6 +112,7 @@ def _with_loss(net_param, rows, width):
     return net_param
 
 
+@pytest.mark.slow
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=batches(max_extra=6, max_trees=2), template=st.sampled_from([CHILD_SUM, NARY]),
        seed=st.integers(0, 99))

@@ -67,6 +67,7 @@ sentences_st = st.lists(st.lists(st.sampled_from(WORDS + ["unseen", "Zebras"]), 
                                  max_size=5), min_size=1, max_size=4)
 
 
+@pytest.mark.slow
 @given(sentences=sentences_st, extra=st.integers(0, 2), seed=st.integers(0, 9))
 def test_packed_words_give_the_full_grid_scores_loss_and_gradients(tagger, sentences, extra,
                                                                    seed):
