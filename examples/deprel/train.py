@@ -19,7 +19,7 @@ from examples.deprel.conll import read_deprel
 from examples.deprel.labeller import DeprelConfig, Labeller
 from examples.pos_tagging import folder
 from examples.pos_tagging.features import Featurizer, word_dropout
-from examples.pos_tagging.train import bad_batch, diverged
+from examples.pos_tagging.train import bad_batch, checked_step, diverged
 from unroll.train.solver import NonFiniteError, Solver
 
 __all__ = ["TrainOptions", "accuracy", "train"]
@@ -96,17 +96,13 @@ def train(opts: TrainOptions) -> list[dict]:
                 inputs["word"] = word_dropout(inputs["word"].astype(np.int64),
                                               featurizer.vocabs["word"], rng).astype(float)
                 c0 = time.perf_counter()
-                model = labeller.train_model
-                model.clear_param_diffs()
-                model.forward(widths=key, **inputs)
-                model.backward()
                 try:
-                    solver.update()
+                    losses.append(checked_step(labeller.train_model, solver,
+                                               dict(widths=key, **inputs)))
                 except NonFiniteError as e:
                     raise diverged(bad_batch(epoch, k, e.step), model_dir, log, opts.lr,
                                    resumable=False) from None
                 compute += time.perf_counter() - c0
-                losses.append(model.loss)
                 words += sum(len(w) for w in where)
                 bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}",
                                 words_s=f"{words / compute:.0f}")

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from examples.lemmatize.conll import read_lemmas
 from examples.lemmatize.model import LOG_SCHEMA, Lemmatizer, LemmatizerConfig
 from examples.pos_tagging import folder
-from examples.pos_tagging.train import bad_batch, diverged
+from examples.pos_tagging.train import bad_batch, checked_step, diverged
 from unroll import Solver
 from unroll.core.errors import FileFormatError
 from unroll.train.solver import NonFiniteError
@@ -181,15 +181,11 @@ def _train(opts: TrainOptions, model_dir: Path, lemmatizer: Lemmatizer, log: lis
                    unit="batch", disable=opts.quiet, mininterval=1.0, dynamic_ncols=True)
         for k, (key, inputs) in enumerate(bar):
             c0 = time.perf_counter()
-            model.clear_param_diffs()
-            model.forward(widths=key, **inputs)
-            model.backward()
             try:
-                solver.update()
+                losses.append(checked_step(model, solver, dict(widths=key, **inputs)))
             except NonFiniteError as e:
                 raise diverged(bad_batch(epoch, k, e.step), model_dir, log, opts.lr) from None
             compute += time.perf_counter() - c0
-            losses.append(model.loss)
             words += inputs["src"].shape[1]
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}",
                             words_s=f"{words / compute:.0f}")

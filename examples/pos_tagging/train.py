@@ -52,7 +52,7 @@ from unroll.train import distributed
 from unroll.train.solver import NonFiniteError, Solver
 
 __all__ = ["BUCKETED_LR", "DEV_FILE", "PACKED_LR", "TRAIN_FILE", "TrainOptions",
-           "TrainingDiverged", "bad_batch", "diverged", "train"]
+           "TrainingDiverged", "bad_batch", "checked_step", "diverged", "train"]
 
 
 #: Adam's default learning rates with length buckets and with packed rows
@@ -355,6 +355,17 @@ def bad_batch(epoch: int, k: int, step) -> str:
     """Where a non-finite step (a :class:`~unroll.train.solver.SkippedStep`) was: for messages."""
     return (f"epoch {epoch + 1}, batch {k + 1} (iteration {step.iter}): loss {step.loss:g}, "
             f"gradient norm {step.gradient_norm:g}")
+
+
+def checked_step(model, solver, inputs: dict) -> float:
+    """One training step of ``model`` on ``inputs``: forward, backward and the ``solver``'s
+    update; returns the loss. A solver with ``nonfinite="stop"`` raises
+    :class:`~unroll.train.solver.NonFiniteError` before updating on a non-finite step."""
+    model.clear_param_diffs()
+    model.forward(**inputs)
+    model.backward()
+    solver.update()
+    return model.loss
 
 
 def diverged(where: str, model_dir: Path, log: list, lr: float, resumable: bool = True,
