@@ -22,7 +22,7 @@ budget no plan fits is reported with the smallest that works. Ratios are to
 each side's own full run, in the same turn. A benchmark, not a test: on a
 shared machine quote the ratios.
 
-    python -m bench.bench_recompute --steps 1000 5000 --torch-python /work/torchvenv/bin/python
+    python -m bench.bench_recompute --steps 1000 5000 --torch-python PATH/TO/venv/bin/python
 """
 
 from __future__ import annotations
