@@ -15,6 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from examples.pos_tagging.commands import run_example
+
 __all__ = ["build_parser", "main"]
 
 
@@ -100,15 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Run the command; errors print one line (exit 2: bad input, 1: a failure)."""
-    from examples.pos_tagging.conll import CoNLLUError
-    from examples.pos_tagging.folder import ModelFolderError
-    from examples.pos_tagging.train import TrainingDiverged
-    from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
-
-    args = build_parser().parse_args(argv)
-    return run_command(f"python -m examples.deprel {args.command}", args.run, args,
-                       (*USER_ERRORS, CoNLLUError, ModelFolderError, ValueError),
-                       (*FAILURES, TrainingDiverged))
+    return run_example("python -m examples.deprel", build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from examples.pos_tagging.commands import positive_int, run_example
+
 __all__ = ["build_parser", "main"]
 
 
@@ -84,17 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--model-dir", required=True)
     tr.add_argument("--data", help="the folder of EWT's train and dev .conllu (default: as the "
                                    "tagger finds it)")
-    tr.add_argument("--epochs", type=_positive, default=40,
+    tr.add_argument("--epochs", type=positive_int, default=40,
                     help="in all, with --resume the folder's included (default 40)")
     tr.add_argument("--lr", type=float, default=3e-3)
     sizes = tr.add_argument_group("model sizes (with --resume: only to check the folder's)")
-    sizes.add_argument("--hidden", type=_positive,
+    sizes.add_argument("--hidden", type=positive_int,
                        help=f"each encoder direction's LSTM (the decoder's is twice it; "
                             f"default {d.hidden})")
-    sizes.add_argument("--embed", type=_positive,
+    sizes.add_argument("--embed", type=positive_int,
                        help=f"character embedding size (default {d.embed})")
     sizes.add_argument("--dropout", type=float, help=f"default {d.dropout}")
-    sizes.add_argument("--batch", type=_positive, help=f"default {d.batch}")
+    sizes.add_argument("--batch", type=positive_int, help=f"default {d.batch}")
     tr.add_argument("--limit", type=int, default=0, help="only the first N sentences of each "
                                                          "split (a quick run)")
     tr.add_argument("--max-minutes", type=float, default=20.0,
@@ -113,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model-dir", required=True)
         p.add_argument("--conllu", required=name == "lemmatize", metavar="IN")
         p.add_argument("--checkpoint", choices=["best", "last"], default="best")
-        p.add_argument("--beam", type=_positive, default=4 if name == "evaluate" else 1,
+        p.add_argument("--beam", type=positive_int, default=4 if name == "evaluate" else 1,
                        help="beam width (1: greedy)" + (
                            "; evaluate reports greedy and this" if name == "evaluate" else ""))
         if name == "evaluate":
@@ -126,27 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, found {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, found {value}")
-    return value
-
-
 def main(argv=None) -> int:
     """Run the command; errors print one line (exit 2: bad input, 1: a failure)."""
-    from examples.pos_tagging.conll import CoNLLUError
-    from examples.pos_tagging.folder import ModelFolderError
-    from examples.pos_tagging.train import TrainingDiverged
-    from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
-
-    args = build_parser().parse_args(argv)
-    return run_command(f"python -m examples.lemmatize {args.command}", args.run, args,
-                       (*USER_ERRORS, CoNLLUError, ModelFolderError, ValueError),
-                       (*FAILURES, TrainingDiverged))
+    return run_example("python -m examples.lemmatize", build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

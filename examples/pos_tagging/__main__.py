@@ -23,6 +23,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from examples.pos_tagging.commands import positive_int, run_example
 from examples.pos_tagging.data import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE
 from examples.pos_tagging.output import OutputClosed, standard_output
 from unroll.engine.memory_limit import parse_bytes
@@ -155,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     common.add_argument("--debug", action="store_true",
                         help="show the traceback of an error, not one line")
-    common.add_argument("--threads", type=_positive_int, metavar="N",
+    common.add_argument("--threads", type=positive_int, metavar="N",
                         help="BLAS threads (default: $UNROLL_NUM_THREADS, else the cores "
                              "other processes leave free, measured as it runs)")
 
@@ -244,33 +245,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, found {text!r}")
-    return n
-
-
 def main(argv=None) -> int:
     """Run the command; errors print one line (exit 2: bad input, 1: a failure)."""
-    from examples.pos_tagging.conll import CoNLLUError
     from examples.pos_tagging.fetch import FetchError
-    from examples.pos_tagging.folder import ModelFolderError
-    from examples.pos_tagging.train import TrainingDiverged
     from unroll.engine.threads import set_num_threads
-    from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
 
     args = build_parser().parse_args(argv)
     if getattr(args, "threads", None):  # `fetch` runs no net
         set_num_threads(args.threads)
-    # ValueError: a bad size or option value, which the tagger names
-    user_errors = (*USER_ERRORS, CoNLLUError, ModelFolderError, ValueError, FetchError)
     try:
-        return run_command(f"python -m examples.pos_tagging {args.command}", args.run, args,
-                           user_errors, (*FAILURES, TrainingDiverged))
+        return run_example("python -m examples.pos_tagging", args, (FetchError,))
     except OutputClosed:
         return 141  # 128 + SIGPIPE, what a shell reports for a tool stopped by a closed pipe
 
