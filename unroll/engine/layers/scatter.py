@@ -59,9 +59,8 @@ expected -1 or a whole number >= 0 (a cell of 'bottom2')
         if index != 1:
             return
         at = values.reshape(-1)
-        bad = ~((at >= -1) & (at == np.floor(at)))
-        if bad.any():
-            k = int(np.argmax(bad))
+        k = first_non_index(at)
+        if k is not None:
             raise self.error(f"bottom '{name}' holds {float(at[k])!r} at index "
                              f"{_where(k, values.shape)}; expected -1 or a whole number >= 0 "
                              f"(a cell of '{self.like_name}')")
@@ -138,6 +137,13 @@ def gather_backward(layer, tops, propagate_down, bottoms, count: int, width: int
     for down, blob in zip(propagate_down[1:], (indices, like)):
         if down:
             blob.diff[...] = 0
+
+
+def first_non_index(at: np.ndarray) -> int | None:
+    """The position of the first value of the flat ``at`` that is neither -1 (no row) nor a
+    whole number >= 0; None when every value is one."""
+    bad = ~((at >= -1) & (at == np.floor(at)))
+    return int(np.argmax(bad)) if bad.any() else None
 
 
 def _where(k: int, shape) -> tuple:

@@ -12,7 +12,7 @@ import numpy as np
 
 from unroll.engine.layer import Layer, register_layer
 from unroll.engine.layers.embed import scatter_add_rows, sorted_add_rows
-from unroll.engine.layers.scatter import gather_backward
+from unroll.engine.layers.scatter import first_non_index, gather_backward
 
 
 @register_layer("SegmentSum")
@@ -56,9 +56,8 @@ expected -1 or a segment (a row of 'bottom2')
         if index != 1:
             return
         at = values.reshape(-1)
-        bad = ~((at >= -1) & (at == np.floor(at)))
-        if bad.any():
-            k = int(np.argmax(bad))
+        k = first_non_index(at)
+        if k is not None:
             raise self.error(f"bottom '{name}' holds {float(at[k])!r} at index {k}; expected -1 "
                              f"or a segment (a row of '{self.like_name}')")
         self._checked_max = None
