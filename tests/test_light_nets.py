@@ -1,6 +1,9 @@
 """Unrolled nets are light: what a built net does not hold, and what it still tells."""
 
 import gc
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -143,3 +146,39 @@ def test_a_class_contract_changed_after_a_set_up_is_read_again():
     Flipped.in_place = not Flipped.in_place  # the class's own value, not an instance's
     Flipped(LayerParameter(name="g", type="ReLU")).set_up([x], [y])
     assert y.shape == (2,)
+
+
+LONG_NET = """
+import gc
+import json
+import numpy as np
+from unroll import Net, expand
+T = 100
+net_param = expand("lstm", steps=T, batch=1, input_dim=1, hidden=1)
+target = net_param.layer.add(name="target", type="Input", top=["target"])
+target.input_param.shape.add(dim=[T, 1, 1])
+net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "target"], top=["loss"])
+net = Net(net_param)
+cont = np.ones((T, 1))
+cont[0] = 0
+net.forward(x=np.ones((T, 1, 1)), cont=cont, target=np.zeros((T, 1, 1)))
+net.backward()
+# CPython keeps an instance's attributes beside its class's shared keys until one no longer
+# fits there; then the instance gets a dict of its own, which gc sees
+owns = {l.type for l in net.layers_run
+        if any(isinstance(r, dict) and "xp" in r for r in gc.get_referents(l))}
+print(json.dumps([sorted({l.type for l in net.layers_run}), sorted(owns)]))
+"""
+
+
+@pytest.mark.skipif(sys.implementation.name != "cpython" or sys.version_info < (3, 11),
+                    reason="CPython's shared instance keys")
+def test_every_layer_of_a_long_unrolled_net_keeps_its_attributes_in_its_class_keys():
+    # a net makes all its layers before it sets any up, so in a fresh process each class
+    # has a hundred instances before the first is set up: what layer_setup, the layout and
+    # compact add must still fit its keys, or every attribute read is a dict lookup
+    out = subprocess.run([sys.executable, "-c", LONG_NET], capture_output=True, text=True,
+                         check=True).stdout
+    types, owning = json.loads(out)
+    assert {"InnerProduct", "Scale", "Eltwise", "LSTMUnit"} <= set(types)
+    assert owning == []

@@ -35,10 +35,13 @@ A new layer type is one short class::
 
 from __future__ import annotations
 
+import dis
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
+import types
 from types import MappingProxyType
 
 import numpy as np
@@ -62,6 +65,43 @@ CONTRACT = ("num_bottoms", "num_tops", "in_place", "backward_reads", "backward_r
             "counts", "reads_in_backward", "allow_force_backward", "passes_diff",
             "param_batch_key", "param_row_widths", "param_backward", "check_host_bottom",
             "apply_layout")
+
+
+def _stored_attributes(code) -> list[str]:
+    """The attributes ``code`` (and the code nested in it) stores on ``self``."""
+    names, before = [], None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "STORE_ATTR" and before is not None and before.argval == "self" \
+                and before.opname in ("LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE"):
+            names.append(ins.argval)
+        before = ins
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _stored_attributes(const)
+    return names
+
+
+def _share_instance_keys(cls) -> None:
+    """Put every attribute the methods of ``cls`` store on ``self`` into the class's shared
+    instance keys, before any instance exists.
+
+    Why: CPython (3.11+) keeps an instance's attributes in a table of keys shared by its
+    class, which shrinks by one with every instance made. A net makes all its layers before
+    it sets any up, so in an unrolled net of a hundred steps the attributes ``layer_setup``
+    adds no longer fit, and every attribute read of those layers becomes a dict lookup
+    (about 5% of the run loop at toy sizes). A first instance that stores them all while
+    the table has room keeps it for every later one."""
+    names = []
+    for klass in reversed(cls.__mro__[:-1]):
+        for value in vars(klass).values():
+            for fn in ((value.fget, value.fset) if isinstance(value, property) else (value,)):
+                code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+                if code is not None:
+                    names += _stored_attributes(code)
+    first = object.__new__(cls)
+    for name in dict.fromkeys(names):
+        if not hasattr(inspect.getattr_static(cls, name, None), "__set__"):  # not a property
+            object.__setattr__(first, name, None)
 
 
 def register_layer(type_name: str):
@@ -268,6 +308,7 @@ class Layer:
             raise TypeError(
                 f"{cls.__name__} overrides set_up; override layer_setup and reshape instead"
             )
+        _share_instance_keys(cls)
 
     @property
     def param(self):
