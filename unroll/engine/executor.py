@@ -11,6 +11,7 @@ bare call per layer: a layer's exception is named by the net afterwards
 
 from __future__ import annotations
 
+import bisect
 import functools
 from concurrent.futures import ThreadPoolExecutor
 
@@ -337,11 +338,11 @@ def recompute_schedule(fwd, bwd, recompute) -> list:
     """Backward by segments, last first, for a :class:`~unroll.engine.memory_plan.Recompute` plan:
     per segment, the ``fwd`` entries it runs again, then its ``bwd`` entries."""
     bounds = [0, *recompute.cuts, len(fwd)]
-    out = []
-    for k in reversed(range(len(bounds) - 1)):
-        again = [fwd[s] for s in recompute.steps[k]] if k < len(recompute.steps) else []
-        out.append((again, [e for e in bwd if bounds[k] <= e[0] < bounds[k + 1]]))
-    return out
+    entries: list[list] = [[] for _ in bounds[1:]]
+    for e in bwd:  # in backward's order within each segment
+        entries[bisect.bisect_right(bounds, e[0]) - 1].append(e)
+    return [([fwd[s] for s in recompute.steps[k]] if k < len(recompute.steps) else [],
+             entries[k]) for k in reversed(range(len(bounds) - 1))]
 
 
 def run_backward(bwd, items, zero_before, gemms, segments=None) -> None:

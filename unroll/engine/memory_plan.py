@@ -256,11 +256,17 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
                                [_count(shape) * itemsize for shape in shapes])
                 if between else None)
 
+    planned: dict[tuple, tuple] = {}
+
     def attempt(segment_bytes):
-        plan = make(recompute_plan(steps, layers, base.data_root,
-                                   greedy_cuts(sizes, allowed, segment_bytes, crossing), chunks))
-        layout_ = lay_out(plan)
-        return planned_bytes(plan, layout_, shapes, itemsize, inputs), plan, layout_
+        # segments of a few steps all end at the same cuts (between weight-gradient
+        # chunks): each set of cuts is planned once
+        cuts = tuple(greedy_cuts(sizes, allowed, segment_bytes, crossing))
+        if cuts not in planned:
+            plan = make(recompute_plan(steps, layers, base.data_root, cuts, chunks))
+            layout_ = lay_out(plan)
+            planned[cuts] = planned_bytes(plan, layout_, shapes, itemsize, inputs), plan, layout_
+        return planned[cuts]
 
     need = planned_bytes(base, full, shapes, itemsize, inputs)
     if mode == "sqrt":  # never more memory than without recomputation, for nothing
