@@ -69,28 +69,39 @@ CONTRACT = ("num_bottoms", "num_tops", "in_place", "backward_reads", "backward_r
 
 def _stored_attributes(code) -> list[str]:
     """The attributes ``code`` (and the code nested in it) stores on ``self``."""
-    names, before = [], None
-    for ins in dis.get_instructions(code):
-        if ins.opname == "STORE_ATTR" and before is not None and before.argval == "self" \
-                and before.opname in ("LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE"):
-            names.append(ins.argval)
-        before = ins
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names += _stored_attributes(const)
+    names = _STORED.get(code)
+    if names is None:
+        names, before = [], None
+        for ins in dis.get_instructions(code):
+            # the object stored on comes right before STORE_ATTR (3.13 loads it last of a pair)
+            if (ins.opname == "STORE_ATTR" and before is not None
+                    and before.opname.startswith(("LOAD_FAST", "LOAD_DEREF"))
+                    and "self" in (before.argval if isinstance(before.argval, tuple)
+                                   else (before.argval,))[-1:]):
+                names.append(ins.argval)
+            before = ins
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                names += _stored_attributes(const)
+        _STORED[code] = names
     return names
+
+
+_STORED: dict = {}  # code -> the attributes it stores on self: subclasses share methods
+_KEYS_SHARED: set[type] = set()
 
 
 def _share_instance_keys(cls) -> None:
     """Put every attribute the methods of ``cls`` store on ``self`` into the class's shared
-    instance keys, before any instance exists.
+    instance keys, from the class's first instance on.
 
     Why: CPython (3.11+) keeps an instance's attributes in a table of keys shared by its
     class, which shrinks by one with every instance made. A net makes all its layers before
     it sets any up, so in an unrolled net of a hundred steps the attributes ``layer_setup``
     adds no longer fit, and every attribute read of those layers becomes a dict lookup
-    (about 5% of the run loop at toy sizes). A first instance that stores them all while
-    the table has room keeps it for every later one."""
+    (about 2% of the run loop's instructions at toy sizes). A first instance that stores
+    them all while the table has room keeps it for every later one."""
+    _KEYS_SHARED.add(cls)
     names = []
     for klass in reversed(cls.__mro__[:-1]):
         for value in vars(klass).values():
@@ -290,6 +301,8 @@ class Layer:
     _param_bytes = b""
 
     def __init__(self, param, xp=np, dtype=np.float32, phase="train", rng=None, make_param=None):
+        if type(self) not in _KEYS_SHARED:
+            _share_instance_keys(type(self))
         self.param = param
         if self.type == "?" and param.type:  # a class no type registered: a Python layer
             self.type = param.type
@@ -308,7 +321,6 @@ class Layer:
             raise TypeError(
                 f"{cls.__name__} overrides set_up; override layer_setup and reshape instead"
             )
-        _share_instance_keys(cls)
 
     @property
     def param(self):
