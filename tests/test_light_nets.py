@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.hang import limit
 from unroll import Net, NetError, expand
 from unroll.core.proto import LayerParameter
 from unroll.engine.blob import Blob
@@ -178,7 +179,7 @@ def test_every_layer_of_a_long_unrolled_net_keeps_its_attributes_in_its_class_ke
     # has a hundred instances before the first is set up: what layer_setup, the layout and
     # compact add must still fit its keys, or every attribute read is a dict lookup
     out = subprocess.run([sys.executable, "-c", LONG_NET], capture_output=True, text=True,
-                         check=True).stdout
+                         check=True, timeout=limit(60)).stdout
     types, owning = json.loads(out)
     assert {"InnerProduct", "Scale", "Eltwise", "LSTMUnit"} <= set(types)
     assert owning == []
