@@ -73,12 +73,12 @@ def _stored_attributes(code) -> list[str]:
     if names is None:
         names, before = [], None
         for ins in dis.get_instructions(code):
-            # the object stored on comes right before STORE_ATTR (3.13 loads it last of a pair)
-            if (ins.opname == "STORE_ATTR" and before is not None
-                    and before.opname.startswith(("LOAD_FAST", "LOAD_DEREF"))
-                    and "self" in (before.argval if isinstance(before.argval, tuple)
-                                   else (before.argval,))[-1:]):
-                names.append(ins.argval)
+            if ins.opname == "STORE_ATTR" and before is not None \
+                    and before.opname.startswith(("LOAD_FAST", "LOAD_DEREF")):
+                # the object stored on is loaded right before (3.13: the last of a pair)
+                loaded = before.argval
+                if (loaded[-1] if isinstance(loaded, tuple) else loaded) == "self":
+                    names.append(ins.argval)
             before = ins
         for const in code.co_consts:
             if isinstance(const, types.CodeType):
