@@ -3,12 +3,14 @@
 One unrolled LSTM layer (``unroll.expand("lstm")``, H hidden, N sequences, T
 steps, input width H) under a Euclidean loss at every step, right after it
 (``--loss whole``: one loss over the whole (T, N, H) output, which then keeps
-three T-long blobs of its own), planned five ways: the full plan, Chen et al.'s
-``recompute="sqrt"`` segments, and ``memory_budget`` of 1/4, 1/10 and 1/50 of
-the full plan (``--budgets``). Beside it, in the same run, PyTorch: the fused
-``nn.LSTM`` (everything kept) and ``torch.utils.checkpoint.checkpoint_sequential``
-with sqrt(T) segments over a chain of per-step ``nn.LSTMCell`` modules, the same
-loss.
+three T-long blobs of its own), planned six ways: the full plan, Chen et al.'s
+``recompute="sqrt"`` segments, BPTT-HSM in its fewest slots (``recompute="hsm"``,
+the least memory), and ``memory_budget`` of 1/4, 1/10 and 1/50 of the full plan
+(``--budgets``). For a BPTT-HSM plan, its segments' forward runs beside the
+dynamic program's optimum for as many steps and slots. Beside it, in the same
+run, PyTorch: the fused ``nn.LSTM`` (everything kept) and
+``torch.utils.checkpoint.checkpoint_sequential`` with sqrt(T) segments over a
+chain of per-step ``nn.LSTMCell`` modules, the same loss.
 
 Every configuration runs in its own process (unset OPENBLAS_CORETYPE and
 OPENBLAS_L2_SIZE for both sides) a small net first (compiled kernels, imports),
@@ -110,7 +112,8 @@ def unroll_side(args) -> dict:
     from unroll.core.errors import MemoryBudgetError
 
     N, H = args.batch, args.hidden
-    options = {"full": {}, "sqrt": {"recompute": "sqrt"}}.get(args.config)
+    options = {"full": {}, "sqrt": {"recompute": "sqrt"},
+               "hsm": {"recompute": "hsm"}}.get(args.config)
     if options is None:
         options = {"memory_budget": int(args.full_bytes * float(args.config))}
 
@@ -139,11 +142,14 @@ def unroll_side(args) -> dict:
         return {"refused": e.smallest}
     planning = time.perf_counter() - start
     seconds, rss = timed_steps(step, args.iters)
-    plan = net.inspect().recompute
+    plan, rc = net.inspect().recompute, net.memory.liveness.recompute
     return {"seconds": seconds, "rss": rss, "planned": plan["planned_bytes"],
             "workspace": net.workspace.nbytes, "recomputed": plan["recomputed_steps"],
             "factor": plan["factor"], "checkpoints": len(plan["checkpoints"]),
-            "planning": planning}
+            "planning": planning, "policy": plan["policy"],
+            "slots": rc.slots if rc is not None else None,
+            "segment_runs": (len(rc.cuts) + 1 + sum(a >= 0 for a in rc.order)
+                             if rc is not None else None)}
 
 
 def torch_side(args) -> dict:
@@ -263,29 +269,28 @@ def main(argv=None) -> None:
             print(f"T={T} (turn {turn + 1}) unroll full plan: planned {mib(full['planned'])}, "
                   f"workspace {mib(full['workspace'])}, RSS +{mib(full['rss'])}, "
                   f"{full['seconds']:.2f} s/step")
-            sqrt_kept = None
-            for config in args.configs or ["sqrt", *map(str, args.budgets)]:
+            for config in args.configs or ["sqrt", "hsm", *map(str, args.budgets)]:
                 got = run_side("unroll", sys.executable, args, T, config, full["planned"])
                 if got is None:
                     continue
-                label = "sqrt" if config == "sqrt" else f"1/{1 / float(config):g}"
+                label = config if config in ("sqrt", "hsm") else f"1/{1 / float(config):g}"
                 if "refused" in got:
                     print(f"  {label:>6}: refused, the smallest plan needs "
                           f"{mib(got['refused'])} ({got['refused'] / full['planned']:.3f} of "
                           f"the full plan)")
                     continue
-                if config == "sqrt":
-                    sqrt_kept = got["checkpoints"] + 1
                 print(f"  {label:>6}: planned {got['planned'] / full['planned']:.3f}, "
                       f"workspace {got['workspace'] / full['workspace']:.3f}, "
                       f"RSS +{got['rss'] / full['rss']:.3f} of full; "
                       f"forward x {got['factor']:.2f} ({got['recomputed']} steps again, "
-                      f"{got['checkpoints']} checkpoints), step time "
+                      f"{got['checkpoints']} checkpoints, {got['policy']}), step time "
                       f"x {got['seconds'] / full['seconds']:.2f}; planned in "
                       f"{got['planning']:.1f} s")
-            if sqrt_kept:
-                print(f"  BPTT-HSM optimum for {T} steps and {sqrt_kept} kept states: "
-                      f"{bptt_hsm(T, sqrt_kept) / T:.2f} forward steps per step")
+                if got["slots"]:  # its segments' forward runs against the dynamic program's
+                    n = got["checkpoints"] + 1
+                    print(f"          segments run forward {got['segment_runs'] / n:.3f} times "
+                          f"each; BPTT-HSM's optimum for {n} steps in {got['slots']} slots: "
+                          f"{bptt_hsm(n, got['slots']) / n:.3f}")
             if args.torch_python:
                 torch_figures(args, T, full)
 

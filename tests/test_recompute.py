@@ -12,7 +12,7 @@ from tests.net_helpers import host
 from unroll import expand, testing, to_prototxt
 from unroll.core.errors import MemoryBudgetError, NetError
 from unroll.core.proto import LayerParameter
-from unroll.engine.memory_plan import GRADIENT_CHUNK, bptt_hsm
+from unroll.engine.memory_plan import GRADIENT_CHUNK, bptt_hsm, hsm_order
 from unroll.engine.net import Net
 from unroll.train.bucketing import cont_from_lengths
 
@@ -216,7 +216,7 @@ def test_a_budget_is_refused_where_it_cannot_be_planned():
         Net(text, concurrent=True, recompute="sqrt")
     with pytest.raises(NetError, match="plan_memory=False keeps every blob"):
         Net(text, plan_memory=False, memory_budget=10**6)
-    with pytest.raises(ValueError, match="recompute must be None or 'sqrt'"):
+    with pytest.raises(ValueError, match="recompute must be None, 'sqrt' or 'hsm'"):
         Net(text, recompute="log")
 
 
@@ -254,10 +254,87 @@ def fewest_forwards(t: int, slots: int) -> int:
     raise AssertionError("unreachable")
 
 
+def states_held(t: int, order) -> int:
+    """The most states a policy (:func:`hsm_order`'s actions after the forward pass) holds
+    at once, h_0 included, checking that it backpropagates the chain: each step's
+    backward once, last first, right after its forward; each forward run from a state
+    written before."""
+    actions = [*range(t), *order]
+    assert [~a for a in actions if a < 0] == list(reversed(range(t)))
+    written, spans = {0: -1}, {}
+    for i, a in enumerate(actions):
+        if a < 0:
+            assert actions[i - 1] == ~a
+        else:
+            if i == 0 or actions[i - 1] != a - 1:  # a run starts from the state kept at a
+                key = (a, written[a])
+                spans[key] = max(spans.get(key, i), i)
+            written[a + 1] = i
+    return max(sum(w <= i <= last for (_, w), last in spans.items())
+               for i in range(len(actions)))
+
+
 @pytest.mark.parametrize("slots", [1, 2, 3, 4])
 def test_the_dynamic_program_finds_the_fewest_forward_steps(slots):
     for t in range(1, 13):
         assert bptt_hsm(t, slots) == fewest_forwards(t, slots), (t, slots)
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3, 4, 6])
+def test_the_executed_policy_runs_the_fewest_forward_steps_in_its_slots(slots):
+    for t in range(1, 13):
+        order = hsm_order(t, slots)
+        forwards = t + sum(a >= 0 for a in order)
+        assert forwards == fewest_forwards(t, slots) == bptt_hsm(t, slots), (t, slots)
+        assert states_held(t, order) <= slots, (t, slots)
+
+
+#: chains of three weight-gradient chunks or more: BPTT-HSM plans over their chunks
+HSM_LENGTHS = st.integers(2 * GRADIENT_CHUNK + 2, 4 * GRADIENT_CHUNK)
+
+
+@settings(max_examples=8, deadline=None)
+@given(cell=st.sampled_from(CELLS), layers=st.integers(1, 2), T=HSM_LENGTHS,
+       lengths=st.lists(st.integers(1, 4 * GRADIENT_CHUNK), min_size=1, max_size=3),
+       direction=st.sampled_from(["forward", "bidirectional"]), dropout=st.booleans(),
+       dtype=st.sampled_from(["float32", "float64"]), where=st.floats(0, 1))
+def test_bptt_hsm_is_bit_identical_to_the_full_plan(cell, layers, T, lengths, direction,
+                                                    dropout, dtype, where):
+    lengths = [min(n, T) for n in lengths]
+    text = recurrent_net(cell, T, len(lengths), layers, direction, dropout)
+    full = Net(text, dtype=dtype, seed=3)
+    want = train_step(full, feed_for(full, T, lengths))
+    need = full.inspect().recompute["planned_bytes"]
+    fewest = Net(text, dtype=dtype, seed=3, recompute="hsm")  # the least memory
+    plan = fewest.inspect().recompute
+    # a loss over the whole output keeps it: small nets may need less without recomputing
+    assert plan["policy"] is not None and plan["planned_bytes"] < need or (
+        plan["policy"] is None and plan["planned_bytes"] == need)
+    budget = int(plan["planned_bytes"] + where * (need - plan["planned_bytes"]))
+    for net in (fewest, Net(text, dtype=dtype, seed=3, recompute="hsm", memory_budget=budget)):
+        assert_identical(train_step(net, feed_for(net, T, lengths)), want)
+        assert_identical(train_step(net, feed_for(net, T, lengths)), want)  # a second step
+    assert net.workspace.nbytes <= budget
+
+
+def test_a_budget_one_level_cannot_reach_is_planned_by_bptt_hsm():
+    T, N, H = 6 * GRADIENT_CHUNK, 3, 5
+    text = per_step_loss_net("lstm", T, N, H, H)
+    rng = np.random.default_rng(2)
+    feed = dict(x=rng.normal(size=(T, N, H)), target=rng.normal(size=(T, N, H)),
+                cont=cont_from_lengths([T, T - 50, 20], T))
+    want = train_step(Net(text, dtype="float64", seed=3), feed)
+    one_level = [Net(text, dtype="float64", recompute="sqrt")]
+    least = smallest_budget(text, "float64")
+    net = Net(text, dtype="float64", seed=3, memory_budget=least)
+    rc = net.memory.liveness.recompute
+    assert rc.slots is not None and net.inspect().recompute["policy"].startswith("BPTT-HSM")
+    assert least < one_level[0].inspect().recompute["planned_bytes"]
+    assert_identical(train_step(net, feed), want)
+    assert net.workspace.nbytes <= least
+    # the executed policy is the dynamic program's: so many forward runs of the segments
+    segments = len(rc.cuts) + 1
+    assert segments + sum(a >= 0 for a in rc.order) == bptt_hsm(segments, rc.slots)
 
 
 def test_on_a_gpu_recomputation_adds_launches_and_no_sync():

@@ -137,6 +137,10 @@ class Blob:
         self._data, self._diff = data, diff
         self._seen = self._seen_diff = None
 
+    def bind_data(self, data) -> None:
+        """Give the blob other data memory a net placed for it; its diff stays."""
+        self._data, self._seen = data, None
+
     def view_of(self, other: Blob, diff: bool = True) -> None:
         """Make ``data`` (and ``diff`` too, if asked) a view of ``other``'s, whatever memory
         ``other`` is given later. Same count required; the shape is this blob's."""

@@ -22,7 +22,7 @@ from unroll.engine import memory_plan
 from unroll.engine.threads import num_threads, run_threads
 
 __all__ = ["NetMemory", "bind", "recompute_schedule", "release", "run_backward",
-           "run_forward", "schedule", "switch"]
+           "run_forward", "schedule", "Lives"]
 
 #: layouts a net keeps, by input shapes: a bucket's full batches and its last one
 LAYOUTS_KEPT = 2
@@ -44,8 +44,8 @@ class NetMemory:
 
     def __init__(self, blobs, graph, layers, bottom_need, workspace, dtype, limit, fwd=(),
                  bwd=(), budget=None, recompute=None, regions=()):
-        if recompute not in (None, "sqrt"):
-            raise ValueError(f"recompute must be None or 'sqrt', found {recompute!r}")
+        if recompute not in (None, "sqrt", "hsm"):
+            raise ValueError(f"recompute must be None, 'sqrt' or 'hsm', found {recompute!r}")
         if (budget is not None or recompute) and regions:
             raise NetError(f"net '{limit.name}': concurrent=True runs branches at once, and "
                            f"a memory budget recomputes segments in order; choose one")
@@ -56,7 +56,7 @@ class NetMemory:
         self.liveness = self.layout = None
         self.layouts: dict = {}  # input shapes -> a recent layout
         self.bound, self.bound_wholes, self.gemms, self.zero_before = False, set(), {}, {}
-        self.phases, self.in_backward = (), False
+        self.lives, self.in_backward = None, False
 
     def plan(self, make, gate) -> None:
         """Take a new liveness, ``make(recompute)`` for a recomputation plan: the layouts of
@@ -118,7 +118,7 @@ class NetMemory:
 
     def bind(self) -> None:
         """Give the blobs and scratch buffers the memory of the layout (:func:`bind`)."""
-        self.gemms, self.bound_wholes, self.phases = bind(
+        self.gemms, self.bound_wholes, self.lives = bind(
             self.layout, self.liveness, self.blobs, self.layers, self.workspace, self.dtype)
         self.bound, self.in_backward = True, False
 
@@ -127,13 +127,13 @@ class NetMemory:
         if not self.bound:
             self.bind()
         elif self.in_backward:
-            switch(self.phases[0])
+            self.lives.restore()
             self.in_backward = False
 
     def for_backward(self) -> None:
-        """Recomputed values in their second memory, where backward recomputes them."""
-        if self.phases and not self.in_backward:
-            switch(self.phases[1])
+        """Backward's forward runs bind values to other memory: the next forward binds
+        them back."""
+        if self.lives is not None:
             self.in_backward = True
 
     def release(self) -> None:
@@ -141,23 +141,22 @@ class NetMemory:
         again."""
         if self.bound:
             release(self.liveness, self.blobs, self.layers)
-            self.gemms, self.bound, self.phases, self.in_backward = {}, False, (), False
+            self.gemms, self.bound, self.lives, self.in_backward = {}, False, None, False
 
 
 # -- binding a layout ----------------------------------------------------------------------
-def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int], tuple]:
+def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int], Lives | None]:
     """Give every planned blob (of ``blobs``, by number) and every scratch buffer of
     ``layers`` its memory in ``workspace``, as ``layout`` (of liveness ``plan``) places it.
 
     Returns the weight-gradient GEMMs, step -> ``[(layer, x rows, gy rows)]``,
     the ids of the blobs that other blobs are views into (the Slice parts of
     an input, say: a new array for one of them, a borrowed input, must bind
-    its parts again), and, where values are recomputed, the two bindings of
-    their memory: ``(forward, backward)``, each a list of ``(blob, data,
-    diff)`` and one of ``(scratch table, name, array)``.
+    its parts again), and, where backward runs forward again, the
+    :class:`Lives` that binds each run's memory.
     """
     offset, whole, within = layout.offset, layout.whole, layout.within
-    n_blobs = len(blobs)
+    n_blobs, n_lives = len(blobs), len(plan.re_root)
     workspace.grow(layout.total)
     arrays: dict = {}
     wholes = np.unique(whole["data"][whole["data"] >= 0]).tolist()
@@ -166,45 +165,42 @@ def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int],
     def array(kind, r):
         if (kind, r) in arrays:
             return arrays[(kind, r)]
+        relives = kind == "data_re"  # keys are life ids
         host, at = int(whole[kind][r]), int(offset[kind][r])
-        if r >= n_blobs:  # a buffer holding several blobs' rows
+        if r >= (n_lives if relives else n_blobs):  # a buffer holding several blobs' rows
             a = workspace.view(at, (layout.sizes[(kind, r)] // dtype.itemsize,), dtype)
-        elif host >= 0:
-            blob, flat = blobs[r], array(kind, host)
-            first = int(within[kind][r])
-            a = None if flat is None else (
-                flat.reshape(-1)[first : first + blob.count].reshape(blob.shape))
-        elif at >= 0:
-            a = workspace.view(at, blobs[r].shape, dtype)
-        elif r in plan.private:
-            a = getattr(blobs[r], kind)  # its own memory
         else:
-            a = None  # never used by this net (no backward: no diff)
+            blob = blobs[plan.re_root[r]] if relives else blobs[r]
+            if host >= 0:
+                flat, first = array(kind, host), int(within[kind][r])
+                a = None if flat is None else (
+                    flat.reshape(-1)[first : first + blob.count].reshape(blob.shape))
+            elif at >= 0:
+                a = workspace.view(at, blob.shape, dtype)
+            elif not relives and r in plan.private:
+                a = getattr(blob, kind)  # its own memory
+            else:
+                a = None  # never used by this net (no backward: no diff)
         arrays[(kind, r)] = a
         return a
 
+    first_lives = []
     for r in set(plan.data_root) | set(plan.diff_root):
         if r in plan.private:
             continue
         # a root no step touches (a diff where nothing runs backward) gets no memory
-        data = array("data", r) if r in plan.data_life else None
         diff = array("diff", r) if r in plan.diff_life else None
+        if plan.relived(r):  # its life in the forward pass
+            data = array("data_re", int(plan.re_index[r]))
+            first_lives.append((blobs[r], data))
+        else:
+            data = array("data", r) if r in plan.data_life else None
         blobs[r].bind(data, diff)
     for s, layer in enumerate(layers):
         for name, (shape, dtype_, _) in layer.scratch_specs.items():
             if (s, name) in layout.scratch:
                 layer.scratch_memory[name] = workspace.view(layout.scratch[(s, name)], shape,
                                                             dtype_)
-    forward, backward = ([], []), ([], [])
-    for r in plan.recomputed:
-        blob, diff = blobs[r], (array("diff", r) if r in plan.diff_life else None)
-        forward[0].append((blob, array("data", r), diff))
-        backward[0].append((blob, array("data_re", r), diff))
-    for (s, name), at in layout.scratch_re.items():
-        layer = layers[s]
-        shape, dtype_, _ = layer.scratch_specs[name]
-        forward[1].append((layer.scratch_memory, name, layer.scratch_memory.get(name)))
-        backward[1].append((layer.scratch_memory, name, workspace.view(at, shape, dtype_)))
     gemms: dict = {}
     for group in layout.groups:
         layer = layers[group.after]
@@ -213,21 +209,72 @@ def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int],
         x = array(group.x_kind, xr).reshape(-1)[x0 : x0 + group.rows * K].reshape(-1, K)
         gy = array("diff", gr).reshape(-1)[g0 : g0 + group.rows * n].reshape(-1, n)
         gemms.setdefault(group.after, []).append((layer, x, gy))
+    lives = None
+    if plan.recompute is not None:
+        # the buffers that hold lives inside them, for the views made at each run
+        hosts = {h: array("data_re", h)
+                 for h in np.unique(whole["data_re"][whole["data_re"] >= 0]).tolist()}
+        lives = Lives(layout, plan, layers, workspace, dtype, first_lives, hosts, blobs)
     arrays.clear()  # array() refers to itself: left to the collector, the dict would
     # keep views of an old arena alive after the workspace grows
-    return gemms, bound_wholes, (forward, backward) if plan.recompute is not None else ()
+    return gemms, bound_wholes, lives
 
 
-def switch(binding) -> None:
-    """Bind recomputed values and scratch to one of their two memories (see :func:`bind`)."""
-    blobs, scratch = binding
-    for blob, data, diff in blobs:
-        blob.bind(data, diff)
-    for table, name, a in scratch:
-        if a is None:
-            table.pop(name, None)
-        else:
-            table[name] = a
+class Lives:
+    """The memory of values that backward's forward runs write again: before each run
+    (:meth:`run`), the lives it writes and its steps' scratch bound; before a forward
+    pass (:meth:`restore`), the forward pass's. A run's views are made as it starts, so a
+    long chain keeps offsets, not arrays, for every life."""
+
+    def __init__(self, layout, plan, layers, workspace, dtype, first_lives, hosts, blobs):
+        self.workspace, self.dtype, self.blobs, self.hosts = workspace, dtype, blobs, hosts
+        self.re_root, self.offset = plan.re_root, layout.offset["data_re"]
+        self.whole, self.within = layout.whole["data_re"], layout.within["data_re"]
+        born = np.asarray(plan.re_born, np.int32)
+        self.born = np.argsort(born, kind="stable")  # life ids by the action starting them
+        self.starts = np.searchsorted(born[self.born],
+                                      np.arange(len(plan.recompute.order) + 1))
+        self.first = first_lives
+        self.scratch_first, self.scratch_runs = [], {}
+        runs_seen: dict[int, int] = {}
+        for i, run in enumerate(plan.recompute.runs):
+            for s in run if run is not None else ():
+                layer = layers[s]
+                if not layer.scratch_specs:
+                    continue
+                k = runs_seen[s] = runs_seen.get(s, -1) + 1
+                table = layer.scratch_memory
+                if k == 0:
+                    self.scratch_first += [(table, name, table.get(name))
+                                           for name in layer.scratch_specs]
+                self.scratch_runs.setdefault(i, []).extend(
+                    (table, name, layout.scratch_re[(s, name, k)], shape, dtype_)
+                    for name, (shape, dtype_, _) in layer.scratch_specs.items()
+                    if (s, name, k) in layout.scratch_re)
+
+    def restore(self) -> None:
+        """Bind the forward pass's lives and scratch."""
+        for blob, data in self.first:
+            blob.bind_data(data)
+        for table, name, a in self.scratch_first:
+            if a is None:
+                table.pop(name, None)
+            else:
+                table[name] = a
+
+    def run(self, action: int) -> None:
+        """Bind the lives that forward action ``action`` writes, and its steps' scratch."""
+        view, dtype, blobs = self.workspace.view, self.dtype, self.blobs
+        for j in self.born[self.starts[action] : self.starts[action + 1]].tolist():
+            blob, host = blobs[self.re_root[j]], int(self.whole[j])
+            if host >= 0:
+                first = int(self.within[j])
+                blob.bind_data(self.hosts[host].reshape(-1)[first : first + blob.count]
+                               .reshape(blob.shape))
+            else:
+                blob.bind_data(view(int(self.offset[j]), blob.shape, dtype))
+        for table, name, at, shape, dtype_ in self.scratch_runs.get(action, ()):
+            table[name] = view(at, shape, dtype_)
 
 
 def release(plan, blobs, layers) -> None:
@@ -335,26 +382,31 @@ def run_forward(fwd, items) -> None:
 
 
 def recompute_schedule(fwd, bwd, recompute) -> list:
-    """Backward by segments, last first, for a :class:`~unroll.engine.memory_plan.Recompute` plan:
-    per segment, the ``fwd`` entries it runs again, then its ``bwd`` entries."""
+    """Backward as the actions of a :class:`~unroll.engine.memory_plan.Recompute` plan:
+    ``(action, fwd entries, None)`` for a forward run, ``(None, None, bwd entries)`` for
+    a segment's backward."""
     bounds = [0, *recompute.cuts, len(fwd)]
     entries: list[list] = [[] for _ in bounds[1:]]
     for e in bwd:  # in backward's order within each segment
         entries[bisect.bisect_right(bounds, e[0]) - 1].append(e)
-    return [([fwd[s] for s in recompute.steps[k]] if k < len(recompute.steps) else [],
-             entries[k]) for k in reversed(range(len(bounds) - 1))]
+    return [(i, [fwd[s] for s in recompute.runs[i]], None) if a >= 0 else
+            (None, None, entries[~a]) for i, a in enumerate(recompute.order)]
 
 
-def run_backward(bwd, items, zero_before, gemms, segments=None) -> None:
+def run_backward(bwd, items, zero_before, gemms, segments=None, lives=None) -> None:
     """Every backward of ``bwd`` (or of the ``items`` of :func:`schedule`): diffs that
     backward reads before anything writes them are zeroed first (``zero_before``, by step),
     and after the last sharer's backward the weight-gradient GEMM of ``gemms`` runs. With
-    ``segments`` (:func:`recompute_schedule`), each segment's forward runs again first."""
+    ``segments`` (:func:`recompute_schedule`), its actions in order, each forward run in
+    the memory ``lives`` (:class:`Lives`) binds for it."""
     if segments is not None:
-        for again, entries in segments:
+        for action, again, entries in segments:
+            if entries is not None:
+                run_backward(entries, None, zero_before, gemms)
+                continue
+            lives.run(action)
             for layer, bottoms, tops in again:
                 layer.forward(bottoms, tops)
-            run_backward(entries, None, zero_before, gemms)
     elif items is None:
         for s, layer, tops, prop, bottoms in bwd:
             if s in zero_before:

@@ -92,7 +92,8 @@ class Inspection:
                                                           else "")
             budget = f" of a budget of {rc['budget'] / kib:.1f} KiB" if rc["budget"] else ""
             lines.append(f"recomputed in backward: {rc['recomputed_steps']} steps (forward x "
-                         f"{rc['factor']:.2f}), {len(rc['checkpoints']) + 1} segments"
+                         f"{rc['factor']:.2f}), {rc['policy']}, "
+                         f"{len(rc['checkpoints']) + 1} segments"
                          + (f" starting at {shown}" if shown else "")
                          + f"; planned {rc['planned_bytes'] / kib:.1f} KiB{budget}")
         m = self.memory
@@ -137,6 +138,7 @@ def _recompute(net) -> dict | None:
     recomputed = rc.recomputed if rc is not None else 0
     return {"checkpoints": [net.layer_names[c] for c in rc.cuts] if rc is not None else [],
             "recomputed_steps": recomputed, "factor": (steps + recomputed) / max(steps, 1),
+            "policy": rc.policy if rc is not None else None,
             "planned_bytes": planned_bytes(
                 plan, layout, [b.shape for b in net._blob_list], net.dtype.itemsize,
                 input_roots(net.graph.steps, net.layers_run, plan.data_root)),

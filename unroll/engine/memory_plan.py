@@ -42,6 +42,7 @@ diffs are filled, then backward steps, step ``s`` at ``2S - s``.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 from array import array
 from bisect import bisect_right
@@ -59,11 +60,13 @@ from unroll.engine.workspace import ALIGN
 if TYPE_CHECKING:
     from unroll.graph import Step
 
-__all__ = ["GRADIENT_CHUNK", "Layout", "LayerFlags", "Lifetimes", "Liveness", "Recompute",
-           "Region", "WeightGradGroup", "alias_pass_through_diffs", "allowed_cuts", "bptt_hsm",
-           "concurrent_regions", "crossing_bytes", "gradient_chunks", "greedy_cuts",
-           "group_parts", "input_roots", "layout", "liveness", "place", "plan_weight_gradients",
-           "planned_bytes", "private_blobs", "recompute_plan", "within_budget"]
+__all__ = ["GRADIENT_CHUNK", "HSM_MOST_FORWARDS", "Layout", "LayerFlags", "Lifetimes",
+           "Liveness", "Recompute", "Region", "WeightGradGroup", "alias_pass_through_diffs",
+           "allowed_cuts", "bptt_hsm", "concurrent_regions", "crossing_bytes",
+           "gradient_chunks", "greedy_cuts", "group_parts", "hsm_order", "hsm_units",
+           "input_roots", "layout", "liveness", "one_level_order", "place",
+           "plan_weight_gradients", "planned_bytes", "private_blobs", "recompute_plan",
+           "within_budget"]
 
 
 #: a weight-gradient GEMM covers sharers spanning at most this much of their bottoms' axis 0
@@ -90,9 +93,10 @@ class Layout:
     Per kind ("data", "diff"), read-only arrays by root: ``offset`` the
     workspace byte offset of its own buffer (-1: none), ``whole`` the root it
     lives inside (-1: none) and ``within`` its element offset there;
-    ``offset["data_re"]`` places the second life of recomputed data.
-    ``scratch`` maps (step, name) to offsets (``scratch_re``: in a recomputed
-    step's second forward); ``total`` is the bytes the
+    ``offset["data_re"]`` places the lives of data that backward's forward runs
+    write again, by life id (:class:`Liveness`). ``scratch`` maps (step, name)
+    to offsets (``scratch_re``: (step, name, run) in a step's runs in backward);
+    ``total`` is the bytes the
     workspace needs; ``groups`` are the weight-gradient groups and ``sizes``
     the bytes of their buffers (roots numbered after the blobs); ``flags``
     pairs steps with the :class:`LayerFlags` of every layer that takes part
@@ -145,8 +149,8 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
     buffers, keys, spans_of = [], [], {}
     lives = [("data", plan.data_life, data_host), ("diff", plan.diff_life, diff_host)]
     if plan.data_re_life is not None:
-        # the second lives of recomputed data (a chunk's rows of a batched weight gradient
-        # back to back in a buffer of their own)
+        # the lives of data written again in backward (a chunk's rows of a batched weight
+        # gradient back to back in a buffer of their own)
         lives.append(("data_re", plan.data_re_life, data_re_host))
     for kind, life, host in lives:
         spans = dict(life.items())
@@ -159,6 +163,7 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
                 a, b = spans.get(top, (first, last))
                 spans[top] = (min(a, first), max(b, last))
         spans_of[kind] = spans
+        relives = kind == "data_re"  # keys are life ids, not roots
         if kind == "diff":
             for r in shared:
                 a, b = buffers[keys.index(("data", r))][:2]
@@ -166,20 +171,27 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
                 buffers[keys.index(("data", r))] = (min(a, c), max(b, d),
                                                     _count(shapes[r]) * itemsize)
         for r, (first, last) in spans.items():
-            if r not in host and r not in plan.private:
-                nbytes = sizes[(kind, r)] if (kind, r) in sizes else _count(shapes[r]) * itemsize
+            if r not in host and (relives or r not in plan.private):
+                nbytes = (sizes[(kind, r)] if (kind, r) in sizes else
+                          _count(shapes[plan.re_root[r] if relives else r]) * itemsize)
                 buffers.append((first, last, nbytes))
                 keys.append((kind, r))
     for s, layer in enumerate(layers):
         for name, (shape, dtype, lives) in layer.scratch_specs.items():
-            for kind, span in (("scratch", plan.scratch_life(s, lives)),
-                               ("scratch_re", plan.scratch_re_life(s, lives))):
+            nbytes = _count(shape) * np.dtype(dtype).itemsize
+            span = plan.scratch_life(s, lives)
+            if span is not None:
+                buffers.append((span[0], span[1], nbytes))
+                keys.append(("scratch", (s, name)))
+            for run in range(len(plan.re_time.get(s, ()))):
+                span = plan.scratch_re_life(s, lives, run)
                 if span is not None:
-                    buffers.append((span[0], span[1], _count(shape) * np.dtype(dtype).itemsize))
-                    keys.append((kind, (s, name)))
+                    buffers.append((span[0], span[1], nbytes))
+                    keys.append(("scratch_re", (s, name, run)))
     offsets, total = place(buffers)
     # kept per net, and a bucketed model keeps many nets: arrays by root, not dicts
-    n = n_blobs + len(sizes)  # the groups' buffers are numbered after the blobs
+    # the groups' buffers are numbered after the blobs (after the lives, for "data_re")
+    n = max(n_blobs, len(plan.re_root)) + len(sizes)
     offset = {kind: np.full(n, -1, np.int64) for kind in ("data", "diff", "data_re")}
     scratch: dict = {"scratch": {}, "scratch_re": {}}
     for (kind, r), at in zip(keys, offsets):
@@ -233,9 +245,18 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
     plan (None: none), ``lay_out(liveness)`` its layout for the current shapes.
     Segments are Chen's greedy ones (:func:`greedy_cuts`), of every halving of
     the steps' bytes down to a step each and of a square root of the steps:
-    of those that fit, the one that runs fewest steps again. A budget none
-    fits is a :class:`~unroll.core.errors.MemoryBudgetError` giving the smallest
-    plan found.
+    of those that fit, the one that runs fewest steps again. Where none fits
+    and the net is a chain of three weight-gradient chunks or more, Gruslys
+    et al.'s BPTT-HSM over its chunks (:func:`hsm_order`, a segment a chunk):
+    of the slot counts whose policy runs every step forward at most
+    :data:`HSM_MOST_FORWARDS` times, the most that fit. One level with a
+    segment a chunk runs each step at most twice, no more than BPTT-HSM with
+    a slot for every chunk, so BPTT-HSM serves the budgets one level cannot
+    reach. ``mode="hsm"`` takes BPTT-HSM in any case (without a budget: its
+    fewest slots, the least memory, where that is less than without
+    recomputation). A budget none fits is a
+    :class:`~unroll.core.errors.MemoryBudgetError` giving the smallest plan
+    found.
     """
     base = make(None)
     full = lay_out(base)
@@ -258,21 +279,39 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
 
     planned: dict[tuple, tuple] = {}
 
-    def attempt(segment_bytes):
+    def attempt_order(cuts, order=(), slots=None):
         # segments of a few steps all end at the same cuts (between weight-gradient
-        # chunks): each set of cuts is planned once
-        cuts = tuple(greedy_cuts(sizes, allowed, segment_bytes, crossing))
-        if cuts not in planned:
-            plan = make(recompute_plan(steps, layers, base.data_root, cuts, chunks))
+        # chunks): each plan is made once
+        if (cuts, order) not in planned:
+            plan = make(recompute_plan(steps, layers, base.data_root, cuts, chunks, order,
+                                       slots))
             layout_ = lay_out(plan)
-            planned[cuts] = planned_bytes(plan, layout_, shapes, itemsize, inputs), plan, layout_
-        return planned[cuts]
+            planned[(cuts, order)] = (planned_bytes(plan, layout_, shapes, itemsize, inputs),
+                                      plan, layout_)
+        return planned[(cuts, order)]
+
+    def attempt(segment_bytes):
+        return attempt_order(tuple(greedy_cuts(sizes, allowed, segment_bytes, crossing)))
+
+    def error(smallest):
+        return MemoryBudgetError(
+            f"net '{name}': memory_budget {budget:,} bytes is too small: the smallest plan "
+            f"found needs {smallest:,} bytes (activations, diffs, scratch and kept blobs; "
+            f"params and inputs not counted)", smallest)
 
     need = planned_bytes(base, full, shapes, itemsize, inputs)
+    units = hsm_units(between, allowed, crossing) if between else ()
+    if mode == "hsm" and len(units) >= 2 and (budget is None or need > budget):
+        best, least = _within_budget_hsm(attempt_order, units, budget)
+        if best is None:
+            raise error(least)
+        if budget is None and least >= need:  # never more memory, for nothing
+            return base, full
+        return best[1], best[2]
     if mode == "sqrt":  # never more memory than without recomputation, for nothing
         n, plan, layout_ = attempt(total / max(1.0, len(steps) ** 0.5))
         return (plan, layout_) if n < need else (base, full)
-    if need <= budget:
+    if budget is None or need <= budget:
         return base, full
     # every halving of the segments' bytes down to a step each, and Chen's square root:
     # memory falls then rises, and the steps run again do not follow the size
@@ -285,12 +324,58 @@ def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=No
         smallest = min(smallest, n)
         if n <= budget and (best is None or (plan.recompute.recomputed, n) < best[0]):
             best = ((plan.recompute.recomputed, n), plan, layout_)
+    if best is None and len(units) >= 2:
+        best, least = _within_budget_hsm(attempt_order, units, budget)
+        smallest = min(smallest, least)
     if best is None:
-        raise MemoryBudgetError(
-            f"net '{name}': memory_budget {budget:,} bytes is too small: the smallest plan "
-            f"found needs {smallest:,} bytes (activations, diffs, scratch and kept blobs; "
-            f"params and inputs not counted)", smallest)
+        raise error(smallest)
     return best[1], best[2]
+
+
+#: a multi-level plan runs each step forward at most this many times (BPTT-HSM's fewest
+#: slots tried): fewer slots save little more memory, for ever more recomputation
+HSM_MOST_FORWARDS = 6
+
+
+def _within_budget_hsm(attempt, units, budget) -> tuple[tuple | None, int]:
+    """BPTT-HSM's plan over the segments starting at ``units`` with the most slots that
+    fits ``budget`` (``(key, liveness, layout)``, None if none; without a budget, the
+    fewest slots) and the smallest plan it found; ``attempt(cuts, order)`` plans one."""
+    n = len(units) + 1
+    fewest = 2
+    while fewest < n and bptt_hsm(n, fewest) > HSM_MOST_FORWARDS * n:
+        fewest += 1
+
+    def fit(m):
+        got, plan, layout_ = attempt(units, hsm_order(n, m), m)
+        return (plan.recompute.recomputed, got), plan, layout_
+
+    least = fit(fewest)
+    if budget is None or least[0][1] > budget:
+        return (least if budget is None else None), least[0][1]
+    lo, hi = fewest, n + 1  # the planned bytes grow with the slots: the most that fit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fit(mid)[0][1] <= budget else (lo, mid)
+    return fit(lo), least[0][1]
+
+
+def hsm_units(between, allowed, crossing) -> tuple:
+    """The cuts of BPTT-HSM's segments in a chain: between every two weight-gradient
+    chunks (``between``, in run order), the allowed cut the fewest bytes cross; the steps
+    before the first chunk go with it, those after the last with that.
+
+    >>> hsm_units([(1, 2), (4, 5), (7, 8)], [1, 3, 4, 6, 7], [0, 0, 0, 5, 2, 0, 3, 1, 0])
+    (4, 7)
+    """
+    spans = sorted((min(c), max(c)) for c in between)
+    allowed = set(allowed)
+    cuts = []
+    for (_, last), (first, _) in zip(spans, spans[1:]):
+        window = [p for p in range(last + 1, first + 1) if p in allowed]
+        if window:
+            cuts.append(min(window, key=crossing.__getitem__))
+    return tuple(cuts)
 
 
 def _data_then_diff(plan, data_host, diff_host, shapes) -> set[int]:
@@ -417,6 +502,13 @@ class Liveness:
     time; roots in ``private`` keep memory of their own (inputs, outputs,
     losses, ``keep=``). ``zero_before[s]`` lists diff roots that backward
     reads before anything writes them: zeroed right before step s's backward.
+
+    With a :class:`Recompute` plan, a value that backward's forward runs write
+    again has a life per run, each a buffer of its own: ``data_re_life`` maps
+    life ids to their spans, ``re_root`` gives each life's root, lives of root
+    r are ids ``re_index[r]`` to ``re_index[r + 1] - 1`` in time order, and
+    ``re_born`` gives the action of ``recompute.order`` that starts each one
+    (-1: the forward pass). Such roots are not in ``data_life``.
     """
 
     steps: int
@@ -428,20 +520,36 @@ class Liveness:
     zero_before: dict[int, list[int]]
     layer_need: list[bool]
     windows: list = field(default_factory=list)  # of concurrent regions, as time spans
-    #: with a Recompute plan: each step's backward time, the time of each recomputed step's
-    #: second forward, the roots with two lives and their second ones, and the plan itself
+    #: with a Recompute plan: each step's backward time, each step's times in backward's
+    #: forward runs (of the steps that keep scratch), the lives described above, the plan
     back: tuple | None = None
     re_time: Mapping = field(default_factory=dict)
-    recomputed: frozenset = frozenset()
     data_re_life: Lifetimes | None = None
+    re_root: array = field(default_factory=lambda: array("i"))
+    re_index: np.ndarray | None = None
+    re_born: array = field(default_factory=lambda: array("i"))
     recompute: Recompute | None = None
 
     def backward_time(self, step: int) -> int:
         return self.back[step] if self.back is not None else 2 * self.steps - step
 
+    def relived(self, root: int) -> bool:
+        """Whether ``root``'s data has a life per forward run (in ``data_re_life``)."""
+        return self.re_index is not None and self.re_index[root + 1] > self.re_index[root]
+
+    def life_at(self, root: int, time: int) -> int:
+        """The id of the life of relived ``root`` that holds its value at ``time``."""
+        lo, hi = int(self.re_index[root]), int(self.re_index[root + 1])
+        firsts = self.data_re_life._first
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if firsts[mid] <= time else (lo, mid)
+        return lo
+
     def scratch_life(self, step: int, lives: str) -> tuple[int, int] | None:
-        """When scratch of step ``step`` is live: ``lives`` is "forward", "backward" or "both".
-        For a recomputed step, its forward life (:meth:`scratch_re_life` gives the other)."""
+        """When scratch of step ``step`` is live in the forward pass: ``lives`` is "forward",
+        "backward" or "both". A step that backward runs forward again saves its scratch
+        anew then (:meth:`scratch_re_life`)."""
         f, b = step, self.backward_time(step)
         runs_backward = self.layer_need[step]
         if lives == "forward":
@@ -451,17 +559,19 @@ class Liveness:
                 return None
             span = (b, b)
         elif step in self.re_time:
-            span = (f, f)  # what backward reads, the second forward saves again
+            span = (f, f)  # what backward reads, its last run saves again
         else:
             span = (f, b) if runs_backward else (f, f)
         return _widened(span, self.windows)
 
-    def scratch_re_life(self, step: int, lives: str) -> tuple[int, int] | None:
-        """When scratch of a recomputed step is live in its second forward (None: not)."""
-        again = self.re_time.get(step)
-        if again is None or lives == "backward":
+    def scratch_re_life(self, step: int, lives: str, run: int) -> tuple[int, int] | None:
+        """When scratch of a step is live in its ``run``-th forward run in backward (None:
+        not): its last run saves what its backward reads."""
+        times = self.re_time[step]
+        again = times[run]
+        if lives == "backward":
             return None
-        if lives == "forward" or not self.layer_need[step]:
+        if lives == "forward" or not self.layer_need[step] or run < len(times) - 1:
             return (again, again)
         return (again, self.backward_time(step))
 
@@ -490,120 +600,269 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     once, forward or backward, every buffer the region touches lives through
     all of it: the branches' order is not known in advance.
 
-    With a :class:`Recompute` plan, backward runs segment by segment, last
-    first, each segment's recomputed forward steps right before its backward:
-    a value only those steps touch has two lives, its forward one (until its
-    last forward reader) and its recomputed one (until its last backward
-    reader), each a buffer of its own (``data_re_life``).
+    With a :class:`Recompute` plan, backward runs the plan's actions in order,
+    each the forward of a segment's steps again or a segment's backward. A
+    value those runs write again has a life per run that writes it, each a
+    buffer of its own, from its writing to its last reader before the next
+    (``data_re_life``); a run writes only what something reads before the next
+    run does (or what its backward reads, in the run right before it).
     """
-    S = len(steps)
     data_root = _roots(steps, layers, n_blobs, "data")
     diff_root = _roots(steps, layers, n_blobs, "diff")
     private = {data_root[b] for b in private_blobs} | {diff_root[b] for b in private_blobs}
-    recomputed: set[int] = set()
     if recompute is not None:
-        recomputed = _recomputed_roots(steps, layers, data_root, private, recompute)
-        # a step whose every top is still there (a checkpoint) need not run again, unless
-        # only kept blobs come out of it (a loss of each step) and it saves scratch for its
-        # backward: running again, it writes the same values and saves its scratch anew
-        recompute = Recompute(recompute.cuts, tuple(
-            tuple(s for s in seg if any(data_root[b] in recomputed for b in steps[s].tops)
-                  or _saves_for_kept(steps[s], layers[s], data_root, private, layer_need[s]))
-            for seg in recompute.steps), recompute.chunks)
-    back_of, re_time = _timeline(S, recompute)
-    data_re_life: dict[int, list[int]] = {}
+        return _liveness_recomputed(steps, layers, n_blobs, data_root, diff_root, private,
+                                    layer_need, bottom_need, loss_blobs, recompute)
+    S = len(steps)
     data_life: dict[int, list[int]] = {}
-    reads: dict[int, int] = {}
-    writes: dict[int, int] = {}
-    diff_life: dict[int, list[int]] = {}
-
-    def touch(life, root, t):
-        span = life.get(root)
-        if span is None:
-            life[root] = [t, t]
-        elif t < span[0]:
-            span[0] = t
-        elif t > span[1]:
-            span[1] = t
-
+    diffs = _Diffs(diff_root)
     for s, (step, layer) in enumerate(zip(steps, layers)):
-        back = back_of[s] if back_of is not None else 2 * S - s
+        back = 2 * S - s
         runs_backward = layer_need[s]
-        again = re_time.get(s)  # when the step runs forward again, if it does
         for b in step.tops:
             r = data_root[b]
-            touch(data_life, r, s)
-            late = data_re_life if r in recomputed else data_life
-            if again is not None:
-                touch(late, r, again)
+            _touch(data_life, r, s)
             if runs_backward and "top" in layer.backward_reads:
-                touch(late, r, back)
+                _touch(data_life, r, back)
         for k, b in enumerate(step.bottoms):
             r = data_root[b]
-            touch(data_life, r, s)
-            late = data_re_life if r in recomputed else data_life
-            if again is not None:
-                touch(late, r, again)
+            _touch(data_life, r, s)
             if runs_backward and layer.reads_in_backward(k, bottom_need[s]):
-                touch(late, r, back)
-        if not runs_backward or "diff" in layer.shares_bottom:
-            continue  # a view's diff is its bottom's: its backward moves nothing
-        for b in step.tops:
-            r = diff_root[b]
-            touch(diff_life, r, back)
-            reads[r] = min(reads.get(r, back), back)
-        for b, down in zip(step.bottoms, bottom_need[s]):
-            if down:
-                r = diff_root[b]
-                touch(diff_life, r, back)
-                writes[r] = min(writes.get(r, back), back)
-    for b in loss_blobs:
-        writes[diff_root[b]] = S
-    zero_before: dict[int, list[int]] = {}
-    step_at = ({t: s for s, t in enumerate(back_of)} if back_of is not None else None)
-    for r, first_read in reads.items():
-        if r not in private and writes.get(r, first_read) >= first_read:
-            s = step_at[first_read] if step_at is not None else 2 * S - first_read
-            zero_before.setdefault(s, []).append(r)
+                _touch(data_life, r, back)
+        if runs_backward:
+            diffs.backward(step, layer, back, bottom_need[s])
     windows = [w for r in regions
                for w in ((r.start, r.stop - 1), (2 * S - r.stop + 1, 2 * S - r.start))]
     return Liveness(
         S, array("i", data_root), array("i", diff_root), private,
         Lifetimes({r: _widened(v, windows) for r, v in data_life.items() if r not in private},
                   n_blobs),
-        Lifetimes({r: _widened(v, windows) for r, v in diff_life.items() if r not in private},
-                  n_blobs),
-        zero_before, list(layer_need), windows, back_of, re_time, frozenset(recomputed),
-        Lifetimes({r: tuple(v) for r, v in data_re_life.items()}, n_blobs), recompute,
-    )
+        Lifetimes({r: _widened(v, windows) for r, v in diffs.life.items()
+                   if r not in private}, n_blobs),
+        diffs.zero_before(loss_blobs, private, S, lambda t: 2 * S - t), list(layer_need),
+        windows)
+
+
+def _touch(life, root, t) -> None:
+    span = life.get(root)
+    if span is None:
+        life[root] = [t, t]
+    elif t < span[0]:
+        span[0] = t
+    elif t > span[1]:
+        span[1] = t
+
+
+class _Diffs:
+    """Diff lifetimes as backward runs: from the first backward writing a diff to the
+    backward of its producer; and which diffs backward reads before anything writes them."""
+
+    def __init__(self, diff_root):
+        self.diff_root, self.life, self.reads, self.writes = diff_root, {}, {}, {}
+
+    def backward(self, step, layer, back: int, need) -> None:
+        if "diff" in layer.shares_bottom:
+            return  # a view's diff is its bottom's: its backward moves nothing
+        root = self.diff_root
+        for b in step.tops:
+            r = root[b]
+            _touch(self.life, r, back)
+            self.reads[r] = min(self.reads.get(r, back), back)
+        for b, down in zip(step.bottoms, need):
+            if down:
+                r = root[b]
+                _touch(self.life, r, back)
+                self.writes[r] = min(self.writes.get(r, back), back)
+
+    def zero_before(self, loss_blobs, private, S: int, step_at) -> dict[int, list[int]]:
+        """Step -> the diff roots zeroed right before its backward (``step_at``: the step
+        whose backward runs at a time)."""
+        for b in loss_blobs:
+            self.writes[self.diff_root[b]] = S
+        out: dict[int, list[int]] = {}
+        for r, first_read in self.reads.items():
+            if r not in private and self.writes.get(r, first_read) >= first_read:
+                out.setdefault(step_at(first_read), []).append(r)
+        return out
+
+
+def _liveness_recomputed(steps, layers, n_blobs, data_root, diff_root, private, layer_need,
+                         bottom_need, loss_blobs, recompute) -> Liveness:
+    S = len(steps)
+    bounds = [0, *recompute.cuts, S]
+    order = recompute.order or one_level_order(len(bounds) - 1)
+    again = _relived_roots(steps, layers, data_root, private, recompute, n_blobs)
+    # the forward run right before a segment's backward is its last: what backward reads
+    final = {~a: i - 1 for i, a in enumerate(order) if a < 0 and i and order[i - 1] == ~a}
+    # which steps each forward run needs, walking backward in time: a run writing what
+    # something reads before the next write runs, and so do the steps it reads from
+    pending = bytearray(n_blobs)
+    runs: list = [None] * len(order)
+    for i in reversed(range(len(order))):
+        a = order[i]
+        if a < 0:
+            for s in range(bounds[~a], bounds[~a + 1]):
+                if layer_need[s]:
+                    for r in _backward_reads(steps[s], layers[s], data_root, bottom_need[s]):
+                        pending[r] = 1
+            continue
+        ran = []
+        for s in reversed(recompute.steps[a]):
+            step, layer = steps[s], layers[s]
+            if "data" in layer.shares_bottom:
+                continue  # a view writes nothing
+            if any(pending[data_root[b]] and again[data_root[b]] for b in step.tops) or (
+                    final.get(a) == i and _saves_scratch(layer, layer_need[s])):
+                for b in step.tops:
+                    pending[data_root[b]] = 0
+                for b in step.bottoms:
+                    pending[data_root[b]] = 1
+                ran.append(s)
+        runs[i] = array("i", reversed(ran))
+    # lives, walking forward in time: the forward pass, the loss at S, then the actions
+    data_life: dict[int, list[int]] = {}
+    lives: list[list[int]] = []  # [root, first, last, action]
+    current = [-1] * n_blobs  # root -> its life now
+    for s, step in enumerate(steps):
+        for b in step.tops:
+            r = data_root[b]
+            if again[r] and current[r] < 0:
+                current[r] = len(lives)
+                lives.append([r, s, s, -1])
+        for b in step.tops + step.bottoms:
+            r = data_root[b]
+            if current[r] >= 0:
+                lives[current[r]][2] = s
+            else:
+                _touch(data_life, r, s)
+    born = [-1] * n_blobs  # root -> the action whose run wrote its current life
+    back = [0] * S
+    re_time: dict[int, list[int]] = {}
+    diffs = _Diffs(diff_root)
+    t = S + 1
+    for i, a in enumerate(order):
+        if a >= 0:
+            for s in runs[i]:
+                step = steps[s]
+                for b in step.tops:
+                    r = data_root[b]
+                    if again[r] and born[r] != i:
+                        born[r], current[r] = i, len(lives)
+                        lives.append([r, t, t, i])
+                for b in step.tops + step.bottoms:
+                    r = data_root[b]
+                    if current[r] >= 0:
+                        lives[current[r]][2] = t
+                    else:
+                        _touch(data_life, r, t)
+                if layers[s].scratch_specs:
+                    re_time.setdefault(s, []).append(t)
+                t += 1
+            continue
+        for s in reversed(range(bounds[~a], bounds[~a + 1])):
+            back[s] = t
+            if layer_need[s]:
+                for r in _backward_reads(steps[s], layers[s], data_root, bottom_need[s]):
+                    if current[r] >= 0:
+                        lives[current[r]][2] = t
+                    else:
+                        _touch(data_life, r, t)
+                diffs.backward(steps[s], layers[s], t, bottom_need[s])
+            t += 1
+    # lives numbered by root, then time: a root's lives are consecutive ids
+    lives.sort(key=lambda life: (life[0], life[1]))
+    roots = np.fromiter((life[0] for life in lives), np.int64, len(lives))
+    step_at = dict(zip(back, range(S)))
+    return Liveness(
+        S, array("i", data_root), array("i", diff_root), private,
+        Lifetimes({r: tuple(v) for r, v in data_life.items() if r not in private}, n_blobs),
+        Lifetimes({r: tuple(v) for r, v in diffs.life.items() if r not in private}, n_blobs),
+        diffs.zero_before(loss_blobs, private, S, step_at.__getitem__), list(layer_need), [],
+        tuple(back), MappingProxyType({s: tuple(v) for s, v in re_time.items()}),
+        Lifetimes({j: (life[1], life[2]) for j, life in enumerate(lives)}, len(lives)),
+        array("i", roots.tolist()), np.searchsorted(roots, np.arange(n_blobs + 1)),
+        array("i", (life[3] for life in lives)),
+        Recompute(recompute.cuts, recompute.steps, recompute.chunks, tuple(order),
+                  tuple(runs), recompute.slots))
+
+
+def _backward_reads(step, layer, data_root, need):
+    """The data roots a step's backward reads."""
+    if "top" in layer.backward_reads:
+        yield from (data_root[b] for b in step.tops)
+    for k, b in enumerate(step.bottoms):
+        if layer.reads_in_backward(k, need):
+            yield data_root[b]
 
 
 # -- recomputation: segments of the run order, re-run before their backward ----------------
 @dataclass(frozen=True)
 class Recompute:
     """A recomputation plan: the run order cut into segments at ``cuts`` (the first step of
-    every segment but the first). Backward runs the segments last first; before the
-    backward of every segment but the last, its ``steps`` (per segment, in run order) run
-    forward again from the values kept at its start, the checkpoints. A step that cannot
-    be recomputed (:attr:`~unroll.engine.layer.Layer.recomputable`, Dropout's mask, BatchNorm's
-    statistics), and every step writing memory such a step writes, keeps its values."""
+    every segment but the first), whose ``steps`` (per segment, in run order) may run
+    forward again in backward from the values kept then, the checkpoints. A step that
+    cannot be recomputed (:attr:`~unroll.engine.layer.Layer.recomputable`, Dropout's mask,
+    BatchNorm's statistics), and every step writing memory such a step writes, keeps its
+    values.
+
+    Backward runs ``order``'s actions: ``k >= 0`` runs segment k's steps forward again,
+    ``~k`` runs segment k's backward (:func:`one_level_order` when empty: the segments
+    last first, each run again once right before its backward). :func:`liveness` fills
+    ``runs``: per action, the steps a forward action runs (those whose values something
+    reads)."""
 
     cuts: tuple
     steps: tuple
     #: the weight-gradient chunks (:func:`gradient_chunks`): their x rows run again all
     #: together or not at all
     chunks: tuple = ()
+    order: tuple = ()
+    runs: tuple = ()
+    #: BPTT-HSM's slots, where ``order`` is its policy (:func:`hsm_order`)
+    slots: int | None = None
 
     @property
     def recomputed(self) -> int:
         """How many forward steps backward runs again."""
-        return sum(len(seg) for seg in self.steps)
+        return sum(len(run) for run in self.runs if run is not None)
+
+    @property
+    def policy(self) -> str:
+        """How backward recomputes: one level (each segment run again once, right before
+        its backward) or BPTT-HSM's policy in so many slots."""
+        return "one level" if self.slots is None else f"BPTT-HSM in {self.slots} slots"
 
 
-def recompute_plan(steps, layers, data_root, cuts, chunks=()) -> Recompute:
+def one_level_order(segments: int) -> tuple:
+    """Backward's actions (see :class:`Recompute`) for one level of recomputation: the
+    segments last first, each but the last run forward again right before its backward.
+
+    >>> one_level_order(3)
+    (-3, 1, -2, 0, -1)
+    """
+    out = [~(segments - 1)]
+    for k in reversed(range(segments - 1)):
+        out += [k, ~k]
+    return tuple(out)
+
+
+def recompute_plan(steps, layers, data_root, cuts, chunks=(), order=(), slots=None
+                   ) -> Recompute:
     """The :class:`Recompute` plan of segments starting at ``cuts``, from the layers'
     declarations (``recomputable``, ``draws_random``); ``chunks`` are the weight-gradient
-    chunks (:func:`gradient_chunks`), none of which a cut may split."""
+    chunks (:func:`gradient_chunks`), none of which a cut may split; ``order`` backward's
+    actions (empty: one level), BPTT-HSM's in ``slots`` slots."""
+    kept = _kept_steps(steps, layers, data_root)
+    bounds = [0, *cuts, len(steps)]
+    segments = tuple(tuple(s for s in range(a, b) if s not in kept)
+                     for a, b in zip(bounds[:-1], bounds[1:]))
+    return Recompute(tuple(cuts), segments, tuple(map(tuple, chunks)), tuple(order),
+                     slots=slots)
+
+
+def _kept_steps(steps, layers, data_root) -> set[int]:
+    """Steps that never run again: those that cannot be recomputed or draw random numbers,
+    and every step writing memory one of them writes."""
     writers: dict[int, list[int]] = {}
     for s, step in enumerate(steps):
         for b in step.tops:
@@ -617,10 +876,7 @@ def recompute_plan(steps, layers, data_root, cuts, chunks=()) -> Recompute:
                 if w not in kept:
                     kept.add(w)
                     todo.append(w)
-    bounds = [0, *cuts, len(steps)]
-    segments = tuple(tuple(s for s in range(a, b) if s not in kept)
-                     for a, b in zip(bounds[:-2], bounds[1:-1]))
-    return Recompute(tuple(cuts), segments, tuple(map(tuple, chunks)))
+    return kept
 
 
 def allowed_cuts(steps, layers, data_root, chunks=()) -> list[int]:
@@ -696,51 +952,42 @@ def crossing_bytes(steps, data_root, private, sizes_of) -> list[int]:
     return out
 
 
-def _timeline(S: int, recompute):
-    """Each step's backward time, each recomputed step's second forward time: after the
-    forward steps 0..S-1 and the loss at S, the segments last first, each its recomputed
-    steps then its backward. Without recomputation, step s's backward is at 2S - s."""
-    if recompute is None:
-        return None, {}
-    back, re_time, t = [0] * S, {}, S + 1
-    bounds = [0, *recompute.cuts, S]
-    for k in reversed(range(len(bounds) - 1)):
-        if k < len(recompute.steps):
-            for s in recompute.steps[k]:
-                re_time[s], t = t, t + 1
-        for s in reversed(range(bounds[k], bounds[k + 1])):
-            back[s], t = t, t + 1
-    return tuple(back), re_time
+def _saves_scratch(layer, runs_backward) -> bool:
+    """Whether a layer keeps scratch from its forward to its backward."""
+    return runs_backward and any(lives == "both" for _, _, lives in layer.scratch_specs.values())
 
 
-def _saves_for_kept(step, layer, data_root, private, runs_backward) -> bool:
-    """Whether a step writes only kept blobs, none in place, and keeps scratch from its
-    forward to its backward."""
-    return (runs_backward and bool(step.tops) and not set(step.tops) & set(step.bottoms)
-            and all(data_root[b] in private for b in step.tops)
-            and any(lives == "both" for _, _, lives in layer.scratch_specs.values()))
-
-
-def _recomputed_roots(steps, layers, data_root, private, recompute) -> set[int]:
-    """The data roots that only recomputed steps of one segment touch: they need no memory
-    between their forward and their second forward. Not a kept blob, nor the x rows of a
-    weight-gradient chunk unless all of them run again (its one GEMM reads them together,
-    in their second life then)."""
-    segment: dict[int, int] = {}
-    for k, seg in enumerate(recompute.steps):
+def _relived_roots(steps, layers, data_root, private, recompute, n_blobs) -> bytearray:
+    """Per data root, whether backward's forward runs may write it again (a life per run):
+    every writer may run again (is in ``recompute.steps``), and it is not a kept blob, nor
+    a part of a kept whole (the Slice parts of an input, which live inside it), nor the x
+    rows of a weight-gradient chunk unless all of them are (its one GEMM reads them
+    together, from one buffer)."""
+    runnable = bytearray(len(steps))
+    for seg in recompute.steps:
         for s in seg:
-            segment[s] = k
-    where: dict[int, int] = {}
-    for s, step in enumerate(steps):
-        k = segment.get(s, -1)
-        for b in step.bottoms + step.tops:
+            runnable[s] = 1
+    again = bytearray(n_blobs)
+    fixed = bytearray(n_blobs)
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        if "data" in layer.shares_bottom:
+            continue
+        whole_kept = (layer.parts_of_whole == "tops"
+                      and data_root[step.bottoms[0]] in private)
+        for b in step.tops:
             r = data_root[b]
-            where[r] = k if where.get(r, k) == k else -1
-    again = {r for r, k in where.items() if k >= 0 and r not in private}
+            if not runnable[s] or r in private or whole_kept:
+                fixed[r] = 1
+            else:
+                again[r] = 1
+    for r in range(n_blobs):
+        if fixed[r]:
+            again[r] = 0
     for chunk in recompute.chunks:
         rows = [data_root[steps[s].bottoms[0]] for s in chunk]
-        if not all(r in again for r in rows):
-            again.difference_update(rows)
+        if not all(again[r] for r in rows):
+            for r in rows:
+                again[r] = 0
     return again
 
 
@@ -753,15 +1000,60 @@ def bptt_hsm(t: int, slots: int) -> int:
     >>> bptt_hsm(4, 1), bptt_hsm(4, 2), bptt_hsm(4, 4), bptt_hsm(1000, 10)
     (10, 8, 7, 4636)
     """
+    return int(_hsm_table(t, max(1, min(slots, t)))[0][-1, t])
+
+
+@functools.lru_cache(maxsize=4)
+def _hsm_table(t: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """BPTT-HSM's costs ``Q[m, n]`` and first moves ``Y[m, n]`` (the steps run forward
+    before the state kept next) for chains up to ``t`` steps and ``slots`` slots."""
     ts = np.arange(t + 1, dtype=np.int64)
-    q = ts * (ts + 1) // 2  # one slot: from the input every time
-    for _ in range(2, min(slots, t) + 1):
-        nxt = q.copy()  # Q(., m) from Q(., m - 1), one t at a time (it reads Q(y, m), y < t)
-        for n in range(2, t + 1):
-            ys = ts[1:n]
-            nxt[n] = int((ys + q[n - ys] + nxt[ys]).min())
-        q = nxt
-    return int(q[t])
+    q = np.zeros((slots + 1, t + 1), np.int64)
+    y = np.zeros((slots + 1, t + 1), np.int64)
+    q[1] = ts * (ts + 1) // 2  # one slot: from the input every time
+    y[1] = np.maximum(ts - 1, 0)
+    for m in range(2, slots + 1):
+        row, prev = q[m], q[m - 1]
+        row[: m + 1] = np.maximum(2 * ts[: m + 1] - 1, 0)  # a slot for every state
+        y[m, : m + 1] = np.minimum(ts[: m + 1], 1)
+        for n in range(m + 1, t + 1):  # Q(., m) from Q(., m - 1), one n at a time
+            costs = ts[1:n] + prev[n - 1 : 0 : -1] + row[1:n]
+            k = int(costs.argmin())
+            row[n], y[m, n] = costs[k], k + 1
+    for a in (q, y):
+        a.flags.writeable = False
+    return q, y
+
+
+def hsm_order(units: int, slots: int) -> tuple:
+    """BPTT-HSM's policy for a chain of ``units`` segments in ``slots`` slots, as
+    backward's actions (:class:`Recompute`): the forward pass runs every segment once,
+    keeping the states the policy keeps; then the actions after it, whose forward runs
+    total :func:`bptt_hsm` with the forward pass. A segment runs forward right before its
+    own backward, from the state kept before it.
+
+    >>> hsm_order(3, 2)  # segment 0 again, from the input; 1 twice, from the state kept at 1
+    (-3, 1, -2, 0, -1)
+    """
+    slots = max(1, min(slots, units))
+    _, first = _hsm_table(units, slots)
+    actions: list[int] = []
+    todo = [(0, units, slots)]  # ranges still to backpropagate, last first
+    while todo:
+        a, b, m = todo.pop()
+        if b - a == 1:
+            actions += [a, ~a]
+        elif m == 1:  # from the state at a for every step
+            for end in reversed(range(a, b)):
+                actions += [*range(a, end + 1), ~end]
+        else:
+            y = int(first[m, b - a])
+            actions += range(a, a + y)
+            todo += [(a, a + y, m), (a + y, b, m - 1)]
+    # the forward pass is every forward before the first backward
+    first_backward = next(i for i, x in enumerate(actions) if x < 0)
+    assert actions[:first_backward] == list(range(units))
+    return tuple(actions[first_backward:])
 
 
 def _widened(span, windows) -> tuple[int, int]:
@@ -805,12 +1097,11 @@ def group_parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten) ->
             continue
         offset = 0
         for k, part in enumerate(parts):
-            for roots, host, fl, twice in ((plan.data_root, data_host, data_flags,
-                                            plan.recomputed),
-                                           (plan.diff_root, diff_host, diff_flags, ())):
+            for roots, host, fl, lives in ((plan.data_root, data_host, data_flags, True),
+                                           (plan.diff_root, diff_host, diff_flags, False)):
                 r, w = roots[part], roots[whole]
                 if (r == w or r in host or r in written or w in written or r in plan.private
-                        or r in twice or w in twice):
+                        or lives and (plan.relived(r) or plan.relived(w))):
                     continue
                 host[r] = (w, offset)
                 fl[k] = True
@@ -971,6 +1262,7 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
     groups = gradient_chunks(steps, layers, plan.layer_need, shapes)
     if not groups:
         return [], {}
+    n_lives = len(plan.re_root)
     data_re_host = {} if data_re_host is None else data_re_host
     written = {plan.data_root[b] for b in rewritten} | {plan.diff_root[b] for b in rewritten}
     at = plan.backward_time
@@ -1012,13 +1304,15 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
         gy_roots = [plan.diff_root[steps[s].tops[0]] for s in members]
         x_counts = [_count(shapes[steps[s].bottoms[0]]) for s in members]
         gy_counts = [_count(shapes[steps[s].tops[0]]) for s in members]
-        again = [r in plan.recomputed for r in x_roots]
+        again = [plan.relived(r) for r in x_roots]
         if any(r in plan.private or r in written for r in x_roots + gy_roots) or (
                 any(again) and not all(again)):
             continue
+        if all(again):  # the GEMM reads each row's life of the run right before it
+            x_roots = [plan.life_at(r, at(members[0])) for r in x_roots]
         if len(set(x_roots)) < len(members) or len(set(gy_roots)) < len(members):
             continue
-        x_tiles = _tiling(x_roots, data_host, x_counts)
+        x_tiles = _tiling(x_roots, data_re_host if all(again) else data_host, x_counts)
         gy_tiles = _tiling(gy_roots, diff_host, gy_counts)
         if x_tiles is False or gy_tiles is False:
             continue  # some rows live inside other buffers, but not as one block
@@ -1039,7 +1333,10 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
             if tiles is not None:
                 blocks.append(tiles[:2])
                 continue
-            whole, n_roots, offset = n_roots, n_roots + 1, 0
+            if kind == "data_re":  # numbered after the lives
+                whole, n_lives, offset = n_lives, n_lives + 1, 0
+            else:
+                whole, n_roots, offset = n_roots, n_roots + 1, 0
             for i in order:
                 host[roots[i]] = (whole, offset)
                 offset += counts[i]

@@ -166,7 +166,11 @@ class Net:
     largest blobs and their layers, before any of them is allocated.
     ``memory_budget`` (bytes of activations, diffs, scratch and kept blobs but the inputs) has
     backward recompute segments of the forward, as few as fit, with the same
-    results bit for bit; ``recompute="sqrt"`` takes Chen et al.'s segments.
+    results bit for bit: one level of Chen et al.'s segments, or in a chain of
+    three weight-gradient chunks or more, for budgets one level cannot reach,
+    Gruslys et al.'s BPTT-HSM over the chunks. ``recompute="sqrt"`` takes
+    Chen's square-root segments, ``recompute="hsm"`` BPTT-HSM (without a
+    budget, in its fewest slots: the least memory).
     ``net.memory`` is the memory plan applied (:class:`unroll.engine.executor.NetMemory`):
     its ``liveness``, and its ``layout`` for the current shapes (None with
     ``plan_memory=False``), as :mod:`unroll.engine.memory_plan` documents them.
@@ -510,7 +514,7 @@ class Net:
             self.memory.for_backward()
             executor.run_backward(self._bwd, self._backward_items if at_once else None,
                                   self.memory.zero_before, self.memory.gemms,
-                                  self.memory.segments)
+                                  self.memory.segments, self.memory.lives)
 
     def clear_param_diffs(self) -> None:
         """Zero every owner's diff (once per iteration; backward accumulates into them)."""
