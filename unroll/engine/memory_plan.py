@@ -125,7 +125,8 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
     """
     told = {s: {} for s, layer in enumerate(layers)
             if layer.parts_of_whole or layer.passes_diffs or layer.batches_param_diffs}
-    data_host, diff_host, parts = group_parts(steps, layers, plan, shapes, rewritten)
+    data_host, diff_host, parts, data_re_host = group_parts(steps, layers, plan, shapes,
+                                                            rewritten)
     skipped = {}
     for s, (data_flags, diff_flags) in parts.items():
         told[s]["parts_in_whole"] = (tuple(data_flags), tuple(diff_flags))
@@ -135,7 +136,6 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
     for s, fl in aliased.items():
         told[s]["diff_aliased"] = skipped[s] = tuple(fl)
     n_blobs = len(shapes)
-    data_re_host: dict[int, tuple[int, int]] = {}
     groups, counts = plan_weight_gradients(steps, layers, plan, bottom_need, shapes, data_host,
                                            diff_host, rewritten, skipped, n_blobs, data_re_host)
     for group in groups:
@@ -1074,13 +1074,17 @@ def group_parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten) ->
     alike, and the layer skips its copy. Not for memory written in place
     (``rewritten``: a write through the whole would change a part a backward
     still reads), nor for a part that keeps memory of its own (an input, say,
-    which the user may reshape and fill between runs).
+    which the user may reshape and fill between runs). Where backward runs
+    forward again, a part and its whole with a life per run (:class:`Liveness`)
+    are hosted life by life, where the same runs write both.
 
-    Returns ``(data_host, diff_host, flags)``: root -> (host root, element
-    offset), and step -> (data in whole, diff in whole) per part.
+    Returns ``(data_host, diff_host, flags, data_re_host)``: root (life id, in
+    ``data_re_host``) -> (host root or life, element offset), and step -> (data
+    in whole, diff in whole) per part.
     """
     data_host: dict[int, tuple[int, int]] = {}
     diff_host: dict[int, tuple[int, int]] = {}
+    data_re_host: dict[int, tuple[int, int]] = {}
     flags: dict[int, tuple[list[bool], list[bool]]] = {}
     written = {plan.data_root[b] for b in rewritten}
     for s, (step, layer) in enumerate(zip(steps, layers)):
@@ -1100,13 +1104,32 @@ def group_parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten) ->
             for roots, host, fl, lives in ((plan.data_root, data_host, data_flags, True),
                                            (plan.diff_root, diff_host, diff_flags, False)):
                 r, w = roots[part], roots[whole]
-                if (r == w or r in host or r in written or w in written or r in plan.private
-                        or lives and (plan.relived(r) or plan.relived(w))):
+                if (r == w or r in host or r in written or w in written
+                        or r in plan.private):
                     continue
-                host[r] = (w, offset)
+                if lives and (plan.relived(r) or plan.relived(w)):
+                    pairs = _same_lives(plan, r, w)
+                    if pairs is None or any(j in data_re_host for j, _ in pairs):
+                        continue
+                    for j, i in pairs:
+                        data_re_host[j] = (i, offset)
+                else:
+                    host[r] = (w, offset)
                 fl[k] = True
             offset += _count(shapes[part])
-    return data_host, diff_host, flags
+    return data_host, diff_host, flags, data_re_host
+
+
+def _same_lives(plan, r: int, w: int) -> list[tuple[int, int]] | None:
+    """The lives of relived roots ``r`` and ``w`` paired, where the same runs write both
+    (None where not)."""
+    if not (plan.relived(r) and plan.relived(w)):
+        return None
+    a, b = range(plan.re_index[r], plan.re_index[r + 1]), range(plan.re_index[w],
+                                                                plan.re_index[w + 1])
+    if len(a) != len(b) or any(plan.re_born[j] != plan.re_born[i] for j, i in zip(a, b)):
+        return None
+    return list(zip(a, b))
 
 
 def _count(shape) -> int:
