@@ -340,12 +340,14 @@ def test_a_budget_one_level_cannot_reach_is_planned_by_bptt_hsm():
 def test_on_a_gpu_recomputation_adds_launches_and_no_sync():
     from unroll.engine import trace
 
-    T = 24
-    text = recurrent_net("gru", T, 2, 1, "forward", False, D=8, H=16)
+    T = 3 * GRADIENT_CHUNK
+    text = per_step_loss_net("gru", T, 2, 8, 16)
     counts = {}
-    least = smallest_budget(text, "float32")
-    for label, kw in (("full", {}), ("budget", {"memory_budget": least})):
+    for label, kw, policy in (("full", {}, "None"), ("one level", {"recompute": "sqrt"},
+                                                     "one level"),
+                              ("hsm", {"recompute": "hsm"}, "BPTT-HSM")):
         net = Net(text, device="trace", seed=3, **kw)
+        assert str(net.inspect().recompute["policy"]).startswith(policy)
         feed = {k: trace.asarray(v.astype(np.float32))
                 for k, v in feed_for(net, T, [T, 5]).items()}
         net.forward(**feed)
@@ -355,8 +357,8 @@ def test_on_a_gpu_recomputation_adds_launches_and_no_sync():
             net.clear_param_diffs()
             net.backward()
         counts[label] = counted
-    assert counts["budget"].launches > counts["full"].launches
-    assert counts["budget"].syncs == counts["full"].syncs == 0
+    assert min(counts["hsm"].launches, counts["one level"].launches) > counts["full"].launches
+    assert counts["one level"].syncs == counts["hsm"].syncs == counts["full"].syncs == 0
 
 
 def test_unroll_memory_with_a_budget_shows_the_recomputation(tmp_path, capsys):

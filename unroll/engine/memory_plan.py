@@ -22,11 +22,13 @@ lives through all of it.
 
 Within a memory budget (:func:`within_budget`), backward recomputes segments
 of the forward from checkpoints (a :class:`Recompute` plan), cut between
-weight-gradient chunks: the plan gives the values only re-run steps touch two
-lives, each its own buffer.
+weight-gradient chunks, at one level or at several (BPTT-HSM,
+:func:`hsm_order`): a value that forward runs in backward write again has a
+life per run, each its own buffer.
 
 Time, for lifetimes, counts forward steps ``0..S-1``, then ``S`` when loss
-diffs are filled, then backward steps, step ``s`` at ``2S - s``.
+diffs are filled, then backward steps, step ``s`` at ``2S - s`` (with a
+:class:`Recompute` plan, its actions' steps one after another).
 
 >>> import numpy as np
 >>> from unroll import Net
@@ -143,7 +145,7 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
             told[s]["param_diffs_batched"] = True
     sizes = {key: n * itemsize for key, n in counts.items()}
     # with recomputation, a whole's data may die part by part before its diff is written
-    # there (a time-major projection, re-read by each segment's second forward): one buffer
+    # there (a time-major projection, re-read by the forward runs in backward): one buffer
     shared = (_data_then_diff(plan, data_host, diff_host, shapes) if plan.recompute is not None
               else set())
     buffers, keys, spans_of = [], [], {}
@@ -881,7 +883,7 @@ def _kept_steps(steps, layers, data_root) -> set[int]:
 
 def allowed_cuts(steps, layers, data_root, chunks=()) -> list[int]:
     """The steps a segment may start at: not inside an in-place chain (a value produced
-    before the cut and written in place after it), whose second forward would leave the
+    before the cut and written in place after it), whose forward run again would leave the
     earlier version where backward reads the later one; nor inside a weight-gradient
     chunk (``chunks``, :func:`gradient_chunks`), whose one GEMM needs its rows together."""
     first: dict[int, int] = {}
@@ -1000,13 +1002,19 @@ def bptt_hsm(t: int, slots: int) -> int:
     >>> bptt_hsm(4, 1), bptt_hsm(4, 2), bptt_hsm(4, 4), bptt_hsm(1000, 10)
     (10, 8, 7, 4636)
     """
-    return int(_hsm_table(t, max(1, min(slots, t)))[0][-1, t])
+    slots = max(1, min(slots, t))
+    return int(_hsm_table(t, slots)[0][slots, t])
 
 
-@functools.lru_cache(maxsize=4)
 def _hsm_table(t: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
     """BPTT-HSM's costs ``Q[m, n]`` and first moves ``Y[m, n]`` (the steps run forward
-    before the state kept next) for chains up to ``t`` steps and ``slots`` slots."""
+    before the state kept next) for chains up to ``t`` steps and at least ``slots`` slots:
+    rows up to a power of two, so that a search over the slots builds few tables."""
+    return _hsm_rows(t, min(t, 1 << max(0, slots - 1).bit_length()))
+
+
+@functools.lru_cache(maxsize=8)
+def _hsm_rows(t: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
     ts = np.arange(t + 1, dtype=np.int64)
     q = np.zeros((slots + 1, t + 1), np.int64)
     y = np.zeros((slots + 1, t + 1), np.int64)
@@ -1208,7 +1216,7 @@ class WeightGradGroup:
     x: tuple[int, int]
     gy: tuple[int, int]
     rows: int
-    x_kind: str = "data"  # "data_re": the x rows of a recomputed chunk, in their second life
+    x_kind: str = "data"  # "data_re": a relived chunk's x rows, in their lives at the GEMM
 
 
 def _tiling(roots, host, counts):
@@ -1275,8 +1283,9 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
     group's GEMM. A group needs every member's x and gy planned (not kept),
     written nowhere in place, and no backward write landing in a member's gy
     rows between its backward and the GEMM. Where a recomputation plan runs
-    a chunk's x rows again, they go back to back in a buffer of their second
-    life (``data_re_host``) and the GEMM reads them there.
+    a chunk's x rows again, their lives at the GEMM (the run's right before
+    it) go back to back in a buffer (``data_re_host``) and the GEMM reads
+    them there.
 
     ``n_roots`` numbers the new buffers (roots ``n_roots, n_roots + 1, ...``).
     Returns the groups and ``{(kind, root): elements}`` of the new buffers;
