@@ -72,18 +72,30 @@ def smallest_budget(text, dtype) -> int:
 LENGTHS = st.one_of(st.integers(2, 7), st.integers(GRADIENT_CHUNK + 1, GRADIENT_CHUNK + 8))
 
 
+def chains(steps, longest):
+    """What the budget properties draw: recurrent layers of every template, ``steps`` long,
+    over packed sequences of up to ``longest`` steps."""
+    return dict(cell=st.sampled_from(CELLS), layers=st.integers(1, 2), T=steps,
+                lengths=st.lists(st.integers(1, longest), min_size=1, max_size=3),
+                direction=st.sampled_from(["forward", "bidirectional"]),
+                dropout=st.booleans(), dtype=st.sampled_from(["float32", "float64"]),
+                where=st.floats(0, 1))
+
+
+def full_plan_step(cell, layers, T, lengths, direction, dropout, dtype):
+    """A drawn chain's prototxt, its training step in the full plan, and its planned bytes."""
+    text = recurrent_net(cell, T, len(lengths), layers, direction, dropout)
+    full = Net(text, dtype=dtype, seed=3)
+    return (text, train_step(full, feed_for(full, T, lengths)),
+            full.inspect().recompute["planned_bytes"])
+
+
 @settings(max_examples=12, deadline=None)
-@given(cell=st.sampled_from(CELLS), layers=st.integers(1, 2), T=LENGTHS,
-       lengths=st.lists(st.integers(1, GRADIENT_CHUNK + 8), min_size=1, max_size=3),
-       direction=st.sampled_from(["forward", "bidirectional"]), dropout=st.booleans(),
-       dtype=st.sampled_from(["float32", "float64"]), where=st.floats(0, 1))
+@given(**chains(LENGTHS, GRADIENT_CHUNK + 8))
 def test_a_budgeted_net_is_bit_identical_to_the_full_plan(cell, layers, T, lengths, direction,
                                                           dropout, dtype, where):
     lengths = [min(n, T) for n in lengths]
-    text = recurrent_net(cell, T, len(lengths), layers, direction, dropout)
-    full = Net(text, dtype=dtype, seed=3)
-    want = train_step(full, feed_for(full, T, lengths))
-    need = full.inspect().recompute["planned_bytes"]
+    text, want, need = full_plan_step(cell, layers, T, lengths, direction, dropout, dtype)
     least = smallest_budget(text, dtype)
     budget = int(least + where * (need - least))
     for kw in ({"memory_budget": budget}, {"recompute": "sqrt"}):
@@ -294,17 +306,11 @@ HSM_LENGTHS = st.integers(2 * GRADIENT_CHUNK + 2, 4 * GRADIENT_CHUNK)
 
 
 @settings(max_examples=8, deadline=None)
-@given(cell=st.sampled_from(CELLS), layers=st.integers(1, 2), T=HSM_LENGTHS,
-       lengths=st.lists(st.integers(1, 4 * GRADIENT_CHUNK), min_size=1, max_size=3),
-       direction=st.sampled_from(["forward", "bidirectional"]), dropout=st.booleans(),
-       dtype=st.sampled_from(["float32", "float64"]), where=st.floats(0, 1))
+@given(**chains(HSM_LENGTHS, 4 * GRADIENT_CHUNK))
 def test_bptt_hsm_is_bit_identical_to_the_full_plan(cell, layers, T, lengths, direction,
                                                     dropout, dtype, where):
     lengths = [min(n, T) for n in lengths]
-    text = recurrent_net(cell, T, len(lengths), layers, direction, dropout)
-    full = Net(text, dtype=dtype, seed=3)
-    want = train_step(full, feed_for(full, T, lengths))
-    need = full.inspect().recompute["planned_bytes"]
+    text, want, need = full_plan_step(cell, layers, T, lengths, direction, dropout, dtype)
     fewest = Net(text, dtype=dtype, seed=3, recompute="hsm")  # the least memory
     plan = fewest.inspect().recompute
     # a loss over the whole output keeps it: small nets may need less without recomputing

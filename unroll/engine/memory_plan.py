@@ -725,50 +725,44 @@ def _liveness_recomputed(steps, layers, n_blobs, data_root, diff_root, private, 
     data_life: dict[int, list[int]] = {}
     lives: list[list[int]] = []  # [root, first, last, action]
     current = [-1] * n_blobs  # root -> its life now
-    for s, step in enumerate(steps):
-        for b in step.tops:
-            r = data_root[b]
-            if again[r] and current[r] < 0:
-                current[r] = len(lives)
-                lives.append([r, s, s, -1])
-        for b in step.tops + step.bottoms:
-            r = data_root[b]
-            if current[r] >= 0:
-                lives[current[r]][2] = s
-            else:
-                _touch(data_life, r, s)
-    born = [-1] * n_blobs  # root -> the action whose run wrote its current life
-    back = [0] * S
+    born = [-2] * n_blobs  # root -> the action whose run wrote its current life
     re_time: dict[int, list[int]] = {}
+
+    def touch(r, t) -> None:  # root r's current life is used at time t
+        if current[r] >= 0:
+            lives[current[r]][2] = t
+        else:
+            _touch(data_life, r, t)
+
+    def run(run_steps, action: int, t: int) -> int:
+        # a forward run (action -1: the forward pass) from time t; the time after it
+        for s in run_steps:
+            step = steps[s]
+            for b in step.tops:
+                r = data_root[b]
+                if again[r] and born[r] != action:
+                    born[r], current[r] = action, len(lives)
+                    lives.append([r, t, t, action])
+            for b in step.tops + step.bottoms:
+                touch(data_root[b], t)
+            if action >= 0 and layers[s].scratch_specs:
+                re_time.setdefault(s, []).append(t)
+            t += 1
+        return t
+
+    run(range(S), -1, 0)
+    back = [0] * S
     diffs = _Diffs(diff_root)
     t = S + 1
     for i, a in enumerate(order):
         if a >= 0:
-            for s in runs[i]:
-                step = steps[s]
-                for b in step.tops:
-                    r = data_root[b]
-                    if again[r] and born[r] != i:
-                        born[r], current[r] = i, len(lives)
-                        lives.append([r, t, t, i])
-                for b in step.tops + step.bottoms:
-                    r = data_root[b]
-                    if current[r] >= 0:
-                        lives[current[r]][2] = t
-                    else:
-                        _touch(data_life, r, t)
-                if layers[s].scratch_specs:
-                    re_time.setdefault(s, []).append(t)
-                t += 1
+            t = run(runs[i], i, t)
             continue
         for s in reversed(range(bounds[~a], bounds[~a + 1])):
             back[s] = t
             if layer_need[s]:
                 for r in _backward_reads(steps[s], layers[s], data_root, bottom_need[s]):
-                    if current[r] >= 0:
-                        lives[current[r]][2] = t
-                    else:
-                        _touch(data_life, r, t)
+                    touch(r, t)
                 diffs.backward(steps[s], layers[s], t, bottom_need[s])
             t += 1
     # lives numbered by root, then time: a root's lives are consecutive ids
