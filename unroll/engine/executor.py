@@ -172,9 +172,8 @@ def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int],
         else:
             blob = blobs[plan.re_root[r]] if relives else blobs[r]
             if host >= 0:
-                flat, first = array(kind, host), int(within[kind][r])
-                a = None if flat is None else (
-                    flat.reshape(-1)[first : first + blob.count].reshape(blob.shape))
+                flat = array(kind, host)
+                a = None if flat is None else _inside(flat, int(within[kind][r]), blob)
             elif at >= 0:
                 a = workspace.view(at, blob.shape, dtype)
             elif not relives and r in plan.private:
@@ -268,13 +267,16 @@ class Lives:
         for j in self.born[self.starts[action] : self.starts[action + 1]].tolist():
             blob, host = blobs[self.re_root[j]], int(self.whole[j])
             if host >= 0:
-                first = int(self.within[j])
-                blob.bind_data(self.hosts[host].reshape(-1)[first : first + blob.count]
-                               .reshape(blob.shape))
+                blob.bind_data(_inside(self.hosts[host], int(self.within[j]), blob))
             else:
                 blob.bind_data(view(int(self.offset[j]), blob.shape, dtype))
         for table, name, at, shape, dtype_ in self.scratch_runs.get(action, ()):
             table[name] = view(at, shape, dtype_)
+
+
+def _inside(flat, first: int, blob):
+    """The elements of ``flat`` from ``first`` on, as the memory of ``blob``."""
+    return flat.reshape(-1)[first : first + blob.count].reshape(blob.shape)
 
 
 def release(plan, blobs, layers) -> None:

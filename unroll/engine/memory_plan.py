@@ -542,11 +542,7 @@ class Liveness:
     def life_at(self, root: int, time: int) -> int:
         """The id of the life of relived ``root`` that holds its value at ``time``."""
         lo, hi = int(self.re_index[root]), int(self.re_index[root + 1])
-        firsts = self.data_re_life._first
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if firsts[mid] <= time else (lo, mid)
-        return lo
+        return bisect_right(self.data_re_life._first, time, lo + 1, hi) - 1
 
     def scratch_life(self, step: int, lives: str) -> tuple[int, int] | None:
         """When scratch of step ``step`` is live in the forward pass: ``lives`` is "forward",
@@ -1012,8 +1008,7 @@ def _hsm_rows(t: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
     ts = np.arange(t + 1, dtype=np.int64)
     q = np.zeros((slots + 1, t + 1), np.int64)
     y = np.zeros((slots + 1, t + 1), np.int64)
-    q[1] = ts * (ts + 1) // 2  # one slot: from the input every time
-    y[1] = np.maximum(ts - 1, 0)
+    q[1] = ts * (ts + 1) // 2  # one slot: from the input every time (hsm_order's own case)
     for m in range(2, slots + 1):
         row, prev = q[m], q[m - 1]
         row[: m + 1] = np.maximum(2 * ts[: m + 1] - 1, 0)  # a slot for every state
