@@ -15,7 +15,7 @@ settings.register_profile("ci", max_examples=12, deadline=None, derandomize=True
 settings.register_profile("dev", max_examples=40, deadline=None, suppress_health_check=_quiet)
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
-LAYER_TESTS = Path(__file__).parent / "layers"
+LAYER_TESTS = Path(__file__).parent / "engine" / "layers"
 
 
 def pytest_generate_tests(metafunc):

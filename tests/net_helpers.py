@@ -1,4 +1,4 @@
-"""Small prototxt builders and run helpers shared by the tests/test_net_*.py files."""
+"""Small prototxt builders and run helpers shared by the tests/graph/ and tests/engine/ test_net_*.py files."""
 
 import numpy as np
 

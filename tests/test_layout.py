@@ -95,3 +95,19 @@ def test_the_public_names_of_unroll_build_nets_with_caffe_recurrent_layers():
       layer { name: "lstm" type: "LSTM" bottom: "x" bottom: "cont" top: "h"
               recurrent_param { num_output: 5 } }''')
     assert net.forward()["h"].shape == (3, 2, 5)
+
+
+TESTS = Path(__file__).parent
+#: test folders beside the packages': a layer's tests sit with the engine, the examples' apart
+EXTRA_TEST_FOLDERS = {"engine/layers", "examples"}
+
+
+def test_the_tests_mirror_the_packages():
+    """docs/design.md, 9. Tests: a package's tests lie in the folder of its name."""
+    folders = {str(p.parent.relative_to(TESTS)) for p in TESTS.rglob("test_*.py")}
+    stray = sorted(folders - set(ORDER) - EXTRA_TEST_FOLDERS - {"."})
+    assert not stray, f"test folders that mirror no package of {ORDER}: {stray}"
+    loose = sorted(p.name for p in TESTS.glob("test_*.py") if p.name != "test_layout.py")
+    assert not loose, f"tests outside a package's folder: {loose}"
+    missing = sorted(set(ORDER) - folders)
+    assert not missing, f"packages with no test folder: {missing}"

@@ -2,7 +2,7 @@
 
 The decoders run on a hand-made step function (docs/design.md, "Stepping": the
 lemmatizer's runs on unroll.Stepper, whose equality with the unrolled net
-tests/test_stepper.py proves).
+tests/train/test_stepper.py proves).
 """
 
 import itertools

@@ -36,7 +36,7 @@ that module must serve Caffe too.
 The layer types Caffe has are read off real BVLC Caffe (``caffe_layer_types.txt``
 beside this module, a copy of the list made with ``caffe.layer_type_list()`` at
 Caffe 9b89154). Fields need no lowering: ``proto/unroll.proto`` holds only
-fields of Caffe's caffe.proto, with Caffe's numbers (``tests/test_proto.py``
+fields of Caffe's caffe.proto, with Caffe's numbers (``tests/core/test_proto.py``
 holds it to Caffe's field list), so any field a lowered net sets is Caffe's.
 
 >>> from unroll.frontend.unroller import expand

@@ -30,7 +30,7 @@ from unroll.frontend.unroller import builtin_template_dir
 from unroll.tools import cli
 from unroll.train.bucketing import cont_from_lengths
 
-SHARED_TYPES = Path(__file__).resolve().parents[1].parent / "shared" / "caffe_layer_types.txt"
+SHARED_TYPES = Path(__file__).resolve().parents[2].parent / "shared" / "caffe_layer_types.txt"
 CELLS = ("gru", "gru_primitive", "lstm", "lstm_primitive", "rnn")
 
 
@@ -187,7 +187,7 @@ def test_every_builtin_template_exports_only_caffe_layer_types(name, variables):
 
 
 SHARED_FIELDS = SHARED_TYPES.parent / "caffe_fields.txt"
-#: a field of Caffe's that caffe_fields.txt leaves out (tests/test_proto.py: BEYOND_CAFFE_FIELDS)
+#: a field of Caffe's that caffe_fields.txt leaves out (tests/core/test_proto.py: BEYOND_CAFFE_FIELDS)
 POWER_FIELDS = {("LayerParameter", "power_param"), ("PowerParameter", "power"),
                 ("PowerParameter", "scale"), ("PowerParameter", "shift")}
 

@@ -8,7 +8,7 @@ import pytest
 
 import unroll
 from examples.pos_tagging.workload import packed_tagger, tagger_setup
-from tests.test_trace import SMALL_TAGGER, TINY
+from tests.engine.test_trace import SMALL_TAGGER, TINY
 from unroll import Net
 from unroll.engine import trace
 from unroll.engine.backend import GPU_AVAILABLE, to_numpy

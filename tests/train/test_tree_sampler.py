@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.test_tree_unroller import CHILD_SUM, trees
+from tests.frontend.test_tree_unroller import CHILD_SUM, trees
 from unroll.frontend.tree import Tree, level_widths
 from unroll.frontend.tree_unroller import expand_tree, tree_inputs
 from unroll.frontend.unroller import load_template

@@ -29,7 +29,7 @@ from unroll.train.bucketed_model import BucketedModel
 from unroll.train.bucketing import time_major
 from unroll.train.solver import Solver
 
-ROOT = Path(__file__).resolve().parents[1]  # on the ranks' PYTHONPATH: this checkout's unroll
+ROOT = Path(__file__).resolve().parents[2]  # on the ranks' PYTHONPATH: this checkout's unroll
 
 N = 3  # sequences per batch
 SOLVER = dict(type="Adam", base_lr=0.05, momentum=0.9, momentum2=0.999, weight_decay=1e-3,

@@ -20,7 +20,7 @@ from unroll.engine.net import Net
 from unroll.frontend.render_limits import CHARS_ENV, SECONDS_ENV, bounded_rendering
 from unroll.frontend.template import load_template, render_error
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- templates ----------------------------------------------------------------------------

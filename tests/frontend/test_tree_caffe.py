@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.test_caffe_export import SHARED_FIELDS, SHARED_TYPES, caffe_fields, fields_set
-from tests.test_tree_unroller import CHILD_SUM, NARY, batches
+from tests.frontend.test_caffe_export import SHARED_FIELDS, SHARED_TYPES, caffe_fields, fields_set
+from tests.frontend.test_tree_unroller import CHILD_SUM, NARY, batches
 from unroll import Net, NetError, to_prototxt
 from unroll.core.proto import NetParameter, parse_text
 from unroll.frontend.caffe_export import caffe_layer_types

@@ -24,7 +24,7 @@ from unroll.core.proto import (
 )
 from unroll.engine.net import Net
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CAFFE_FIELDS = REPO.parent / "shared" / "caffe_fields.txt"
 
 

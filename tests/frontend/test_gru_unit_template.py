@@ -2,7 +2,7 @@
 
 The two unrolled nets have the same params and must give the same outputs and
 gradients for any sizes, lengths, direction and depth; the fused net also
-passes a finite-difference check of its own. (tests/test_templates.py holds
+passes a finite-difference check of its own. (tests/frontend/test_templates.py holds
 ``gru`` to a step-by-step NumPy recurrence.)
 """
 

@@ -12,7 +12,7 @@ from unroll.frontend.caffe_export import caffe_layer_types
 from unroll.tools import cli
 from unroll.tools.catalogue import catalogue, markdown, readme_table, update_readme
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_the_readme_table_is_the_catalogue():

@@ -43,7 +43,7 @@ def test_every_built_in_template_is_covered():
         if kind == "module":
             continue  # applied by the net templates below, whose layers it is part of
         if kind == "tree_step":
-            continue  # against its per-node NumPy reference: tests/test_tree_unroller.py
+            continue  # against its per-node NumPy reference: tests/frontend/test_tree_unroller.py
         defaults = {"tagger": dict(vocab=7, tags=3), "siamese": dict(input_dim=3, hidden=4,
                                                                      embed=2)}[name]
         types = {lp.type for lp in expand(name, steps=2, **defaults).layer}

@@ -202,7 +202,7 @@ def test_every_contract_entry_has_a_default_and_a_doc_on_layer(name):
 def test_the_readme_lists_every_contract_entry():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     section = readme[readme.index("## Extending unroll"):]
     section = section[:section.index("\n## ", 1)]
     missing = [name for name in CONTRACT if f"`{name}" not in section]

@@ -2,7 +2,7 @@
 
 Its gradients and the fused-versus-reference checks live with LSTMUnit's in
 test_recurrent_unit.py; the unrolled ``gru`` template against its primitive
-twin in tests/test_gru_unit_template.py.
+twin in tests/frontend/test_gru_unit_template.py.
 """
 
 import numpy as np
