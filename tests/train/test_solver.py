@@ -16,7 +16,7 @@ from unroll.core.proto import NetParameter, SolverParameter, SolverState
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
 from unroll.train.solver import (
-    LR_POLICY_FIELDS,
+    LR_POLICIES,
     SOLVERS,
     NonFiniteError,
     Solver,
@@ -100,6 +100,12 @@ class FakeNet:
 def hand_step(kind, p, w, g, hist, t, lr_mult, decay_mult):
     """One update of weight ``w`` with gradient ``g`` as the textbook formula (Caffe's form)."""
     lr = p.base_lr * lr_mult
+    if kind == "AdamW":  # the decay decoupled from the gradient, torch's bias correction
+        b1, b2 = p.momentum, p.momentum2
+        hist[0] = b1 * hist[0] + (1 - b1) * g
+        hist[1] = b2 * hist[1] + (1 - b2) * g**2
+        m_hat, v_hat = hist[0] / (1 - b1**t), hist[1] / (1 - b2**t)
+        return w - (lr * m_hat / (np.sqrt(v_hat) + p.delta) + lr * p.weight_decay * decay_mult * w)
     g = g + p.weight_decay * decay_mult * w
     if kind == "SGD":
         hist[0] = p.momentum * hist[0] + lr * g
@@ -134,6 +140,7 @@ SETTINGS = {
     "RMSProp": dict(base_lr=0.05, rms_decay=0.9, delta=1e-6),
     "AdaDelta": dict(base_lr=1.0, momentum=0.95, delta=1e-6),
     "Adam": dict(base_lr=0.01, momentum=0.9, momentum2=0.999),
+    "AdamW": dict(base_lr=0.01, momentum=0.9, momentum2=0.999, delta=1e-3),
 }
 
 
@@ -566,7 +573,7 @@ def test_random_seed_makes_two_runs_identical():
         (dict(base_lr=-1.0), SolverError, "'base_lr': expected a number >= 0, found -1"),
         (dict(base_lr=0.1, type="AdaMax"), SolverError, "'type': expected one of"),
         (dict(base_lr=0.1, type="SGD", solver_type=1), SolverError, "'type' or 'solver_type'"),
-        (dict(base_lr=0.1, lr_policy="cosine"), SolverError, "'lr_policy'.*found 'cosine'"),
+        (dict(base_lr=0.1, lr_policy="triangular"), SolverError, "'lr_policy'.*found 'triangular'"),
         (dict(base_lr=0.1, lr_policy="step"), SolverError, "'stepsize': expected an integer > 0"),
         (dict(base_lr=0.1, lr_policy="poly"), SolverError, "'max_iter'"),
         (dict(base_lr=0.1, lr_policy="multistep", stepvalue=[5, 3]), SolverError, "stepvalue"),
@@ -610,9 +617,9 @@ def test_a_solver_registered_from_outside_trains_and_snapshots(tmp_path):
             raise SolverError("solver field 'momentum': expected <= 0.5 for HeavyBall")
 
     @register_solver("HeavyBall", slots=1, check=check)
-    def heavy_ball(diff, history, rate, solver):
+    def heavy_ball(diff, history, rate, param, step):
         (h,) = history
-        h *= diff.dtype.type(solver.param.momentum)
+        h *= diff.dtype.type(param.momentum)
         h += diff
         diff[...] = rate * h
 
@@ -745,13 +752,13 @@ def test_adam_without_momentum_is_refused_and_an_explicit_zero_runs_as_given():
     ("sigmoid", dict(gamma=0.01, stepsize=10)),
 ])
 def test_every_field_an_lr_policy_needs_is_refused_unset(policy, fields):
-    for missing in LR_POLICY_FIELDS[policy]:
+    for missing in LR_POLICIES[policy].required:
         given = {k: v for k, v in fields.items() if k != missing}
         with pytest.raises(SolverError, match=rf"'{missing}' is not set, and lr_policy "
                                               rf"\"{policy}\" needs it"):
             Solver(FakeNet(), base_lr=0.1, lr_policy=policy, **given)
     # an explicit 0 is taken as given: "step" with gamma 0 stops learning after one step
-    zeros = {k: ([0] if k == "stepvalue" else 0) for k in LR_POLICY_FIELDS[policy]}
+    zeros = {k: ([0] if k == "stepvalue" else 0) for k in LR_POLICIES[policy].required}
     solver = Solver(FakeNet(), base_lr=0.1, lr_policy=policy, **{**fields, **zeros})
     assert all(solver.param.HasField(k) for k in zeros if k != "stepvalue")
 
