@@ -93,8 +93,9 @@ def caffe_fields():
     return messages, enums
 
 
-#: What we implement beyond caffe_fields.txt, as BVLC caffe.proto (master) has it:
-#: the Power layer, which the unroller uses for a learned initial state (1 - cont).
+#: What we implement beyond caffe_fields.txt: as BVLC caffe.proto (master) has it, the
+#: Power layer, which the unroller uses for a learned initial state (1 - cont); and unroll's
+#: own solver fields (docs/design.md, Solver), numbered from UNROLL_FIELD_NUMBERS.
 BEYOND_CAFFE_FIELDS = {
     "LayerParameter": {"power_param": ("optional", "PowerParameter", 122, "")},
     "PowerParameter": {
@@ -102,7 +103,14 @@ BEYOND_CAFFE_FIELDS = {
         "scale": ("optional", "float", 2, "default = 1.0"),
         "shift": ("optional", "float", 3, "default = 0.0"),
     },
+    "SolverParameter": {
+        "min_lr": ("optional", "float", 1001, "default = 0"),
+        "warmup_iter": ("optional", "int32", 1002, "default = 0"),
+        "warmup_start": ("optional", "float", 1003, "default = 0"),
+    },
 }
+#: unroll's own fields are numbered from here: far above any number Caffe's messages use
+UNROLL_FIELD_NUMBERS = 1001
 
 
 def type_name(field):
@@ -162,6 +170,18 @@ def test_messages_match_caffe(caffe_fields):
                 check_default(where, field, default[1])
         for field in descriptor.fields:
             assert field.name in fields, f"{name}.{field.name} is not a Caffe field"
+
+
+def test_unrolls_own_fields_cannot_collide_with_caffes():
+    """A field Caffe might add to a message keeps a number below unroll's own."""
+    caffe, _ = read_caffe_fields(CAFFE_FIELDS) if CAFFE_FIELDS.is_file() else ({}, {})
+    for message in unroll_pb2.DESCRIPTOR.message_types_by_name.values():
+        ours = [f for f in message.fields if f.number >= UNROLL_FIELD_NUMBERS]
+        assert all(f.name in BEYOND_CAFFE_FIELDS.get(message.name, {}) for f in ours), message.name
+        numbers = [number for _, _, number, _ in caffe.get(message.name, {}).values()]
+        assert all(n < UNROLL_FIELD_NUMBERS for n in numbers), message.name
+    own = BEYOND_CAFFE_FIELDS["SolverParameter"]
+    assert all(number >= UNROLL_FIELD_NUMBERS for _, _, number, _ in own.values())
 
 
 def test_enums_match_caffe(caffe_fields):

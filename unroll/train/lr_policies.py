@@ -29,7 +29,7 @@ rate to the policy's own at ``W``; the policy's clock is not shifted.
 >>> p = SolverParameter(base_lr=1.0, lr_policy="cosine", max_iter=100, warmup_iter=10,
 ...                     warmup_start=0.5)
 >>> [round(learning_rate(p, it, 0)[0], 4) for it in (0, 5, 10, 50, 100)]
-[0.5, 0.7485, 0.9755, 0.5, 0.0]
+[0.5, 0.7454, 0.9755, 0.5, 0.0]
 """
 
 from __future__ import annotations
