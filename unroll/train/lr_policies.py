@@ -11,8 +11,8 @@ A policy is registered with :func:`register_lr_policy` as a function
 - ``exp``: ``lr * gamma ^ it``;
 - ``inv``: ``lr * (1 + gamma * it) ^ -power``;
 - ``multistep``: ``lr * gamma ^ k``, ``k`` the number of ``stepvalue`` entries reached;
-- ``poly``: ``lr * (1 - it / max_iter) ^ power``, 0 past ``max_iter`` (where Caffe's
-  formula breaks down);
+- ``poly``: ``lr * max(0, 1 - it / max_iter) ^ power`` (the base clamped at 0 past
+  ``max_iter``, where Caffe's formula breaks down);
 - ``sigmoid``: ``lr / (1 + exp(-gamma * (it - stepsize)))``;
 
 and beyond Caffe:
