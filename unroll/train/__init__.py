@@ -1,6 +1,7 @@
 """Training over the nets: solvers, length buckets and packing, bucketed models, MPI.
 
-``solver`` (Caffe's solvers and lr policies, snapshots), ``bucketing`` (the
+``solver`` (Caffe's Solver and snapshots; its ``update_rules``, ``lr_policies`` and
+``solver_callbacks`` are modules of their own), ``bucketing`` (the
 sampler, pure NumPy), ``bucketed_model`` (one unrolled net per length over one
 parameter store), ``distributed`` (data parallel on mpi4py / NCCL).
 """

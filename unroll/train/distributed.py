@@ -3,7 +3,8 @@
 Launch the same script N times with ``mpiexec -n N python train.py`` (or
 ``mpirun``); each process calls :func:`init` and hands the communicator to its
 :class:`~unroll.train.solver.Solver`, which broadcasts the params from rank 0 and
-sums the gradients of every rank in one all-reduce before each update. Run
+sums the gradients of every rank in one all-reduce before each update (its
+:class:`~unroll.train.solver_callbacks.AllReduce` callback). Run
 without a launcher, :func:`init` gives a communicator of size 1 and the same
 script trains alone; mpi4py is imported only when a launcher started us.
 
