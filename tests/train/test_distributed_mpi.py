@@ -28,6 +28,7 @@ from unroll.train import distributed
 from unroll.train.bucketed_model import BucketedModel
 from unroll.train.bucketing import time_major
 from unroll.train.solver import Solver
+from unroll.train.solver_callbacks import AllReduce
 
 ROOT = Path(__file__).resolve().parents[2]  # on the ranks' PYTHONPATH: this checkout's unroll
 
@@ -101,6 +102,8 @@ def worker(argv) -> None:
     net = model(kind, args.device)
     solver = Solver(net, comm=comm, snapshot=args.snapshot, snapshot_prefix=str(args.out / "s"),
                     **SOLVER)
+    # the ranks' gradients meet in the solver's all-reduce callback, the first it runs
+    assert isinstance(solver.callbacks[0], AllReduce) and solver.callbacks[0].comm is comm
     if args.resume:
         solver.restore(args.resume)
     batch = MODELS[kind][1]

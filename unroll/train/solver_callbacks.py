@@ -54,6 +54,7 @@ __all__ = ["NONFINITE_POLICIES", "AllReduce", "GradientClipping", "GraphReplay",
            "NonFiniteCheck", "NonFiniteError", "SkippedStep", "SolverCallback", "clip_gradients",
            "nonfinite_check"]
 
+# the solver's messages keep its logger, so a script's logging setup for it still applies
 log = logging.getLogger("unroll.train.solver")
 
 #: what a Solver does with an iteration whose loss or gradient is not finite: None applies
