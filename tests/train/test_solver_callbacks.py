@@ -164,3 +164,18 @@ def test_the_all_reduce_callback_makes_two_ranks_one_process_with_iter_size_two(
     losses = two.step(5, feed=batch), one.step(5, feed=lambda k: batch(k // 2))
     np.testing.assert_array_equal(ranks.store.data, alone.store.data)
     assert losses[0] == losses[1] and two.loss == one.loss
+
+
+class OneRankSentNaN(Comm):
+    """A rank whose all-reduce brings a NaN from another rank."""
+
+    def allreduce_sum(self, array):
+        array[0] = np.nan
+
+
+def test_the_non_finite_check_sees_the_gradients_after_the_all_reduce():
+    """A NaN that only the all-reduce brings is caught: every rank decides alike."""
+    net = Net(NET)
+    solver = Solver(net, base_lr=0.1, comm=OneRankSentNaN(), nonfinite="skip", max_skipped=1)
+    solver.step(1, feed=batch)
+    assert [s.iter for s in solver.skipped] == [0] and np.isfinite(net.store.data).all()
