@@ -110,6 +110,7 @@ class AllReduce(SolverCallback):
     passes, so the update's average over ``iter_size`` divides by ranks too, and N
     ranks on N batches equal one process with ``iter_size: N`` over them, as in
     Caffe's multi-GPU training (the losses are summed on the host: one read each).
+    Every solver has one; with the one-process ``Comm()`` it changes nothing.
     """
 
     def __init__(self, comm: Comm):
