@@ -320,14 +320,29 @@ class Solver:
         return None if last is None else float(last)
 
     def _passes(self, inputs_for, iter_size: int):
-        """One iteration's passes: the param diffs cleared and summed; returns the loss sum."""
-        if self._store.diff is not None:
-            self._store.diff.fill(0)
-        loss = 0.0
+        """One iteration's passes: the param diffs cleared and summed; returns the loss sum.
+
+        Each pass's gradients are summed as a whole into the ones before, as an all-reduce
+        sums each rank's: so two ranks equal ``iter_size: 2`` bit for bit (a backward that
+        added into the diffs directly would round its layers' terms in another order).
+        """
+        diff = self._store.diff
+        if diff is not None:
+            diff.fill(0)
+        total, loss = None, 0.0
         for i in range(iter_size):
             self.net.forward(**inputs_for(self.iter * iter_size + i, i))
             loss = loss + _unread_loss(self.net)
             self.net.backward()
+            if diff is None or iter_size == 1:
+                continue
+            if total is None:
+                total = diff.copy()
+            else:
+                total += diff
+            diff.fill(0)
+        if total is not None:
+            diff[...] = total
         return loss
 
     @property
