@@ -12,15 +12,14 @@ import numpy as np
 
 from unroll.testing.layer_battery import check_layer
 from unroll.testing.report import Report, describe
-from unroll.testing.template_battery import LIMITS, check_template
+from unroll.testing.template_battery import check_template
 
 __all__ = ["BATTERY_OPTIONS", "ReferenceExited", "check_net_layers", "import_reference",
            "run_battery"]
 
-#: what ``unroll check --set`` takes besides a template's variables, with each one's limit
-BATTERY_OPTIONS = {"steps": LIMITS["steps"], "batch": LIMITS["batch"],
-                   "input_dim": LIMITS["input_dim"], "directions": LIMITS["directions"],
-                   "seed": None}
+#: what ``unroll check --set`` takes besides a template's variables (the sizes bounded by
+#: :data:`~unroll.testing.template_battery.LIMITS`, and the seed)
+BATTERY_OPTIONS = ("steps", "batch", "input_dim", "directions", "seed")
 
 
 class ReferenceExited(Exception):

@@ -430,7 +430,12 @@ def check_template(
     central differences along ``directions`` random directions per blob (x
     and every param), for every cont mask and at T=1; param diffs accumulate;
     float32 within ``float32_tol`` of float64. With ``strict``, a failure
-    raises :class:`~unroll.testing.BatteryFailure`.
+    raises :class:`~unroll.testing.BatteryFailure`. A reference that raises, or
+    a check that raises, fails that check, the exception named as its cause.
+
+    ``steps``, ``batch``, ``input_dim``, ``directions`` and each state's size
+    (``hidden``) are whole numbers from 1 to their :data:`LIMITS`; anything else
+    is a ValueError naming the variable and the limit.
 
     >>> from unroll.testing.references import rnn_step
     >>> check_template("rnn", rnn_step, steps=3, batch=2, hidden=2, devices=["cpu"],
