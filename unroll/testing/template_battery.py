@@ -312,20 +312,19 @@ class _TemplateBattery:
 
     @functools.cached_property
     def gating_case(self):
-        """The forward net with random params, its inputs, and a packed cont mask (made once
-        for the gating checks; an error making it fails each of them)."""
+        """The forward net with random params, its inputs, a packed cont mask and the
+        outputs over it (made once for the gating checks; an error making it fails each)."""
         net = self.build()
         params = self.random_params(net)
         x, R = self.inputs(net, 2)
         restart = cont_pattern("packed", self.o["steps"], self.o["batch"], self.o["seed"])
-        return net, params, x, R, restart
+        return net, params, x, R, restart, net.forward(x, restart)
 
     def check_reset(self) -> None:
         """cont 0 resets every state: a nonzero initial state changes nothing."""
         o = self.o
-        net, _, x, _, restart = self.gating_case
+        net, _, x, _, restart, base = self.gating_case
         rng = np.random.default_rng(o["seed"] + 5)
-        base = net.forward(x, restart)
         for state, size in o["sizes"].items():
             initial = {state: rng.uniform(-1, 1, (o["batch"], size))}
             got = net.forward(x, restart, initial)
@@ -337,12 +336,11 @@ class _TemplateBattery:
     def check_boundary(self) -> None:
         """Nothing before a sequence's start reaches it: not its inputs, not the gradient."""
         o = self.o
-        net, _, x, R, restart = self.gating_case
+        net, _, x, R, restart, base = self.gating_case
         t0 = int(np.flatnonzero(restart[:, 0] == 0)[-1])
         if t0 == 0:
             return  # one sequence in column 0: no boundary to cross
         rng = np.random.default_rng(o["seed"] + 6)
-        base = net.forward(x, restart)
         moved = x.copy()
         moved[:t0, 0] = rng.uniform(-1, 1, moved[:t0, 0].shape)
         got = net.forward(moved, restart)
@@ -360,8 +358,7 @@ class _TemplateBattery:
 
     def check_packed_alone(self) -> None:
         """Each sequence packed in column 0 gives what it gives run alone."""
-        net, params, x, _, restart = self.gating_case
-        base = net.forward(x, restart)
+        net, params, x, _, restart, base = self.gating_case
         bounds = [*np.flatnonzero(restart[:, 0] == 0).tolist(), self.o["steps"]]
         for a, b in zip(bounds[:-1], bounds[1:]):
             alone = self.build(T=b - a, N=1)
