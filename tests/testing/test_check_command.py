@@ -71,7 +71,8 @@ def test_every_size_and_option_is_refused_in_one_line(setting, message, capsys):
 def test_the_library_refuses_the_same_sizes():
     with pytest.raises(ValueError, match=r"steps=0: expected a whole number from 1"):
         check_template("rnn", steps=0, hidden=2)
-    with pytest.raises(ValueError, match=r"batch=100 is over the battery's limit of 32"):
+    with pytest.raises(ValueError, match=rf"batch=100 is over the battery's limit of "
+                                         rf"{LIMITS['batch']}"):
         check_template("rnn", batch=100, hidden=2)
 
 
