@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from tests.net_helpers import host
 from unroll import expand, to_prototxt
 from unroll.engine.net import Net
+from unroll.testing import builtin_templates
 
-CELLS = ["rnn", "lstm", "lstm_primitive", "gru", "gru_primitive"]
+CELLS = builtin_templates("step")
 RECURRENT_WEIGHT = {"rnn": "W_hh", "lstm": "W_hc", "lstm_primitive": "W_hc", "gru": "W_h",
                     "gru_primitive": "W_h"}
 

@@ -15,10 +15,11 @@ from tests.net_helpers import host
 from unroll import NetError, expand, to_prototxt
 from unroll.engine import threads
 from unroll.engine.net import Net
+from unroll.testing import builtin_templates
 from unroll.train.bucketing import cont_from_lengths
 from unroll.train.solver import Solver
 
-CELLS = ["rnn", "lstm", "lstm_primitive", "gru", "gru_primitive"]
+CELLS = builtin_templates("step")
 
 
 def bidirectional_net(cell, T, N, layers, D=3, H=4, dtype="float64"):

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from unroll import Net, expand, to_prototxt
 from unroll.engine.layers import inner_product
+from unroll.testing import builtin_templates
 
-CELLS = ("rnn", "lstm", "lstm_primitive", "gru", "gru_primitive")
+CELLS = builtin_templates("step")
 TOLERANCE = {"float32": dict(rtol=1e-5, atol=1e-6), "float64": dict(rtol=1e-12, atol=1e-13)}
 
 

@@ -14,9 +14,10 @@ from unroll.core.errors import MemoryBudgetError, NetError
 from unroll.core.proto import LayerParameter
 from unroll.engine.memory_plan import GRADIENT_CHUNK, bptt_hsm, hsm_order
 from unroll.engine.net import Net
+from unroll.testing import builtin_templates
 from unroll.train.bucketing import cont_from_lengths
 
-CELLS = ["rnn", "lstm", "lstm_primitive", "gru", "gru_primitive"]
+CELLS = builtin_templates("step")
 
 
 def recurrent_net(cell, T, N, layers, direction, dropout, D=3, H=4):

@@ -26,12 +26,12 @@ from unroll.frontend.caffe_export import (
     unroll_only_types,
 )
 from unroll.frontend.template import load_template
-from unroll.frontend.unroller import builtin_template_dir
+from unroll.testing import builtin_templates
 from unroll.tools import cli
 from unroll.train.bucketing import cont_from_lengths
 
 SHARED_TYPES = Path(__file__).resolve().parents[2].parent / "shared" / "caffe_layer_types.txt"
-CELLS = ("gru", "gru_primitive", "lstm", "lstm_primitive", "rnn")
+CELLS = builtin_templates("step")
 
 
 def test_the_layer_types_are_the_list_read_off_caffe():
@@ -158,11 +158,6 @@ STEP_OPTIONS = [dict(), dict(direction="bidirectional", layers=2),
                 dict(sequence_output=False, align="left"),
                 dict(sequence_output=False, align="right", direction="reverse"),
                 dict(initial_state="learned"), dict(expose_hidden=True)]
-
-
-def builtin_templates():
-    return sorted(p.name.removesuffix(".prototxt.j2")
-                  for p in builtin_template_dir().glob("*.prototxt.j2"))
 
 
 def export_cases():

@@ -14,17 +14,19 @@ from hypothesis import strategies as st
 
 from unroll.engine.net import Net
 from unroll.frontend.unroller import expand
-from unroll.testing import numeric_gradient
+from unroll.testing import builtin_templates, numeric_gradient
 from unroll.train.bucketing import cont_from_lengths
 
-KINDS = ["rnn", "lstm", "lstm_primitive", "gru"]
+KINDS = builtin_templates("step")  # each needs its entry in PARAMS, STATES and STEPS
 PARAMS = {  # learnable param names of a single unscoped layer, in creation order
     "rnn": ["W_xh", "b_h", "W_hh"],
     "lstm": ["W_xc", "b_c", "W_hc"],
     "lstm_primitive": ["W_xc", "b_c", "W_hc"],
     "gru": ["W_x", "b_x", "W_h", "b_h"],
+    "gru_primitive": ["W_x", "b_x", "W_h", "b_h"],
 }
-STATES = {"rnn": ["h"], "lstm": ["h", "c"], "lstm_primitive": ["h", "c"], "gru": ["h"]}
+STATES = {"rnn": ["h"], "lstm": ["h", "c"], "lstm_primitive": ["h", "c"], "gru": ["h"],
+          "gru_primitive": ["h"]}
 
 
 # -- the NumPy references --------------------------------------------------------
@@ -63,7 +65,8 @@ def gru_step(p, x, s):
     return {"h": (1 - z) * n + z * s["h"]}
 
 
-STEPS = {"rnn": rnn_step, "lstm": lstm_step, "lstm_primitive": lstm_step, "gru": gru_step}
+STEPS = {"rnn": rnn_step, "lstm": lstm_step, "lstm_primitive": lstm_step, "gru": gru_step,
+         "gru_primitive": gru_step}
 
 
 def reference(kind, p, x, cont, reverse=False):
@@ -73,7 +76,7 @@ def reference(kind, p, x, cont, reverse=False):
     restarts at each sequence's last token; step T-1 starts from the zero state.
     """
     T, N, _ = x.shape
-    H = p[{"rnn": "W_hh", "gru": "W_h"}.get(kind, "W_hc")].shape[1]  # (gates * H, H)
+    H = p[{"rnn": "W_hh", "gru": "W_h", "gru_primitive": "W_h"}.get(kind, "W_hc")].shape[1]
     state = {name: np.zeros((N, H)) for name in STATES[kind]}
     h = np.zeros((T, N, H))
     for t in (range(T - 1, -1, -1) if reverse else range(T)):

@@ -17,15 +17,13 @@ from hypothesis import strategies as st
 
 from unroll import testing
 from unroll.engine.layer import LAYERS
-from unroll.frontend.template import builtin_template_dir
 from unroll.frontend.unroller import expand, load_template
 from unroll.testing.references import LAYER_CASES, STEP_REFERENCES, sigmoid
 from unroll.tools.cli import main
 
 BUILT_IN_LAYERS = sorted(t for t, cls in LAYERS.items() if cls.__module__.startswith("unroll."))
-TEMPLATES = sorted(p.name.removesuffix(".prototxt.j2")
-                   for p in builtin_template_dir().glob("*.prototxt.j2"))
-STEP_TEMPLATES = [t for t in TEMPLATES if load_template(t).kind == "step"]
+TEMPLATES = testing.builtin_templates()
+STEP_TEMPLATES = testing.builtin_templates("step")
 
 
 def test_every_registered_layer_type_has_a_battery_entry_with_a_reference():

@@ -13,8 +13,14 @@ from tests.cli_helpers import one_line_error
 from tests.hang import limit
 from unroll.core.proto import NetParameter, parse_text
 from unroll.engine.net import Net
+from unroll.frontend.template import builtin_template_dir
 from unroll.frontend.unroller import expand
+from unroll.testing import builtin_templates
+from unroll.testing.template_battery import LIMITS
 from unroll.tools import cli
+from unroll.tools.commands import COMMANDS
+from unroll.tools.commands.arguments import parse_value
+from unroll.tools.commands.help_text import KIND_WORDS
 
 LSTM5 = ["expand", "lstm", "--steps", "5", "--set", "batch=2", "--set", "input_dim=3",
          "--set", "hidden=4"]
@@ -64,7 +70,7 @@ def test_set_values_are_python_literals_where_possible(tmp_path, capsys):
     ("bidirectional", "bidirectional"), ("xavier", "xavier"), ("08", "08"), ("", ""),
 ])
 def test_parse_value(text, value):
-    assert cli.parse_value(text) == value
+    assert parse_value(text) == value
 
 
 def test_bad_template_exits_2_with_one_line(capsys):
@@ -104,6 +110,44 @@ def test_help_has_examples(argv, capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "examples:" in out and "unroll " + (argv[0] if len(argv) > 1 else "expand") in out
+
+
+def help_of(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main([*argv, "--help"])
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [c.__name__.rsplit(".", 1)[1] for c in COMMANDS])
+def test_every_subcommand_module_is_a_subcommand_with_help(command, capsys):
+    assert f"usage: unroll {command} " in help_of(capsys, command)
+    assert f"    {command} " in help_of(capsys)
+
+
+def test_help_lists_every_built_in_template_by_kind(capsys):
+    for argv in ([], ["expand"]):
+        out = help_of(capsys, *argv)
+        listed = []
+        for kind, words in KIND_WORDS.items():
+            line = next(line for line in out.splitlines() if line.startswith(f"  {words}: "))
+            assert line.split(": ", 1)[1].split(", ") == builtin_templates(kind)
+            listed += builtin_templates(kind)
+        assert sorted(listed) == builtin_templates()  # a kind without words would be missing
+    check = help_of(capsys, "check")
+    assert f"  step templates: {', '.join(builtin_templates('step'))}" in check
+    assert f"steps 1 to {LIMITS['steps']}, batch 1 to {LIMITS['batch']}" in check
+
+
+def test_help_lists_a_new_built_in_template_by_itself(tmp_path, capsys, monkeypatch):
+    """A template dropped in the templates folder (here a copy of it) needs no help edit."""
+    steps = sorted(["elman", *builtin_templates("step")])
+    folder = tmp_path / "templates"
+    shutil.copytree(builtin_template_dir(), folder)
+    (folder / "elman.prototxt.j2").write_text((folder / "rnn.prototxt.j2").read_text())
+    monkeypatch.setattr("unroll.testing.builtins.builtin_template_dir", lambda: folder)
+    out = help_of(capsys)
+    assert f"  step templates: {', '.join(steps)}" in out
 
 
 # -- draw --------------------------------------------------------------------------------
@@ -154,7 +198,7 @@ def test_draw_svg_with_graphviz(lstm_prototxt, tmp_path, capsys):
 
 
 def test_draw_svg_without_graphviz_writes_the_dot(lstm_prototxt, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cli.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     out = tmp_path / "net.svg"
     assert cli.main(["draw", str(lstm_prototxt), "-o", str(out)]) == 0
     assert not out.exists()

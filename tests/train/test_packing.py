@@ -14,10 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import unroll
+from unroll.testing import builtin_templates
 from unroll.train.bucketing import time_major, time_major_packed, unpack_time_major
 
-#: the primitive LSTM (the slowest to build) is in the slow tier; the fused one stays quick
-KINDS = ["rnn", "lstm", pytest.param("lstm_primitive", marks=pytest.mark.slow), "gru"]
+#: the primitive cells (the slowest to build) are in the slow tier; the fused ones stay quick
+KINDS = [pytest.param(k, marks=pytest.mark.slow) if k.endswith("_primitive") else k
+         for k in builtin_templates("step")]
 DIRECTIONS = ["forward", "reverse", "bidirectional"]
 TOL = dict(rtol=1e-9, atol=1e-12)
 

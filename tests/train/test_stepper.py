@@ -10,9 +10,10 @@ import pytest
 
 import unroll
 from unroll.core.errors import NetError
+from unroll.testing import builtin_templates
 from unroll.train.stepper import Stepper
 
-CELLS = ["rnn", "lstm", "lstm_primitive", "gru", "gru_primitive"]
+CELLS = builtin_templates("step")
 T, N, D, H = 6, 3, 4, 5
 
 

@@ -44,6 +44,7 @@ Only the strategies need the ``test`` extra (hypothesis); the checkers do not.
 True
 """
 
+from unroll.testing.builtins import builtin_templates
 from unroll.testing.gradients import (
     GradientMismatch,
     check_layer_gradient,
@@ -76,6 +77,7 @@ __all__ = [
     "arrays",
     "available_devices",
     "axes",
+    "builtin_templates",
     "check_layer",
     "check_layer_gradient",
     "check_net_gradient",

@@ -230,7 +230,7 @@ class _Battery:
         try:
             run()
         except Exception as e:  # the layer's own failure is the check's finding
-            self.row(name, subject, False, float("inf"), f"raised {type(e).__name__}: {e}")
+            self.report.add(Check.raised(name, self.device, subject, e))
 
     def run(self) -> None:
         o = self.o

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import traceback
 from dataclasses import dataclass, field
+from pathlib import Path
 
-__all__ = ["BatteryFailure", "Check", "Report"]
+__all__ = ["BatteryFailure", "Check", "Report", "describe"]
 
 
 class BatteryFailure(AssertionError):
@@ -29,10 +31,37 @@ class Check:
     detail: str = ""
     hint: str = ""
 
+    @classmethod
+    def raised(cls, name: str, device: str, subject: str, error: BaseException) -> Check:
+        """The check ``name`` that could not finish because ``error`` was raised: failed,
+        the error its finding, named with the line that raised it, and no hint (the usual
+        cause of a wrong result is not why a check raised).
+
+        >>> try:
+        ...     {}["fh_t2"]
+        ... except KeyError as e:
+        ...     check = Check.raised("cont: state reset at cont 0", "cpu", "forward", e)
+        >>> check.passed, check.hint, check.detail.split(" (at ")[0]
+        (False, '', "raised KeyError: 'fh_t2'")
+        """
+        return cls(name, device, subject, False, float("inf"), f"raised {describe(error)}")
+
     def line(self) -> str:
         worst = "-" if math.isnan(self.worst) else f"{self.worst:.2e}"
         return (f"{'PASS' if self.passed else 'FAIL'}  {self.device:<6} {self.name:<34} "
                 f"{self.subject:<40} {worst:>9}")
+
+
+def describe(error: BaseException) -> str:
+    """``error``'s type and message, and the file, line and function that raised it (or
+    the error it was raised from: a NetError names the layer, its cause the line)."""
+    origin = error
+    while origin.__cause__ is not None:
+        origin = origin.__cause__
+    frames = traceback.extract_tb(origin.__traceback__)
+    where = (f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in "
+             f"{frames[-1].name})" if frames else "")
+    return f"{type(error).__name__}: {error}{where}"
 
 
 @dataclass

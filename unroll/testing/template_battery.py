@@ -7,6 +7,8 @@ docstring; the checks of one layer are :func:`~unroll.testing.check_layer`'s.
 
 from __future__ import annotations
 
+import functools
+import numbers
 import time
 from collections.abc import Callable, Sequence
 
@@ -17,7 +19,7 @@ from unroll.testing.layer_battery import _mismatch, available_devices, central_d
 from unroll.testing.report import Check, Report
 from unroll.testing.strategies import CONT_KINDS, cont_pattern
 
-__all__ = ["check_template", "unrolled_reference"]
+__all__ = ["LIMITS", "check_template", "unrolled_reference"]
 
 FLOAT = np.float64
 
@@ -38,6 +40,11 @@ HINTS = {
     "float32 vs float64": "float32 disagrees with float64: an overflow or a cancellation",
 }
 
+#: the largest size of each kind a battery takes: its checks need no more, and a size given
+#: on the command line (``unroll check --set steps=1000000``) must not run away; an LSTM at
+#: every limit takes about half a minute of CPU (cpu and trace devices)
+LIMITS = {"steps": 100, "batch": 16, "input_dim": 64, "directions": 8, "state size": 64}
+
 #: the static check: the unroller refuses a step that reads a state before cont gates it
 GATED = "cont: every state gated (expand)"
 #: the unrolled layouts a battery runs: expand() options
@@ -47,6 +54,37 @@ CONFIGS = {"forward": {}, "reverse": {"direction": "reverse"},
 
 def _host(array) -> np.ndarray:
     return np.array(to_numpy(array), FLOAT)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"a {type(value).__name__}"
+
+
+def _whole(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_size(variable: str, value, kind: str | None = None) -> None:
+    """Refuse a size that is not a whole number from 1 to its limit, naming both."""
+    kind = kind or variable
+    limit = LIMITS[kind]
+    if not _whole(value) or value < 1:
+        raise ValueError(f"{variable}={value!r}: expected a whole number from 1 to {limit} "
+                         f"(the battery's limit LIMITS[{kind!r}])")
+    if value > limit:
+        raise ValueError(f"{variable}={value} is over the battery's limit of {limit} "
+                         f"(LIMITS[{kind!r}]): its checks need no more")
+
+
+def _check_sizes(sizes: dict, states: dict, values: dict, seed) -> None:
+    for variable, value in sizes.items():
+        _check_size(variable, value)
+    for size_var in dict.fromkeys(states.values()):
+        if values.get(size_var) is not None:  # a missing one is the template's error to word
+            _check_size(size_var, values[size_var], "state size")
+    if not _whole(seed) or seed < 0:
+        raise ValueError(f"seed={seed!r}: expected a whole number >= 0")
 
 
 def unrolled_reference(reference_step: Callable, x, cont, params: dict, sizes: dict, *,
@@ -77,7 +115,12 @@ def unrolled_reference(reference_step: Callable, x, cont, params: dict, sizes: d
             for t in (range(T - 1, -1, -1) if reverse else range(T)):
                 keep = cont[t + 1] if reverse and t + 1 < T else cont[t]
                 gated = {s: v * keep[:, None] for s, v in states.items()}
-                step_out, states = reference_step(inp[t], gated, mine)
+                returned = reference_step(inp[t], gated, mine)
+                if not (isinstance(returned, tuple) and len(returned) == 2
+                        and all(isinstance(d, dict) for d in returned)):
+                    raise TypeError(f"reference_step returned {_shown(returned)}; expected "
+                                    f"(outputs, states), two dicts of arrays")
+                step_out, states = returned
                 for name, value in step_out.items():
                     outs.setdefault(name, [None] * T)[t] = np.asarray(value, FLOAT)
             per_side.append({name: np.stack(v) for name, v in outs.items()})
@@ -154,10 +197,11 @@ class _TemplateBattery:
         self.report.add(Check(name, self.device, subject, bool(passed), worst, detail, hint))
 
     def guarded(self, name, subject, run, *args) -> None:
+        """Run one check; an exception in it fails it, the exception named as the cause."""
         try:
             run(*args)
         except Exception as e:  # the net's own failure is the check's finding
-            self.row(name, subject, False, float("inf"), f"raised {type(e).__name__}: {e}")
+            self.report.add(Check.raised(name, self.device, subject, e))
 
     def build(self, config="forward", T=None, N=None, dtype="float64") -> _Unrolled:
         o = self.o
@@ -181,7 +225,9 @@ class _TemplateBattery:
         o = self.o
         for config in o["configs"]:
             self.guarded("unroll", config, self.run_config, config)
-        self.guarded("cont: state reset at cont 0", "forward", self.check_gating)
+        self.guarded("cont: state reset at cont 0", "forward", self.check_reset)
+        self.guarded("cont: no gradient across a boundary", "forward", self.check_boundary)
+        self.guarded("cont: packed equals alone", "forward", self.check_packed_alone)
 
     def run_config(self, config) -> None:
         o = self.o
@@ -193,8 +239,13 @@ class _TemplateBattery:
             label = f"{config}, cont {o['cont_names'][len(o['conts']) - len(conts) + c]}"
             out, grads = net.gradients(x, cont, R)
             if self.reference_step is not None:
-                want = unrolled_reference(self.reference_step, x, cont, params, o["sizes"],
-                                          **CONFIGS[config])
+                try:
+                    want = unrolled_reference(self.reference_step, x, cont, params,
+                                              o["sizes"], **CONFIGS[config])
+                except Exception as e:  # a reference that cannot run proves nothing: fail
+                    self.report.add(Check.raised("forward vs reference", self.device,
+                                                 f"the reference ({label})", e))
+                    want = {}
                 for name, ref in want.items():
                     worst, detail, ok = _mismatch(f"{name} ({label})", out[name], ref,
                                                   o["ref_rtol"], o["ref_atol"], "net",
@@ -260,64 +311,74 @@ class _TemplateBattery:
         ok = worst <= self.o["float32_tol"]
         self.row("float32 vs float64", "outputs and diffs", ok, worst, detail)
 
-    def check_gating(self) -> None:
-        """cont 0 resets every state; packed sequences equal their runs alone; no gradient
-        crosses a sequence start."""
-        o = self.o
+    @functools.cached_property
+    def gating_case(self):
+        """The forward net with random params, its inputs, a packed cont mask and the
+        outputs over it (made once for the gating checks; an error making it fails each)."""
         net = self.build()
         params = self.random_params(net)
         x, R = self.inputs(net, 2)
-        T, N = o["steps"], o["batch"]
+        restart = cont_pattern("packed", self.o["steps"], self.o["batch"], self.o["seed"])
+        return net, params, x, R, restart, net.forward(x, restart)
+
+    def check_reset(self) -> None:
+        """cont 0 resets every state: a nonzero initial state changes nothing."""
+        o = self.o
+        net, _, x, _, restart, base = self.gating_case
         rng = np.random.default_rng(o["seed"] + 5)
-        restart = cont_pattern("packed", T, N, o["seed"])
-        base = net.forward(x, restart)
         for state, size in o["sizes"].items():
-            initial = {state: rng.uniform(-1, 1, (N, size))}
+            initial = {state: rng.uniform(-1, 1, (o["batch"], size))}
             got = net.forward(x, restart, initial)
-            worst, detail, ok = 0.0, "", True
-            for name in base:
-                w, d, k = _mismatch(f"{name} with a nonzero initial '{state}'", got[name],
-                                    base[name], 1e-12, 1e-14, "found", "with zeros")
-                if not k and ok:
-                    worst, detail = w, d
-                ok = ok and k
+            worst, detail, ok = _first_mismatch(
+                (f"{name} with a nonzero initial '{state}'", got[name], base[name], "found",
+                 "with zeros") for name in base)
             self.row("cont: state reset at cont 0", f"state '{state}' at t=0", ok, worst, detail)
-        starts = np.flatnonzero(restart[:, 0] == 0)
-        t0 = int(starts[-1])
-        if t0 > 0:
-            moved = x.copy()
-            moved[:t0, 0] = rng.uniform(-1, 1, moved[:t0, 0].shape)
-            got = net.forward(moved, restart)
-            worst, detail, ok = 0.0, "", True
-            for name in base:
-                w, d, k = _mismatch(f"{name}[{t0}:, 0] after changing x[:{t0}, 0]",
-                                    got[name][t0:, :1], base[name][t0:, :1], 1e-12, 1e-14,
-                                    "found", "unchanged")
-                if not k and ok:
-                    worst, detail = w, d
-                ok = ok and k
-            self.row("cont: state reset at cont 0", f"every state at t={t0}", ok, worst, detail)
-            only_late = {k: np.zeros_like(r) for k, r in R.items()}
-            for k, r in R.items():
-                only_late[k][t0:, :1] = r[t0:, :1]
-            _, grads = net.gradients(x, restart, only_late)
-            leak = grads["x"][:t0, 0]
-            worst = float(np.abs(leak).max())
-            self.row("cont: no gradient across a boundary", f"x[:{t0}, 0]", worst == 0.0, worst,
-                     f"d L(steps {t0}.. of column 0) / d x[:{t0}, 0] is {worst:.3g}, not 0")
-        bounds = [*starts.tolist(), T]
+
+    def check_boundary(self) -> None:
+        """Nothing before a sequence's start reaches it: not its inputs, not the gradient."""
+        o = self.o
+        net, _, x, R, restart, base = self.gating_case
+        t0 = int(np.flatnonzero(restart[:, 0] == 0)[-1])
+        if t0 == 0:
+            return  # one sequence in column 0: no boundary to cross
+        rng = np.random.default_rng(o["seed"] + 6)
+        moved = x.copy()
+        moved[:t0, 0] = rng.uniform(-1, 1, moved[:t0, 0].shape)
+        got = net.forward(moved, restart)
+        worst, detail, ok = _first_mismatch(
+            (f"{name}[{t0}:, 0] after changing x[:{t0}, 0]", got[name][t0:, :1],
+             base[name][t0:, :1], "found", "unchanged") for name in base)
+        self.row("cont: state reset at cont 0", f"every state at t={t0}", ok, worst, detail)
+        only_late = {k: np.zeros_like(r) for k, r in R.items()}
+        for k, r in R.items():
+            only_late[k][t0:, :1] = r[t0:, :1]
+        _, grads = net.gradients(x, restart, only_late)
+        worst = float(np.abs(grads["x"][:t0, 0]).max())
+        self.row("cont: no gradient across a boundary", f"x[:{t0}, 0]", worst == 0.0, worst,
+                 f"d L(steps {t0}.. of column 0) / d x[:{t0}, 0] is {worst:.3g}, not 0")
+
+    def check_packed_alone(self) -> None:
+        """Each sequence packed in column 0 gives what it gives run alone."""
+        net, params, x, _, restart, base = self.gating_case
+        bounds = [*np.flatnonzero(restart[:, 0] == 0).tolist(), self.o["steps"]]
         for a, b in zip(bounds[:-1], bounds[1:]):
             alone = self.build(T=b - a, N=1)
             alone.set_params(params)
             got = alone.forward(x[a:b, :1], np.concatenate([[[0.0]], np.ones((b - a - 1, 1))]))
-            worst, detail, ok = 0.0, "", True
-            for name in base:
-                w, d, k = _mismatch(f"{name} of steps {a}..{b - 1} of column 0", got[name],
-                                    base[name][a:b, :1], 1e-12, 1e-14, "alone", "packed")
-                if not k and ok:
-                    worst, detail = w, d
-                ok = ok and k
+            worst, detail, ok = _first_mismatch(
+                (f"{name} of steps {a}..{b - 1} of column 0", got[name], base[name][a:b, :1],
+                 "alone", "packed") for name in base)
             self.row("cont: packed equals alone", f"steps {a}..{b - 1}", ok, worst, detail)
+
+
+def _first_mismatch(comparisons) -> tuple[float, str, bool]:
+    """Exact comparisons (what, got, want, got's name, want's name): the first that
+    fails, its worst error and where, or (0, "", True)."""
+    for what, got, want, got_name, want_name in comparisons:
+        worst, detail, ok = _mismatch(what, got, want, 1e-12, 1e-14, got_name, want_name)
+        if not ok:
+            return worst, detail, False
+    return 0.0, "", True
 
 
 def check_template(
@@ -367,7 +428,12 @@ def check_template(
     central differences along ``directions`` random directions per blob (x
     and every param), for every cont mask and at T=1; param diffs accumulate;
     float32 within ``float32_tol`` of float64. With ``strict``, a failure
-    raises :class:`~unroll.testing.BatteryFailure`.
+    raises :class:`~unroll.testing.BatteryFailure`. A reference that raises, or
+    a check that raises, fails that check, the exception named as its cause.
+
+    ``steps``, ``batch``, ``input_dim``, ``directions`` and each state's size
+    (``hidden``) are whole numbers from 1 to their :data:`LIMITS`; anything else
+    is a ValueError naming the variable and the limit.
 
     >>> from unroll.testing.references import rnn_step
     >>> check_template("rnn", rnn_step, steps=3, batch=2, hidden=2, devices=["cpu"],
@@ -378,6 +444,8 @@ def check_template(
     from unroll.frontend.unroller import expand, load_template
 
     loaded = load_template(template, search_path)
+    _check_sizes(dict(steps=steps, batch=batch, input_dim=input_dim, directions=directions),
+                 loaded.interface.get("states", {}), {**loaded.defaults, **variables}, seed)
     taken = sorted({"direction", "layers"} & set(variables))
     if taken:
         raise ValueError(f"check_template: {taken[0]} is chosen by configs= ({list(CONFIGS)}), "
