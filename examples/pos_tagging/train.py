@@ -35,7 +35,7 @@ from tqdm import tqdm
 from examples.pos_tagging.evaluate import score
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.packing import batch_inputs, training_sampler
-from examples.pos_tagging.schemas import LOG_SCHEMA
+from examples.pos_tagging.schemas import TAGGER_FILES
 from examples.pos_tagging.tagger import (
     Tagger,
     TaggerConfig,
@@ -190,7 +190,7 @@ def train(opts: TrainOptions) -> dict:
     try:
         if comm.rank == 0:  # the rank that prints, evaluates and writes
             with folder.claimed(opts.model_dir, opts.resume, opts.overwrite,
-                                LOG_SCHEMA) as model_dir:
+                                TAGGER_FILES) as model_dir:
                 described = _describe(opts, model_dir, train_sents)
                 comm.barrier()
                 return _train(opts, comm, model_dir, described, train_sents, dev_sents,
@@ -199,7 +199,7 @@ def train(opts: TrainOptions) -> dict:
         model_dir = opts.model_dir
         described = (Featurizer.load(model_dir / folder.FEATURES),
                      TaggerConfig.load(model_dir / folder.CONFIG),
-                     folder.read_log(model_dir, LOG_SCHEMA))
+                     folder.read_log(model_dir, TAGGER_FILES))
         return _train(opts, comm, model_dir, described, train_sents, dev_sents, started)
     except OSError as e:
         if e.filename is not None or e.errno is None:
@@ -211,7 +211,7 @@ def train(opts: TrainOptions) -> dict:
 def _describe(opts: TrainOptions, model_dir: Path, train_sents):
     """(featurizer, config, log): the folder's own when resuming, else new ones, saved."""
     config_path, features_path = model_dir / folder.CONFIG, model_dir / folder.FEATURES
-    log = folder.read_log(model_dir, LOG_SCHEMA) if opts.resume else []
+    log = folder.read_log(model_dir, TAGGER_FILES) if opts.resume else []
     if log:  # folder.claimed let only a complete, consistent folder through
         try:
             config = TaggerConfig.load(config_path)
@@ -312,7 +312,8 @@ def _train(opts: TrainOptions, comm, model_dir: Path, described, train_sents, de
             "seconds": time.perf_counter() - epoch_start,
             "padding_fraction": sampler.padding_fraction(epoch), "seed": seed,
         }
-        folder.commit_epoch(model_dir, solver, log, result, dev["accuracy"] > best, averaged)
+        folder.commit_epoch(model_dir, solver, log, result, dev["accuracy"] > best, averaged,
+                            files=TAGGER_FILES)
         best = max(best, dev["accuracy"])
         plot(log, model_dir / "curve.png")
         loss = math.nan if result["train_loss"] is None else result["train_loss"]
