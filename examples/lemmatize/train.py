@@ -31,12 +31,12 @@ from examples.lemmatize.model import LEMMATIZER_FILES, Lemmatizer, LemmatizerCon
 from examples.pos_tagging.train import bad_batch, checked_step, diverged
 from unroll import Solver
 from unroll.core.errors import FileFormatError
+from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
 from unroll.train import model_folder as folder
 from unroll.train.solver import NonFiniteError
 
 __all__ = ["TrainOptions", "dictionary_baseline", "scores", "train", "words_of"]
 
-TRAIN_FILE, DEV_FILE = "en_ewt-ud-train.conllu", "en_ewt-ud-dev.conllu"
 
 
 #: the TrainOptions fields that are LemmatizerConfig sizes
