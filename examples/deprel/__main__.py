@@ -22,9 +22,10 @@ __all__ = ["build_parser", "main"]
 
 def _train(args) -> int:
     from examples.deprel.train import TrainOptions, train
-    from examples.pos_tagging.data import data_dir
+    from unroll.tools.ewt import fetched_data_dir
 
-    log = train(TrainOptions(model_dir=Path(args.model_dir), data=data_dir(args.data),
+    log = train(TrainOptions(model_dir=Path(args.model_dir),
+                             data=fetched_data_dir(args.data, args.quiet),
                              model=args.model, epochs=args.epochs, lr=args.lr,
                              hidden=args.hidden, limit=args.limit, max_minutes=args.max_minutes,
                              seed=args.seed, quiet=args.quiet, overwrite=args.overwrite))
@@ -38,10 +39,10 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     from examples.deprel.conll import read_deprel
     from examples.deprel.labeller import Labeller
-    from examples.deprel.train import DEV_FILE, accuracy
-    from examples.pos_tagging.data import data_dir
+    from examples.deprel.train import accuracy
+    from unroll.tools.ewt import DEV_FILE, fetched_data_dir
 
-    path = Path(args.conllu) if args.conllu else data_dir(args.data) / DEV_FILE
+    path = Path(args.conllu) if args.conllu else fetched_data_dir(args.data) / DEV_FILE
     sents = read_deprel(path)
     labeller = Labeller.load(Path(args.model_dir), args.checkpoint)
     acc = accuracy([s.deprels for s in sents], labeller.predict(labeller.encode(sents)))
@@ -57,11 +58,7 @@ def _label(args) -> int:
     sents = read_deprel(args.conllu, labelled=False)
     labeller = Labeller.load(Path(args.model_dir), args.checkpoint)
     labels = labeller.predict(labeller.encode(sents))
-    if args.output and args.output != "-":
-        fill_deprel(args.conllu, labels, args.output)
-    else:
-        fill_deprel(args.conllu, labels, sys.stdout.buffer)
-        sys.stdout.flush()
+    fill_deprel(args.conllu, labels, args.output or "-")  # -o as a shell redirect, or stdout
     return 0
 
 
@@ -102,7 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Run the command; errors print one line (exit 2: bad input, 1: a failure)."""
-    return run_example("python -m examples.deprel", build_parser().parse_args(argv))
+    from unroll.tools.fetch import FetchError
+
+    return run_example("python -m examples.deprel", build_parser().parse_args(argv),
+                       (FetchError,))
 
 
 if __name__ == "__main__":

@@ -23,10 +23,11 @@ __all__ = ["build_parser", "main"]
 
 def _train(args) -> int:
     from examples.lemmatize.train import TrainOptions, train
-    from examples.pos_tagging.data import data_dir
+    from unroll.tools.ewt import fetched_data_dir
 
     log = train(TrainOptions(
-        model_dir=Path(args.model_dir), data=data_dir(args.data), epochs=args.epochs,
+        model_dir=Path(args.model_dir), data=fetched_data_dir(args.data, args.quiet),
+        epochs=args.epochs,
         lr=args.lr, hidden=args.hidden, embed=args.embed, dropout=args.dropout,
         batch=args.batch, limit=args.limit, max_minutes=args.max_minutes or None,
         seed=args.seed, quiet=args.quiet, resume=args.resume, overwrite=args.overwrite))
@@ -42,10 +43,10 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     from examples.lemmatize.conll import read_lemmas
     from examples.lemmatize.model import Lemmatizer
-    from examples.lemmatize.train import DEV_FILE, scores, words_of
-    from examples.pos_tagging.data import data_dir
+    from examples.lemmatize.train import scores, words_of
+    from unroll.tools.ewt import DEV_FILE, fetched_data_dir
 
-    path = Path(args.conllu) if args.conllu else data_dir(args.data) / DEV_FILE
+    path = Path(args.conllu) if args.conllu else fetched_data_dir(args.data) / DEV_FILE
     words = words_of(read_lemmas(path))
     lemmatizer = Lemmatizer.load(Path(args.model_dir), args.checkpoint)
     for beam in sorted({1, args.beam}):
@@ -67,11 +68,7 @@ def _lemmatize(args) -> int:
     words = [(f, u) for forms, upos, _ in sents for f, u in zip(forms, upos)]
     found = iter(lemmatizer.lemmatize(words, beam=args.beam, lower=args.lower))
     lemmas = [[next(found) for _ in forms] for forms, _, _ in sents]
-    if args.output and args.output != "-":
-        fill_lemmas(args.conllu, lemmas, args.output)
-    else:
-        fill_lemmas(args.conllu, lemmas, sys.stdout.buffer)
-        sys.stdout.flush()
+    fill_lemmas(args.conllu, lemmas, args.output or "-")  # -o as a shell redirect, or stdout
     return 0
 
 
@@ -130,7 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Run the command; errors print one line (exit 2: bad input, 1: a failure)."""
-    return run_example("python -m examples.lemmatize", build_parser().parse_args(argv))
+    from unroll.tools.fetch import FetchError
+
+    return run_example("python -m examples.lemmatize", build_parser().parse_args(argv),
+                       (FetchError,))
 
 
 if __name__ == "__main__":

@@ -24,16 +24,18 @@ from pathlib import Path
 import numpy as np
 
 from examples.lemmatize.decode import beam_search, greedy
-from examples.pos_tagging import folder, schema
-from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import UNK_ID, Vocab
+from examples.pos_tagging.schemas import MAX_VOCAB, MAX_WIDTH, VOCAB_SCHEMA
 from unroll import Stepper, expand
+from unroll.core import json_files
 from unroll.core.atomic import write_atomic
-from unroll.core.proto import NetParameter
+from unroll.core.json_files import count, finite, ratio
+from unroll.tools.conllu import UPOS_TAGS
+from unroll.train import model_folder as folder
 from unroll.train.tree_model import TreeModel
 
-__all__ = ["EDITS", "Dictionary", "Lemmatizer", "LemmatizerConfig", "StepDecoder", "edit_of",
-           "upos_symbol"]
+__all__ = ["EDITS", "LEMMATIZER_FILES", "Dictionary", "Lemmatizer", "LemmatizerConfig",
+           "StepDecoder", "edit_of", "upos_symbol"]
 
 TEMPLATE = Path(__file__).with_name("lemmatizer.prototxt.j2")
 BOS, EOS = "<s>", "</s>"
@@ -71,16 +73,15 @@ class LemmatizerConfig:
 
     @classmethod
     def load(cls, path: Path) -> LemmatizerConfig:
-        return cls(**schema.read_checked(path, CONFIG_SCHEMA))
+        return cls(**json_files.read_checked(path, CONFIG_SCHEMA))
 
 
 CONFIG_SCHEMA = {
     "type": "object", "description": "an object {...}", "additionalProperties": False,
     "required": ["embed", "hidden", "dropout", "batch", "max_chars"],
     "properties": {
-        "embed": schema._count(schema.MAX_WIDTH), "hidden": schema._count(schema.MAX_WIDTH),
-        "batch": schema._count(schema.MAX_WIDTH), "max_chars": schema._count(256),
-        "dropout": schema._ratio(),
+        "embed": count(MAX_WIDTH), "hidden": count(MAX_WIDTH), "batch": count(MAX_WIDTH),
+        "max_chars": count(256), "dropout": ratio(),
     },
 }
 
@@ -91,8 +92,8 @@ FEATURES_SCHEMA = {
     "type": "object", "description": "an object {chars, dictionary}",
     "required": ["chars", "dictionary"], "additionalProperties": False,
     "properties": {
-        "chars": schema.FEATURES_SCHEMA["properties"]["chars"],
-        "dictionary": {"type": "array", "maxItems": schema.MAX_VOCAB,
+        "chars": VOCAB_SCHEMA,
+        "dictionary": {"type": "array", "maxItems": MAX_VOCAB,
                        "description": "a list of [form, UPOS, lemma]",
                        "items": {"type": "array", "minItems": 3, "maxItems": 3,
                                  "description": "a [form, UPOS, lemma] triple",
@@ -290,14 +291,15 @@ class Lemmatizer:
         self.config.save(Path(model_dir) / folder.CONFIG)
 
     @classmethod
-    def described(cls, model_dir: Path, seed: int = 0) -> Lemmatizer:
+    def described(cls, model_dir: Path, log: list[dict], seed: int = 0) -> Lemmatizer:
         """A lemmatizer of the vocabulary, dictionary and sizes of a model folder (its JSON
-        schema-checked), with new weights."""
+        schema-checked, and checked against the checksums of ``log``, its log.json), with
+        new weights."""
         model_dir = Path(model_dir)
         try:
-            features = schema.read_checked(folder.inside(model_dir, folder.FEATURES),
-                                           FEATURES_SCHEMA)
-            config = LemmatizerConfig.load(folder.inside(model_dir, folder.CONFIG))
+            features = folder.read_json(model_dir, LEMMATIZER_FILES, folder.FEATURES, log)
+            config = LemmatizerConfig(**folder.read_json(model_dir, LEMMATIZER_FILES,
+                                                         folder.CONFIG, log))
         except FileNotFoundError as e:
             raise folder.ModelFolderError(
                 f"{model_dir} holds no trained lemmatizer ({Path(e.filename).name} is "
@@ -311,36 +313,26 @@ class Lemmatizer:
         """The lemmatizer of a model folder: its JSON schema-checked, its weights checked
         against the SHA-256 that log.json records."""
         model_dir = Path(model_dir)
-        lemmatizer = cls.described(model_dir)
-        log = folder.read_log(model_dir, LOG_SCHEMA)
+        log = folder.read_log(model_dir, LEMMATIZER_FILES)
         if not log:
             raise folder.ModelFolderError(
                 f"{model_dir} holds no trained lemmatizer ({folder.LOG} names no finished "
                 f"epoch); train one with `python -m examples.lemmatize train --model-dir "
                 f"{model_dir}`")
-        # a kill between a weight file and log.json leaves the previous epoch's in place
-        data = folder.verified(folder.inside(model_dir, folder.checkpoint_name(checkpoint)),
-                               folder.checkpoint_checksums(log, checkpoint))
-        lemmatizer.train_model.copy_from(NetParameter.FromString(data), strict=True)
+        lemmatizer = cls.described(model_dir, log)
+        folder.load_checkpoint(lemmatizer.train_model, model_dir, log, checkpoint)
         return lemmatizer
 
 
-_TAGGER_ENTRY = schema.LOG_ENTRY_SCHEMA["properties"]
-
-#: the lemmatizer's log.json: the tagger's folder (examples.pos_tagging.folder), whose
+#: the lemmatizer's log.json: the library's model folder (unroll.train.model_folder), whose
 #: read_log checks the names and checksums further, without an average
-LOG_SCHEMA = {
-    "type": "array", "description": "a list [...]", "maxItems": 1 << 20,
-    "items": {
-        "type": "object", "description": "an epoch record {...}", "additionalProperties": False,
-        "required": ["epoch", "iter", "train_loss", "dev_accuracy", "dev_combined",
-                     "dev_combined_lower", "seconds", "seed", "snapshot", "sha256"],
-        "properties": {
-            **{key: _TAGGER_ENTRY[key] for key in ("epoch", "iter", "seed", "snapshot",
-                                                   "sha256", "stopped")},
-            "train_loss": schema._finite(), "dev_accuracy": schema._finite(1),
-            "dev_combined": schema._finite(1), "dev_combined_lower": schema._finite(1),
-            "seconds": schema._finite(), "words_per_s": schema._finite(),
-        },
-    },
-}
+LOG_SCHEMA = folder.epoch_log_schema(
+    {"train_loss": finite(), "dev_accuracy": finite(1), "dev_combined": finite(1),
+     "dev_combined_lower": finite(1), "seconds": finite(), "words_per_s": finite()},
+    required=["train_loss", "dev_accuracy", "dev_combined", "dev_combined_lower", "seconds",
+              "seed"],
+)
+
+#: the lemmatizer's model folder: its log and its two JSON files, which log.json checksums
+LEMMATIZER_FILES = folder.ModelFiles(LOG_SCHEMA, {folder.CONFIG: CONFIG_SCHEMA,
+                                                  folder.FEATURES: FEATURES_SCHEMA})

@@ -1,13 +1,13 @@
 """Train a lemmatizer into a model folder, and score one on a split.
 
-The model folder is the tagger's (:mod:`examples.pos_tagging.folder`, which
+The model folder is the tagger's (:mod:`unroll.train.model_folder`, which
 says the files, their order and the lock), every file written atomically:
 ``features.json`` (the character vocabulary and the training dictionary) and
 ``config.json`` first, then per epoch the solver's snapshot, ``log.json`` (the
 commit point, with the SHA-256 of every weight file, which loading and
 ``--resume`` check), ``last.caffemodel`` and ``best.caffemodel`` (the epoch of
 the best combined dev accuracy). The JSON files are read back schema-checked
-(:mod:`examples.pos_tagging.schema`). ``resume`` continues the last logged
+(:mod:`unroll.core.json_files`). ``resume`` continues the last logged
 epoch with the folder's sizes and seed; since each epoch's shuffle and dropout
 masks are drawn from (seed, epoch) alone, it trains the model an uninterrupted
 run would have, bit for bit.
@@ -27,16 +27,16 @@ import numpy as np
 from tqdm import tqdm
 
 from examples.lemmatize.conll import read_lemmas
-from examples.lemmatize.model import LOG_SCHEMA, Lemmatizer, LemmatizerConfig
-from examples.pos_tagging import folder
+from examples.lemmatize.model import LEMMATIZER_FILES, Lemmatizer, LemmatizerConfig
 from examples.pos_tagging.train import bad_batch, checked_step, diverged
 from unroll import Solver
 from unroll.core.errors import FileFormatError
+from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
+from unroll.train import model_folder as folder
 from unroll.train.solver import NonFiniteError
 
 __all__ = ["TrainOptions", "dictionary_baseline", "scores", "train", "words_of"]
 
-TRAIN_FILE, DEV_FILE = "en_ewt-ud-train.conllu", "en_ewt-ud-dev.conllu"
 
 
 #: the TrainOptions fields that are LemmatizerConfig sizes
@@ -120,7 +120,7 @@ def train(opts: TrainOptions) -> list[dict]:
     train_words = words_of(_read(Path(opts.data) / TRAIN_FILE, opts.limit))
     dev_words = words_of(_read(Path(opts.data) / DEV_FILE, opts.limit))
     with folder.claimed(Path(opts.model_dir), opts.resume, opts.overwrite,
-                        LOG_SCHEMA) as model_dir:
+                        LEMMATIZER_FILES) as model_dir:
         lemmatizer, log = _described(opts, model_dir, train_words)
         return _train(opts, model_dir, lemmatizer, log, train_words, dev_words, started)
 
@@ -128,18 +128,16 @@ def train(opts: TrainOptions) -> list[dict]:
 def _described(opts: TrainOptions, model_dir: Path, train_words):
     """(lemmatizer, log): the folder's own when resuming, else a new one, its description
     saved."""
-    log = folder.read_log(model_dir, LOG_SCHEMA) if opts.resume else []
+    log = folder.read_log(model_dir, LEMMATIZER_FILES) if opts.resume else []
     if log:  # folder.claimed let only a complete, consistent folder through
         try:
-            lemmatizer = Lemmatizer.described(model_dir, seed=log[-1]["seed"])
+            lemmatizer = Lemmatizer.described(model_dir, log, seed=log[-1]["seed"])
         except FileFormatError as e:
             raise folder.resume_error(model_dir, str(e)) from None
         asked = dict(opts.sizes(), **({} if opts.seed is None else {"seed": opts.seed}))
         folder.settings_differ(model_dir, asked,
                                dict(asdict(lemmatizer.config), seed=log[-1]["seed"]))
         return lemmatizer, log
-    if opts.resume and not opts.quiet:
-        tqdm.write(f"--resume: {model_dir} holds no model yet; starting from the first epoch")
     lemmatizer = Lemmatizer.build(train_words, LemmatizerConfig(**opts.sizes()),
                                   seed=opts.seed or 0)
     lemmatizer.save_description(model_dir)
@@ -196,7 +194,8 @@ def _train(opts: TrainOptions, model_dir: Path, lemmatizer: Lemmatizer, log: lis
                  "dev_combined": dev["combined"], "dev_combined_lower": dev["combined_lower"],
                  "seconds": last_seconds, "words_per_s": words / max(compute, 1e-9),
                  "seed": seed}
-        folder.commit_epoch(model_dir, solver, log, entry, dev["combined"] > best)
+        folder.commit_epoch(model_dir, solver, log, entry, dev["combined"] > best,
+                            files=LEMMATIZER_FILES)
         best = max(best, dev["combined"])
         if not opts.quiet:
             tqdm.write(f"epoch {epoch + 1}: loss {entry['train_loss']:.4f}  dev seq2seq "

@@ -6,10 +6,10 @@ import os
 import pytest
 
 from examples.pos_tagging.__main__ import main
-from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.tagger import Tagger, TaggerConfig
 from tests.cli_helpers import one_line_error
+from unroll.tools.conllu import UPOS_TAGS
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ def test_damaged_folder_files_are_one_line_errors(model_dir, tmp_path, capsys):
     text.write_text("I saw her\n")
     for name, content, part in [
         ("best.caffemodel", b"\x0a\xff\xff", "best.caffemodel: not a .caffemodel"),
-        ("features.json", b"", "features.json: not a features file"),
+        ("features.json", b"", "features.json: not valid JSON"),
         ("config.json", b"[]", "config.json: expected an object"),
     ]:
         good = (model_dir / name).read_bytes()

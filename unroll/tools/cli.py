@@ -22,11 +22,9 @@ from unroll.tools.commands.running import (
     USER_ERRORS,
     CommandError,
     run_command,
-    write_output,
 )
 
-__all__ = ["CommandError", "FAILURES", "USER_ERRORS", "build_parser", "main", "run_command",
-           "write_output"]
+__all__ = ["CommandError", "FAILURES", "USER_ERRORS", "build_parser", "main", "run_command"]
 
 EXAMPLES = """\
 examples:

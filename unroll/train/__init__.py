@@ -3,5 +3,6 @@
 ``solver`` (Caffe's Solver and snapshots; its ``update_rules``, ``lr_policies`` and
 ``solver_callbacks`` are modules of their own), ``bucketing`` (the
 sampler, pure NumPy), ``bucketed_model`` (one unrolled net per length over one
-parameter store), ``distributed`` (data parallel on mpi4py / NCCL).
+parameter store), ``distributed`` (data parallel on mpi4py / NCCL), ``model_folder``
+(what a trainer writes, in which order, checksummed in log.json).
 """

@@ -6,7 +6,8 @@ import argparse
 
 from unroll.tools.commands.arguments import set_argument, template_dir_argument
 from unroll.tools.commands.help_text import builtin_template_lines
-from unroll.tools.commands.running import CommandError, write_output
+from unroll.tools.commands.running import CommandError
+from unroll.tools.output import write_output
 
 __all__ = ["add_parser", "run"]
 

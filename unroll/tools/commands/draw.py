@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from unroll.core.proto import NetParameter, parse_text, read_prototxt
-from unroll.tools.commands.running import CommandError, write_output
+from unroll.tools.commands.running import CommandError
 from unroll.tools.draw import to_dot
+from unroll.tools.output import write_output
 
 __all__ = ["add_parser", "run"]
 

@@ -9,7 +9,7 @@ from unroll.core.proto import NetParameter, parse_text
 from unroll.tools.commands.arguments import template_arguments
 from unroll.tools.commands.help_text import builtin_template_lines
 from unroll.tools.commands.nets import net_param
-from unroll.tools.commands.running import write_output
+from unroll.tools.output import write_output
 
 __all__ = ["add_parser", "run", "summarize"]
 

@@ -6,7 +6,7 @@ import json
 
 from unroll.tools.commands.arguments import template_arguments
 from unroll.tools.commands.nets import net_param
-from unroll.tools.commands.running import write_output
+from unroll.tools.output import write_output
 
 __all__ = ["add_parser", "run"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from unroll.tools.commands.running import write_output
+from unroll.tools.output import write_output
 
 __all__ = ["add_parser", "run"]
 

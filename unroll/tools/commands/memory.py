@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from unroll.core.proto import NetParameter, parse_text, read_prototxt
-from unroll.tools.commands.running import write_output
+from unroll.tools.output import write_output
 
 __all__ = ["add_parser", "run"]
 
