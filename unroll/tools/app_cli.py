@@ -45,7 +45,7 @@ from unroll.tools.output import OutputClosed
 from unroll.train.model_folder import ModelFolderError
 from unroll.train.trainer import TrainingDiverged
 
-__all__ = ["add_fetch", "app_parser", "data_options", "minutes", "model_options",
+__all__ = ["OneLineParser", "add_fetch", "app_parser", "data_options", "minutes", "model_options",
            "non_negative_int", "output_options", "positive_int", "report_training", "run", "seed",
            "training_options"]
 
@@ -115,11 +115,19 @@ def minutes(text: str) -> float:
     return value
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr (status 2), like every
+    other error of a command: the usage is for ``--help``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def app_parser(prog: str, description: str):
-    """``(parser, subparsers)`` of an application's command line; add its commands to the
-    second, and :func:`add_fetch`."""
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    """``(parser, subparsers)`` of an application's command line (a :class:`OneLineParser`);
+    add its commands to the second, and :func:`add_fetch`."""
+    parser = OneLineParser(prog=prog, description=description,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     return parser, parser.add_subparsers(dest="command", required=True)
 
 
