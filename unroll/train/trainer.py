@@ -150,9 +150,10 @@ class Application(Protocol):
 
     Optional, for truncated BPTT: ``carried_state() -> {name: array}`` (the recurrent
     state the training nets carry into the next batch, as it is after an epoch) and
-    ``restore_carried_state({name: array})`` (put it back on resume). The Trainer saves
-    it with every snapshot, every rank's, so a resumed run carries what the
-    uninterrupted one did.
+    ``restore_carried_state({name: NumPy array})`` (put this rank's back on resume). The
+    Trainer saves it with every snapshot, every rank's, so a resumed run carries what the
+    uninterrupted one did. An application that starts every epoch from zero state needs
+    neither: a snapshot ends an epoch.
     """
 
     files: folder.ModelFiles
