@@ -77,6 +77,7 @@ epoch 3: loss 0.0105  dev error 0.0069  (best 0.0069)  ...
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import math
 import time
@@ -358,6 +359,9 @@ class Trainer:
         if skip_bad_batches < 0:
             raise ValueError(f"--skip-bad-batches: expected an integer >= 0, found "
                              f"{skip_bad_batches!r}")
+        if curve and importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("the curve plot (curve.png) needs matplotlib: pip install "
+                             "'unroll[examples]', or train with curve=False")
         self.app = app
         self.model_dir = Path(model_dir)
         self.epochs, self.seed, self.resume, self.overwrite = epochs, seed, resume, overwrite
