@@ -135,3 +135,11 @@ def test_ctrl_c_anywhere_is_one_line_130_and_resume_gives_the_uninterrupted_run(
         resumed = python(app, *train_argv(app, data, model_dir, "--resume"))
         assert resumed.returncode == 0, (event, n, resumed.stderr.decode())
         assert final_files(model_dir) == final_files(whole), (event, n)
+
+
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_every_application_fetches_and_says_in_one_line_why_it_could_not(app, capsys):
+    main = importlib.import_module(f"{app.module}.__main__").main
+    # conftest points the mirror at a closed port on 127.0.0.1
+    assert main(["fetch", "--quiet"]) == 2
+    one_line_error(capsys, f"python -m {app.module} fetch: error: ", "127.0.0.1")
