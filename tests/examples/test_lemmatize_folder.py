@@ -134,7 +134,7 @@ def _set_config(model_dir: Path, **changes) -> None:
     (lambda m: _flip(_snapshot(m, ".caffemodel")), ".caffemodel: its checksum"),
     (lambda m: _flip(_snapshot(m, ".solverstate")), ".solverstate: its checksum"),
     (_without_snapshot, "lacks the key 'snapshot'"),
-    (lambda m: _set_config(m, hidden=0), "config.json: hidden must be an integer >= 1"),
+    (lambda m: _set_config(m, hidden=0), "config.json: its checksum is not the one log.json"),
     (lambda m: (m / "features.json").write_text('{"chars": 3}'), "features.json:"),
 ])
 def test_resume_refuses_a_folder_it_cannot_continue(trained, model, damage, part, capsys):
