@@ -143,3 +143,25 @@ def test_every_application_fetches_and_says_in_one_line_why_it_could_not(app, ca
     # conftest points the mirror at a closed port on 127.0.0.1
     assert main(["fetch", "--quiet"]) == 2
     one_line_error(capsys, f"python -m {app.module} fetch: error: ", "127.0.0.1")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_o_writes_what_standard_output_gets(app, tmp_path, capsys):
+    from unroll.tools.ewt import DEV_FILE
+
+    main = importlib.import_module(f"{app.module}.__main__").main
+    data = app.corpus(tmp_path / "data")
+    model_dir = tmp_path / "m"
+    assert main([*train_argv(app, data, model_dir), "--epochs", "1"]) == 0  # the last counts
+    folder_args = ["--model-dir", str(model_dir)]
+    for command in (app.predict, app.evaluate):
+        argv = [a.replace("{input}", str(data / DEV_FILE)) for a in command] + folder_args
+        if command is app.evaluate:
+            argv += ["--data", str(data)]
+        capsys.readouterr()
+        assert main(argv) == 0
+        printed = capsys.readouterr().out.encode()
+        out = tmp_path / f"{command[0]}.out"
+        assert main([*argv, "-o", str(out)]) == 0
+        assert capsys.readouterr().out == "" and out.read_bytes() == printed and printed
