@@ -146,8 +146,8 @@ class Application(Protocol):
     Attributes: ``files`` (a :class:`~unroll.train.model_folder.ModelFiles`: the JSON
     files the application keeps in the folder, which ``log.json`` checksums, and the
     schema of ``log.json``, :func:`log_schema` with the application's own epoch fields),
-    ``metric`` (a :class:`Metric`, whose key
-    :meth:`evaluate` returns) and ``curve_title`` (the title of ``curve.png``).
+    ``metric`` (a :class:`Metric`, whose key :meth:`evaluate` returns) and
+    ``curve_title`` (the title of ``curve.png``).
 
     Optional, for truncated BPTT: ``carried_state() -> {name: array}`` (the recurrent
     state the training nets carry into the next batch, as it is after an epoch; called
