@@ -27,8 +27,10 @@ from examples.pos_tagging.features import FEATURES, Featurizer
 from unroll.core.atomic import write_atomic
 from unroll.core.errors import FileFormatError
 from unroll.core.proto import LayerParameter
+from unroll.frontend.builder import NetBuilder
+from unroll.frontend.recurrence import recurrent
+from unroll.frontend.template import load_template
 from unroll.frontend.tree_unroller import tree_block, tree_inputs
-from unroll.frontend.unroller import NetBuilder, load_template
 from unroll.train.bucketing import BucketSampler, cont_from_lengths, time_major
 from unroll.train.tree_model import TreeModel
 from unroll.train.tree_sampler import TreeBucketSampler
@@ -133,7 +135,7 @@ class Labeller:
                        hidden=c.hidden)
             enc = "enc"
         else:
-            b.recurrent("lstm", "x", "enc", "cont", direction="bidirectional", hidden=c.hidden)
+            recurrent(b, "lstm", "x", "enc", "cont", direction="bidirectional", hidden=c.hidden)
             flat = LayerParameter(name="enc_rows", type="Reshape", bottom=["enc"],
                                   top=["enc_rows"])
             flat.reshape_param.shape.dim.extend([-1, 2 * c.hidden])

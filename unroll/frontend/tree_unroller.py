@@ -58,6 +58,8 @@ import jinja2
 
 from unroll.core.errors import TemplateError
 from unroll.core.proto import LayerParameter, NetParameter
+from unroll.frontend.builder import NetBuilder
+from unroll.frontend.render import render_macro, run_module
 from unroll.frontend.template import (
     SUFFIX,
     BlobNames,
@@ -68,14 +70,12 @@ from unroll.frontend.template import (
     merge_hyper,
 )
 from unroll.frontend.tree import DIRECTIONS, TreeLayout, level_widths
-from unroll.frontend.unroller import NetBuilder
 
-__all__ = ["TREE_DIRECTIONS", "TreeStep", "check_tree_interface", "expand_tree", "tree_block",
+__all__ = ["TREE_DIRECTIONS", "TreeRecurrence", "TreeStep", "expand_tree", "tree_block",
            "tree_inputs", "tree_widths"]
 
 #: the directions of a tree layer
 TREE_DIRECTIONS = (*DIRECTIONS, "bidirectional")
-CHILDREN = ("sum", "positional")
 
 
 class TreeStep(Step):
@@ -114,45 +114,6 @@ class TreeStep(Step):
         raise jinja2.UndefinedError(
             f"s.{name}: a tree step's s has no '{name}' (it has level, levels, direction, "
             f"input, inbox, state, output, sender, receiver, message, blob(), layer(), param())")
-
-
-def check_tree_interface(interface: dict, path: Path, macros: frozenset) -> None:
-    """Check a ``"kind": "tree_step"`` interface (called when the template is loaded)."""
-    name = path.name
-    for key in ("inputs", "states", "outputs", "children"):
-        if key not in interface:
-            raise TemplateError(f"{name}: a tree_step interface must declare '{key}'")
-    children = interface["children"]
-    if children not in CHILDREN:
-        raise TemplateError(f"{name}: interface 'children' must be one of {CHILDREN}, found "
-                            f"{children!r}")
-    inputs = interface["inputs"]
-    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], str):
-        raise TemplateError(f"{name}: a tree_step template reads one input per node: 'inputs' "
-                            f"must be a list of one name, found {inputs!r}")
-    defaults = interface.get("defaults", {})
-    sized = {"states": interface["states"]}
-    if children == "sum":
-        sized["messages"] = interface.get("messages")
-    for key, names in sized.items():
-        if not isinstance(names, dict) or not names or not all(
-                isinstance(k, str) and v in defaults for k, v in names.items()):
-            raise TemplateError(
-                f"{name}: interface '{key}' must map each name to the hyper-parameter giving "
-                f"its size (a key of 'defaults'), e.g. {{\"h\": \"hidden\"}}, found {names!r}")
-    outputs = interface["outputs"]
-    if not isinstance(outputs, list) or not outputs or not all(isinstance(o, str)
-                                                               for o in outputs):
-        raise TemplateError(f"{name}: interface 'outputs' must be a non-empty list of names, "
-                            f"found {outputs!r}")
-    if children == "positional" and "arity" not in defaults:
-        raise TemplateError(f"{name}: a positional tree_step template takes its child slots "
-                            f"from the hyper-parameter 'arity': declare it in 'defaults'")
-    needed = ("node", "edge") if children == "sum" else ("node",)
-    for macro in needed:
-        if macro not in macros:
-            raise TemplateError(f"{name}: a tree_step template with children {children!r} must "
-                                f"define {{% macro {macro}(s) %}}")
 
 
 def tree_widths(trees, direction: str) -> tuple:
@@ -212,8 +173,9 @@ def _layer(name: str, type_: str, bottoms, tops) -> LayerParameter:
     return LayerParameter(name=name, type=type_, bottom=list(bottoms), top=list(tops))
 
 
-class _TreeDirection:
-    """One direction of a tree layer, added to a NetBuilder."""
+class TreeRecurrence:
+    """One direction of a tree layer, added to a NetBuilder: the sibling of
+    :class:`~unroll.frontend.recurrence.Recurrence` over levels, not steps."""
 
     def __init__(self, b: NetBuilder, template: Template, hyper: dict, bottom: str, top: str,
                  direction: str, scope: str, widths: tuple, rows: int, fixed_arity):
@@ -227,7 +189,7 @@ class _TreeDirection:
                          if self.children == "sum" else self.states)
         self.arity = int(hyper["arity"]) if self.children == "positional" else fixed_arity
         self.input_name = iface["inputs"][0]
-        self.module = b.module(template, hyper)
+        self.module = run_module(template, hyper)
         self.where = f"{template.name} ({direction})"
 
     def name(self, local: str, level: int | None = None) -> str:
@@ -283,7 +245,7 @@ class _TreeDirection:
 
     def render(self, macro: str, s: TreeStep, must: list) -> None:
         """Render ``macro`` for ``s``; it must top each (kind, local name, blob) of ``must``."""
-        layers = self.b.render(self.template, self.module, macro, s)
+        layers = render_macro(self.template, self.module, macro, s)
         tops = {t for lp in layers for t in lp.top}
         for kind, local, blob in must:
             if blob not in tops:
@@ -416,15 +378,14 @@ def tree_block(builder: NetBuilder, template, bottom: str, top: str, widths,
     unread, outs = [], []
     for d, sc, w in pairs:
         out = top if len(pairs) == 1 else f"{top}_{d}"
-        unread += _TreeDirection(builder, template, hyper, bottom, out, d, scope + sc, w, rows,
+        unread += TreeRecurrence(builder, template, hyper, bottom, out, d, scope + sc, w, rows,
                                  fixed_arity).expand()
         outs.append(out)
     if len(pairs) > 1:
         builder.concat(f"{scope}bi_concat", outs, top, axis=1)
     unread = [blob for blob in unread if blob not in builder.consumed]
     if unread:
-        builder.add_layer(_layer(f"{scope}tree_silence", "Silence", unread, []),
-                          f"layer '{scope}tree_silence'")
+        builder.silence(f"{scope}tree_silence", unread)
 
 
 def expand_tree(template, widths, input_dim: int, direction: str = "up",
@@ -462,32 +423,3 @@ def expand_tree(template, widths, input_dim: int, direction: str = "up",
                fixed_arity=fixed_arity, hyper=hyper, **variables)
     name = template.name[: -len(SUFFIX)] if template.name.endswith(SUFFIX) else template.name
     return builder.net_param(f"{name}_{direction}")
-
-
-def parse_widths(text: str) -> tuple:
-    """Level widths from the command line: "4,2,1", or "4,2,1/1,2,4" (up widths/down widths).
-
-    >>> parse_widths("4,2,1"), parse_widths("3,1/1,3")
-    ((4, 2, 1), ((3, 1), (1, 3)))
-    """
-    parts = text.split("/")
-    try:
-        widths = [tuple(int(w) for w in part.split(",")) for part in parts]
-    except ValueError:
-        raise TemplateError(f"--tree {text!r}: expected nodes per level, e.g. 4,2,1 (or up "
-                            f"widths/down widths, 4,2,1/1,2,4)") from None
-    if len(widths) > 2:
-        raise TemplateError(f"--tree {text!r}: at most two lists of widths (up/down)")
-    return widths[0] if len(widths) == 1 else tuple(widths)
-
-
-def expand_tree_command_net(args, variables: dict) -> NetParameter:
-    """The net of ``unroll expand TEMPLATE --tree WIDTHS --set ...`` (see :func:`expand_tree`)."""
-    widths = parse_widths(args.tree)
-    direction = variables.pop("direction", "bidirectional" if len(widths) == 2 and isinstance(
-        widths[0], tuple) else "up")
-    if "input_dim" not in variables:
-        raise TemplateError(f"{args.template}: expanding a tree_step template needs "
-                            f"--set input_dim=D")
-    return expand_tree(args.template, widths, direction=direction,
-                       search_path=args.template_dir or (), **variables)
