@@ -48,6 +48,7 @@ from unroll.frontend.template import (
     template_search_path,
     unknown_error,
 )
+from unroll.frontend.tree_recurrence import tree, tree_net
 
 __all__ = [
     "ALIGNS",
@@ -85,10 +86,15 @@ class _Calls:
     def shared(self, *args, **kwargs) -> str:
         return shared(self._builder, *args, **kwargs)
 
+    def tree(self, *args, **kwargs) -> str:
+        return tree(self._builder, *args, **kwargs)
+
 
 def _build(template: Template, steps: int, batch: int, search_path, variables: dict,
            hyper: dict | None) -> tuple[NetParameter, NetBuilder]:
     """The unrolled NetParameter of ``template`` and the builder that made it."""
+    if template.kind == "tree_step":
+        return tree_net(template, search_path, variables, hyper)
     builder = NetBuilder(steps, batch, search_path)
     if template.kind == "step":
         options = {k: variables.pop(k) for k in LAYER_OPTIONS if k in variables}
@@ -120,7 +126,8 @@ def _build(template: Template, steps: int, batch: int, search_path, variables: d
     merged = hyper_parameters(template, merge_hyper(template.name, variables, hyper),
                               also=["batch"])
     calls = _Calls(builder)
-    merged.update(T=builder.T, batch=batch, recurrent=calls.recurrent, shared=calls.shared)
+    merged.update(T=builder.T, batch=batch, recurrent=calls.recurrent, shared=calls.shared,
+                  tree=calls.tree)
     try:
         text = template.jinja.render(merged)
     except TemplateError:
@@ -201,9 +208,10 @@ def _state(files, folders) -> tuple:
     return tuple(sorted((str(p), st and (st.st_mtime_ns, st.st_size)) for p, st in stats.items()))
 
 
-def expand(template, steps: int, search_path=(), hyper: dict | None = None,
+def expand(template, steps: int | None = None, search_path=(), hyper: dict | None = None,
            **variables) -> NetParameter:
-    """Unroll ``template`` (a built-in name or a path) to ``steps`` timesteps.
+    """Unroll ``template`` (a built-in name or a path) to ``steps`` timesteps: the one way
+    to expand a step, net or tree_step template.
 
     For a **step template** the result is a whole net: an Input layer making
     ``x`` (T, N, input_dim) and ``cont`` (T, N), the unrolled recurrence, and
@@ -221,6 +229,13 @@ def expand(template, steps: int, search_path=(), hyper: dict | None = None,
     every T it is valid for. Each (template, steps, variables) is expanded
     once: asked again, ``expand`` returns a copy of that net, until a template
     file it read (or one beside it, which it may import) changes.
+
+    For a **tree_step template** there are no steps: ``widths=`` gives the
+    nodes per level, and the net reads ``x`` (rows, ``input_dim``) level by
+    level (:func:`~unroll.frontend.tree_unroller.expand_tree` says the rest; its options
+    ``direction``, ``rows`` and ``fixed_arity`` are variables here). A net
+    template places a tree layer with ``{{ tree(template, bottom, top, widths,
+    rows=..., direction=..., **hyper) }}``.
 
     Options of an unrolled layer (``expand`` and ``recurrent()``):
 
@@ -290,7 +305,16 @@ mean 'hidden'?
             f"with {{{{ shared(\"{template.name.removesuffix(SUFFIX)}\", bottoms, tops, ...) }}}} "
             f"(see the built-in siamese template)"
         )
-    batch = int(variables.pop("batch", 1))
+    if template.kind == "tree_step":  # level by level: the widths say the net's size
+        if steps not in (None, 1):
+            raise TemplateError(f"{template.name}: a tree_step template runs over level widths "
+                                f"(widths=...), not steps; found steps={steps!r}")
+        steps, batch = 1, None
+    elif steps is None:
+        raise TemplateError(f"{template.name}: expanding a {template.kind} template needs "
+                            f"steps=")
+    else:
+        batch = int(variables.pop("batch", 1))
     key = _cache_key(template, steps, batch, search_path, variables, hyper)
     cached = _EXPANDED.get(key) if key is not None else None
     if cached is not None and _state(*cached[0]) == cached[1]:
