@@ -27,7 +27,7 @@ _EXPORTS = {
     "SolverError": "unroll.train.solver",
     "Stepper": "unroll.train.stepper",
     "TemplateError": "unroll.core.errors",
-    "carry_hidden": "unroll.frontend.unroller",
+    "carry_hidden": "unroll.train.carry",
     "expand": "unroll.frontend.unroller",
     "register_layer": "unroll.engine.layer",
     "to_prototxt": "unroll.frontend.unroller",

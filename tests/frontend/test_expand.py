@@ -85,3 +85,16 @@ def test_a_tree_expansion_renders_under_the_one_render_budget(monkeypatch):
 def test_what_an_expansion_lacks_is_one_line(call, message):
     with pytest.raises(TemplateError, match=message):
         call()
+
+
+def test_the_caller_gives_the_chunk_a_sequence_macro_runs_over():
+    def projections(**chunk):
+        net = expand("lstm", steps=40, batch=2, input_dim=3, hidden=2, **chunk)
+        return sorted(lp.name for lp in net.layer if lp.name.startswith("x_proj_seq"))
+
+    assert projections(chunk=None) == ["x_proj_seq"]
+    assert projections(chunk=16) == ["x_proj_seq_c0", "x_proj_seq_c1", "x_proj_seq_c2"]
+    assert len(projections()) == 2  # the engine's weight-gradient chunk, 32 steps
+    with pytest.raises(TemplateError, match=r"^lstm\.prototxt\.j2: chunk must be an integer "
+                                            r">= 1 \(steps\) or None, found 0$"):
+        expand("lstm", steps=4, input_dim=3, hidden=2, chunk=0)

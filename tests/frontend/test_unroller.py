@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 from unroll.core.errors import NetError, TemplateError
 from unroll.core.proto import LayerParameter, NetParameter, parse_text
 from unroll.engine.net import Net
-from unroll.frontend.unroller import builtin_template_dir, carry_hidden, expand, to_prototxt
+from unroll.frontend.unroller import builtin_template_dir, expand, to_prototxt
 from unroll.testing import check_net_gradient
 from unroll.train.bucketed_model import BucketedModel
 from unroll.train.bucketing import cont_from_lengths, time_major
+from unroll.train.carry import carry_hidden
 
 KINDS = ["rnn", "lstm", "lstm_primitive", "gru"]
 PARAMS = {"rnn": ["W_xh", "b_h", "W_hh"], "lstm": ["W_xc", "b_c", "W_hc"],

@@ -31,15 +31,18 @@ class NetBuilder:
     """Collects the layers of an unrolled net and checks names as it goes.
 
     ``steps`` and ``batch`` are the net's T and N (a tree net: 1 and its node
-    rows); ``search_path`` where the templates it loads are looked up.
+    rows); ``search_path`` where the templates it loads are looked up;
+    ``chunk`` the steps a row-wise sequence macro runs over at once (None: the
+    whole sequence), which the caller's engine chooses (docs/design.md, 6. Memory).
     """
 
-    def __init__(self, steps: int, batch: int, search_path=()):
+    def __init__(self, steps: int, batch: int, search_path=(), chunk: int | None = None):
         if steps < 1:
             raise TemplateError(f"steps must be >= 1, found {steps}")
         self.T = int(steps)
         self.batch = int(batch)
         self.search_path = tuple(search_path)
+        self.chunk = chunk
         self.layers: list[LayerParameter] = []
         self.blocks: list[list[LayerParameter]] = []  # the layers of each recurrent() call
         self.produced: dict[str, str] = {}  # blob name -> who produced it

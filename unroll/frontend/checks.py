@@ -36,7 +36,8 @@ def gates(lp: LayerParameter, blob: str, cont: str) -> bool:
     cont last (Caffe's LSTMUnit: c = cont * f * c_prev + i * g)."""
     if lp.type == "Scale":
         return list(lp.bottom) == [blob, cont]
-    roles = getattr(LAYERS.get(lp.type), "roles", ())
+    layer = LAYERS.get(lp.type)
+    roles = layer.roles if layer is not None else ()
     return (len(roles) == len(lp.bottom) > 1 and roles[0].endswith("_prev")
             and roles[-1] == "cont" and lp.bottom[0] == blob and lp.bottom[-1] == cont
             and blob not in lp.bottom[1:])

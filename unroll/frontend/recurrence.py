@@ -25,7 +25,6 @@ from pathlib import Path
 
 from unroll.core.errors import TemplateError
 from unroll.core.proto import LayerParameter
-from unroll.engine.memory_plan import GRADIENT_CHUNK
 from unroll.frontend.builder import NetBuilder
 from unroll.frontend.checks import check_step, require
 from unroll.frontend.render import ParseCache, render_macro, run_module
@@ -121,7 +120,8 @@ class Recurrence:
             require(self.template.name, seq_out, {top for lp in layers for top in lp.top},
                     lambda local, blob: (f"the sequence macro must produce s.output.{local} "
                                          f"('{blob}'), but no layer tops it"))
-            if self.T > GRADIENT_CHUNK and all(_row_wise(lp) for lp in layers):
+            chunk = self.b.chunk
+            if chunk is not None and self.T > chunk and all(_row_wise(lp) for lp in layers):
                 return self._chunked_sequence(inputs, seq_out)
             for lp in layers:
                 self.b.add_layer(lp, f"{self.template.name} (sequence)")
@@ -149,15 +149,14 @@ class Recurrence:
 
     # -- the rest -----------------------------------------------------------------------------
     def _chunked_sequence(self, inputs: dict, seq_out: dict) -> dict[str, list[str]]:
-        """The sequence macro over chunks of GRADIENT_CHUNK steps, each run right before
+        """The sequence macro over chunks of the builder's ``chunk`` steps, each run right before
         its chunk's first step (docs/design.md, 6. Memory): a projection of the whole
         sequence would keep T steps of its rows, and of their diffs, alive at once. The
         chunks start with the run (from step T-1 down, in reverse), as the chunks of the
         batched weight gradients do, so that recomputed segments are cut between both."""
-        T = self.T
-        starts = (list(range(T, 0, -GRADIENT_CHUNK)) if self.reverse
-                  else list(range(0, T, GRADIENT_CHUNK)))
-        bounds = (sorted({max(0, e - GRADIENT_CHUNK) for e in starts} | {T}) if self.reverse
+        T, chunk = self.T, self.b.chunk
+        starts = list(range(T, 0, -chunk)) if self.reverse else list(range(0, T, chunk))
+        bounds = (sorted({max(0, e - chunk) for e in starts} | {T}) if self.reverse
                   else [*starts, T])
         spans = list(zip(bounds[:-1], bounds[1:]))
         parts = {}

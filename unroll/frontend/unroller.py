@@ -28,6 +28,7 @@ from pathlib import Path
 from unroll.core.errors import TemplateError
 from unroll.core.proto import NetParameter, PrototxtError, parse_text, to_text
 from unroll.engine import hidden_nets
+from unroll.engine.memory_plan import GRADIENT_CHUNK
 from unroll.frontend.builder import NetBuilder
 from unroll.frontend.checks import check_net
 from unroll.frontend.recurrence import ALIGNS, DIRECTIONS, LAYER_OPTIONS, recurrent
@@ -58,7 +59,6 @@ __all__ = [
     "Step",
     "Template",
     "builtin_template_dir",
-    "carry_hidden",
     "expand",
     "find_template",
     "load_template",
@@ -91,11 +91,11 @@ class _Calls:
 
 
 def _build(template: Template, steps: int, batch: int, search_path, variables: dict,
-           hyper: dict | None) -> tuple[NetParameter, NetBuilder]:
+           hyper: dict | None, chunk: int | None) -> tuple[NetParameter, NetBuilder]:
     """The unrolled NetParameter of ``template`` and the builder that made it."""
     if template.kind == "tree_step":
         return tree_net(template, search_path, variables, hyper)
-    builder = NetBuilder(steps, batch, search_path)
+    builder = NetBuilder(steps, batch, search_path, chunk)
     if template.kind == "step":
         options = {k: variables.pop(k) for k in LAYER_OPTIONS if k in variables}
         unknown = set(variables) - set(template.defaults) - {"input_dim"}
@@ -191,11 +191,11 @@ def _plain(value) -> bool:
 
 
 def _cache_key(template: Template, steps: int, batch: int, search_path, variables: dict,
-               hyper: dict | None) -> str | None:
+               hyper: dict | None, chunk: int | None) -> str | None:
     given = (list(search_path), variables, hyper or {})
     if not _plain(given):
         return None
-    return repr((str(template.path), int(steps), batch, [str(p) for p in search_path],
+    return repr((str(template.path), int(steps), batch, chunk, [str(p) for p in search_path],
                  os.environ.get("UNROLL_TEMPLATE_PATH", ""), sorted(variables.items()),
                  sorted((hyper or {}).items())))
 
@@ -209,7 +209,7 @@ def _state(files, folders) -> tuple:
 
 
 def expand(template, steps: int | None = None, search_path=(), hyper: dict | None = None,
-           **variables) -> NetParameter:
+           chunk: int | None = GRADIENT_CHUNK, **variables) -> NetParameter:
     """Unroll ``template`` (a built-in name or a path) to ``steps`` timesteps: the one way
     to expand a step, net or tree_step template.
 
@@ -257,7 +257,7 @@ def expand(template, steps: int | None = None, search_path=(), hyper: dict | Non
       default of ``time_major``). Default "right" in ``recurrent()``.
     - ``expose_hidden``: the initial states ``<scope><state>_0`` become inputs
       to fill and the final ones outputs ``<scope><state>_T`` (truncated BPTT:
-      :func:`carry_hidden` between chunks; ``cont_from_lengths(...,
+      :func:`~unroll.train.carry.carry_hidden` between chunks; ``cont_from_lengths(...,
       continues=True)`` so that a stream's next chunk carries on).
     - ``initial_state``: "zeros", or "learned": every sequence starts from a
       learned state, a (size,) param ``<scope><state>_init`` shared by all steps;
@@ -270,6 +270,13 @@ def expand(template, steps: int | None = None, search_path=(), hyper: dict | Non
       gradient flows back into the blobs. One direction, one layer.
     - ``cont``, ``batch``, ``steps`` (``recurrent()`` only): the cont blob, and
       N and T of the bottom where they differ from the net's.
+
+    ``chunk`` (every recurrence of the expansion): a sequence macro that maps
+    each step on its own runs over chunks of that many steps, each right
+    before its steps, where T is over it (None: once over the whole
+    sequence). The caller's engine picks it; the default is this engine's
+    weight-gradient chunk (``unroll.engine.memory_plan.GRADIENT_CHUNK``), so
+    that recomputed segments are cut between both (docs/design.md, 6. Memory).
 
     Shared modules (net templates): ``{{ shared(module, bottoms, tops,
     scope="", **hyper) }}`` applies a module template (``"kind": "module"``,
@@ -315,15 +322,20 @@ mean 'hidden'?
                             f"steps=")
     else:
         batch = int(variables.pop("batch", 1))
-    key = _cache_key(template, steps, batch, search_path, variables, hyper)
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int)
+                              or chunk < 1):
+        raise TemplateError(f"{template.name}: chunk must be an integer >= 1 (steps) or None, "
+                            f"found {chunk!r}")
+    key = _cache_key(template, steps, batch, search_path, variables, hyper, chunk)
     cached = _EXPANDED.get(key) if key is not None else None
     if cached is not None and _state(*cached[0]) == cached[1]:
         _EXPANDED.move_to_end(key)
         return NetParameter.FromString(cached[2])
     with bounded_rendering():  # one budget for all the templates an expansion renders
-        net, builder = _build(template, steps, batch, search_path, dict(variables), hyper)
+        net, builder = _build(template, steps, batch, search_path, dict(variables), hyper,
+                              chunk)
     check_net(template, net, builder, None if steps == 1 else lambda: _build(
-        template, 1, batch, search_path, dict(variables), hyper))
+        template, 1, batch, search_path, dict(variables), hyper, chunk))
     if key is not None:
         files = (template.path, *builder.loaded)
         sources = (files, {p.parent for p in files} | {builtin_template_dir()})
@@ -351,45 +363,6 @@ def to_prototxt(net_param: NetParameter, caffe: bool = False) -> str:
         lowered, notes = export_for_caffe(net_param)
         return caffe_header(notes) + to_text(lowered)
     return unroll_only_header(net_param) + to_text(net_param)
-
-
-def carry_hidden(model) -> dict:
-    """Copy each exposed final state ``X_T`` into its initial state ``X_0`` (truncated BPTT).
-
-    ``model`` is a :class:`~unroll.engine.net.Net` or a
-    :class:`~unroll.train.bucketed_model.BucketedModel` (the net that ran last
-    gives the states; every net the model has built receives them). Returns
-    {initial name: state}; pass it to the next ``forward`` of a bucketed
-    model whose next chunk length has no net yet. Use between the chunks of
-    long streams, on a net expanded with ``expose_hidden=True``, with cont
-    from ``cont_from_lengths(..., continues=True)`` so the chunk carries on.
-
-    >>> import unroll, numpy as np
-    >>> net = unroll.Net(expand("rnn", steps=2, batch=1, input_dim=1, hidden=2,
-    ...                         expose_hidden=True))
-    >>> _ = net.forward(x=np.ones((2, 1, 1)), cont=np.ones((2, 1)))
-    >>> sorted(carry_hidden(net))
-    ['h_0']
-    """
-    nets = getattr(model, "nets", None)
-    source = model.active if nets is not None else model
-    if source is None:
-        raise ValueError("carry_hidden: the model has not run forward yet")
-    state = {}
-    for name in source.outputs:
-        initial = f"{name[:-2]}_0"
-        if name.endswith("_T") and initial in source.inputs:
-            state[initial] = source.blobs[name].data.copy()
-    if not state:
-        raise ValueError(
-            "carry_hidden: the net exposes no final states (no output X_T with an input X_0); "
-            "expand it with expose_hidden=True"
-        )
-    for net in nets.values() if nets is not None else [model]:
-        for initial, value in state.items():
-            if initial in net.inputs:
-                net.set_input(initial, value)
-    return state
 
 
 # Caffe's LSTM and RNN layers unroll their hidden nets with this expand; the engine may not
