@@ -35,7 +35,7 @@ from unroll.frontend.template import (
     load_template,
     merge_hyper,
 )
-from unroll.frontend.tree import DIRECTIONS, TreeLayout, level_widths
+from unroll.frontend.tree import DIRECTIONS, MAX_TREE_DEPTH, TreeLayout, level_widths
 
 __all__ = ["TREE_DIRECTIONS", "TREE_OPTIONS", "TreeRecurrence", "TreeStep", "tree",
            "tree_inputs", "tree_net", "tree_widths"]
@@ -106,6 +106,9 @@ def _directions(direction: str, widths, rows) -> list[tuple[str, str, tuple]]:
     for d, _, w in pairs:
         if not w or any(int(n) < 1 for n in w):
             raise TemplateError(f"{d}: level widths must be one or more counts >= 1, found {w!r}")
+        if len(w) > MAX_TREE_DEPTH:
+            raise TemplateError(f"{d}: {len(w)} levels; a tree layer runs at most "
+                                f"{MAX_TREE_DEPTH} (unroll.frontend.tree.MAX_TREE_DEPTH)")
         if rows is not None and sum(w) > rows:
             raise TemplateError(f"{d}: {sum(w)} level slots do not fit {rows} node rows")
     return pairs
@@ -170,19 +173,17 @@ class TreeRecurrence:
         """The index inputs and the zero rows every table starts with."""
         w, n = self.widths, self.name
         tops = {n("slot_node"): (sum(w),), n("node_slot"): (self.rows,)}
-        below = 1
         for lv, width in enumerate(w):
             if self.children == "positional":
                 tops[n(f"src_{lv}")] = (width * self.arity,)
             elif self.direction == "down":
                 tops[n(f"src_{lv}")] = (width,)
             else:
-                if self.arity is None:
-                    tops[n(f"seg_{lv}")] = (below,)
+                if self.arity is None:  # a zero row, then the level below
+                    tops[n(f"seg_{lv}")] = (1 + (w[lv - 1] if lv else 0),)
                 else:
                     tops[n(f"src_{lv}")] = (self.arity * width,)
                 tops[n(f"parent_{lv}")] = (width,)
-            below += width
         # the tables hold messages (child sums bottom-up) or states (everything else)
         tabled = self.messages if self.children == "sum" and self.direction == "up" else (
             self.states)
@@ -279,11 +280,12 @@ class TreeRecurrence:
     def inbox(self, lv: int, x: str, state_blobs: dict, msg_blobs: dict) -> dict:
         """The blobs node(s) of level ``lv`` reads as ``s.inbox``."""
         n, width = self.name, self.widths[lv]
+        # every child is in the level next to its parent's: each table holds the level
+        # before this one only (tree.levels_of), so a level costs what its nodes do
         if self.children == "positional":
             out = {}
             for k, size in self.states.items():
-                parts = state_blobs[k][lv - 1: lv] if self.direction == "down" else state_blobs[k]
-                got = self.gather(self.table(k, parts, lv), n(f"src_{lv}"),
+                got = self.gather(self.table(k, state_blobs[k][lv - 1: lv], lv), n(f"src_{lv}"),
                                   n(f"{k}_children", lv))
                 out[k] = self.reshape(got, n(f"{k}_inbox", lv), [width, self.arity * size])
             return out
@@ -298,7 +300,7 @@ class TreeRecurrence:
             return message
         out = {}
         for m, size in self.messages.items():
-            table = self.table(m, msg_blobs[m], lv)
+            table = self.table(m, msg_blobs[m][lv - 1: lv], lv)
             if self.arity is None:
                 top = n(f"{m}_inbox", lv)
                 self.add(_layer(top, "SegmentSum", [table, n(f"seg_{lv}"), x], [top]))
