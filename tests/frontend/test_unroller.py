@@ -687,7 +687,8 @@ def test_help_of_expand_lists_every_option():
                                     "unroll.frontend.builder", "unroll.frontend.render",
                                     "unroll.frontend.interface", "unroll.frontend.recurrence",
                                     "unroll.frontend.shared", "unroll.frontend.checks",
-                                    "unroll.frontend.tree_unroller",
+                                    "unroll.frontend.tree_unroller", "unroll.frontend.tree",
+                                    "unroll.frontend.tree_recurrence", "unroll.train.carry",
                                     "unroll.testing", "unroll.train.bucketing"])
 def test_every_public_helper_is_in_all(module):
     import importlib
