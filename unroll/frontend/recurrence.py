@@ -53,7 +53,7 @@ def _row_wise(lp: LayerParameter) -> bool:
 class Recurrence:
     """One direction of one recurrent layer: what it reads and writes, and how it unrolls."""
 
-    b: NetBuilder
+    builder: NetBuilder
     template: Template
     hyper: dict
     bottom: str
@@ -84,20 +84,20 @@ class Recurrence:
 
     def unroll(self) -> None:
         """Unroll: sequence macro, per-step slices, steps, outputs, final state."""
-        self.b.claim_scope(self.scope, f"{self.where()}: scope '{self.scope}' is used twice; "
+        self.builder.claim_scope(self.scope, f"{self.where()}: scope '{self.scope}' is used twice; "
                                        f"give each recurrent layer its own")
         self.module = run_module(self.template, self.hyper)
         per_step = self.input_names()
-        conts = self.b.slice_steps(self.cont, self.T)
+        conts = self.builder.slice_steps(self.cont, self.T)
         self.states = {state: shape[2] for state, shape in self.state_shapes().items()}
         if self.given_init:
             for state, blob in self.given_init.items():
-                self.b.consumed.add(blob)
-                self.b.initial_blobs.append((self.where(), state, blob))
-                self.b.declared.append((self.where(), blob, (1, self.N, self.states[state]),
+                self.builder.consumed.add(blob)
+                self.builder.initial_blobs.append((self.where(), state, blob))
+                self.builder.declared.append((self.where(), blob, (1, self.N, self.states[state]),
                                         f"initial state '{state}'"))
         else:
-            self.b.input(f"{self.scope}initial_state",
+            self.builder.input(f"{self.scope}initial_state",
                          {f"{self.scope}{s}_0": (1, self.N, size)
                           for s, size in self.states.items()})
         outputs, final, run_conts = self._steps(per_step, conts)
@@ -120,13 +120,13 @@ class Recurrence:
             require(self.template.name, seq_out, {top for lp in layers for top in lp.top},
                     lambda local, blob: (f"the sequence macro must produce s.output.{local} "
                                          f"('{blob}'), but no layer tops it"))
-            chunk = self.b.chunk
+            chunk = self.builder.chunk
             if chunk is not None and self.T > chunk and all(_row_wise(lp) for lp in layers):
                 return self._chunked_sequence(inputs, seq_out)
             for lp in layers:
-                self.b.add_layer(lp, f"{self.template.name} (sequence)")
+                self.builder.add_layer(lp, f"{self.template.name} (sequence)")
             inputs = seq_out
-        return {name: self.b.slice_steps(blob, self.T) for name, blob in inputs.items()}
+        return {name: self.builder.slice_steps(blob, self.T) for name, blob in inputs.items()}
 
     def fill_step(self, t: int, s: Step, prev: dict, state: dict, extra: dict) -> None:
         """Render step ``t`` with the names ``s`` holds, check it, and add its layers."""
@@ -145,7 +145,7 @@ class Recurrence:
                 f"interface"
             )
         for lp in layers:
-            self.b.add_layer(lp, self.where(t))
+            self.builder.add_layer(lp, self.where(t))
 
     # -- the rest -----------------------------------------------------------------------------
     def _chunked_sequence(self, inputs: dict, seq_out: dict) -> dict[str, list[str]]:
@@ -154,7 +154,7 @@ class Recurrence:
         sequence would keep T steps of its rows, and of their diffs, alive at once. The
         chunks start with the run (from step T-1 down, in reverse), as the chunks of the
         batched weight gradients do, so that recomputed segments are cut between both."""
-        T, chunk = self.T, self.b.chunk
+        T, chunk = self.T, self.builder.chunk
         starts = list(range(T, 0, -chunk)) if self.reverse else list(range(0, T, chunk))
         bounds = (sorted({max(0, e - chunk) for e in starts} | {T}) if self.reverse
                   else [*starts, T])
@@ -165,7 +165,7 @@ class Recurrence:
                                 top=[f"{self.scope}{name}_c{c}" for c in range(len(spans))])
             lp.slice_param.axis = 0
             lp.slice_param.slice_point.extend(a for a, _ in spans[1:])
-            self.b.add_layer(lp, f"layer '{lp.name}'")
+            self.builder.add_layer(lp, f"layer '{lp.name}'")
             parts[name] = list(lp.top)
         per_step = {name: [""] * T for name in inputs}
         for c, (a, b) in enumerate(spans):
@@ -189,17 +189,17 @@ class Recurrence:
         prev = {state: f"{sc}{state}_0" for state in self.states}
         init = {}  # state -> the blob every sequence starts from (learned or given)
         if self.learned_init:
-            init = {state: self.b.learned_state(sc, state) for state in self.states}
+            init = {state: self.builder.learned_state(sc, state) for state in self.states}
         elif self.given_init:
             init = dict(self.given_init)
         if init:
             prev = dict(init)
-            ones = self.b.power(conts[0], f"{self.cont}_ones", scale=0.0, shift=1.0)
+            ones = self.builder.power(conts[0], f"{self.cont}_ones", scale=0.0, shift=1.0)
         outputs = {name: [None] * self.T for name in iface["outputs"]}
         run_conts = []
         for k, t in enumerate(self.order, start=1):
             for lp in self.pending.pop(t, ()):
-                self.b.add_layer(lp, f"{self.template.name} (sequence)")
+                self.builder.add_layer(lp, f"{self.template.name} (sequence)")
             # reverse: the state entering step t comes from t+1, so it continues
             # exactly when t+1 does not start a sequence (cont[t+1] == 1)
             cont_t = conts[t + 1] if self.reverse and t + 1 < self.T else conts[t]
@@ -209,7 +209,7 @@ class Recurrence:
                 # cont * prev + (1 - cont) * init already restarted where needed, and the
                 # first step takes the initial state as it is, whatever its cont
                 if k > 1:
-                    prev = {name: self.b.mix(sc, name, prev[name], cont_t, t, init[name])
+                    prev = {name: self.builder.mix(sc, name, prev[name], cont_t, t, init[name])
                             for name in self.states}
                 cont_t = ones
             state = {name: f"{sc}{name}_{k}" for name in self.states}
@@ -225,10 +225,11 @@ class Recurrence:
 
     def _declare(self, state: dict, extra: dict, t: int) -> None:
         for name, blob in state.items():
-            self.b.declared.append((self.where(t), blob, (1, self.N, self.states[name]),
+            self.builder.declared.append((self.where(t), blob, (1, self.N, self.states[name]),
                                     f"state '{name}'"))
         for name, blob in extra.items():
-            self.b.declared.append((self.where(t), blob, (1, self.N, None), f"output '{name}'"))
+            self.builder.declared.append((self.where(t), blob, (1, self.N, None),
+                                          f"output '{name}'"))
 
     def _outputs(self, outputs: dict, run_conts: list[str]) -> list[str]:
         """Each output: all steps concatenated in time, or each sequence's last one.
@@ -238,7 +239,7 @@ class Recurrence:
         for i, (name, blobs) in enumerate(outputs.items()):
             out = self.top if i == 0 else f"{self.top}_{name}"
             if self.sequence_output:
-                self.b.concat(f"{self.scope}{name}_concat", blobs, out, axis=0)
+                self.builder.concat(f"{self.scope}{name}_concat", blobs, out, axis=0)
                 continue
             run = [blobs[t] for t in self.order]
             # in run order, the sequence starts the run (padding after it) exactly when
@@ -250,7 +251,7 @@ class Recurrence:
                 unread += [] if name in self.states else run[:-1]
             lp = LayerParameter(name=f"{self.scope}{name}_final", type=kind,
                                 bottom=states + run_conts[1:], top=[out])
-            self.b.add_layer(lp, f"layer '{lp.name}'")
+            self.builder.add_layer(lp, f"layer '{lp.name}'")
         return unread
 
     def _final_states(self, final: dict, outputs: dict, conts: list[str],
@@ -261,15 +262,15 @@ class Recurrence:
                 lp = LayerParameter(name=f"{self.scope}{state}_expose", type="Reshape",
                                     bottom=[final[state]], top=[f"{self.scope}{state}_T"])
                 lp.reshape_param.shape.dim.extend([0, 0, 0])
-                self.b.add_layer(lp, f"layer '{lp.name}'")
+                self.builder.add_layer(lp, f"layer '{lp.name}'")
         else:
             unread += [final[state] for state in self.states if state not in outputs]
-        if conts[0] not in self.b.consumed:
+        if conts[0] not in self.builder.consumed:
             # the reverse recurrence never reads cont[0]; without a reader it would dangle
             # as a net output
             unread.append(conts[0])
         if unread:
-            self.b.silence(f"{self.scope}final_state_silence", unread)
+            self.builder.silence(f"{self.scope}final_state_silence", unread)
 
 
 def _check_options(what: str, direction, align, initial_state, expose_hidden, layers) -> None:

@@ -148,9 +148,9 @@ class TreeRecurrence:
     """One direction of a tree layer, added to a NetBuilder: the sibling of
     :class:`~unroll.frontend.recurrence.Recurrence` over levels, not steps."""
 
-    def __init__(self, b: NetBuilder, template: Template, hyper: dict, bottom: str, top: str,
+    def __init__(self, builder: NetBuilder, template: Template, hyper: dict, bottom: str, top: str,
                  direction: str, scope: str, widths: tuple, rows: int, fixed_arity):
-        self.b, self.template, self.hyper = b, template, hyper
+        self.builder, self.template, self.hyper = builder, template, hyper
         self.bottom, self.top, self.direction, self.scope = bottom, top, direction, scope
         self.widths, self.rows = widths, rows
         iface = template.interface
@@ -167,7 +167,7 @@ class TreeRecurrence:
         return f"{self.scope}{local}" + ("" if level is None else f"_l{level}")
 
     def add(self, lp: LayerParameter) -> None:
-        self.b.add_layer(lp, f"{self.where}: layer '{lp.name}'")
+        self.builder.add_layer(lp, f"{self.where}: layer '{lp.name}'")
 
     def inputs(self) -> None:
         """The index inputs and the zero rows every table starts with."""
@@ -189,7 +189,7 @@ class TreeRecurrence:
             self.states)
         for m, size in tabled.items():
             tops[n(f"{m}_zero")] = (1, size)
-        self.b.input(n("tree_input"), tops)
+        self.builder.input(n("tree_input"), tops)
 
     def table(self, name: str, parts: list[str], level: int) -> str:
         """A zero row, then ``parts``, along axis 0."""
@@ -222,7 +222,7 @@ class TreeRecurrence:
                                     f"must produce {kind} '{local}' (s.{kind}.{local}, "
                                     f"'{blob}'), but no layer tops it")
         for lp in layers:
-            self.b.add_layer(lp, f"{self.template.name} ({macro}, level {s.level})")
+            self.builder.add_layer(lp, f"{self.template.name} ({macro}, level {s.level})")
 
     def expand(self) -> list[str]:
         """Add the direction's layers; returns the blobs nothing may read (to silence)."""
