@@ -75,11 +75,11 @@ def read_deprel(source, labelled: bool = True) -> list[Sentence]:
         heads, deprels = [], []
         for wl, c in words:
             line = "\t".join(c)
-            try:
-                head = int(c[6])
-            except ValueError:
+            # plain ASCII digits: int() would take '0_1', a fullwidth digit or padding
+            if not (c[6].isascii() and c[6].isdigit()):
                 raise CoNLLUError(name, wl, line, f"HEAD (column 7) must be a word number or "
-                                                  f"0, found {c[6]!r}") from None
+                                                  f"0, found {c[6]!r}")
+            head = int(c[6])
             if not 0 <= head <= len(words):
                 raise CoNLLUError(name, wl, line, f"HEAD {head} is not a word of the sentence "
                                                   f"(words 1..{len(words)}, 0 for the root)")

@@ -28,9 +28,9 @@ from unroll.core import json_files
 from unroll.core.atomic import write_atomic
 from unroll.core.errors import FileFormatError
 from unroll.core.json_files import count, finite, ratio
-from unroll.core.proto import LayerParameter
-from unroll.frontend.tree_unroller import tree_block, tree_inputs
-from unroll.frontend.unroller import NetBuilder, load_template
+from unroll.frontend.template import load_template
+from unroll.frontend.tree_unroller import tree_inputs
+from unroll.frontend.unroller import expand
 from unroll.tools.conllu import UPOS_TAGS
 from unroll.train import model_folder as folder
 from unroll.train.bucketing import BucketSampler, cont_from_lengths, time_major
@@ -42,6 +42,8 @@ __all__ = ["CONFIG_SCHEMA", "DEPREL_FILES", "LOG_SCHEMA", "MODELS", "DeprelConfi
 
 MODELS = ("tree", "baseline")
 TREE_TEMPLATE = "child_sum_tree_lstm"
+#: the net of both models, a net template placing the tree layer or the BiLSTM
+NET_TEMPLATE = str(Path(__file__).with_name("deprel.prototxt.j2"))
 #: the head's side and distance, bucketed: root, then 1, 2, 3-4, 5-8, 9+ to the left and right
 DISTANCES = 11
 IGNORE = -1
@@ -132,66 +134,20 @@ class Labeller:
 
     # -- the nets -----------------------------------------------------------------------
     def net_param(self, key, phase: str = "train"):
+        """The net of bucket ``key``: the tree model's (up widths, down widths), or the
+        baseline's (T, N). One NetParameter serves both phases (Net filters by phase)."""
         c = self.config
-        if c.model == "tree":
-            rows = max(sum(w) for w in key)
-            b = NetBuilder(1, rows)
-            shape, axis = (rows,), 1
-        else:
-            steps, n = key
-            b = NetBuilder(steps, n)
-            shape, axis = (steps, n), 2
-            rows = steps * n
-        ids = [*FEATURES, "upos", "distance"]
-        b.input("data", {**{name: shape for name in ids}, "head_row": (rows,),
-                         "label": (rows,), **({} if c.model == "tree" else {"cont": shape})})
         sizes = self.featurizer.sizes | {"upos": len(UPOS_TAGS), "distance": DISTANCES}
-        embedded = []
-        for name in ids:
-            lp = LayerParameter(name=f"emb_{name}", type="Embed", bottom=[name],
-                                top=[f"emb_{name}"])
-            lp.param.add(name=f"emb_{name}")
-            lp.embed_param.num_output = c.word_embed if name == "word" else c.feature_embed
-            lp.embed_param.input_dim = sizes[name]
-            lp.embed_param.bias_term = False
-            lp.embed_param.weight_filler.type = "uniform"
-            lp.embed_param.weight_filler.min, lp.embed_param.weight_filler.max = -0.1, 0.1
-            b.add_layer(lp, lp.name)
-            embedded.append(lp.top[0])
-        b.concat("features", embedded, "x_full", axis=axis)
-        drop = LayerParameter(name="x_drop", type="Dropout", bottom=["x_full"], top=["x"])
-        drop.dropout_param.dropout_ratio = c.dropout
-        b.add_layer(drop, "x_drop")
+        features = [[name, sizes[name]] for name in (*FEATURES, "upos", "distance")]
         if c.model == "tree":
-            tree_block(b, TREE_TEMPLATE, "x", "enc", key, rows, "bidirectional",
-                       hidden=c.hidden)
-            enc = "enc"
+            size = dict(steps=1, batch=max(sum(w) for w in key),
+                        widths=[list(w) for w in key])
         else:
-            b.recurrent("lstm", "x", "enc", "cont", direction="bidirectional", hidden=c.hidden)
-            flat = LayerParameter(name="enc_rows", type="Reshape", bottom=["enc"],
-                                  top=["enc_rows"])
-            flat.reshape_param.shape.dim.extend([-1, 2 * c.hidden])
-            b.add_layer(flat, "enc_rows")
-            enc = "enc_rows"
-        b.add_layer(LayerParameter(name="enc_head", type="BatchReindex", bottom=[enc, "head_row"],
-                                   top=["enc_head"]), "enc_head")
-        b.concat("pair", [enc, "enc_head"], "pair", axis=1)
-        for name, bottom, size in (("mlp", "pair", c.mlp), ("scores", "mlp_act",
-                                                             len(c.labels))):
-            lp = LayerParameter(name=name, type="InnerProduct", bottom=[bottom], top=[name])
-            lp.param.add(name=f"{name}_W")
-            lp.param.add(name=f"{name}_b")
-            lp.inner_product_param.num_output = size
-            lp.inner_product_param.weight_filler.type = "xavier"
-            b.add_layer(lp, name)
-            if name == "mlp":
-                b.add_layer(LayerParameter(name="mlp_act", type="TanH", bottom=["mlp"],
-                                           top=["mlp_act"]), "mlp_act")
-        loss = LayerParameter(name="loss", type="SoftmaxWithLoss", bottom=["scores", "label"],
-                              top=["loss"])
-        loss.loss_param.ignore_label = IGNORE
-        b.add_layer(loss, "loss")
-        return b.net_param(f"deprel_{c.model}")
+            size = dict(steps=key[0], batch=key[1])
+        return expand(NET_TEMPLATE, model=c.model, features=features,
+                             labels=len(c.labels), word_embed=c.word_embed,
+                             feature_embed=c.feature_embed, hidden=c.hidden, mlp=c.mlp,
+                             dropout=c.dropout, ignore_label=IGNORE, **size)
 
     # -- data -------------------------------------------------------------------------------
     def encode(self, sentences) -> list[dict]:

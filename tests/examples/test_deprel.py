@@ -91,6 +91,12 @@ BAD = {
     "no head": ("1\ta\t_\tNOUN\t_\t_\t_\troot\t_\t_\n", 2, r"HEAD \(column 7\) must be a word "
                                                          r"number or 0, found '_'"),
     "no relation": ("1\ta\t_\tNOUN\t_\t_\t0\t_\t_\t_\n", 2, r"missing DEPREL"),
+    "head 0_1": ("1\ta\t_\tNOUN\t_\t_\t0_1\troot\t_\t_\n", 2,
+              r"HEAD \(column 7\) must be a word number or 0, found '0_1'"),
+    "head fullwidth": ("1\ta\t_\tNOUN\t_\t_\t０\troot\t_\t_\n", 2,
+                    r"HEAD \(column 7\) must be a word number or 0, found '０'"),
+    "head padded": ("1\ta\t_\tNOUN\t_\t_\t 0\troot\t_\t_\n", 2,
+                 r"HEAD \(column 7\) must be a word number or 0, found ' 0'"),
     "multiword range past the end": ("1-3\tab\t_\t_\t_\t_\t_\t_\t_\t_\n1\ta\t_\tNOUN\t_\t_\t0\t"
                                      "root\t_\t_\n", 2, r"multiword range ends at word 3"),
 }
