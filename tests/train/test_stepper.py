@@ -5,14 +5,20 @@ unrolled to one step runs the weights of any T; expose_hidden makes each state a
 X_0 and an output X_T, which the stepper carries from call to call.
 """
 
+import itertools
+
 import numpy as np
 import pytest
 
 import unroll
 from unroll.core.errors import NetError
+from unroll.frontend.template import builtin_template_dir, load_template
 from unroll.train.stepper import Stepper
 
-CELLS = ["rnn", "lstm", "lstm_primitive", "gru", "gru_primitive"]
+#: every built-in cell: the step templates of the templates folder
+CELLS = sorted(name for name in (p.name.removesuffix(".prototxt.j2")
+                                 for p in builtin_template_dir().glob("*.prototxt.j2"))
+               if load_template(name).kind == "step")
 T, N, D, H = 6, 3, 4, 5
 
 
@@ -38,6 +44,30 @@ def test_stepping_equals_the_unrolled_net_from_given_states(cell, layers):
     np.testing.assert_allclose(np.concatenate([s["h"] for s in steps]), out["h"], atol=1e-12)
     for name, final in stepper.pairs.items():
         np.testing.assert_allclose(stepper.state[name], out[final], atol=1e-12)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_stepping_from_given_states_follows_the_first_step_rule_at_every_cont(cell):
+    """docs/design.md, "State from anywhere": a given state flows into the first step
+    whatever cont says there, in the net given initial_state= and in the Stepper after
+    reset(states)."""
+    states = load_template(cell).interface["states"]
+    given = {state: f"{state}_given" for state in states}
+    whole = unroll.Net(unroll.expand(cell, steps=T, batch=N, input_dim=D, hidden=H,
+                                     initial_state=given), phase="test", dtype="float64")
+    stepper = Stepper(_make(cell, 1)(1), store=whole.store, dtype="float64")
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(T, N, D))
+    initial = {state: rng.normal(size=(1, N, H)) for state in states}
+    for first in itertools.product([0.0, 1.0], repeat=N):
+        cont = np.ones((T, N))
+        cont[0] = first
+        want = whole.forward(x=x, cont=cont, **{given[s]: v for s, v in initial.items()})["h"]
+        stepper.reset({f"{s}_0": v for s, v in initial.items()})
+        got = [stepper(x=x[t:t + 1], cont=cont[t:t + 1])["h"] for t in range(T)]
+        np.testing.assert_allclose(np.concatenate(got), want, atol=1e-12,
+                                   err_msg=f"first-step cont {first}")
+    assert stepper.gated_by == {f"{s}_0": ["cont"] for s in states}
 
 
 @pytest.mark.parametrize("cell", CELLS)

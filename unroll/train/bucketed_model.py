@@ -105,12 +105,15 @@ class BucketedModel:
         """The net unrolled to ``steps``, built on first use and cached."""
         steps = int(steps)
         if steps not in self.nets:
+            # the params are filled from seed + 1 whichever T creates them (as the T = 1
+            # net always did), so ranks that build their first nets at different T agree
             net = Net(
                 self._net_param(steps), phase=self.phase, device=self.device,
-                dtype=self.dtype, seed=self._seed + steps, param_store=self.store,
+                dtype=self.dtype, seed=self._seed + 1, param_store=self.store,
                 plan_memory=self.plan_memory, max_bytes=self.max_bytes,
                 memory_budget=self.memory_budget,
             )
+            net.seed(self._seed + steps)
             self._built[steps] = {name: net.blobs[f"{name}@0"].shape for name in net.inputs}
             self._ties[steps] = _input_ties(self._net_param(steps), net)
             self.nets[steps] = net
