@@ -100,3 +100,20 @@ def test_the_repr_names_the_states_and_what_it_holds():
     assert repr(stepper) == "Stepper(net 'gru_T1', states ['h_0'], holding zeros)"
     stepper(x=np.zeros((1, N, D)), cont=np.ones((1, N)))
     assert repr(stepper).endswith("holding {'h_0': (1, 3, 5)})")
+
+
+def test_a_state_gated_by_a_computed_cont_cannot_be_given():
+    """A gate's cont computed by a layer (here 1 - cont, by a Power) is no input the
+    first-step rule may set to 1: reset(state) says so instead."""
+    net = _make("rnn", 1)(1)
+    cut = next(lp for lp in net.layer if lp.name == "cont_slice")
+    cut.bottom[0] = "cont_from_x"
+    made = unroll.core.proto.LayerParameter(name="cont_from_x", type="Power", bottom=["cont"],
+                                            top=["cont_from_x"])
+    made.power_param.scale, made.power_param.shift = -1.0, 1.0
+    net.layer.insert(1, made)
+    stepper = Stepper(net)
+    assert stepper.gated_by == {"h_0": []}
+    with pytest.raises(NetError, match=r"no input of net .* is the cont that gates state\(s\) "
+                                       r"\['h_0'\]"):
+        stepper.reset({"h_0": np.zeros((1, N, H))})

@@ -97,9 +97,10 @@ class Stepper:
         ungated = sorted(name for name, conts in self.gated_by.items() if not conts)
         if ungated:
             raise NetError(
-                f"Stepper.reset: no input of net '{self.net.name}' gates state(s) {ungated} "
-                f"(a Scale by cont, or a unit that takes cont, reading the state), so the "
-                f"given state cannot be let into the first step whatever its cont")
+                f"Stepper.reset: no input of net '{self.net.name}' is the cont that gates "
+                f"state(s) {ungated} (through Slice, Split, Reshape, Flatten or Concat into a "
+                f"Scale by cont, or a unit that takes cont), so the given state cannot be let "
+                f"into the first step whatever its cont")
         xp = self.net.xp
         self.state = {name: xp.array(value, dtype=self.net.dtype) for name, value in
                       state.items()}
@@ -156,10 +157,17 @@ def first_step_inputs(inputs: dict, gated_by: dict) -> dict:
             for name, value in inputs.items()}
 
 
+#: layers that move a cont's values without changing them: a gate's cont is traced back
+#: through these alone, so an input it is computed from (token ids, say) is never taken
+#: for a cont
+_MOVES_VALUES = frozenset({"Slice", "Split", "Reshape", "Flatten", "Concat"})
+
+
 def _gating_inputs(net_param: NetParameter, states, inputs: list) -> dict:
     """{state: the inputs its gate's cont comes from}: the layers that read a state first
     gate it (the unroller checks so), a Scale by its second bottom or a recurrent unit by
-    its last (its cont role); the cont is traced back through the layers above to inputs."""
+    its last (its cont role); the cont is traced back to inputs through layers that only
+    move values (an empty list: it comes from no input as it is)."""
     made_by = {}
     for lp in net_param.layer:
         for top in lp.top:
@@ -169,7 +177,7 @@ def _gating_inputs(net_param: NetParameter, states, inputs: list) -> dict:
         if blob in inputs:
             return {blob}
         lp = made_by.get(blob)
-        if lp is None or id(lp) in seen:
+        if lp is None or lp.type not in _MOVES_VALUES or id(lp) in seen:
             return set()
         seen.add(id(lp))
         return set().union(*(sources(b, seen) for b in lp.bottom))
