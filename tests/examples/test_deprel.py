@@ -7,8 +7,8 @@ import pytest
 
 from examples.deprel import __main__ as cli
 from examples.deprel.conll import fill_deprel, read_deprel
-from examples.deprel.train import DEV_FILE, TRAIN_FILE
 from unroll.tools.conllu import CoNLLUError
+from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
 
 WORDS = {"DET": ["the", "a"], "ADJ": ["big", "red", "old"], "NOUN": ["dog", "cat", "park",
          "man", "ball"], "VERB": ["sees", "likes", "kicks"], "ADP": ["in", "near"]}
@@ -146,7 +146,7 @@ def test_training_lowers_the_loss_and_beats_the_majority_label(trained):
     majority = majority_accuracy(read_deprel(data / TRAIN_FILE), read_deprel(data / DEV_FILE))
     best = max(e["dev_accuracy"] for e in log)
     assert best > majority + 0.3, (best, majority)
-    assert {"words_per_s", "nets_built", "padding_fraction"} <= set(log[0])
+    assert {"tokens_per_s", "nets_built", "padding_fraction"} <= set(log[0])
 
 
 @pytest.mark.slow
