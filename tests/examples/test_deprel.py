@@ -1,6 +1,7 @@
 """examples/deprel: reading trees from CoNLL-U, labelling, and training on a made-up corpus."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -89,7 +90,12 @@ BAD = {
     "several roots": ("1\ta\t_\tNOUN\t_\t_\t0\troot\t_\t_\n2\tb\t_\tNOUN\t_\t_\t0\troot\t_\t_\n",
                       2, r"not a tree: .*several roots"),
     "no head": ("1\ta\t_\tNOUN\t_\t_\t_\troot\t_\t_\n", 2, r"HEAD \(column 7\) must be a word "
-                                                         r"number or 0, found '_'"),
+                                                         r"number or 0 in ASCII digits, found '_'"),
+    # int() would read each of these as a number
+    **{f"head {head!r}": (f"1\ta\t_\tNOUN\t_\t_\t0\troot\t_\t_\n2\tb\t_\tNOUN\t_\t_\t{head}\tdep"
+                          f"\t_\t_\n", 3, rf"HEAD \(column 7\) must be a word number or 0 in "
+                                          rf"ASCII digits, found {re.escape(repr(head))}")
+       for head in ("0_1", "\uff11", " 1", "1 ", "01", "+1")},
     "no relation": ("1\ta\t_\tNOUN\t_\t_\t0\t_\t_\t_\n", 2, r"missing DEPREL"),
     "multiword range past the end": ("1-3\tab\t_\t_\t_\t_\t_\t_\t_\t_\n1\ta\t_\tNOUN\t_\t_\t0\t"
                                      "root\t_\t_\n", 2, r"multiword range ends at word 3"),
@@ -105,16 +111,20 @@ def test_bad_trees_name_the_file_and_line(tmp_path, case):
         read_deprel(path)
 
 
-def test_label_fill_keeps_every_other_byte(tmp_path):
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"], ids=["LF", "CRLF", "CR"])
+@pytest.mark.parametrize("bom", ["", "\ufeff"], ids=["", "BOM"])
+def test_label_fill_keeps_every_other_byte(tmp_path, end, bom):
     rng = np.random.default_rng(2)
-    text = _conllu([_sentence(rng) for _ in range(2)], multiword=True).replace("\n", "\r\n")
-    text = "\ufeff" + text.replace("\tdet\t", "\t_\t")
+    sentences = [_sentence(rng) for _ in range(2)]
+    text = _conllu(sentences, multiword=True).replace("\n", end)
+    text = bom + text.replace("\tdet\t", "\t_\t")
     src = tmp_path / "in.conllu"
     src.write_bytes(text.encode())
     sents = read_deprel(src, labelled=False)
+    assert [s.heads for s in sents] == [[h for _, _, h, _ in rows] for rows in sentences]
     out = tmp_path / "out.conllu"
     fill_deprel(src, [["L"] * len(s.forms) for s in sents], out)
-    got, want = out.read_bytes().split(b"\r\n"), text.encode().split(b"\r\n")
+    got, want = out.read_bytes().split(end.encode()), text.encode().split(end.encode())
     assert len(got) == len(want)
     for g, w in zip(got, want):
         gc, wc = g.split(b"\t"), w.split(b"\t")
