@@ -8,73 +8,16 @@ import pytest
 
 from examples.deprel import __main__ as cli
 from examples.deprel.conll import fill_deprel, read_deprel
+from tests.examples.trees import conllu, sentence, write_trees
 from unroll.tools.conllu import CoNLLUError
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
-
-WORDS = {"DET": ["the", "a"], "ADJ": ["big", "red", "old"], "NOUN": ["dog", "cat", "park",
-         "man", "ball"], "VERB": ["sees", "likes", "kicks"], "ADP": ["in", "near"]}
-
-
-def _sentence(rng) -> list[tuple]:
-    """(form, upos, head, deprel) rows of "DET (ADJ) NOUN VERB DET (ADJ) NOUN (ADP DET (ADJ)
-    NOUN)": subject, object and oblique are all nouns under the verb; only their side and
-    their dependents tell them apart."""
-    rows = []  # (upos, head, deprel), heads 1-based
-
-    def phrase(rel, head, case=False):
-        """Append [ADP] DET [ADJ] NOUN, the noun under ``head``; return the noun's id."""
-        first = len(rows) + 1
-        adj = bool(rng.random() < 0.5)
-        noun = first + case + 1 + adj
-        if case:
-            rows.append(("ADP", noun, "case"))
-        rows.append(("DET", noun, "det"))
-        if adj:
-            rows.append(("ADJ", noun, "amod"))
-        rows.append(("NOUN", head, rel))
-        return noun
-
-    # the verb follows the subject phrase: 3 words, or 4 with an adjective
-    verb = 3 + bool(rng.random() < 0.5)
-    rows.append(("DET", verb - 1, "det"))
-    if verb == 4:
-        rows.append(("ADJ", verb - 1, "amod"))
-    rows.append(("NOUN", verb, "nsubj"))
-    rows.append(("VERB", 0, "root"))
-    phrase("obj", verb)
-    if rng.random() < 0.5:
-        phrase("obl", verb, case=True)
-    return [(str(rng.choice(WORDS[u])), u, h, d) for u, h, d in rows]
-
-
-def _conllu(sentences, multiword=False) -> str:
-    out = []
-    for k, rows in enumerate(sentences):
-        out.append(f"# sent_id = {k + 1}\n")
-        if multiword:
-            out.append(f"1-2\t{rows[0][0]}{rows[1][0]}\t_\t_\t_\t_\t_\t_\t_\t_\n")
-        for i, (form, upos, head, rel) in enumerate(rows, start=1):
-            out.append(f"{i}\t{form}\t{form}\t{upos}\t_\t_\t{head}\t{rel}\t_\t_\n")
-        if multiword:
-            out.append(f"{len(rows)}.1\tx\t_\t_\t_\t_\t_\t_\t{len(rows)}:dep\t_\n")
-        out.append("\n")
-    return "".join(out)
-
-
-def _corpus(folder, n_train=80, n_dev=30, seed=0):
-    rng = np.random.default_rng(seed)
-    folder.mkdir(exist_ok=True)
-    (folder / TRAIN_FILE).write_text(_conllu([_sentence(rng) for _ in range(n_train)]))
-    (folder / DEV_FILE).write_text(_conllu([_sentence(rng) for _ in range(n_dev)],
-                                           multiword=True))
-    return folder
 
 
 def test_the_reader_reads_heads_and_relations_past_multiword_and_empty_node_lines(tmp_path):
     path = tmp_path / "dev.conllu"
     rng = np.random.default_rng(1)
-    sentences = [_sentence(rng) for _ in range(3)]
-    path.write_text(_conllu(sentences, multiword=True))
+    sentences = [sentence(rng) for _ in range(3)]
+    path.write_text(conllu(sentences, multiword=True))
     read = read_deprel(path)
     assert [s.heads for s in read] == [[h for _, _, h, _ in rows] for rows in sentences]
     assert [s.deprels for s in read] == [[d for _, _, _, d in rows] for rows in sentences]
@@ -115,8 +58,8 @@ def test_bad_trees_name_the_file_and_line(tmp_path, case):
 @pytest.mark.parametrize("bom", ["", "\ufeff"], ids=["", "BOM"])
 def test_label_fill_keeps_every_other_byte(tmp_path, end, bom):
     rng = np.random.default_rng(2)
-    sentences = [_sentence(rng) for _ in range(2)]
-    text = _conllu(sentences, multiword=True).replace("\n", end)
+    sentences = [sentence(rng) for _ in range(2)]
+    text = conllu(sentences, multiword=True).replace("\n", end)
     text = bom + text.replace("\tdet\t", "\t_\t")
     src = tmp_path / "in.conllu"
     src.write_bytes(text.encode())
@@ -137,7 +80,7 @@ def test_label_fill_keeps_every_other_byte(tmp_path, end, bom):
 @pytest.fixture(scope="module", params=["tree", "baseline"])
 def trained(tmp_path_factory, request):
     """A labeller of each model trained on the made-up corpus (once a module: seconds)."""
-    data = _corpus(tmp_path_factory.mktemp("corpus"))
+    data = write_trees(tmp_path_factory.mktemp("corpus"), n_train=80, n_dev=30)
     model_dir = tmp_path_factory.mktemp("runs") / request.param
     status = cli.main(["train", "--model-dir", str(model_dir), "--data", str(data),
                        "--model", request.param, "--epochs", "12", "--lr", "0.01",
@@ -184,7 +127,7 @@ def test_a_bad_input_file_is_one_line_naming_it(tmp_path, capsys):
 
 
 def test_divergence_exits_1_with_one_line(tmp_path, capsys):
-    data = _corpus(tmp_path / "data", n_train=20, n_dev=5)
+    data = write_trees(tmp_path / "data", n_train=20, n_dev=5)
     model_dir = tmp_path / "m"
     assert cli.main(["train", "--model-dir", str(model_dir), "--data", str(data),
                      "--epochs", "2", "--lr", "1e38", "--hidden", "8", "--quiet"]) == 1
