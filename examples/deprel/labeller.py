@@ -266,7 +266,11 @@ class Labeller:
         found: dict[int, list] = {}
         for batch, key in self.epoch_plan(sampler):
             inputs, where = self.inputs([encoded[i] for i in batch], key)
-            scores = self.test_model.forward(widths=key, blobs=["scores"], **inputs)["scores"]
+            # weights that grew huge (a diverging run's last epoch) overflow to inf: the
+            # accuracy says so, where NumPy's warnings would break the one-line output
+            with np.errstate(over="ignore", invalid="ignore"):
+                scores = self.test_model.forward(widths=key, blobs=["scores"],
+                                                 **inputs)["scores"]
             best = to_numpy(scores).argmax(axis=1)
             for i, rows in zip(batch, where):
                 found[i] = [self.config.labels[k] for k in best[rows]]
