@@ -2,10 +2,11 @@
 
 docs/design.md, 10. Training: the options every application shares refuse a bad value
 in one line; Ctrl-C ends a training in one line with status 130, and ``--resume`` then
-gives the uninterrupted run's files bit for bit. Each interrupt waits for an event in
-the folder (the lock taken, a temp file of an atomic write, log.json committing an
-epoch), never for a number of seconds; they come in an order drawn by a seeded generator.
-A folder killed before its first epoch is logged holds no model, and trains.
+gives the uninterrupted run's files bit for bit; a folder killed before its first epoch
+is trained again without ``--overwrite``; ``fetch`` and ``-o`` work for every one. Each
+interrupt waits for an event in the folder (the lock taken, a temp file of an atomic
+write, log.json committing an epoch), never for a number of seconds; they come in an order
+drawn by a seeded generator.
 
 8. Trust: every file prediction reads from the folder, tampered with, is refused in one
 line or changes nothing of the output; a FIFO or a device in its place is refused at once,
@@ -144,6 +145,28 @@ def test_ctrl_c_anywhere_is_one_line_130_and_resume_gives_the_uninterrupted_run(
         resumed = python(app, *train_argv(app, data, model_dir, "--resume"))
         assert resumed.returncode == 0, (event, n, resumed.stderr.decode())
         assert final_files(model_dir) == final_files(whole), (event, n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_a_folder_killed_before_its_first_epoch_is_trained_without_overwrite(app, tmp_path):
+    data, model_dir = app.corpus(tmp_path / "data"), tmp_path / "m"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get(
+        "PYTHONPATH", "")]), MPLBACKEND="Agg")
+    run = subprocess.Popen([sys.executable, *app.command(*train_argv(app, data, model_dir))],
+                           cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert wait_for("writing", 0, run, model_dir), run.communicate()[1].decode()
+        run.kill()
+        run.communicate(timeout=limit(200))
+    finally:
+        run.kill()
+    assert committed(model_dir) == 0
+    again = python(app, *train_argv(app, data, model_dir))
+    assert again.returncode == 0, again.stderr.decode()
+    whole = tmp_path / "whole"
+    assert python(app, *train_argv(app, data, whole)).returncode == 0
+    assert final_files(model_dir) == final_files(whole)
 
 
 @pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
@@ -332,43 +355,3 @@ def test_cr_crlf_and_a_bom_are_read_and_written_back_as_they_came(app, end, tmp_
                                capsys)
     assert status == 0, err
     assert out.read_bytes() == ENDS[end](lf.encode())
-
-
-# -- SIGKILL before the first epoch --------------------------------------------------------
-
-def wait_before_first_epoch(event: str, app, run: subprocess.Popen, model_dir: Path) -> bool:
-    """Poll until ``event`` with no epoch logged: "locked" (the trainer holds the folder) or
-    "created" (the application's own files are written; the first epoch runs); False if
-    the run ended first."""
-    started = time.monotonic()
-    while run.poll() is None:
-        assert time.monotonic() - started < limit(200), f"no {event!r} event"
-        assert committed(model_dir) == 0, f"an epoch was logged before {event!r}"
-        if holds_lock(model_dir, run.pid) and (event == "locked" or all(
-                (model_dir / name).exists() for name in app.files)):
-            return True
-        time.sleep(0.001)
-    return False
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("event", ["locked", "created"])
-@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
-def test_a_folder_killed_before_its_first_epoch_can_be_trained(app, event, tmp_path):
-    data = app.corpus(tmp_path / "data")
-    model_dir = tmp_path / "m"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get(
-        "PYTHONPATH", "")]), MPLBACKEND="Agg")
-    run = subprocess.Popen([sys.executable, *app.command(*train_argv(app, data, model_dir))],
-                           cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
-    try:
-        assert wait_before_first_epoch(event, app, run, model_dir), "the run ended first"
-        run.send_signal(signal.SIGKILL)
-        run.wait(timeout=limit(200))
-    finally:
-        run.kill()
-    assert committed(model_dir) == 0
-    again = python(app, *train_argv(app, data, model_dir, "--epochs", "1"))
-    assert again.returncode == 0, again.stderr.decode()
-    assert committed(model_dir) == 1
