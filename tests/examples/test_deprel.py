@@ -134,3 +134,34 @@ def test_divergence_exits_1_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert "training diverged at epoch " in err and "loss nan" in err and "Lower --lr" in err
+
+
+@pytest.mark.parametrize("model", ["tree", "baseline"])
+def test_ranks_share_every_epoch_in_equal_disjoint_parts(tmp_path, model):
+    from examples.deprel.labeller import DeprelConfig, Labeller
+    from examples.deprel.train import RankShare
+    from examples.pos_tagging.features import Featurizer
+
+    sents = read_deprel(write_trees(tmp_path, n_train=40, n_dev=1) / TRAIN_FILE)
+    labels = sorted({d for s in sents for d in s.deprels})
+    labeller = Labeller(Featurizer.build([s.forms for s in sents]),
+                        DeprelConfig(model=model, labels=labels, batch=4, hidden=4))
+    sampler = labeller.sampler(labeller.encode(sents), seed=3)
+    whole = RankShare(labeller, sampler).epoch_batches(1)
+    shares = [RankShare(labeller, sampler, rank, 3).epoch_batches(1) for rank in range(3)]
+    assert len({len(share) for share in shares}) == 1 and len(shares[0]) == len(whole) // 3
+    dealt = [b for k in range(len(shares[0])) for b in (s[k] for s in shares)]
+    assert dealt == whole[:len(dealt)]  # each batch with the key of its net
+
+
+def test_resume_with_another_model_names_it_in_one_line(tmp_path, capsys):
+    data = write_trees(tmp_path / "data", n_train=12, n_dev=4)
+    argv = ["train", "--model-dir", str(tmp_path / "m"), "--data", str(data), "--hidden",
+            "8", "--quiet"]
+    assert cli.main([*argv, "--epochs", "1"]) == 0
+    capsys.readouterr()
+    assert cli.main([*argv, "--epochs", "2", "--resume", "--model", "baseline"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "model 'baseline' (the folder has 'tree')" in err, err
+    assert cli.main([*argv, "--epochs", "2", "--resume"]) == 0
+    assert len(json.loads((tmp_path / "m" / "log.json").read_text())) == 2
