@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     model, data = app_cli.model_options("runs/deprel"), app_cli.data_options()
     t = sub.add_parser("train", parents=[model, data, app_cli.training_options(
         TrainOptions.epochs)], help="train a labeller on EWT train, tune on dev")
-    t.add_argument("--lr", type=float, default=TrainOptions.lr,
+    t.add_argument("--lr", type=app_cli.positive_number, default=TrainOptions.lr,
                    help=f"Adam learning rate (default {TrainOptions.lr:g})")
     d = DeprelConfig()
     sizes = t.add_argument_group("model (with --resume: only to check the folder's)")

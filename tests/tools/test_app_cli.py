@@ -141,3 +141,9 @@ def test_minutes_refuses(text):
 
 def test_minutes_takes_zero_and_fractions():
     assert app_cli.minutes("0") == 0 and math.isclose(app_cli.minutes("0.25"), 0.25)
+
+
+@pytest.mark.parametrize("text", ["0", "-1e-3", "nan", "inf", "x", ""])
+def test_positive_number_refuses(text):
+    with pytest.raises(app_cli.argparse.ArgumentTypeError, match="a finite number > 0"):
+        app_cli.positive_number(text)

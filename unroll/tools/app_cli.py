@@ -46,8 +46,8 @@ from unroll.train.model_folder import ModelFolderError
 from unroll.train.trainer import TrainingDiverged
 
 __all__ = ["OneLineParser", "add_fetch", "app_parser", "data_options", "minutes", "model_options",
-           "non_negative_int", "output_options", "positive_int", "report_training", "run", "seed",
-           "training_options"]
+           "non_negative_int", "output_options", "positive_int", "positive_number",
+           "report_training", "run", "seed", "training_options"]
 
 #: exit status of a command stopped by Ctrl-C (128 + SIGINT, what a shell reports)
 INTERRUPTED = 130
@@ -110,6 +110,21 @@ def minutes(text: str) -> float:
         value = math.nan
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"expected a number of minutes >= 0, found {text!r}")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number > 0 (a learning rate, say).
+
+    >>> positive_number("2e-3")
+    0.002
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, found {text!r}")
     return value
 
 
