@@ -165,3 +165,15 @@ def test_resume_with_another_model_names_it_in_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "model 'baseline' (the folder has 'tree')" in err, err
     assert cli.main([*argv, "--epochs", "2", "--resume"]) == 0
     assert len(json.loads((tmp_path / "m" / "log.json").read_text())) == 2
+
+
+@pytest.mark.parametrize("lr", ["0", "-1", "nan"])
+def test_a_bad_learning_rate_is_refused_before_the_folder_is_made(tmp_path, lr, capsys):
+    data = write_trees(tmp_path / "data", n_train=4, n_dev=2)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["train", "--model-dir", str(tmp_path / "m"), "--data", str(data),
+                  f"--lr={lr}"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "argument --lr: expected a finite number > 0" in err
+    assert not (tmp_path / "m").exists()
