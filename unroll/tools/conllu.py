@@ -191,11 +191,10 @@ def parse_head(text: str) -> int:
     (12, 0)
     >>> parse_head(" 1")
     Traceback (most recent call last):
-    ValueError: HEAD (column 7) must be a word number or 0 in ASCII digits, found ' 1'
+    ValueError: HEAD (column 7) must be a word number or 0, found ' 1'
     """
     if not _HEAD.fullmatch(text):
-        raise ValueError(f"HEAD (column 7) must be a word number or 0 in ASCII digits, found "
-                         f"{_shown(text)}")
+        raise ValueError(f"HEAD (column 7) must be a word number or 0, found {_shown(text)}")
     return int(text)
 
 
