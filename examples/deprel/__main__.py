@@ -47,28 +47,16 @@ def _train(args) -> int:
     return 0
 
 
-def _read(path: Path, labelled: bool):
-    from examples.deprel.conll import read_deprel
-    from unroll.core.errors import FileFormatError
-
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder; expected a CoNLL-U file")
-    sentences = read_deprel(path, labelled=labelled)
-    if not sentences:
-        raise FileFormatError(path, "holds no sentences")
-    return sentences
-
-
 def _evaluate(args) -> int:
     from examples.deprel.labeller import Labeller
-    from examples.deprel.train import accuracy
+    from examples.deprel.train import accuracy, read_trees
     from unroll.tools.cli import CommandError
     from unroll.tools.ewt import fetched_data_dir, split_file
 
     if args.conllu is not None and args.split is not None:
         raise CommandError("give either --conllu FILE or --split dev|test, not both")
     path = args.conllu or split_file(fetched_data_dir(args.data), args.split or "dev")
-    sentences = _read(path, labelled=True)
+    sentences = read_trees(path)
     labeller = Labeller.load(args.model_dir, args.checkpoint, device=args.device)
     score = accuracy([s.deprels for s in sentences],
                      labeller.predict(labeller.encode(sentences)))
@@ -80,8 +68,9 @@ def _evaluate(args) -> int:
 def _label(args) -> int:
     from examples.deprel.conll import fill_deprel
     from examples.deprel.labeller import Labeller
+    from examples.deprel.train import read_trees
 
-    sentences = _read(args.conllu, labelled=False)
+    sentences = read_trees(args.conllu, labelled=False)
     labeller = Labeller.load(args.model_dir, args.checkpoint, device=args.device)
     labels = labeller.predict(labeller.encode(sentences))
     fill_deprel(args.conllu, labels, args.output or "-")  # every byte but column 8 as it came

@@ -73,14 +73,15 @@ def majority_accuracy(train_sents, dev_sents) -> float:
     return accuracy([s.deprels for s in dev_sents], [[top] * len(s.deprels) for s in dev_sents])
 
 
-def read_trees(data: Path, name: str, limit: int | None = None):
-    """The labelled sentences of ``data/name`` (the first ``limit`` if given), which must
-    hold some."""
-    path = Path(data) / name
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: pass --data DIR, a folder with UD "
-                                f"English EWT's {TRAIN_FILE} and {DEV_FILE}")
-    sentences = read_deprel(path)
+def read_trees(path: Path, limit: int | None = None, labelled: bool = True):
+    """The sentences of the CoNLL-U file ``path`` (the first ``limit`` if given), which must
+    hold some; ``labelled=False``: column 8 may hold anything (a file to label)."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; expected a CoNLL-U file")
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    sentences = read_deprel(path, labelled=labelled)
     if not sentences:
         raise FileFormatError(path, "holds no sentences")
     return sentences[:limit] if limit else sentences
@@ -99,8 +100,8 @@ class DeprelTraining:
         self.opts = opts
 
     def read_data(self) -> None:
-        self.train_sents = read_trees(self.opts.data, TRAIN_FILE, self.opts.limit)
-        self.dev_sents = read_trees(self.opts.data, DEV_FILE, self.opts.limit)
+        self.train_sents = read_trees(Path(self.opts.data) / TRAIN_FILE, self.opts.limit)
+        self.dev_sents = read_trees(Path(self.opts.data) / DEV_FILE, self.opts.limit)
 
     def create(self, model_dir: Path) -> None:
         labels = sorted({d for s in self.train_sents for d in s.deprels})
