@@ -1,14 +1,23 @@
 """examples/deprel: reading trees from CoNLL-U, labelling, and training on a made-up corpus."""
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from examples.deprel import __main__ as cli
 from examples.deprel.conll import fill_deprel, read_deprel
+from examples.deprel.labeller import DeprelConfig, Labeller
+from examples.deprel.train import RankShare
+from examples.pos_tagging.features import Featurizer
 from tests.examples.trees import conllu, sentence, write_trees
+from tests.hang import limit
 from unroll.tools.conllu import CoNLLUError
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
 
@@ -138,10 +147,6 @@ def test_divergence_exits_1_with_one_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("model", ["tree", "baseline"])
 def test_ranks_share_every_epoch_in_equal_disjoint_parts(tmp_path, model):
-    from examples.deprel.labeller import DeprelConfig, Labeller
-    from examples.deprel.train import RankShare
-    from examples.pos_tagging.features import Featurizer
-
     sents = read_deprel(write_trees(tmp_path, n_train=40, n_dev=1) / TRAIN_FILE)
     labels = sorted({d for s in sents for d in s.deprels})
     labeller = Labeller(Featurizer.build([s.forms for s in sents]),
@@ -177,3 +182,44 @@ def test_a_bad_learning_rate_is_refused_before_the_folder_is_made(tmp_path, lr, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "argument --lr: expected a finite number > 0" in err
     assert not (tmp_path / "m").exists()
+
+
+def _mpiexec() -> str | None:
+    """mpiexec beside this Python (the mpich wheel's), else on PATH, where mpi4py is too."""
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    return shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which(
+        "mpiexec")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_mpiexec() is None, reason="needs mpi4py and mpiexec: pip install -e '.[mpi]'")
+def test_two_ranks_share_the_batches_and_resume_exactly(tmp_path):
+    data = write_trees(tmp_path / "data", n_train=40, n_dev=8)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg")
+
+    def ranks(model_dir, epochs, *extra):
+        run = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-m", "examples.deprel",
+                              "train", "--model-dir", str(model_dir), "--data", str(data),
+                              "--hidden", "8", "--epochs", str(epochs), "--quiet", *extra],
+                             env=env, capture_output=True, text=True, timeout=limit(300))
+        assert run.returncode == 0, run.stderr
+
+    ranks(tmp_path / "whole", 3)
+    ranks(tmp_path / "resumed", 1)
+    ranks(tmp_path / "resumed", 3, "--resume")
+    whole, resumed = (json.loads((tmp_path / m / "log.json").read_text())
+                      for m in ("whole", "resumed"))
+    times = ("seconds", "tokens_per_s")
+    assert [{k: v for k, v in e.items() if k not in times} for e in resumed] == [
+        {k: v for k, v in e.items() if k not in times} for e in whole]
+    assert ((tmp_path / "whole" / "last.caffemodel").read_bytes()
+            == (tmp_path / "resumed" / "last.caffemodel").read_bytes())
+    sents = read_deprel(data / TRAIN_FILE)
+    labeller = Labeller(Featurizer.build([s.forms for s in sents]),
+                        DeprelConfig(labels=sorted({d for s in sents for d in s.deprels})))
+    steps = len(labeller.sampler(labeller.encode(sents))) // 2
+    assert [e["iter"] for e in whole] == [steps, 2 * steps, 3 * steps]  # each rank half
