@@ -147,3 +147,14 @@ def test_minutes_takes_zero_and_fractions():
 def test_positive_number_refuses(text):
     with pytest.raises(app_cli.argparse.ArgumentTypeError, match="a finite number > 0"):
         app_cli.positive_number(text)
+
+
+def test_device_gpu_without_one_is_refused_where_it_is_parsed(monkeypatch):
+    from unroll.engine import backend
+
+    monkeypatch.setattr(backend, "GPU_AVAILABLE", False)
+    with pytest.raises(app_cli.argparse.ArgumentTypeError, match="needs CuPy and a CUDA"):
+        app_cli.device("gpu")
+    with pytest.raises(app_cli.argparse.ArgumentTypeError, match="expected cpu or gpu"):
+        app_cli.device("tpu")
+    assert app_cli.device("cpu") == "cpu"
