@@ -13,8 +13,10 @@ import pytest
 from examples.lemmatize import __main__ as cli
 from examples.lemmatize.conll import fill_lemmas, read_lemmas
 from examples.lemmatize.decode import beam_search, greedy
-from examples.lemmatize.model import Lemmatizer, LemmatizerConfig, StepDecoder
-from examples.lemmatize.train import DEV_FILE, TRAIN_FILE, TrainOptions, scores, train, words_of
+from examples.lemmatize.model import LEMMATIZER_FILES, Lemmatizer, LemmatizerConfig, StepDecoder
+from examples.lemmatize.train import TrainOptions, scores, train, words_of
+from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
+from unroll.train import model_folder as folder
 
 EOS, BOS, VOCAB = 0, 3, 4
 
@@ -128,9 +130,9 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("lemma")
     data = _corpus(root / "data")
     model_dir = root / "model"
-    log = train(TrainOptions(model_dir=model_dir, data=data, epochs=60, lr=1e-2, hidden=32,
-                             embed=16, dropout=0.2, batch=16, max_minutes=None, quiet=True))
-    return data, model_dir, log
+    train(TrainOptions(model_dir=model_dir, data=data, epochs=60, lr=1e-2, quiet=True,
+                       sizes={"hidden": 32, "embed": 16, "dropout": 0.2, "batch": 16}))
+    return data, model_dir, folder.read_log(model_dir, LEMMATIZER_FILES)
 
 
 def test_the_reader_reads_lemmas_past_multiword_and_empty_node_lines(tmp_path):
@@ -224,7 +226,8 @@ def test_a_folder_with_a_model_is_refused_and_a_damaged_weight_file_is_an_error(
     kept = best.read_bytes()
     try:
         best.write_bytes(kept[:-1] + bytes([kept[-1] ^ 1]))
-        assert cli.main(["evaluate", "--model-dir", str(model_dir), "--data", str(data)]) == 2
+        assert cli.main(["evaluate", "--model-dir", str(model_dir), "--data", str(data),
+                         "--split", "dev"]) == 2
         assert "checksum" in capsys.readouterr().err
     finally:
         best.write_bytes(kept)
