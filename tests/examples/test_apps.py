@@ -11,9 +11,12 @@ import importlib
 import json
 import os
 import random
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,7 +24,7 @@ import pytest
 
 from tests.cli_helpers import one_line_error
 from tests.examples.apps import APPS
-from tests.hang import limit
+from tests.hang import at_once, limit
 from unroll.train import model_folder as folder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,3 +168,185 @@ def test_o_writes_what_standard_output_gets(app, tmp_path, capsys):
         out = tmp_path / f"{command[0]}.out"
         assert main([*argv, "-o", str(out)]) == 0
         assert capsys.readouterr().out == "" and out.read_bytes() == printed and printed
+
+
+# -- a trained folder of every application, and what its commands make of it ------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """``trained(app)``: (corpus, folder) of the application trained one epoch, made once per
+    module; never changed: copy it (:func:`copied`)."""
+    made = {}
+
+    def get(app):
+        if app.name not in made:
+            root = tmp_path_factory.mktemp(app.name)
+            data = app.corpus(root / "data")
+            main = importlib.import_module(f"{app.module}.__main__").main
+            assert main([*train_argv(app, data, root / "m"), "--epochs", "1"]) == 0
+            made[app.name] = data, root / "m"
+        return made[app.name]
+
+    return get
+
+
+def copied(trained, app, tmp_path) -> tuple[Path, Path]:
+    data, model_dir = trained(app)
+    shutil.copytree(model_dir, tmp_path / "m")
+    return data, tmp_path / "m"
+
+
+def predict_argv(app, data: Path, model_dir: Path, source: Path | None = None) -> list[str]:
+    """The application's prediction command on ``source`` (default: the corpus' dev split)."""
+    from unroll.tools.ewt import DEV_FILE
+
+    source = source or data / DEV_FILE
+    return [a.replace("{input}", str(source)) for a in app.predict] + [
+        "--model-dir", str(model_dir)]
+
+
+def predicted(app, argv, capsys) -> bytes:
+    """What the command ``argv`` writes to standard output (it must succeed)."""
+    main = importlib.import_module(f"{app.module}.__main__").main
+    capsys.readouterr()
+    assert at_once(main, argv) == 0, capsys.readouterr().err
+    return capsys.readouterr().out.encode()
+
+
+def reads(app) -> list[str]:
+    """The folder files the prediction command reads."""
+    return [folder.LOG, *app.files, "best.caffemodel"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_a_tampered_folder_file_is_refused_in_one_line_or_changes_nothing(app, trained,
+                                                                        tmp_path, capsys):
+    """Every file of the folder, one bit of it flipped: the prediction is either refused in
+    one line (status 2) or what it was (a file it does not read, or a field that does not
+    change it)."""
+    data, model_dir = copied(trained, app, tmp_path)
+    main = importlib.import_module(f"{app.module}.__main__").main
+    argv = predict_argv(app, data, model_dir)
+    expected = predicted(app, argv, capsys)
+    names = sorted(p.name for p in model_dir.iterdir() if p.name != folder.LOCK)
+    assert set(reads(app)) <= set(names)
+    for name in names:
+        kept = (model_dir / name).read_bytes()
+        flipped = bytearray(kept)
+        flipped[len(kept) // 2] ^= 1
+        (model_dir / name).write_bytes(bytes(flipped))
+        status = at_once(main, argv)
+        if status == 0:
+            assert capsys.readouterr().out.encode() == expected, name
+        else:
+            assert status == 2, name
+            one_line_error(capsys, f"python -m {app.module} {app.predict[0]}: error: ")
+        (model_dir / name).write_bytes(kept)
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _device(path: Path) -> None:
+    os.symlink("/dev/null", path)
+
+
+def _zeros(path: Path) -> None:
+    os.symlink("/dev/zero", path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+@pytest.mark.parametrize("make", [_fifo, _device, _zeros], ids=["fifo", "null", "zero"])
+def test_a_fifo_or_device_in_place_of_a_folder_file_is_refused_at_once(app, make, trained,
+                                                                      tmp_path, capsys):
+    """A FIFO, a link to /dev/null or one to /dev/zero in place of each file the prediction
+    reads: refused at once (it neither blocks nor reads without end), naming the file."""
+    data, model_dir = copied(trained, app, tmp_path)
+    main = importlib.import_module(f"{app.module}.__main__").main
+    for name in reads(app):
+        kept = (model_dir / name).read_bytes()
+        (model_dir / name).unlink()
+        make(model_dir / name)
+        assert at_once(main, predict_argv(app, data, model_dir)) == 2, name
+        one_line_error(capsys, name)
+        (model_dir / name).unlink()
+        (model_dir / name).write_bytes(kept)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_o_is_written_through_a_device_a_symlink_and_a_fifo(app, trained, tmp_path, capsys):
+    """``-o`` as the shell's ``>`` would: /dev/null stays the device, a symlink stays a link
+    and its file gets the output, a FIFO's reader gets it."""
+    data, model_dir = copied(trained, app, tmp_path)
+    argv = predict_argv(app, data, model_dir)
+    expected = predicted(app, argv, capsys)
+    assert predicted(app, [*argv, "-o", os.devnull], capsys) == b""
+    assert Path(os.devnull).is_char_device()
+    target, link = tmp_path / "target", tmp_path / "link"
+    target.write_bytes(b"old")
+    link.symlink_to(target)
+    assert predicted(app, [*argv, "-o", str(link)], capsys) == b""
+    assert link.is_symlink() and target.read_bytes() == expected
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert predicted(app, [*argv, "-o", str(fifo)], capsys) == b""
+    reader.join(limit(20))
+    assert got == [expected] and stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+#: the line ends and BOM a CoNLL-U file may come with, as a change of an LF file without one
+LINE_ENDS = {"CRLF": lambda b: b.replace(b"\n", b"\r\n"), "CR": lambda b: b.replace(b"\n", b"\r"),
+             "BOM": lambda b: b"\xef\xbb\xbf" + b,
+             "BOM CRLF": lambda b: b"\xef\xbb\xbf" + b.replace(b"\n", b"\r\n")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("app", [a for a in APPS if "{input}" in a.predict],
+                         ids=lambda a: a.name)
+@pytest.mark.parametrize("ends", LINE_ENDS)
+def test_cr_crlf_and_bom_input_is_read_and_written_back_as_it_came(app, ends, trained,
+                                                                   tmp_path, capsys):
+    """The prediction of a file with other line ends or a BOM is the prediction of its LF
+    twin, with those line ends and BOM."""
+    from unroll.tools.ewt import DEV_FILE
+
+    data, model_dir = copied(trained, app, tmp_path)
+    lf = predicted(app, predict_argv(app, data, model_dir), capsys)
+    source = tmp_path / "input.conllu"
+    source.write_bytes(LINE_ENDS[ends]((data / DEV_FILE).read_bytes()))
+    assert predicted(app, predict_argv(app, data, model_dir, source), capsys) == \
+        LINE_ENDS[ends](lf)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs POSIX SIGKILL")
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+@pytest.mark.parametrize("event", [("locked", 0), ("writing", 0)], ids=["locked", "writing"])
+def test_a_folder_killed_before_its_first_epoch_can_be_trained(app, event, tmp_path):
+    """SIGKILL as soon as the trainer holds the folder, or while it writes the application's
+    own files: the folder holds no model, so a plain ``train`` (no --resume, no --overwrite)
+    trains it."""
+    data = app.corpus(tmp_path / "data")
+    model_dir = tmp_path / "m"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get(
+        "PYTHONPATH", "")]), MPLBACKEND="Agg")
+    run = subprocess.Popen([sys.executable, *app.command(*train_argv(app, data, model_dir))],
+                           cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(*event, run, model_dir), "the run ended before the event"
+        run.send_signal(signal.SIGKILL)
+        run.wait(timeout=limit(200))
+    finally:
+        run.kill()
+    assert committed(model_dir) == 0
+    again = python(app, *train_argv(app, data, model_dir, "--epochs", "1"))
+    assert again.returncode == 0, again.stderr.decode()
+    assert committed(model_dir) == 1

@@ -115,10 +115,11 @@ def _conllu(sentences, extras=False) -> str:
     return "".join(out)
 
 
-def _corpus(folder, seed=0):
+def write_lemma_corpus(folder, seed=0, n_train=TRAIN_SENTENCES):
+    """An EWT-like train and dev split of made-up regular inflections in ``folder``."""
     rng = np.random.default_rng(seed)
-    folder.mkdir(exist_ok=True)
-    train_sents = [[_word(rng) for _ in range(5)] for _ in range(TRAIN_SENTENCES)]
+    folder.mkdir(parents=True, exist_ok=True)
+    train_sents = [[_word(rng) for _ in range(5)] for _ in range(n_train)]
     dev_sents = [[_word(rng) for _ in range(5)] for _ in range(20)]
     (folder / TRAIN_FILE).write_text(_conllu(train_sents))
     (folder / DEV_FILE).write_text(_conllu(dev_sents, extras=True))
@@ -128,7 +129,7 @@ def _corpus(folder, seed=0):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("lemma")
-    data = _corpus(root / "data")
+    data = write_lemma_corpus(root / "data")
     model_dir = root / "model"
     train(TrainOptions(model_dir=model_dir, data=data, epochs=60, lr=1e-2, quiet=True,
                        sizes={"hidden": 32, "embed": 16, "dropout": 0.2, "batch": 16}))
@@ -241,7 +242,7 @@ def test_the_config_is_schema_checked(tmp_path):
 
 
 def test_divergence_exits_1_with_one_line(tmp_path, capsys):
-    data = _corpus(tmp_path / "data")
+    data = write_lemma_corpus(tmp_path / "data")
     model_dir = tmp_path / "m"
     assert cli.main(["train", "--model-dir", str(model_dir), "--data", str(data),
                      "--epochs", "2", "--lr", "1e38", "--hidden", "8", "--embed", "4",

@@ -19,7 +19,7 @@ from examples.lemmatize.train import TrainOptions, train
 from examples.pos_tagging.__main__ import main as tagger_main
 from tests.cli_helpers import one_line_error
 from tests.examples.conftest import TINY_ARGS
-from tests.examples.test_lemmatize import _corpus
+from tests.examples.test_lemmatize import write_lemma_corpus
 from unroll.train import model_folder as folder
 
 pytestmark = pytest.mark.slow
@@ -60,7 +60,7 @@ def trained(tmp_path_factory):
     """(corpus, folder, the first epoch's last.caffemodel) of a tiny lemmatizer trained two
     epochs: never changed, copy it."""
     root = tmp_path_factory.mktemp("lemma_folder")
-    data = _corpus(root / "data")
+    data = write_lemma_corpus(root / "data")
     fresh(data, root / "m", 1)
     first = (root / "m" / "last.caffemodel").read_bytes()
     assert resume(data, root / "m", epochs=2) == 0
@@ -76,7 +76,7 @@ def model(trained, tmp_path):
 def test_resume_trains_what_an_uninterrupted_run_trains_bit_for_bit(tmp_path, capsys):
     """With dropout, shuffles and the Adam history to carry over, and the best epoch an
     earlier one than the last; the resumed leg takes its sizes from the folder."""
-    data = _corpus(tmp_path / "data")
+    data = write_lemma_corpus(tmp_path / "data")
     fresh(data, tmp_path / "straight", 4)
     fresh(data, tmp_path / "split", 2)
     assert resume(data, tmp_path / "split", epochs=4) == 0
