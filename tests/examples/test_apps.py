@@ -196,156 +196,159 @@ def test_o_writes_what_standard_output_gets(app, tmp_path, capsys):
         assert capsys.readouterr().out == "" and out.read_bytes() == printed and printed
 
 
-# -- a trained folder of every application, and what its commands make of it ------------------
+# -- a trained folder, damaged: its commands refuse in one line or are unchanged ---------
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """``trained(app)``: (corpus, folder) of the application trained one epoch, made once per
-    module; never changed: copy it (:func:`copied`)."""
-    made = {}
-
-    def get(app):
-        if app.name not in made:
-            root = tmp_path_factory.mktemp(app.name)
-            data = app.corpus(root / "data")
-            main = importlib.import_module(f"{app.module}.__main__").main
-            assert main([*train_argv(app, data, root / "m"), "--epochs", "1"]) == 0
-            made[app.name] = data, root / "m"
-        return made[app.name]
-
-    return get
+@pytest.fixture(scope="module", params=APPS, ids=lambda a: a.name)
+def trained(request, tmp_path_factory):
+    """(application, its corpus, a tiny folder trained two epochs, one trained from another
+    seed): never changed, copy them."""
+    app = request.param
+    root = tmp_path_factory.mktemp(app.name)
+    data = app.corpus(root / "data")
+    main = importlib.import_module(f"{app.module}.__main__").main
+    for name, seed in (("m", "0"), ("other", "1")):
+        status = main([*train_argv(app, data, root / name), "--epochs", "2", "--seed", seed])
+        assert status == 0
+    return app, data, root / "m", root / "other"
 
 
-def copied(trained, app, tmp_path) -> tuple[Path, Path]:
-    data, model_dir = trained(app)
-    shutil.copytree(model_dir, tmp_path / "m")
-    return data, tmp_path / "m"
-
-
-def predict_argv(app, data: Path, model_dir: Path, source: Path | None = None) -> list[str]:
-    """The application's prediction command on ``source`` (default: the corpus' dev split)."""
+def predict_argv(app, data: Path, model_dir: Path, *extra: str) -> list[str]:
+    """The application's prediction command on the corpus' dev split (see apps.py)."""
     from unroll.tools.ewt import DEV_FILE
 
-    source = source or data / DEV_FILE
-    return [a.replace("{input}", str(source)) for a in app.predict] + [
-        "--model-dir", str(model_dir)]
+    return [*(a.replace("{input}", str(data / DEV_FILE)) for a in app.predict),
+            "--model-dir", str(model_dir), *extra]
 
 
-def predicted(app, argv, capsys) -> bytes:
-    """What the command ``argv`` writes to standard output (it must succeed)."""
+def predicted(app, argv: list[str], capsys) -> tuple[int, str, str]:
+    """(status, standard output, standard error) of a command run in this process, which
+    must not block (a FIFO opened for reading would)."""
     main = importlib.import_module(f"{app.module}.__main__").main
     capsys.readouterr()
-    assert at_once(main, argv) == 0, capsys.readouterr().err
-    return capsys.readouterr().out.encode()
+    status = at_once(main, argv, units=60)
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
-def reads(app) -> list[str]:
-    """The folder files the prediction command reads."""
-    return [folder.LOG, *app.files, "best.caffemodel"]
+def read_files(app) -> list[str]:
+    """What prediction reads from the folder: the application's files, the log, the weights."""
+    return [*app.files, folder.LOG, "best.caffemodel"]
+
+
+def _reversed_lists(value):
+    if isinstance(value, list):
+        return [_reversed_lists(v) for v in reversed(value)]
+    if isinstance(value, dict):
+        return {k: _reversed_lists(v) for k, v in value.items()}
+    return value
+
+
+#: how a file is tampered with: (its path, the folder trained from another seed)
+TAMPERINGS = {
+    "lists reversed": lambda path, other: path.write_text(json.dumps(_reversed_lists(
+        json.loads(path.read_text())))) if path.suffix == ".json" else None,
+    "a bit flipped": lambda path, other: path.write_bytes(
+        (lambda b: b[:len(b) // 2] + bytes([b[len(b) // 2] ^ 1]) + b[len(b) // 2 + 1:])(
+            path.read_bytes())),
+    "cut in half": lambda path, other: path.write_bytes(path.read_bytes()[
+        :len(path.read_bytes()) // 2]),
+    "another training's": lambda path, other: path.write_bytes((other / path.name).read_bytes()),
+    "nested 100,000 deep": lambda path, other: path.write_bytes(b"[" * 100_000 + b"]" * 100_000),
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
-def test_a_tampered_folder_file_is_refused_in_one_line_or_changes_nothing(app, trained,
-                                                                        tmp_path, capsys):
-    """Every file of the folder, one bit of it flipped: the prediction is either refused in
-    one line (status 2) or what it was (a file it does not read, or a field that does not
-    change it)."""
-    data, model_dir = copied(trained, app, tmp_path)
-    main = importlib.import_module(f"{app.module}.__main__").main
-    argv = predict_argv(app, data, model_dir)
-    expected = predicted(app, argv, capsys)
-    names = sorted(p.name for p in model_dir.iterdir() if p.name != folder.LOCK)
-    assert set(reads(app)) <= set(names)
-    for name in names:
-        kept = (model_dir / name).read_bytes()
-        flipped = bytearray(kept)
-        flipped[len(kept) // 2] ^= 1
-        (model_dir / name).write_bytes(bytes(flipped))
-        status = at_once(main, argv)
-        if status == 0:
-            assert capsys.readouterr().out.encode() == expected, name
+@pytest.mark.parametrize("tampering", sorted(TAMPERINGS))
+def test_a_tampered_folder_file_is_refused_in_one_line_or_changes_nothing(trained, tampering,
+                                                                          tmp_path, capsys):
+    app, data, original, other = trained
+    status, clean, _ = predicted(app, predict_argv(app, data, original), capsys)
+    assert status == 0
+    for name in read_files(app):
+        model_dir = tmp_path / name
+        shutil.copytree(original, model_dir)
+        before = (model_dir / name).read_bytes()
+        TAMPERINGS[tampering](model_dir / name, other)
+        if (model_dir / name).read_bytes() == before:
+            continue  # nothing to tamper with (weights have no lists to reverse)
+        status, out, err = predicted(app, predict_argv(app, data, model_dir), capsys)
+        assert "Traceback" not in err, (name, err)
+        if status:
+            assert status == 2 and len(err.strip().splitlines()) == 1, (name, err)
         else:
-            assert status == 2, name
-            one_line_error(capsys, f"python -m {app.module} {app.predict[0]}: error: ")
-        (model_dir / name).write_bytes(kept)
+            assert out == clean, f"{name} {tampering}: the output changed silently"
 
 
-def _fifo(path: Path) -> None:
-    os.mkfifo(path)
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "link to a fifo"])
+def test_a_fifo_or_a_device_in_place_of_a_folder_file_is_refused_at_once(trained, kind,
+                                                                        tmp_path, capsys):
+    app, data, original, _ = trained
+    for name in read_files(app):
+        model_dir = tmp_path / name
+        shutil.copytree(original, model_dir)
+        path = model_dir / name
+        path.unlink()
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "link to /dev/zero":
+            path.symlink_to(os.devnull.replace("null", "zero"))
+        else:
+            os.mkfifo(tmp_path / f"{name}.fifo")
+            path.symlink_to(tmp_path / f"{name}.fifo")
+        status, _, err = predicted(app, predict_argv(app, data, model_dir), capsys)
+        assert status == 2, (name, err)
+        one_line = err.strip().splitlines()
+        assert len(one_line) == 1 and name in one_line[0], (name, err)
 
 
-def _device(path: Path) -> None:
-    os.symlink("/dev/null", path)
+# -- -o OUT and line ends ---------------------------------------------------------------
 
-
-def _zeros(path: Path) -> None:
-    os.symlink("/dev/zero", path)
-
-
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
-@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
-@pytest.mark.parametrize("make", [_fifo, _device, _zeros], ids=["fifo", "null", "zero"])
-def test_a_fifo_or_device_in_place_of_a_folder_file_is_refused_at_once(app, make, trained,
-                                                                      tmp_path, capsys):
-    """A FIFO, a link to /dev/null or one to /dev/zero in place of each file the prediction
-    reads: refused at once (it neither blocks nor reads without end), naming the file."""
-    data, model_dir = copied(trained, app, tmp_path)
-    main = importlib.import_module(f"{app.module}.__main__").main
-    for name in reads(app):
-        kept = (model_dir / name).read_bytes()
-        (model_dir / name).unlink()
-        make(model_dir / name)
-        assert at_once(main, predict_argv(app, data, model_dir)) == 2, name
-        one_line_error(capsys, name)
-        (model_dir / name).unlink()
-        (model_dir / name).write_bytes(kept)
-
-
-@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs POSIX FIFOs")
-@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
-def test_o_is_written_through_a_device_a_symlink_and_a_fifo(app, trained, tmp_path, capsys):
-    """``-o`` as the shell's ``>`` would: /dev/null stays the device, a symlink stays a link
-    and its file gets the output, a FIFO's reader gets it."""
-    data, model_dir = copied(trained, app, tmp_path)
+@pytest.mark.slow
+def test_o_is_written_through_a_device_a_symlink_and_a_fifo(trained, tmp_path, capsys):
+    app, data, model_dir, _ = trained
     argv = predict_argv(app, data, model_dir)
-    expected = predicted(app, argv, capsys)
-    assert predicted(app, [*argv, "-o", os.devnull], capsys) == b""
-    assert Path(os.devnull).is_char_device()
-    target, link = tmp_path / "target", tmp_path / "link"
-    target.write_bytes(b"old")
-    link.symlink_to(target)
-    assert predicted(app, [*argv, "-o", str(link)], capsys) == b""
-    assert link.is_symlink() and target.read_bytes() == expected
-    fifo = tmp_path / "fifo"
+    status, printed, _ = predicted(app, argv, capsys)
+    assert status == 0 and printed
+    assert predicted(app, [*argv, "-o", os.devnull], capsys)[:2] == (0, "")
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    target, link = tmp_path / "mine.out", tmp_path / "link.out"
+    target.write_text("old\n")
+    link.symlink_to(target.name)
+    assert predicted(app, [*argv, "-o", str(link)], capsys)[:2] == (0, "")
+    assert link.is_symlink() and target.read_text() == printed
+    fifo, got = tmp_path / "out.fifo", []
     os.mkfifo(fifo)
-    got = []
     reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
     reader.start()
-    assert predicted(app, [*argv, "-o", str(fifo)], capsys) == b""
-    reader.join(limit(20))
-    assert got == [expected] and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert predicted(app, [*argv, "-o", str(fifo)], capsys)[:2] == (0, "")
+    reader.join(limit(10))
+    assert got == [printed.encode()] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
 
 
-#: the line ends and BOM a CoNLL-U file may come with, as a change of an LF file without one
-LINE_ENDS = {"CRLF": lambda b: b.replace(b"\n", b"\r\n"), "CR": lambda b: b.replace(b"\n", b"\r"),
-             "BOM": lambda b: b"\xef\xbb\xbf" + b,
-             "BOM CRLF": lambda b: b"\xef\xbb\xbf" + b.replace(b"\n", b"\r\n")}
+#: line ends and a byte-order mark, each as a change of an LF file's bytes
+ENDS = {"CR": lambda b: b.replace(b"\n", b"\r"), "CRLF": lambda b: b.replace(b"\n", b"\r\n"),
+        "BOM": lambda b: b"\xef\xbb\xbf" + b}
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("end", sorted(ENDS))
 @pytest.mark.parametrize("app", [a for a in APPS if "{input}" in a.predict],
                          ids=lambda a: a.name)
-@pytest.mark.parametrize("ends", LINE_ENDS)
-def test_cr_crlf_and_bom_input_is_read_and_written_back_as_it_came(app, ends, trained,
-                                                                   tmp_path, capsys):
-    """The prediction of a file with other line ends or a BOM is the prediction of its LF
-    twin, with those line ends and BOM."""
+def test_cr_crlf_and_a_bom_are_read_and_written_back_as_they_came(app, end, tmp_path, capsys):
     from unroll.tools.ewt import DEV_FILE
 
-    data, model_dir = copied(trained, app, tmp_path)
-    lf = predicted(app, predict_argv(app, data, model_dir), capsys)
-    source = tmp_path / "input.conllu"
-    source.write_bytes(LINE_ENDS[ends]((data / DEV_FILE).read_bytes()))
-    assert predicted(app, predict_argv(app, data, model_dir, source), capsys) == \
-        LINE_ENDS[ends](lf)
+    data = app.corpus(tmp_path / "data")
+    model_dir = tmp_path / "m"
+    main = importlib.import_module(f"{app.module}.__main__").main
+    assert main([*train_argv(app, data, model_dir), "--epochs", "1"]) == 0
+    status, lf, _ = predicted(app, predict_argv(app, data, model_dir), capsys)
+    assert status == 0
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    (changed / DEV_FILE).write_bytes(ENDS[end]((data / DEV_FILE).read_bytes()))
+    out = tmp_path / "out"
+    status, _, err = predicted(app, predict_argv(app, changed, model_dir, "-o", str(out)),
+                               capsys)
+    assert status == 0, err
+    assert out.read_bytes() == ENDS[end](lf.encode())
