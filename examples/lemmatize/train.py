@@ -20,7 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from examples.lemmatize.conll import read_lemmas
-from examples.lemmatize.model import LEMMATIZER_FILES, Description, Lemmatizer, LemmatizerConfig
+from examples.lemmatize.model import (
+    CONFIG_SCHEMA,
+    LEMMATIZER_FILES,
+    Description,
+    Lemmatizer,
+    LemmatizerConfig,
+)
+from unroll.core import json_files
 from unroll.core.errors import FileFormatError
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
 from unroll.train import model_folder as folder
@@ -136,6 +143,10 @@ class LemmatizerTraining:
     curve_title = "unroll lemmatizer, UD English EWT"
 
     def __init__(self, opts: TrainOptions):
+        # before the folder is claimed: a size the folder's config.json could not hold
+        wrong = json_files.problem(asdict(LemmatizerConfig(**opts.sizes)), CONFIG_SCHEMA)
+        if wrong is not None:
+            raise ValueError(f"--{wrong}")
         self.opts = opts
 
     def read_data(self) -> None:

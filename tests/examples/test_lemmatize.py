@@ -15,6 +15,7 @@ from examples.lemmatize.conll import fill_lemmas, read_lemmas
 from examples.lemmatize.decode import beam_search, greedy
 from examples.lemmatize.model import LEMMATIZER_FILES, Lemmatizer, LemmatizerConfig, StepDecoder
 from examples.lemmatize.train import TrainOptions, scores, train, words_of
+from tests.cli_helpers import one_line_error
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
 from unroll.train import model_folder as folder
 
@@ -250,3 +251,23 @@ def test_divergence_exits_1_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert "training diverged at epoch " in err and "loss nan" in err and "Lower --lr" in err
+
+
+@pytest.mark.parametrize("option, value, part", [
+    ("--dropout", "nan", "argument --dropout: expected a number in [0, 1)"),
+    ("--dropout", "1", "argument --dropout: expected a number in [0, 1)"),
+    ("--dropout", "inf", "argument --dropout: expected a number in [0, 1)"),
+    ("--hidden", "9000", "--hidden must be at most 8192, found 9000"),
+])
+def test_a_size_config_json_could_not_hold_is_refused_before_the_folder(option, value, part,
+                                                                       tmp_path, capsys):
+    data = write_lemma_corpus(tmp_path / "data", n_train=4)
+    model_dir = tmp_path / "m"
+    try:
+        status = cli.main(["train", "--model-dir", str(model_dir), "--data", str(data),
+                           option, value, "--quiet"])
+    except SystemExit as stop:  # refused by the parser
+        status = stop.code
+    assert status == 2
+    one_line_error(capsys, "python -m examples.lemmatize train: error: ", part)
+    assert not model_dir.exists()
