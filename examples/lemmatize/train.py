@@ -68,7 +68,7 @@ def words_of(sentences) -> list[tuple[str, str, str]]:
 def read_words(path: Path, limit: int | None = None) -> list[tuple[str, str, str]]:
     """The (form, UPOS, lemma) words of the first ``limit`` sentences (None: all) of the
     CoNLL-U file ``path``, which must hold one."""
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise FileNotFoundError(f"{path} not found: expected a CoNLL-U file with lemmas "
                                 f"(--data DIR: a folder with {TRAIN_FILE} and {DEV_FILE})")
     sentences = read_lemmas(path)
