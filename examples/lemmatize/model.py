@@ -161,7 +161,12 @@ class StepDecoder:
 @dataclass(frozen=True)
 class Description:
     """What a model folder says of a lemmatizer beside its weights: the character
-    vocabulary and the dictionary (features.json), the sizes (config.json)."""
+    vocabulary and the dictionary (features.json), the sizes (config.json).
+
+    >>> d = Description.build([("dogs", "NOUN", "dog")], LemmatizerConfig())
+    >>> d.dictionary.get("dogs", "NOUN"), d.chars.itos[2:4], len(d.chars)
+    ('dog', ['<s>', '</s>'], 25)
+    """
 
     chars: Vocab
     dictionary: Dictionary

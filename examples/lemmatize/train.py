@@ -115,7 +115,16 @@ class WordBatches:
     """The sampler of the training triples ``examples``: the lemmatizer's batches (one
     source length each, :meth:`Lemmatizer.batches`), shuffled from ``(seed, epoch)``
     alone, the same on every rank, each of ``size`` ranks taking every size-th batch
-    (the last few dropped, so every rank takes as many steps)."""
+    (the last few dropped, so every rank takes as many steps).
+
+    >>> words = [("dogs", "NOUN", "dog"), ("cats", "NOUN", "cat"), ("ran", "VERB", "run")]
+    >>> lemmatizer = Lemmatizer.build(words, LemmatizerConfig(embed=4, hidden=4, batch=2))
+    >>> batches = WordBatches(lemmatizer, words, seed=0)
+    >>> len(batches), [key for key, _ in batches.epoch_batches(0)]  # (source, target) steps
+    (2, [(4, 4), (5, 4)])
+    >>> [key for key, _ in WordBatches(lemmatizer, words, 0, rank=1, size=2).epoch_batches(0)]
+    [(5, 4)]
+    """
 
     def __init__(self, lemmatizer: Lemmatizer, examples, seed: int, rank: int = 0,
                  size: int = 1):
