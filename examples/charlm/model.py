@@ -25,9 +25,12 @@ import numpy as np
 from examples.charlm.text import BOUNDARY, IGNORE, Symbols, windows
 from unroll import BucketedModel, Stepper, carry_hidden, expand
 
-__all__ = ["CharLM", "CharLMConfig"]
+__all__ = ["SOLVER", "CharLM", "CharLMConfig"]
 
 TEMPLATE = Path(__file__).with_name("charlm.prototxt.j2")
+#: the SolverParameter fields of training (bench/bench_charlm.py gives PyTorch the same)
+SOLVER = {"type": "Adam", "base_lr": 2e-3, "momentum": 0.9, "momentum2": 0.999, "delta": 1e-8,
+          "clip_gradients": 5.0}
 
 
 @dataclass
