@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     from examples.lemmatize.conll import read_lemmas
     from examples.lemmatize.model import EDITS, Lemmatizer, LemmatizerConfig
     from examples.lemmatize.train import DEV_FILE, TRAIN_FILE, words_of
-    from examples.pos_tagging.data import data_dir
+    from unroll.tools.ewt import data_dir
 
     data = data_dir(args.data)
     train_words = words_of(read_lemmas(data / TRAIN_FILE))

@@ -29,9 +29,9 @@ MIB = 2.0**20
 
 
 def default_tagger(data: Path, sentences: int):
-    from examples.pos_tagging.conll import read_conllu
     from examples.pos_tagging.features import Featurizer
     from examples.pos_tagging.tagger import Tagger, TaggerConfig
+    from unroll.tools.conllu import read_conllu
 
     sents = [s for _, s in zip(range(sentences), read_conllu(data / "en_ewt-ud-train.conllu"))]
     featurizer = Featurizer.build([f for f, _ in sents], min_count={"word": 2})
@@ -61,7 +61,7 @@ def net_cost(model, steps: int) -> tuple[float, int]:
 
 def build_buckets(args) -> None:
     """Build the nets of every bucket of the default training, train and test, timed."""
-    from examples.pos_tagging.conll import read_conllu
+    from unroll.tools.conllu import read_conllu
     from unroll.train.bucketing import BucketSampler
 
     tagger, _ = default_tagger(args.data, args.sentences)

@@ -43,7 +43,6 @@ def describe(name: str, sampler, epochs: int) -> str:
 
 def train_worker(args) -> dict:
     """Training tokens/s of the default tagger on ``args.worker``'s batches (this process)."""
-    from examples.pos_tagging.conll import read_conllu
     from examples.pos_tagging.features import Featurizer
     from examples.pos_tagging.packing import batch_inputs, training_sampler
     from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
@@ -52,6 +51,7 @@ def train_worker(args) -> dict:
         TrainOptions,
         training_solver,
     )
+    from unroll.tools.conllu import read_conllu
 
     pack = args.worker == "packed"
     sents = list(read_conllu(args.data / "en_ewt-ud-train.conllu"))
@@ -95,8 +95,8 @@ def time_training(args) -> None:
 
 
 def main(argv=None) -> None:
-    from examples.pos_tagging.conll import read_conllu
     from examples.pos_tagging.packing import training_sampler
+    from unroll.tools.conllu import read_conllu
     from unroll.train.bucketing import BucketSampler, choose_row_lengths
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

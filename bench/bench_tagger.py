@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from examples.pos_tagging.data import data_dir
+from unroll.tools.ewt import data_dir
 
 
 def batches_for(mode: str, lengths, batch_size: int, seed: int):
@@ -49,9 +49,9 @@ def batches_for(mode: str, lengths, batch_size: int, seed: int):
 
 
 def load(data: Path):
-    from examples.pos_tagging.conll import read_conllu
     from examples.pos_tagging.features import Featurizer
     from examples.pos_tagging.tagger import tag_ids
+    from unroll.tools.conllu import read_conllu
 
     sents = list(read_conllu(data / "en_ewt-ud-train.conllu"))
     featurizer = Featurizer.build([f for f, _ in sents], min_count={"word": 2})

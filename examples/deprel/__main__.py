@@ -22,7 +22,7 @@ __all__ = ["build_parser", "main"]
 
 def _train(args) -> int:
     from examples.deprel.train import TrainOptions, train
-    from examples.pos_tagging.data import data_dir
+    from unroll.tools.ewt import data_dir
 
     log = train(TrainOptions(model_dir=Path(args.model_dir), data=data_dir(args.data),
                              model=args.model, epochs=args.epochs, lr=args.lr,
@@ -39,7 +39,7 @@ def _evaluate(args) -> int:
     from examples.deprel.conll import read_deprel
     from examples.deprel.labeller import Labeller
     from examples.deprel.train import DEV_FILE, accuracy
-    from examples.pos_tagging.data import data_dir
+    from unroll.tools.ewt import data_dir
 
     path = Path(args.conllu) if args.conllu else data_dir(args.data) / DEV_FILE
     sents = read_deprel(path)

@@ -1,11 +1,11 @@
 """CoNLL-U for dependency relation labelling: words, UPOS, gold heads and DEPRELs, as trees.
 
-The tagger's reader (:func:`examples.pos_tagging.conll.read_conllu`) checks
+The tagger's reader (:func:`unroll.tools.conllu.read_conllu`) checks
 every line (columns, IDs, FORM, UPOS; multiword-token ranges and empty nodes
 are not words); a second pass here reads columns 7 and 8 of each word line
 and makes each sentence a :class:`~unroll.frontend.tree.Tree`. A head that is not a
 word of its sentence, several roots or none, or a cycle is a
-:class:`~examples.pos_tagging.conll.CoNLLUError` naming the file and line.
+:class:`~unroll.tools.conllu.CoNLLUError` naming the file and line.
 
 >>> import io
 >>> rows = [("1-2", "Don't", "_", "_", "_"), ("1", "Do", "AUX", "3", "aux"),
@@ -21,9 +21,9 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 
-from examples.pos_tagging.conll import CoNLLUError, fill_column, read_conllu, read_lines
 from unroll.core.errors import TreeError
 from unroll.frontend.tree import Tree
+from unroll.tools.conllu import CoNLLUError, fill_column, read_conllu, read_lines
 
 __all__ = ["Sentence", "fill_deprel", "read_deprel"]
 

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import FEATURES, Featurizer
 from unroll.core.atomic import write_atomic
 from unroll.core.errors import FileFormatError
 from unroll.core.proto import LayerParameter
 from unroll.frontend.tree_unroller import tree_block, tree_inputs
 from unroll.frontend.unroller import NetBuilder, load_template
+from unroll.tools.conllu import UPOS_TAGS
 from unroll.train.bucketing import BucketSampler, cont_from_lengths, time_major
 from unroll.train.tree_model import TreeModel
 from unroll.train.tree_sampler import TreeBucketSampler

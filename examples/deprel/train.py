@@ -1,6 +1,6 @@
 """Train a DEPREL labeller into a model folder; evaluate one; label a CoNLL-U file.
 
-The model folder is the tagger's (:mod:`examples.pos_tagging.folder`):
+The model folder is the tagger's (:mod:`unroll.train.model_folder`):
 ``features.json`` and ``config.json`` first, then per epoch ``last.caffemodel``,
 ``best.caffemodel`` (the best dev epoch) and ``log.json`` (one entry per
 epoch, the commit point), under the tagger's ``train.lock``.
@@ -17,9 +17,9 @@ from tqdm import tqdm
 
 from examples.deprel.conll import read_deprel
 from examples.deprel.labeller import DeprelConfig, Labeller
-from examples.pos_tagging import folder
 from examples.pos_tagging.features import Featurizer, word_dropout
 from examples.pos_tagging.train import bad_batch, checked_step, diverged
+from unroll.train import model_folder as folder
 from unroll.train.solver import NonFiniteError, Solver
 
 __all__ = ["TrainOptions", "accuracy", "train"]

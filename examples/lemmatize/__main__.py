@@ -23,7 +23,7 @@ __all__ = ["build_parser", "main"]
 
 def _train(args) -> int:
     from examples.lemmatize.train import TrainOptions, train
-    from examples.pos_tagging.data import data_dir
+    from unroll.tools.ewt import data_dir
 
     log = train(TrainOptions(
         model_dir=Path(args.model_dir), data=data_dir(args.data), epochs=args.epochs,
@@ -43,7 +43,7 @@ def _evaluate(args) -> int:
     from examples.lemmatize.conll import read_lemmas
     from examples.lemmatize.model import Lemmatizer
     from examples.lemmatize.train import DEV_FILE, scores, words_of
-    from examples.pos_tagging.data import data_dir
+    from unroll.tools.ewt import data_dir
 
     path = Path(args.conllu) if args.conllu else data_dir(args.data) / DEV_FILE
     words = words_of(read_lemmas(path))

@@ -1,6 +1,6 @@
 """CoNLL-U for lemmatization: each word's form, UPOS and LEMMA (column 3).
 
-The tagger's reader (:func:`examples.pos_tagging.conll.read_conllu`) checks every
+The tagger's reader (:func:`unroll.tools.conllu.read_conllu`) checks every
 line (columns, IDs, FORM, UPOS; multiword-token ranges and empty nodes are not
 words); a second pass here reads column 3 of each word line. :func:`fill_lemmas`
 writes a file back with column 3 set, every other byte as it was.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import io
 
-from examples.pos_tagging.conll import CoNLLUError, fill_column, read_conllu, read_lines
+from unroll.tools.conllu import CoNLLUError, fill_column, read_conllu, read_lines
 
 __all__ = ["fill_lemmas", "read_lemmas"]
 

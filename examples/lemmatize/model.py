@@ -24,12 +24,15 @@ from pathlib import Path
 import numpy as np
 
 from examples.lemmatize.decode import beam_search, greedy
-from examples.pos_tagging import folder, schema
-from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import UNK_ID, Vocab
+from examples.pos_tagging.schemas import MAX_VOCAB, MAX_WIDTH, VOCAB_SCHEMA
 from unroll import Stepper, expand
+from unroll.core import json_files
 from unroll.core.atomic import write_atomic
+from unroll.core.json_files import count, finite, ratio
 from unroll.core.proto import NetParameter
+from unroll.tools.conllu import UPOS_TAGS
+from unroll.train import model_folder as folder
 from unroll.train.tree_model import TreeModel
 
 __all__ = ["EDITS", "Dictionary", "Lemmatizer", "LemmatizerConfig", "StepDecoder", "edit_of",
@@ -71,16 +74,15 @@ class LemmatizerConfig:
 
     @classmethod
     def load(cls, path: Path) -> LemmatizerConfig:
-        return cls(**schema.read_checked(path, CONFIG_SCHEMA))
+        return cls(**json_files.read_checked(path, CONFIG_SCHEMA))
 
 
 CONFIG_SCHEMA = {
     "type": "object", "description": "an object {...}", "additionalProperties": False,
     "required": ["embed", "hidden", "dropout", "batch", "max_chars"],
     "properties": {
-        "embed": schema._count(schema.MAX_WIDTH), "hidden": schema._count(schema.MAX_WIDTH),
-        "batch": schema._count(schema.MAX_WIDTH), "max_chars": schema._count(256),
-        "dropout": schema._ratio(),
+        "embed": count(MAX_WIDTH), "hidden": count(MAX_WIDTH), "batch": count(MAX_WIDTH),
+        "max_chars": count(256), "dropout": ratio(),
     },
 }
 
@@ -91,8 +93,8 @@ FEATURES_SCHEMA = {
     "type": "object", "description": "an object {chars, dictionary}",
     "required": ["chars", "dictionary"], "additionalProperties": False,
     "properties": {
-        "chars": schema.FEATURES_SCHEMA["properties"]["chars"],
-        "dictionary": {"type": "array", "maxItems": schema.MAX_VOCAB,
+        "chars": VOCAB_SCHEMA,
+        "dictionary": {"type": "array", "maxItems": MAX_VOCAB,
                        "description": "a list of [form, UPOS, lemma]",
                        "items": {"type": "array", "minItems": 3, "maxItems": 3,
                                  "description": "a [form, UPOS, lemma] triple",
@@ -295,7 +297,7 @@ class Lemmatizer:
         schema-checked), with new weights."""
         model_dir = Path(model_dir)
         try:
-            features = schema.read_checked(folder.inside(model_dir, folder.FEATURES),
+            features = json_files.read_checked(folder.inside(model_dir, folder.FEATURES),
                                            FEATURES_SCHEMA)
             config = LemmatizerConfig.load(folder.inside(model_dir, folder.CONFIG))
         except FileNotFoundError as e:
@@ -325,22 +327,11 @@ class Lemmatizer:
         return lemmatizer
 
 
-_TAGGER_ENTRY = schema.LOG_ENTRY_SCHEMA["properties"]
-
-#: the lemmatizer's log.json: the tagger's folder (examples.pos_tagging.folder), whose
+#: the lemmatizer's log.json: the library's model folder (unroll.train.model_folder), whose
 #: read_log checks the names and checksums further, without an average
-LOG_SCHEMA = {
-    "type": "array", "description": "a list [...]", "maxItems": 1 << 20,
-    "items": {
-        "type": "object", "description": "an epoch record {...}", "additionalProperties": False,
-        "required": ["epoch", "iter", "train_loss", "dev_accuracy", "dev_combined",
-                     "dev_combined_lower", "seconds", "seed", "snapshot", "sha256"],
-        "properties": {
-            **{key: _TAGGER_ENTRY[key] for key in ("epoch", "iter", "seed", "snapshot",
-                                                   "sha256", "stopped")},
-            "train_loss": schema._finite(), "dev_accuracy": schema._finite(1),
-            "dev_combined": schema._finite(1), "dev_combined_lower": schema._finite(1),
-            "seconds": schema._finite(), "words_per_s": schema._finite(),
-        },
-    },
-}
+LOG_SCHEMA = folder.epoch_log_schema(
+    {"train_loss": finite(), "dev_accuracy": finite(1), "dev_combined": finite(1),
+     "dev_combined_lower": finite(1), "seconds": finite(), "words_per_s": finite()},
+    required=["train_loss", "dev_accuracy", "dev_combined", "dev_combined_lower", "seconds",
+              "seed"],
+)

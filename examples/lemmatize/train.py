@@ -1,13 +1,13 @@
 """Train a lemmatizer into a model folder, and score one on a split.
 
-The model folder is the tagger's (:mod:`examples.pos_tagging.folder`, which
+The model folder is the tagger's (:mod:`unroll.train.model_folder`, which
 says the files, their order and the lock), every file written atomically:
 ``features.json`` (the character vocabulary and the training dictionary) and
 ``config.json`` first, then per epoch the solver's snapshot, ``log.json`` (the
 commit point, with the SHA-256 of every weight file, which loading and
 ``--resume`` check), ``last.caffemodel`` and ``best.caffemodel`` (the epoch of
 the best combined dev accuracy). The JSON files are read back schema-checked
-(:mod:`examples.pos_tagging.schema`). ``resume`` continues the last logged
+(:mod:`unroll.core.json_files`). ``resume`` continues the last logged
 epoch with the folder's sizes and seed; since each epoch's shuffle and dropout
 masks are drawn from (seed, epoch) alone, it trains the model an uninterrupted
 run would have, bit for bit.
@@ -28,10 +28,10 @@ from tqdm import tqdm
 
 from examples.lemmatize.conll import read_lemmas
 from examples.lemmatize.model import LOG_SCHEMA, Lemmatizer, LemmatizerConfig
-from examples.pos_tagging import folder
 from examples.pos_tagging.train import bad_batch, checked_step, diverged
 from unroll import Solver
 from unroll.core.errors import FileFormatError
+from unroll.train import model_folder as folder
 from unroll.train.solver import NonFiniteError
 
 __all__ = ["TrainOptions", "dictionary_baseline", "scores", "train", "words_of"]

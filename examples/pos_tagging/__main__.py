@@ -24,9 +24,9 @@ from dataclasses import fields
 from pathlib import Path
 
 from examples.pos_tagging.commands import positive_int, run_example
-from examples.pos_tagging.data import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE
-from examples.pos_tagging.output import OutputClosed, standard_output
 from unroll.engine.memory_limit import parse_bytes
+from unroll.tools.ewt import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE
+from unroll.tools.output import OutputClosed, standard_output
 from unroll.train import distributed
 
 #: TaggerConfig fields and the train options that set them
@@ -47,8 +47,8 @@ def _sizes(args) -> dict:
 
 
 def _train(args) -> int:
-    from examples.pos_tagging.data import fetched_data_dir
     from examples.pos_tagging.train import TrainOptions, train
+    from unroll.tools.ewt import fetched_data_dir
 
     data = fetched_data_dir(args.data, args.quiet)
     opts = TrainOptions(
@@ -77,8 +77,8 @@ def _train(args) -> int:
 
 
 def _read_tagged(path: Path, upos: bool):
-    from examples.pos_tagging.conll import read_conllu
     from unroll.core.errors import FileFormatError
+    from unroll.tools.conllu import read_conllu
 
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder; expected a CoNLL-U file")
@@ -89,10 +89,10 @@ def _read_tagged(path: Path, upos: bool):
 
 
 def _evaluate(args) -> int:
-    from examples.pos_tagging.data import fetched_data_dir, split_file
     from examples.pos_tagging.evaluate import report, score
     from examples.pos_tagging.tagger import Tagger, tag_ids
     from unroll.tools.cli import CommandError
+    from unroll.tools.ewt import fetched_data_dir, split_file
 
     if (args.file is None) == (args.split is None):
         raise CommandError("give either a CoNLL-U FILE or --split dev|test")
@@ -106,9 +106,9 @@ def _evaluate(args) -> int:
 
 
 def _tag(args) -> int:
-    from examples.pos_tagging.conll import UPOS_TAGS, fill_upos
     from examples.pos_tagging.tagger import Tagger
     from unroll.core.errors import FileFormatError
+    from unroll.tools.conllu import UPOS_TAGS, fill_upos
 
     if args.conllu:
         sentences = [forms for forms, _ in _read_tagged(args.conllu, upos=False)]
@@ -133,16 +133,16 @@ def _tag(args) -> int:
 
 
 def _fetch(args) -> int:
-    from examples.pos_tagging.fetch import fetch_ewt
+    from unroll.tools.fetch import fetch_ewt
 
     print(fetch_ewt(quiet=args.quiet))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from examples.pos_tagging.folder import CHECKPOINTS
     from examples.pos_tagging.tagger import TaggerConfig
     from examples.pos_tagging.train import BUCKETED_LR, PACKED_LR, TrainOptions
+    from unroll.train.model_folder import CHECKPOINTS
 
     parser = argparse.ArgumentParser(
         prog="python -m examples.pos_tagging", description=__doc__,
@@ -247,8 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Run the command; errors print one line (exit 2: bad input, 1: a failure)."""
-    from examples.pos_tagging.fetch import FetchError
     from unroll.engine.threads import set_num_threads
+    from unroll.tools.fetch import FetchError
 
     args = build_parser().parse_args(argv)
     if getattr(args, "threads", None):  # `fetch` runs no net

@@ -27,10 +27,10 @@ def run_example(prog: str, args, user_errors: tuple = ()) -> int:
     """Run ``args.run(args)`` for ``prog``: a user's mistake (bad input, a bad folder, a bad
     value; plus ``user_errors``) is one line and exit 2, a failure (the disk, a diverged
     training) one line and exit 1."""
-    from examples.pos_tagging.conll import CoNLLUError
-    from examples.pos_tagging.folder import ModelFolderError
     from examples.pos_tagging.train import TrainingDiverged
     from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
+    from unroll.tools.conllu import CoNLLUError
+    from unroll.train.model_folder import ModelFolderError
 
     # ValueError: a bad size or option value, which the commands name
     return run_command(f"{prog} {args.command}", args.run, args,

@@ -6,7 +6,7 @@ from collections import Counter
 
 import numpy as np
 
-from examples.pos_tagging.conll import UPOS_TAGS
+from unroll.tools.conllu import UPOS_TAGS
 
 
 def score(gold: list, predicted: list) -> dict:

@@ -32,9 +32,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from examples.pos_tagging.conll import UPOS_TAGS
+from unroll.core import json_files
 from unroll.core.atomic import write_atomic
 from unroll.core.errors import FileFormatError
+from unroll.tools.conllu import UPOS_TAGS
 
 __all__ = [
     "FEATURES",
@@ -323,10 +324,12 @@ class Featurizer:
     @classmethod
     def load(cls, path: str | os.PathLike) -> Featurizer:
         """A Featurizer saved by :meth:`save`; a bad file is a FileFormatError naming it."""
-        from examples.pos_tagging import schema  # it names FEATURES: imported here, not above
+        from examples.pos_tagging.schemas import (
+            FEATURES_SCHEMA,  # it names FEATURES: here, not above
+        )
 
         try:
-            return cls.from_dict(schema.read_checked(path, schema.FEATURES_SCHEMA))
+            return cls.from_dict(json_files.read_checked(path, FEATURES_SCHEMA))
         except FileFormatError as e:
             raise FileFormatError(path, f"not a features file: {e.problem}") from None
         except ValueError as e:  # duplicate tokens, or as many counts as tokens

@@ -16,16 +16,17 @@ from pathlib import Path
 import numpy as np
 
 import unroll
-from examples.pos_tagging import folder as model_folder
-from examples.pos_tagging import schema
-from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import Featurizer, encode_tags, word_dropout
-from examples.pos_tagging.folder import CONFIG, FEATURES
+from examples.pos_tagging.schemas import CONFIG_SCHEMA, LOG_SCHEMA
+from unroll.core import json_files
 from unroll.core.atomic import write_atomic
 from unroll.core.errors import FileFormatError
 from unroll.frontend.unroller import builtin_template_dir
+from unroll.tools.conllu import UPOS_TAGS
+from unroll.train import model_folder
 from unroll.train.bucketed_model import BucketedModel
 from unroll.train.bucketing import time_major
+from unroll.train.model_folder import CONFIG, FEATURES
 
 IGNORE = -1
 TAGGER_TEMPLATE = builtin_template_dir() / "tagger.prototxt.j2"
@@ -63,7 +64,7 @@ class TaggerConfig:
     chars: dict = field(default_factory=lambda: dict(DEFAULT_CHARS))
 
     def __post_init__(self):
-        wrong = schema.problem(asdict(self), schema.CONFIG_SCHEMA)
+        wrong = json_files.problem(asdict(self), CONFIG_SCHEMA)
         if wrong is not None:
             raise ValueError(f"tagger config: {wrong}")
 
@@ -73,7 +74,7 @@ class TaggerConfig:
     @classmethod
     def load(cls, path: Path) -> TaggerConfig:
         """The config in ``path``; a bad file is a FileFormatError naming it."""
-        data = schema.read_checked(path, schema.CONFIG_SCHEMA)
+        data = json_files.read_checked(path, CONFIG_SCHEMA)
         try:
             return cls(**data)
         except ValueError as e:
@@ -307,7 +308,7 @@ class Tagger:
         """Weights (``<name>.caffemodel``), features.json and config.json in ``model_dir``.
 
         Each file is written atomically; training writes the two JSON files once
-        and then only weights (see :mod:`examples.pos_tagging.folder`).
+        and then only weights (see :mod:`unroll.train.model_folder`).
         """
         model_dir.mkdir(parents=True, exist_ok=True)
         self.save_description(model_dir)
@@ -339,7 +340,7 @@ class Tagger:
             raise FileNotFoundError(f"{weights} is missing: {model_dir} holds no trained "
                                     f"'{name}' weights (did training end its first epoch?)")
         # a trainer's folder vouches for its weights in log.json; a saved tagger has no log
-        log = model_folder.read_log(model_dir)
+        log = model_folder.read_log(model_dir, LOG_SCHEMA)
         if log:
             if name not in model_folder.CHECKPOINTS:
                 raise FileFormatError(model_dir / model_folder.LOG,

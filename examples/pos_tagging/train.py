@@ -1,7 +1,7 @@
 """Train the tagger: bucketed batches, Adam, dev accuracy per epoch, best checkpoint.
 
 Everything lands in the model folder (files, write order and lock in
-:mod:`examples.pos_tagging.folder`): ``best.caffemodel`` (the averaged params
+:mod:`unroll.train.model_folder`): ``best.caffemodel`` (the averaged params
 of the best dev epoch), ``last.caffemodel`` (the last epoch's average), a
 snapshot of the last epoch to resume from, ``features.json``,
 ``config.json``, ``log.json`` and ``curve.png``.
@@ -32,11 +32,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from examples.pos_tagging import folder
-from examples.pos_tagging.data import DEV_FILE, TRAIN_FILE, read_split
 from examples.pos_tagging.evaluate import score
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.packing import batch_inputs, training_sampler
+from examples.pos_tagging.schemas import LOG_SCHEMA
 from examples.pos_tagging.tagger import (
     Tagger,
     TaggerConfig,
@@ -48,7 +47,9 @@ from unroll.core.atomic import write_atomic
 from unroll.core.errors import FileFormatError, NetError
 from unroll.engine.backend import module_of
 from unroll.engine.cuda_graph import graphs_for
+from unroll.tools.ewt import DEV_FILE, TRAIN_FILE, read_split
 from unroll.train import distributed
+from unroll.train import model_folder as folder
 from unroll.train.solver import NonFiniteError, Solver
 
 __all__ = ["BUCKETED_LR", "DEV_FILE", "PACKED_LR", "TRAIN_FILE", "TrainOptions",
@@ -188,7 +189,8 @@ def train(opts: TrainOptions) -> dict:
     comm = distributed.init(opts.device)
     try:
         if comm.rank == 0:  # the rank that prints, evaluates and writes
-            with folder.claimed(opts.model_dir, opts.resume, opts.overwrite) as model_dir:
+            with folder.claimed(opts.model_dir, opts.resume, opts.overwrite,
+                                LOG_SCHEMA) as model_dir:
                 described = _describe(opts, model_dir, train_sents)
                 comm.barrier()
                 return _train(opts, comm, model_dir, described, train_sents, dev_sents,
@@ -196,7 +198,8 @@ def train(opts: TrainOptions) -> dict:
         comm.barrier()  # rank 0 has claimed the folder and written what the others read
         model_dir = opts.model_dir
         described = (Featurizer.load(model_dir / folder.FEATURES),
-                     TaggerConfig.load(model_dir / folder.CONFIG), folder.read_log(model_dir))
+                     TaggerConfig.load(model_dir / folder.CONFIG),
+                     folder.read_log(model_dir, LOG_SCHEMA))
         return _train(opts, comm, model_dir, described, train_sents, dev_sents, started)
     except OSError as e:
         if e.filename is not None or e.errno is None:
@@ -208,7 +211,7 @@ def train(opts: TrainOptions) -> dict:
 def _describe(opts: TrainOptions, model_dir: Path, train_sents):
     """(featurizer, config, log): the folder's own when resuming, else new ones, saved."""
     config_path, features_path = model_dir / folder.CONFIG, model_dir / folder.FEATURES
-    log = folder.read_log(model_dir) if opts.resume else []
+    log = folder.read_log(model_dir, LOG_SCHEMA) if opts.resume else []
     if log:  # folder.claimed let only a complete, consistent folder through
         try:
             config = TaggerConfig.load(config_path)

@@ -19,7 +19,7 @@ __all__ = ["packed_step", "packed_tagger", "synthetic_sentences", "tagger_setup"
 
 def synthetic_sentences(lengths, seed: int = 0):
     """(sentences, tags): made-up words and tags, one sentence per length."""
-    from examples.pos_tagging.conll import UPOS_TAGS
+    from unroll.tools.conllu import UPOS_TAGS
 
     rng = np.random.default_rng(seed)
     words = [f"{stem}{k}" for stem in ("Word", "run", "x-", "Ab") for k in range(50)]

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import unroll
-from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
 from unroll import Net, testing
 from unroll.engine.backend import GPU_AVAILABLE, get_array_module, to_numpy
+from unroll.tools.conllu import UPOS_TAGS
 from unroll.train.bucketed_model import BucketedModel
 from unroll.train.solver import Solver
 

@@ -297,9 +297,9 @@ layer { name: "relu" type: "ReLU" bottom: "x" top: "x" }""", device="trace")
 
 
 def tiny_tagger(device):
-    from examples.pos_tagging.conll import UPOS_TAGS
     from examples.pos_tagging.features import Featurizer
     from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
+    from unroll.tools.conllu import UPOS_TAGS
 
     sentences = [["The", "cat", "sat", "."], ["Dogs", "run", "!"]]
     tags = [[UPOS_TAGS[i % len(UPOS_TAGS)] for i in range(len(s))] for s in sentences]

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from examples.pos_tagging.conll import write_conllu
-from examples.pos_tagging.data import DEV_FILE, HOME_ENV, TRAIN_FILE
-from examples.pos_tagging.fetch import URL_ENV
+from unroll.tools.conllu import write_conllu
+from unroll.tools.ewt import DEV_FILE, HOME_ENV, TRAIN_FILE
+from unroll.tools.fetch import URL_ENV
 
 WORDS = {
     "DET": ["the", "a", "this", "every"],

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from examples.pos_tagging.conll import UPOS_TAGS, CoNLLUError, read_conllu, write_conllu
+from unroll.tools.conllu import UPOS_TAGS, CoNLLUError, read_conllu, write_conllu
 
 
 def row(id_, form, upos="_", misc="_"):

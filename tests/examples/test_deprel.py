@@ -8,7 +8,7 @@ import pytest
 from examples.deprel import __main__ as cli
 from examples.deprel.conll import fill_deprel, read_deprel
 from examples.deprel.train import DEV_FILE, TRAIN_FILE
-from examples.pos_tagging.conll import CoNLLUError
+from unroll.tools.conllu import CoNLLUError
 
 WORDS = {"DET": ["the", "a"], "ADJ": ["big", "red", "old"], "NOUN": ["dog", "cat", "park",
          "man", "ball"], "VERB": ["sees", "likes", "kicks"], "ADP": ["in", "near"]}

@@ -3,10 +3,10 @@
 import pytest
 
 from examples.pos_tagging.__main__ import main
-from examples.pos_tagging.conll import read_conllu, write_conllu
-from examples.pos_tagging.data import DEV_FILE, TEST_FILE, TRAIN_FILE
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.tagger import Tagger, TaggerConfig
+from unroll.tools.conllu import read_conllu, write_conllu
+from unroll.tools.ewt import DEV_FILE, TEST_FILE, TRAIN_FILE
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import (
     FEATURES,
     PAD_ID,
@@ -20,6 +19,7 @@ from examples.pos_tagging.features import (
     word_dropout,
     word_shape,
 )
+from unroll.tools.conllu import UPOS_TAGS
 
 TRAIN = [
     ["The", "cat", "sat", "on", "the", "mat", "."],

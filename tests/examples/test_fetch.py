@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from examples.pos_tagging import data, fetch
 from examples.pos_tagging.__main__ import main
-from examples.pos_tagging.conll import write_conllu
-from examples.pos_tagging.data import (
+from tests.cli_helpers import one_line_error
+from unroll.tools import ewt as data
+from unroll.tools import fetch
+from unroll.tools.conllu import write_conllu
+from unroll.tools.ewt import (
     DATA_ENV,
     DEV_FILE,
     HOME_ENV,
@@ -23,8 +25,7 @@ from examples.pos_tagging.data import (
     data_dir,
     fetched_data_dir,
 )
-from examples.pos_tagging.fetch import URL_ENV, FetchError, fetch_ewt
-from tests.cli_helpers import one_line_error
+from unroll.tools.fetch import URL_ENV, FetchError, fetch_ewt
 
 
 class Mirror:

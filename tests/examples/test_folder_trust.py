@@ -1,4 +1,4 @@
-"""A model folder that trusts nothing it reads (design: 8. Trust; examples/pos_tagging/folder.py).
+"""A model folder that trusts nothing it reads (design: 8. Trust; unroll/train/model_folder.py).
 
 Each test damages a trained folder the way a probe or an accident would: names
 that lead out of it, names of its own best weights, missing or unreadable
@@ -21,14 +21,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from examples.pos_tagging import folder
 from examples.pos_tagging.__main__ import main
-from examples.pos_tagging.conll import write_conllu
-from examples.pos_tagging.data import DEV_FILE, TRAIN_FILE
+from examples.pos_tagging.schemas import LOG_SCHEMA
 from examples.pos_tagging.tagger import Tagger
 from examples.pos_tagging.train import TrainOptions, train
 from tests.examples.conftest import TINY, TINY_ARGS, sentences, write_corpus
 from unroll.core.proto import SolverState
+from unroll.tools.conllu import write_conllu
+from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
+from unroll.train import model_folder as folder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -241,7 +242,7 @@ def _loop(path: Path) -> None:
     (lambda m: _fifo(m / "log.json"), "log.json: is a FIFO"),
     (lambda m: (m / "features.json").write_text('{"features": {}, "chars": 3}'),
      "features.json: not a features file"),
-    (lambda m: (m / folder.read_log(m)[-1]["snapshot"]).unlink(), "is missing"),
+    (lambda m: (m / folder.read_log(m, LOG_SCHEMA)[-1]["snapshot"]).unlink(), "is missing"),
 ])
 def test_resume_refuses_a_folder_it_cannot_continue(trained, model, damage, part, capsys):
     damage(model)
@@ -529,12 +530,12 @@ def test_sigint_ends_training_with_one_line_and_the_folder_resumes(trained, tmp_
     assert run.returncode == 130, err
     assert err.strip().splitlines() == [
         "python -m examples.pos_tagging train: interrupted; resume with --resume"]
-    log = folder.read_log(model_dir)
+    log = folder.read_log(model_dir, LOG_SCHEMA)
     assert len(log) >= 2
     for checkpoint in folder.CHECKPOINTS:
         Tagger.load(model_dir, checkpoint)
     assert resume(corpus, model_dir, epochs=len(log) + 1) == 0
-    assert len(folder.read_log(model_dir)) == len(log) + 1
+    assert len(folder.read_log(model_dir, LOG_SCHEMA)) == len(log) + 1
     assert not [p for p in model_dir.iterdir() if p.name.endswith(".tmp")]
 
 

@@ -5,10 +5,10 @@ import io
 from hypothesis import given
 from hypothesis import strategies as st
 
-from examples.pos_tagging.conll import UPOS_TAGS, CoNLLUError, fill_upos, read_conllu
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.tagger import TaggerConfig
 from unroll.core.errors import FileFormatError
+from unroll.tools.conllu import UPOS_TAGS, CoNLLUError, fill_upos, read_conllu
 
 FIELDS = [b"1", b"2", b"3", b"1-2", b"2-3", b"1.1", b"0", b"-1", b"x", b"_", b"", b"NOUN",
           b"PUNCT", b"nOUN", b"\xff", b"\xc3", b"\xef\xbb\xbf", b" ", b"# c", b"word"]

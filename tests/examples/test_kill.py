@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from examples.pos_tagging import folder
+from examples.pos_tagging.schemas import LOG_SCHEMA
 from examples.pos_tagging.tagger import Tagger
 from unroll.core.atomic import remove_stale_temps
+from unroll.train import model_folder as folder
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +38,7 @@ COMMITS = {"locked": 0, "writing": 0, "committed": 1, "writing_again": 1}
 
 def loads(model_dir: Path) -> None:
     """What `tag`, `evaluate` and `--resume` need from a folder with a finished epoch."""
-    log = folder.read_log(model_dir)
+    log = folder.read_log(model_dir, LOG_SCHEMA)
     assert log, "the folder lost its logged epochs"
     assert folder.snapshot_files(log[-1]) <= {p.name for p in model_dir.iterdir()}
     for checkpoint in folder.CHECKPOINTS:
@@ -60,7 +61,7 @@ def temps(model_dir: Path) -> set[str]:
 
 def logged(model_dir: Path) -> int:
     try:
-        return len(folder.read_log(model_dir))
+        return len(folder.read_log(model_dir, LOG_SCHEMA))
     except (OSError, ValueError):  # log.json is replaced by a rename: a reader sees either
         return -1
 
@@ -122,11 +123,11 @@ def test_sigkill_at_chosen_events_never_breaks_the_folder(corpus, tmp_path, tiny
             _, err = run.communicate()
         assert run.returncode == -signal.SIGKILL, err.decode()
         loads(model_dir)
-    epochs = len(folder.read_log(model_dir))
+    epochs = len(folder.read_log(model_dir, LOG_SCHEMA))
     assert epochs >= 1 + sum(COMMITS[e] for e in events), events
 
     finished = subprocess.run(with_epochs(epochs + 1), cwd=REPO, env=env, capture_output=True)
     assert finished.returncode == 0, finished.stderr.decode()
-    assert len(folder.read_log(model_dir)) == epochs + 1
+    assert len(folder.read_log(model_dir, LOG_SCHEMA)) == epochs + 1
     loads(model_dir)
     assert remove_stale_temps(model_dir) == []  # the resumed run cleaned up after the kills

@@ -1,4 +1,4 @@
-"""The lemmatizer's model folder: the tagger's (examples/pos_tagging/folder.py), --resume
+"""The lemmatizer's model folder: the library's (unroll/train/model_folder.py), --resume
 included (design: 8. Trust).
 
 A resumed run trains the model an uninterrupted one trains, bit for bit; a
@@ -16,11 +16,11 @@ import pytest
 from examples.lemmatize import __main__ as cli
 from examples.lemmatize.model import LOG_SCHEMA, Lemmatizer
 from examples.lemmatize.train import TrainOptions, train
-from examples.pos_tagging import folder
 from examples.pos_tagging.__main__ import main as tagger_main
 from tests.cli_helpers import one_line_error
 from tests.examples.conftest import TINY_ARGS
 from tests.examples.test_lemmatize import _corpus
+from unroll.train import model_folder as folder
 
 pytestmark = pytest.mark.slow
 

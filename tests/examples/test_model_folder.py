@@ -6,14 +6,15 @@ import os
 import numpy as np
 import pytest
 
-from examples.pos_tagging import folder
 from examples.pos_tagging import train as train_module
 from examples.pos_tagging.features import Featurizer
-from examples.pos_tagging.folder import ModelFolderError
+from examples.pos_tagging.schemas import LOG_SCHEMA
 from examples.pos_tagging.tagger import Tagger, TaggerConfig
 from examples.pos_tagging.train import TrainingDiverged, train
 from unroll.core.errors import FileFormatError, NetError
 from unroll.engine.net import Net
+from unroll.train import model_folder as folder
+from unroll.train.model_folder import ModelFolderError
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +26,7 @@ def weights(path):
 def test_a_trained_folder_holds_what_its_log_names_and_loads(options, corpus, tmp_path):
     model_dir = tmp_path / "m"
     train(options(corpus, model_dir))
-    log = folder.read_log(model_dir)
+    log = folder.read_log(model_dir, LOG_SCHEMA)
     assert [e["epoch"] for e in log] == [1, 2]
     names = {p.name for p in model_dir.iterdir()}
     assert folder.snapshot_files(log[-1]) <= names
@@ -45,7 +46,7 @@ def test_a_folder_holding_a_model_is_refused_without_resume_or_overwrite(options
     assert weights(model_dir / "best.caffemodel") == best
     train(options(corpus, model_dir, epochs=1, seed=5, overwrite=True))
     assert weights(model_dir / "best.caffemodel") != best
-    assert [e["epoch"] for e in folder.read_log(model_dir)] == [1]
+    assert [e["epoch"] for e in folder.read_log(model_dir, LOG_SCHEMA)] == [1]
 
 
 def test_a_second_trainer_on_one_folder_is_refused(options, corpus, tmp_path):
@@ -127,7 +128,7 @@ def test_resume_continues_exactly_where_the_run_stopped(options, corpus, tmp_pat
     train(options(corpus, straight, epochs=2))
     train(options(corpus, split, epochs=1))
     train(options(corpus, split, epochs=2, resume=True))
-    for name in ("last.caffemodel", folder.read_log(split)[-1]["snapshot"]):
+    for name in ("last.caffemodel", folder.read_log(split, LOG_SCHEMA)[-1]["snapshot"]):
         assert weights(split / name) == weights(straight / name)
 
 
@@ -207,7 +208,8 @@ def test_damaged_weights_never_load_silently(tiny, tmp_path, damage, error, prob
 def test_resume_from_an_empty_snapshot_is_an_error_naming_it(options, corpus, tmp_path):
     model_dir = tmp_path / "m"
     train(options(corpus, model_dir, epochs=1))
-    snapshot = (model_dir / folder.read_log(model_dir)[-1]["snapshot"]).with_suffix(".caffemodel")
+    entry = folder.read_log(model_dir, LOG_SCHEMA)[-1]
+    snapshot = (model_dir / entry["snapshot"]).with_suffix(".caffemodel")
     snapshot.write_bytes(b"")
     # the log's checksum finds it before the solver reads it
     with pytest.raises(ModelFolderError, match=f"{snapshot.name}: its checksum.*--overwrite"):

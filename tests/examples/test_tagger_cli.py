@@ -6,10 +6,10 @@ import os
 import pytest
 
 from examples.pos_tagging.__main__ import main
-from examples.pos_tagging.conll import UPOS_TAGS
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.tagger import Tagger, TaggerConfig
 from tests.cli_helpers import one_line_error
+from unroll.tools.conllu import UPOS_TAGS
 
 pytestmark = pytest.mark.slow
 

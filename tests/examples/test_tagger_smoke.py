@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from examples.pos_tagging.__main__ import main
-from examples.pos_tagging.conll import read_conllu, write_conllu
-from examples.pos_tagging.data import DATA_ENV, data_dir
 from examples.pos_tagging.packing import training_sampler
 from examples.pos_tagging.train import DEV_FILE, TRAIN_FILE, TrainOptions, train
+from unroll.tools.conllu import read_conllu, write_conllu
+from unroll.tools.ewt import DATA_ENV, data_dir
 
 pytestmark = pytest.mark.slow
 

@@ -232,9 +232,9 @@ def test_a_failing_rank_ends_the_whole_job(failure, tmp_path):
 
 
 def test_the_tagger_trains_data_parallel_and_resumes(tmp_path):
-    from examples.pos_tagging.conll import write_conllu
     from examples.pos_tagging.packing import training_sampler
     from examples.pos_tagging.train import DEV_FILE, TRAIN_FILE
+    from unroll.tools.conllu import write_conllu
 
     tag_of = {"the": "DET", "a": "DET", "cat": "NOUN", "dog": "NOUN", "mat": "NOUN",
               "sat": "VERB", "ran": "VERB", "on": "ADP", ".": "PUNCT"}

@@ -1,4 +1,4 @@
-"""Read and write CoNLL-U for POS tagging: word forms and UPOS tags only.
+"""Read and write CoNLL-U: word forms and UPOS tags, and any column filled in place.
 
 >>> import io
 >>> rows = [["1", "I", "PRON"], ["2", "am", "AUX"], ["3", ".", "PUNCT"]]

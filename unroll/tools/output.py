@@ -12,6 +12,8 @@ import io
 import os
 import sys
 
+__all__ = ["OutputClosed", "standard_output"]
+
 
 class OutputClosed(Exception):
     """The reader of standard output went away (``| head``): stop quietly, as Unix tools do."""

@@ -26,7 +26,7 @@ the previous epoch's weights, which their checksum in the previous entry
 vouches for.
 
 Nothing read from the folder is trusted: the JSON files are bounded and
-schema-checked (:mod:`examples.pos_tagging.schema`), every name in them must
+schema-checked (:mod:`unroll.core.json_files`), every name in them must
 be exactly one the trainer writes there (a plain file name, never a path),
 and only such names are ever removed or replaced. ``--resume`` continues a
 complete, consistent folder or refuses, saying what is wrong; it never starts
@@ -35,8 +35,13 @@ over in a folder that holds any of these files.
 Every trainer of ``examples/`` (the tagger, the lemmatizer) keeps its folder
 through this module: :func:`claimed` to hold it, :func:`commit_epoch` to write
 an epoch, :func:`restore_solver` to continue one. Each passes its own log
-schema (an epoch record with at least ``epoch``, ``iter``, ``snapshot`` and
-``sha256``; ``average`` where it averages).
+schema, built by :func:`epoch_log_schema` from the folder's own fields
+(:data:`ENTRY_PROPERTIES`: ``epoch``, ``iter``, ``snapshot``, ``sha256``;
+``average`` where it averages) and its own.
+
+>>> schema = epoch_log_schema({"dev_accuracy": json_files.finite(1)}, required=["dev_accuracy"])
+>>> sorted(schema["items"]["required"])
+['dev_accuracy', 'epoch', 'iter', 'sha256', 'snapshot']
 """
 
 from __future__ import annotations
@@ -48,11 +53,18 @@ import os
 import re
 from pathlib import Path
 
-from examples.pos_tagging import schema
+from unroll.core import json_files
 from unroll.core.atomic import remove_stale_temps, write_atomic
 from unroll.core.errors import FileFormatError, NetError
 from unroll.core.proto import SolverState, read_binary
 from unroll.train.solver import SolverError
+
+__all__ = ["CHECKPOINTS", "CONFIG", "CURVE", "ENTRY_PROPERTIES", "FEATURES", "LOCK", "LOG",
+           "SNAPSHOT_NAME", "SNAPSHOT_PREFIX", "TRAINER_NAMES", "WEIGHT_SUFFIXES",
+           "ModelFolderError", "checkpoint_checksums", "checkpoint_name", "claimed",
+           "commit_epoch", "committed_weights", "epoch_log_schema", "inside", "model_files",
+           "read_log", "restore_solver", "resumable_log", "resume_error", "settings_differ",
+           "sha256", "snapshot_files", "snapshot_names", "verified", "write_json"]
 
 LOG = "log.json"
 CONFIG = "config.json"
@@ -67,6 +79,43 @@ TRAINER_NAMES = (LOG, CONFIG, FEATURES, CURVE, LOCK)
 WEIGHT_SUFFIXES = (".caffemodel", ".solverstate")
 #: the names of the snapshot files the trainer writes (N: the solver's iteration)
 SNAPSHOT_NAME = re.compile(r"snapshot_iter_[0-9]+\.(?:solverstate|caffemodel|average\.caffemodel)")
+
+
+#: the fields of a log.json entry that the folder itself reads (``stopped``: a run that
+#: --max-minutes ended); an application adds its own through :func:`epoch_log_schema`
+ENTRY_PROPERTIES = {
+    "epoch": {"type": "integer", "minimum": 1, "maximum": 1 << 20,
+              "description": "an epoch number >= 1"},
+    "iter": {"type": "integer", "minimum": 0, "maximum": 1 << 53,
+             "description": "an iteration count >= 0"},
+    "snapshot": {"type": "string", "pattern": r"^snapshot_iter_[0-9]{1,16}\.solverstate$",
+                 "description": "a file name snapshot_iter_N.solverstate"},
+    "seed": {"type": "integer", "minimum": 0, "maximum": (1 << 63) - 1,
+             "description": "an integer >= 0"},
+    "sha256": {"type": "object", "description": "an object {file name: SHA-256}",
+               "maxProperties": 5, "additionalProperties": json_files.SHA256_HEX},
+    "stopped": {"type": "string", "maxLength": 200,
+                "pattern": r"^stopped by --max-minutes after [0-9]+ of [0-9]+ epochs$",
+                "description": "the --max-minutes message"},
+}
+#: the field naming an epoch's averaged weights, in the log of a trainer that averages
+_AVERAGE = {"average": {"type": "string",
+                        "pattern": r"^snapshot_iter_[0-9]{1,16}\.average\.caffemodel$",
+                        "description": "a file name snapshot_iter_N.average.caffemodel"}}
+
+
+def epoch_log_schema(properties: dict, required: list[str], averaged: bool = False) -> dict:
+    """The schema of a log.json whose entries hold :data:`ENTRY_PROPERTIES` and
+    ``properties`` (an application's own fields) and no other key; ``epoch``, ``iter``,
+    ``snapshot``, ``sha256`` and the names in ``required`` must be present, and
+    ``average`` where the trainer ``averaged`` its weights (see :func:`commit_epoch`)."""
+    entry = {
+        "type": "object", "description": "an epoch record {...}", "additionalProperties": False,
+        "required": ["epoch", "iter", "snapshot", "sha256", *required,
+                     *(["average"] if averaged else [])],
+        "properties": ENTRY_PROPERTIES | (_AVERAGE if averaged else {}) | properties,
+    }
+    return {"type": "array", "description": "a list [...]", "maxItems": 1 << 20, "items": entry}
 
 
 class ModelFolderError(ValueError):
@@ -103,10 +152,10 @@ def inside(model_dir: Path, name: str) -> Path:
     return path
 
 
-def read_log(model_dir: Path, log_schema: dict = schema.LOG_SCHEMA) -> list[dict]:
+def read_log(model_dir: Path, log_schema: dict) -> list[dict]:
     """The epochs logged in ``model_dir`` ([] where there is no log.json).
 
-    Every entry is checked against ``log_schema`` (the tagger's by default),
+    Every entry is checked against ``log_schema`` (see :func:`epoch_log_schema`),
     numbered 1, 2, ... in order, and names the snapshot files of its own
     iteration; its checksums cover exactly those and the ``last`` and ``best``
     weights. Anything else is a FileFormatError naming the file, the entry and
@@ -115,7 +164,7 @@ def read_log(model_dir: Path, log_schema: dict = schema.LOG_SCHEMA) -> list[dict
     path = inside(model_dir, LOG)
     if not os.path.lexists(path):
         return []
-    log = schema.read_checked(path, log_schema)
+    log = json_files.read_checked(path, log_schema)
     for k, entry in enumerate(log):
         state, weights, average = snapshot_names(entry["iter"])
         if entry["epoch"] != k + 1:
@@ -150,7 +199,7 @@ def committed_weights(entry: dict) -> str:
 
 def verified(path: Path, expected: str | set) -> bytes:
     """The bytes of ``path`` if their SHA-256 is (one of) ``expected``, else a FileFormatError."""
-    data = schema.read_bytes(path, limit=1 << 40)
+    data = json_files.read_bytes(path, limit=1 << 40)
     accepted = {expected} if isinstance(expected, str) else expected
     if sha256(data) not in accepted:
         raise FileFormatError(path, f"its checksum is not the one {LOG} records: the file "
@@ -184,7 +233,7 @@ def resume_error(model_dir: Path, problem: str) -> ModelFolderError:
                             f"--model-dir")
 
 
-def resumable_log(model_dir: Path, log_schema: dict = schema.LOG_SCHEMA) -> list[dict]:
+def resumable_log(model_dir: Path, log_schema: dict) -> list[dict]:
     """The log of a folder that --resume can continue, after finishing an interrupted commit.
 
     The folder must hold its config, features and a log naming at least one
@@ -231,16 +280,16 @@ def _finish_commit(model_dir: Path, log: list) -> None:
 
 
 def _sha256_of(path: Path) -> str:
-    return sha256(schema.read_bytes(path, limit=1 << 40))
+    return sha256(json_files.read_bytes(path, limit=1 << 40))
 
 
 @contextlib.contextmanager
 def claimed(model_dir: Path, resume: bool = False, overwrite: bool = False,
-            log_schema: dict = schema.LOG_SCHEMA):
+            log_schema: dict | None = None):
     """Hold ``model_dir`` for one trainer: create it, lock it, tidy it, check it may be used.
 
     Refuses a folder that already holds a model unless ``resume`` (continue it:
-    see :func:`resumable_log`, its log read with ``log_schema``) or
+    see :func:`resumable_log`, its log read with ``log_schema``, which a resume needs) or
     ``overwrite`` (delete its model files first), and a folder another trainer
     holds. Removes temp files and snapshots that a killed run left, never one
     that the log names.
@@ -258,6 +307,8 @@ def claimed(model_dir: Path, resume: bool = False, overwrite: bool = False,
         held = model_files(model_dir)
         log = []
         if held and resume:
+            if log_schema is None:
+                raise TypeError("claimed(resume=True) needs the application's log_schema")
             log = resumable_log(model_dir, log_schema)
         elif held:
             if not overwrite:

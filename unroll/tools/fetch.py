@@ -2,7 +2,7 @@
 
 :func:`fetch_ewt` downloads the train, dev and test CoNLL-U files of release
 r2.16 (the raw files at that tag of UniversalDependencies/UD_English-EWT) into
-the cache folder (:func:`examples.pos_tagging.data.cache_dir`), with a progress
+the cache folder (:func:`unroll.tools.ewt.cache_dir`), with a progress
 bar. ``$UNROLL_EWT_URL`` replaces the base URL (a mirror); the file names and
 checksums stay the release's.
 
@@ -33,15 +33,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from examples.pos_tagging.data import (
-    DATA_ENV,
-    DEV_FILE,
-    RELEASE,
-    TEST_FILE,
-    TRAIN_FILE,
-    cache_dir,
-)
 from unroll.core.atomic import remove_stale_temps, write_files_atomic
+from unroll.tools.ewt import DATA_ENV, DEV_FILE, RELEASE, TEST_FILE, TRAIN_FILE, cache_dir
+
+__all__ = ["BASE_URL", "SHA256", "TIMEOUT_S", "URL_ENV", "FetchError", "base_url", "fetch_ewt",
+           "sha256_of"]
 
 URL_ENV = "UNROLL_EWT_URL"
 BASE_URL = f"https://raw.githubusercontent.com/UniversalDependencies/UD_English-EWT/{RELEASE}/"

@@ -1,4 +1,4 @@
-"""The JSON files of a model folder, read without trusting them: bounded, then schema-checked.
+"""JSON files read without trusting them: bounded, then schema-checked.
 
 A file must be a regular file (not a FIFO, which is opened without blocking,
 nor a folder or a symlink loop) of at most :data:`MAX_BYTES`, nested at most
@@ -7,11 +7,13 @@ with finite numbers only (no NaN, Infinity or 1e400) and integers of at most
 :data:`MAX_DIGITS` digits. Then it is validated against its schema
 (``jsonschema``), so types, ranges and sizes are known before any value is
 used. Every problem is a :class:`FileFormatError` naming the file and the field.
+:func:`count`, :func:`ratio`, :func:`finite` and :data:`SHA256_HEX` are schema
+pieces that describe themselves in those messages.
 
 >>> import tempfile, pathlib
 >>> path = pathlib.Path(tempfile.mkdtemp()) / "config.json"
 >>> _ = path.write_text('{"hidden": 1e400}')
->>> read_checked(path, CONFIG_SCHEMA)
+>>> read_checked(path, {"type": "object", "properties": {"hidden": count(8192)}})
 Traceback (most recent call last):
 unroll.core.errors.FileFormatError: ...config.json: hidden must be an integer >= 1, found 1e400
 """
@@ -26,119 +28,37 @@ import stat
 
 import jsonschema
 
-from examples.pos_tagging.features import FEATURES
 from unroll.core.errors import FileFormatError
 
-#: bounds of any model-folder JSON file: bytes, nesting, digits of an integer
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_DIGITS", "SHA256_HEX", "Unusable", "count", "finite",
+           "parse", "problem", "ratio", "read_bytes", "read_checked"]
+
+#: bounds of any JSON file read: bytes, nesting, digits of an integer
 MAX_BYTES, MAX_DEPTH, MAX_DIGITS = 1 << 28, 16, 18
-#: entries of one vocabulary (EWT's largest, words, has about 16k)
-MAX_VOCAB = 5_000_000
-#: the largest embedding, hidden or batch size a config may ask for (the default hidden
-#: is 256; whether a net of such sizes fits in memory is for the net to check)
-MAX_WIDTH = 8192
 
 
-def _count(maximum: int) -> dict:
+def count(maximum: int) -> dict:
+    """The schema of an integer in [1, ``maximum``] (a size, a count)."""
     return {"type": "integer", "minimum": 1, "maximum": maximum,
             "description": "an integer >= 1"}
 
 
-def _ratio() -> dict:
+def ratio() -> dict:
+    """The schema of a number in [0, 1) (a dropout rate)."""
     return {"type": "number", "minimum": 0, "exclusiveMaximum": 1,
             "description": "a number in [0, 1)"}
 
 
-#: a TaggerConfig (config.json): sizes within what a tagger can use, far above any real one
-CONFIG_SCHEMA = {
-    "type": "object",
-    "description": "an object {...}",
-    "additionalProperties": False,
-    "properties": {
-        "embed": _count(MAX_WIDTH), "hidden": _count(MAX_WIDTH), "layers": _count(16),
-        "batch": _count(MAX_WIDTH),
-        "cell": {"type": "string", "minLength": 1, "maxLength": 4096,
-                 "description": "a template name"},
-        "dropout": _ratio(), "word_dropout": _ratio(),
-        "feature_dims": {"type": "object", "description": "an object",
-                         "propertyNames": {"enum": list(FEATURES)},
-                         "additionalProperties": _count(MAX_WIDTH)},
-        "chars": {
-            "type": "object", "description": "{} or an object with embed, hidden, length",
-            "additionalProperties": False,
-            "properties": {"embed": _count(MAX_WIDTH), "hidden": _count(MAX_WIDTH),
-                           "length": _count(256)},
-            "dependentRequired": {"embed": ["hidden", "length"], "hidden": ["embed", "length"],
-                                  "length": ["embed", "hidden"]},
-        },
-    },
-}
-
-_VOCAB = {
-    "type": "object", "description": "a vocabulary {tokens, counts}",
-    "required": ["tokens", "counts"], "additionalProperties": False,
-    "properties": {
-        "tokens": {"type": "array", "maxItems": MAX_VOCAB, "description": "a list of strings",
-                   "items": {"type": "string", "description": "a string"}},
-        "counts": {"type": "array", "maxItems": MAX_VOCAB, "description": "a list of counts",
-                   "items": {"type": "integer", "minimum": 0, "maximum": 1 << 53,
-                             "description": "a count (an integer >= 0)"}},
-    },
-}
-
-#: a Featurizer (features.json)
-FEATURES_SCHEMA = {
-    "type": "object", "description": "an object {features, chars}",
-    "required": ["features", "chars"], "additionalProperties": False,
-    "properties": {
-        "features": {"type": "object", "description": "an object of vocabularies",
-                     "required": list(FEATURES), "additionalProperties": False,
-                     "properties": dict.fromkeys(FEATURES, _VOCAB)},
-        "chars": _VOCAB,
-    },
-}
-
-_SHA256 = {"type": "string", "pattern": "^[0-9a-f]{64}$", "description": "a SHA-256 in hex"}
-
-
-def _finite(maximum: float | None = None) -> dict:
+def finite(maximum: float | None = None) -> dict:
+    """The schema of a finite number >= 0, at most ``maximum`` where given."""
     schema = {"type": "number", "minimum": 0, "description": "a finite number >= 0"}
     if maximum is not None:
         schema |= {"maximum": maximum, "description": f"a number in [0, {maximum:g}]"}
     return schema
 
 
-#: an epoch record of log.json (the names in it are checked further by folder.read_log)
-LOG_ENTRY_SCHEMA = {
-    "type": "object", "description": "an epoch record {...}", "additionalProperties": False,
-    "required": ["epoch", "iter", "train_loss", "dev_accuracy", "seconds", "snapshot",
-                 "average", "seed", "sha256"],
-    "properties": {
-        "epoch": {"type": "integer", "minimum": 1, "maximum": 1 << 20,
-                  "description": "an epoch number >= 1"},
-        "iter": {"type": "integer", "minimum": 0, "maximum": 1 << 53,
-                 "description": "an iteration count >= 0"},
-        "train_loss": {"type": ["number", "null"], "minimum": 0,
-                       "description": "a finite number >= 0, or null"},
-        "dev_accuracy": _finite(1), "padding_fraction": _finite(1),
-        "seconds": _finite(), "tokens_per_s": _finite(),
-        "snapshot": {"type": "string", "pattern": r"^snapshot_iter_[0-9]{1,16}\.solverstate$",
-                     "description": "a file name snapshot_iter_N.solverstate"},
-        "average": {"type": "string",
-                    "pattern": r"^snapshot_iter_[0-9]{1,16}\.average\.caffemodel$",
-                    "description": "a file name snapshot_iter_N.average.caffemodel"},
-        "seed": {"type": "integer", "minimum": 0, "maximum": (1 << 63) - 1,
-                 "description": "an integer >= 0"},
-        "sha256": {"type": "object", "description": "an object {file name: SHA-256}",
-                   "maxProperties": 5, "additionalProperties": _SHA256},
-        "stopped": {"type": "string", "maxLength": 200,
-                    "pattern": r"^stopped by --max-minutes after [0-9]+ of [0-9]+ epochs$",
-                    "description": "the --max-minutes message"},
-    },
-}
-
-#: log.json: the epochs that ended, first to last
-LOG_SCHEMA = {"type": "array", "description": "a list [...]", "maxItems": 1 << 20,
-              "items": LOG_ENTRY_SCHEMA}
+#: the schema of a SHA-256 in hex
+SHA256_HEX = {"type": "string", "pattern": "^[0-9a-f]{64}$", "description": "a SHA-256 in hex"}
 
 
 def _strict_types():
@@ -170,7 +90,7 @@ def read_bytes(path, limit: int = MAX_BYTES) -> bytes:
         if not stat.S_ISREG(status.st_mode):
             kind = "a folder" if stat.S_ISDIR(status.st_mode) else (
                 "a FIFO" if stat.S_ISFIFO(status.st_mode) else "not a regular file")
-            raise FileFormatError(path, f"is {kind}; expected a file written by `train`")
+            raise FileFormatError(path, f"is {kind}; expected a regular file")
         data = b"" if status.st_size > limit else f.read()
     if status.st_size > limit or len(data) > limit:
         raise FileFormatError(path, f"is larger than {limit} bytes, the most it may hold")
@@ -224,9 +144,10 @@ def _bounded_int(text: str):
 def problem(value, schema: dict) -> str | None:
     """What is wrong with ``value`` under ``schema``, naming the field; None if nothing.
 
-    >>> problem({"hidden": 0}, CONFIG_SCHEMA)
+    >>> problem({"hidden": 0}, {"type": "object", "properties": {"hidden": count(64)}})
     'hidden must be an integer >= 1, found 0'
-    >>> problem({"chars": {"length": 10**9, "embed": 8, "hidden": 8}}, CONFIG_SCHEMA)
+    >>> problem({"chars": {"length": 10**9}},
+    ...         {"properties": {"chars": {"properties": {"length": count(256)}}}})
     'chars.length must be at most 256, found 1000000000'
     """
     error = jsonschema.exceptions.best_match(_Validator(schema).iter_errors(value))

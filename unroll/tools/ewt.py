@@ -5,7 +5,7 @@ The folder is, first found: ``--data DIR``, then ``$UNROLL_EWT_DATA``, then
 seen from the repository root) when it exists, else the cache
 ``$UNROLL_DATA_HOME/ud_english_ewt/r2.16`` (default ``~/.cache/unroll``),
 into which :func:`fetched_data_dir` downloads the pinned release
-(:mod:`examples.pos_tagging.fetch`). Only the cache is ever fetched into, so
+(:mod:`unroll.tools.fetch`). Only the cache is ever fetched into, so
 a machine with ``../shared/data`` (CI) never downloads.
 """
 
@@ -14,8 +14,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from examples.pos_tagging.conll import read_conllu
 from unroll.core.errors import FileFormatError
+from unroll.tools.conllu import read_conllu
+
+__all__ = ["DATA_ENV", "DEFAULT_DATA", "DEV_FILE", "HOME_ENV", "RELEASE", "SPLIT_FILES",
+           "TEST_FILE", "TRAIN_FILE", "cache_dir", "data_dir", "fetched_data_dir", "read_split",
+           "split_file"]
 
 DATA_ENV = "UNROLL_EWT_DATA"
 HOME_ENV = "UNROLL_DATA_HOME"
@@ -63,11 +67,11 @@ def data_dir(given: Path | str | None = None) -> Path:
 def fetched_data_dir(given: Path | str | None = None, quiet: bool = False) -> Path:
     """:func:`data_dir`, with the release's files fetched and verified when it is the cache.
 
-    Raises :class:`examples.pos_tagging.fetch.FetchError` when they cannot be had.
+    Raises :class:`unroll.tools.fetch.FetchError` when they cannot be had.
     """
     folder, cached = _located(given)
     if cached:
-        from examples.pos_tagging.fetch import fetch_ewt  # fetch.py imports this module
+        from unroll.tools.fetch import fetch_ewt  # fetch.py imports this module
 
         fetch_ewt(folder, quiet=quiet)
     return folder
