@@ -90,6 +90,8 @@ class CharLM:
                seed: int = 0) -> str:
         """``prime`` and what follows it, drawn symbol by symbol at ``temperature`` from a
         generator seeded with ``seed``, up to ``length`` symbols or the sentence's end."""
+        if not temperature > 0:
+            raise ValueError(f"temperature: expected a number > 0, found {temperature}")
         rng = np.random.default_rng(seed)
         self.stepper.reset()
         one = np.ones((1, 1))

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from examples.pos_tagging.conll import read_lines
 from unroll.core.errors import FileFormatError
+from unroll.tools.conllu import read_lines
 
 __all__ = ["BOUNDARY", "IGNORE", "UNK", "Symbols", "read_texts", "windows"]
 
