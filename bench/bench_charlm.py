@@ -148,21 +148,21 @@ def main(argv=None) -> int:
 
     from examples.charlm.model import SOLVER, CharLM, CharLMConfig
     from examples.charlm.text import Symbols, read_texts
-    from examples.pos_tagging.data import DEV_FILE, TRAIN_FILE, data_dir
+    from unroll.tools.ewt import DEV_FILE, TRAIN_FILE, data_dir
 
     data = data_dir(args.data)
     train, dev = read_texts(data / TRAIN_FILE), read_texts(data / DEV_FILE)
     config = CharLMConfig()
     lm = CharLM(Symbols.build(train), config, seed=args.seed)
     windows = lm.windows(train)[:args.windows or None]
-    job = {"symbols": len(lm.symbols), "embed": config.embed, "hidden": config.hidden,
+    job = {"symbols": len(lm.symbols.itos), "embed": config.embed, "hidden": config.hidden,
            "batch": config.batch, "itos": lm.symbols.itos, "config": vars(config),
            "params": {p.name: p.blob.data.copy() for p in lm.train_model.learnable_params},
            "solver": SOLVER, "epochs": args.epochs, "train": windows, "dev": lm.windows(dev)}
     env = {k: v for k, v in os.environ.items()
            if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     tokens = sum(int((y != -1).sum()) for _, y in windows) * args.epochs
-    print(f"{len(lm.symbols)} symbols; {args.epochs} epoch(s) of {len(windows)} windows "
+    print(f"{len(lm.symbols.itos)} symbols; {args.epochs} epoch(s) of {len(windows)} windows "
           f"({config.batch} x {config.steps}), {tokens} training characters; dev "
           f"{sum(int((y != -1).sum()) for _, y in job['dev'])} characters")
     with tempfile.TemporaryDirectory() as tmp:

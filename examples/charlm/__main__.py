@@ -13,10 +13,9 @@ from dataclasses import asdict
 import numpy as np
 
 from examples.charlm.model import SOLVER, CharLM, CharLMConfig
-from examples.charlm.text import IGNORE, Symbols, read_texts, windows
+from examples.charlm.text import BOUNDARY, IGNORE, UNK, Symbols, read_texts, windows
 from unroll import carry_hidden
 from unroll.core import json_files
-from unroll.core.errors import FileFormatError
 from unroll.core.proto import NetParameter
 from unroll.engine.memory_limit import parse_bytes
 from unroll.tools import app_cli as cli
@@ -26,31 +25,18 @@ from unroll.train import model_folder as folder
 from unroll.train.trainer import Metric, Trainer, log_schema
 
 SIZES = tuple(CharLMConfig.__dataclass_fields__)
-CONFIG_SCHEMA = {"type": "object", "description": "an object {embed, hidden, batch, steps}",
-                 "required": list(SIZES), "additionalProperties": False,
-                 "properties": {k: json_files.count(1 << 16) for k in SIZES}}
-SYMBOLS_SCHEMA = {"type": "array", "minItems": 2, "maxItems": 1 << 16,
-                  "description": "a list of symbols",
-                  "items": {"type": "string", "minLength": 1, "maxLength": 8,
-                            "description": "a symbol"}}
-
-
-class InOrder:
-    """The windows of each epoch, in the stream's order (the state flows through them)."""
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def epoch_batches(self, epoch: int) -> range:
-        return range(self.n)
+CONFIG = {"type": "object", "description": "an object {embed, hidden, batch, steps}",
+          "required": list(SIZES), "additionalProperties": False,
+          "properties": {k: json_files.count(1 << 16) for k in SIZES}}
+SYMBOLS = {"type": "array", "maxItems": 1 << 16, "uniqueItems": True, "minItems": 2,
+           "description": "a list of distinct symbols: <unk>, a line end, then characters",
+           "prefixItems": [{"const": UNK}, {"const": BOUNDARY}],
+           "items": {"type": "string", "minLength": 1, "maxLength": 8, "description": "a symbol"}}
 
 
 class App:
-    """charlm for :class:`unroll.train.trainer.Trainer`: each window carries on from the one
-    before, across epochs too, so the carried state is saved with every snapshot."""
+    """charlm for :class:`unroll.train.trainer.Trainer`, and its sampler: the windows in the
+    stream's order, each carrying on from the one before, across epochs too."""
 
     log_schema = log_schema({"dev_bpc": json_files.finite()}, ["dev_bpc"], carried=True)
     metric = Metric("dev_bpc", "dev bits/char", mode="min")
@@ -80,10 +66,15 @@ class App:
 
     def sampler(self, seed, rank, size):
         n = self.config.batch  # rank r reads rows r*n..(r+1)*n-1 of size*n
-        self.windows = [(x[:, rank * n:(rank + 1) * n], y[:, rank * n:(rank + 1) * n]) for x, y
-                        in windows(self.symbols.stream(self.texts[0]), n * size,
-                                   self.config.steps)]
-        return InOrder(len(self.windows))
+        cut = windows(self.symbols.stream(self.texts[0]), n * size, self.config.steps)
+        self.windows = [(x[:, rank * n:][:, :n], y[:, rank * n:][:, :n]) for x, y in cut]
+        return self
+
+    def __len__(self):
+        return len(self.windows)
+
+    def epoch_batches(self, epoch):
+        return range(len(self.windows))
 
     def solver_fields(self, steps_per_epoch):
         return dict(SOLVER, base_lr=self.args.lr)
@@ -93,13 +84,12 @@ class App:
 
     def batch(self, k):
         self.carried_state()
-        self.ran = True
-        return self.lm.inputs(self.windows[k], self.state), int(np.sum(self.windows[k][1]
-                                                                       != IGNORE))
+        self.ran, (x, y) = True, self.windows[k]
+        return self.lm.inputs((x, y), self.state), int(np.sum(y != IGNORE))
 
     def carried_state(self):
-        if self.ran:  # the state after the window that ran last, before evaluation reuses
-            self.state, self.ran = carry_hidden(self.lm.train_model), False  # its memory
+        if self.ran:  # take the state of the last window before evaluation reuses its memory
+            self.state, self.ran = carry_hidden(self.lm.train_model), False
         return self.state
 
     def restore_carried_state(self, state):
@@ -111,12 +101,9 @@ class App:
 
 def described(model_dir):
     """(config, symbols) of a model folder, schema-checked."""
-    config = json_files.read_checked(folder.inside(model_dir, folder.CONFIG), CONFIG_SCHEMA)
-    symbols = json_files.read_checked(folder.inside(model_dir, folder.FEATURES), SYMBOLS_SCHEMA)
-    try:
-        return CharLMConfig(**config), Symbols(symbols)
-    except ValueError as e:
-        raise FileFormatError(model_dir / folder.FEATURES, str(e)) from None
+    return (CharLMConfig(**json_files.read_checked(folder.inside(model_dir, folder.CONFIG),
+                                                   CONFIG)),
+            Symbols(json_files.read_checked(folder.inside(model_dir, folder.FEATURES), SYMBOLS)))
 
 
 def trained(args) -> CharLM:
@@ -124,10 +111,9 @@ def trained(args) -> CharLM:
     log = folder.read_log(args.model_dir, App.log_schema)
     if not log:
         raise folder.ModelFolderError(f"{args.model_dir} holds no trained model: train first")
-    lm = CharLM(*reversed(described(args.model_dir)))
-    best = folder.inside(args.model_dir, folder.checkpoint_name("best"))
-    lm.train_model.copy_from(NetParameter.FromString(
-        folder.verified(best, folder.checkpoint_checksums(log, "best"))))
+    lm, best = CharLM(*reversed(described(args.model_dir))), folder.checkpoint_name("best")
+    lm.train_model.copy_from(NetParameter.FromString(folder.verified(
+        folder.inside(args.model_dir, best), folder.checkpoint_checksums(log, "best"))))
     return lm
 
 
@@ -152,23 +138,22 @@ def sample(args) -> int:
 
 def main(argv=None) -> int:
     parser, sub = cli.app_parser("python -m examples.charlm", __doc__)
-    model = cli.model_options("runs/charlm")
-    t = sub.add_parser("train", parents=[model, cli.data_options(), cli.training_options(10)])
+    model, data = cli.model_options("runs/charlm"), cli.data_options()
+    t = sub.add_parser("train", parents=[model, data, cli.training_options(10)])
     for size, default in asdict(CharLMConfig()).items():
         t.add_argument(f"--{size}", type=cli.positive_int, help=f"(default {default})")
     t.add_argument("--lr", type=float, default=SOLVER["base_lr"])
     t.add_argument("--memory-budget", type=parse_bytes, metavar="BYTES",
                    help="bytes a training net may plan (recomputing in backward)")
     t.set_defaults(run=train, interrupted="continue with --resume")
-    e = sub.add_parser("evaluate", parents=[model, cli.data_options()])
+    e = sub.add_parser("evaluate", parents=[model, data])
     e.add_argument("--split", choices=["train", "dev", "test"], default="dev")
-    e.set_defaults(run=evaluate)
     s = sub.add_parser("sample", parents=[model, cli.output_options()])
     s.add_argument("--prime", default="", help="the text to continue")
     s.add_argument("--length", type=cli.positive_int, default=200)
     s.add_argument("--temperature", type=float, default=1.0)
     s.add_argument("--seed", type=cli.seed, default=0)
-    s.set_defaults(run=sample)
+    e.set_defaults(run=evaluate), s.set_defaults(run=sample)
     cli.add_fetch(sub)
     return cli.run(parser, argv)
 

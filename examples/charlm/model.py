@@ -1,16 +1,11 @@
-"""The character LM: its nets over one parameter store, bits per character, and sampling.
+"""The character LM's nets over one parameter store (``charlm.prototxt.j2`` has the
+equations): one per window length to train (a pass's last window may be shorter), their
+test-phase twins to score, and a one-step net that an :class:`unroll.Stepper` runs to
+sample. Each window carries on from the state of the one before (truncated BPTT,
+docs/design.md "Unrolling").
 
-The net is ``charlm.prototxt.j2`` beside this file (read it for the equations).
-Training runs the windows of the stream in order, each window's final states
-carried into the next (truncated BPTT, ``docs/design.md`` "Unrolling"): one net
-per window length (the last window of a pass may be shorter), all over one store;
-a test-phase twin scores dev, and an :class:`unroll.Stepper` over the one-step net
-samples.
-
->>> from examples.charlm.text import Symbols
->>> lm = CharLM(Symbols.build(["a cat", "a dog"]), CharLMConfig(embed=4, hidden=8, batch=2,
-...                                                             steps=3))
->>> len(lm.sample("a ", length=5, seed=1)) <= 7
+>>> lm = CharLM(Symbols.build(["a cat", "a dog"]), CharLMConfig(4, 8, batch=2, steps=3))
+>>> lm.sample("a ", length=5, seed=1).startswith("a ")
 True
 """
 
@@ -24,8 +19,6 @@ import numpy as np
 
 from examples.charlm.text import BOUNDARY, IGNORE, Symbols, windows
 from unroll import BucketedModel, Stepper, carry_hidden, expand
-
-__all__ = ["SOLVER", "CharLM", "CharLMConfig"]
 
 TEMPLATE = Path(__file__).with_name("charlm.prototxt.j2")
 #: the SolverParameter fields of training (bench/bench_charlm.py gives PyTorch the same)
@@ -49,17 +42,16 @@ class CharLM:
     def __init__(self, symbols: Symbols, config: CharLMConfig, seed: int = 0,
                  memory_budget: int | None = None):
         self.symbols, self.config = symbols, config
-        self.train_model = BucketedModel(lambda t: self._net("train", t), seed=seed,
-                                         memory_budget=memory_budget)
-        self.test_model = BucketedModel(lambda t: self._net("train", t), phase="test",
-                                        store=self.train_model.store,
-                                        net_params=self.train_model.net_params)
-        self.stepper = Stepper(self._net("step", 1, batch=1), store=self.train_model.store)
 
-    def _net(self, part: str, steps: int, batch: int | None = None):
-        c = self.config
-        return expand(TEMPLATE, steps=steps, batch=batch or c.batch, symbols=len(self.symbols),
-                      embed=c.embed, hidden=c.hidden, part=part, ignore_label=IGNORE)
+        def net(steps, part="train", batch=config.batch):
+            return expand(TEMPLATE, steps=steps, batch=batch, symbols=len(symbols.itos),
+                          part=part, embed=config.embed, hidden=config.hidden,
+                          ignore_label=IGNORE)
+
+        self.train_model = BucketedModel(net, seed=seed, memory_budget=memory_budget)
+        self.test_model = BucketedModel(net, phase="test", store=self.train_model.store,
+                                        net_params=self.train_model.net_params)
+        self.stepper = Stepper(net(1, "step", 1), store=self.train_model.store)
 
     def windows(self, texts) -> list:
         """The (inputs, targets) windows of ``texts`` as one stream (:mod:`.text`)."""
@@ -71,13 +63,13 @@ class CharLM:
 
     @staticmethod
     def inputs(window, state: dict) -> dict:
-        """A window's inputs, starting from ``state`` ({h_0, c_0}, the states it carries on)."""
-        chars, targets = window
-        return {"chars": chars, "cont": np.ones(chars.shape), "next": targets, **state}
+        """A window's inputs, carrying on from ``state`` ({"h_0": ..., "c_0": ...})."""
+        return {"chars": window[0], "cont": np.ones(window[0].shape), "next": window[1],
+                **state}
 
     def bits_per_char(self, texts) -> float:
-        """Mean cross-entropy, in bits, of each symbol of the stream of ``texts`` given those
-        before it: nats / ln 2 over every window, the state carried through."""
+        """The mean cross-entropy in bits (nats / ln 2) of each symbol of the stream of
+        ``texts`` given those before it, the state carried through every window."""
         state, nats, count = self.zero_state(), 0.0, 0
         for window in self.windows(texts):
             loss = self.test_model.forward(**self.inputs(window, state))["loss"]
@@ -92,18 +84,15 @@ class CharLM:
         generator seeded with ``seed``, up to ``length`` symbols or the sentence's end."""
         if not temperature > 0:
             raise ValueError(f"temperature: expected a number > 0, found {temperature}")
-        rng = np.random.default_rng(seed)
+        rng, text, one = np.random.default_rng(seed), list(prime), np.ones((1, 1))
         self.stepper.reset()
-        one = np.ones((1, 1))
         for k in self.symbols.encode(BOUNDARY + prime):
-            probs = self.stepper(chars=one * k, cont=one)["probs"]
-        out = []
-        for _ in range(length):
-            logits = np.log(np.maximum(probs[0, 0].astype(np.float64), 1e-300)) / temperature
-            p = np.exp(logits - logits.max())
+            probs = self.stepper(chars=one * k, cont=one)["probs"][0, 0].astype(np.float64)
+        while len(text) < len(prime) + length:
+            p = np.exp((np.log(probs + 1e-300) - np.log(probs.max() + 1e-300)) / temperature)
             k = int(rng.choice(len(p), p=p / p.sum()))
             if self.symbols.itos[k] == BOUNDARY:
                 break
-            out.append(self.symbols.itos[k])
-            probs = self.stepper(chars=one * k, cont=one)["probs"]
-        return prime + "".join(out)
+            text.append(self.symbols.itos[k])
+            probs = self.stepper(chars=one * k, cont=one)["probs"][0, 0].astype(np.float64)
+        return "".join(text)
