@@ -46,12 +46,9 @@ def train_worker(args) -> dict:
     from examples.pos_tagging.features import Featurizer
     from examples.pos_tagging.packing import batch_inputs, training_sampler
     from examples.pos_tagging.tagger import Tagger, TaggerConfig, tag_ids
-    from examples.pos_tagging.train import (
-        ParamAverage,
-        TrainOptions,
-        training_solver,
-    )
+    from examples.pos_tagging.train import TrainOptions, training_solver
     from unroll.tools.conllu import read_conllu
+    from unroll.train.trainer import ParamAverage
 
     pack = args.worker == "packed"
     sents = list(read_conllu(args.data / "en_ewt-ud-train.conllu"))

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from examples.pos_tagging.commands import run_example
+from unroll.tools.app_cli import run as run_app
 
 __all__ = ["build_parser", "main"]
 
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Run the command; errors print one line (exit 2: bad input, 1: a failure)."""
-    return run_example("python -m examples.deprel", build_parser().parse_args(argv))
+    return run_app(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ from tqdm import tqdm
 from examples.deprel.conll import read_deprel
 from examples.deprel.labeller import DeprelConfig, Labeller
 from examples.pos_tagging.features import Featurizer, word_dropout
-from examples.pos_tagging.train import bad_batch, checked_step, diverged
 from unroll.train import model_folder as folder
 from unroll.train.solver import NonFiniteError, Solver
+from unroll.train.trainer import bad_batch, diverged
 
 __all__ = ["TrainOptions", "accuracy", "train"]
 
@@ -125,3 +125,13 @@ def train(opts: TrainOptions) -> list[dict]:
                            f"built  padding {100 * entry['padding_fraction']:.1f}%")
         return log
 
+
+def checked_step(model, solver, inputs: dict) -> float:
+    """One training step of ``model`` on ``inputs``: forward, backward and the ``solver``'s
+    update; returns the loss. A solver with ``nonfinite="stop"`` raises
+    :class:`~unroll.train.solver.NonFiniteError` before updating on a non-finite step."""
+    model.clear_param_diffs()
+    model.forward(**inputs)
+    model.backward()
+    solver.update()
+    return model.loss

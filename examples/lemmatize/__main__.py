@@ -16,7 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from examples.pos_tagging.commands import positive_int, run_example
+from unroll.tools.app_cli import positive_int
+from unroll.tools.app_cli import run as run_app
 
 __all__ = ["build_parser", "main"]
 
@@ -130,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     """Run the command; errors print one line (exit 2: bad input, 1: a failure)."""
-    return run_example("python -m examples.lemmatize", build_parser().parse_args(argv))
+    return run_app(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -28,11 +28,11 @@ from tqdm import tqdm
 
 from examples.lemmatize.conll import read_lemmas
 from examples.lemmatize.model import LOG_SCHEMA, Lemmatizer, LemmatizerConfig
-from examples.pos_tagging.train import bad_batch, checked_step, diverged
 from unroll import Solver
 from unroll.core.errors import FileFormatError
 from unroll.train import model_folder as folder
 from unroll.train.solver import NonFiniteError
+from unroll.train.trainer import bad_batch, diverged
 
 __all__ = ["TrainOptions", "dictionary_baseline", "scores", "train", "words_of"]
 
@@ -205,3 +205,14 @@ def _train(opts: TrainOptions, model_dir: Path, lemmatizer: Lemmatizer, log: lis
                        f"{100 * dev['combined_lower']:.2f}%  {entry['words_per_s']:.0f} "
                        f"words/s  {last_seconds:.0f} s")
     return log
+
+
+def checked_step(model, solver, inputs: dict) -> float:
+    """One training step of ``model`` on ``inputs``: forward, backward and the ``solver``'s
+    update; returns the loss. A solver with ``nonfinite="stop"`` raises
+    :class:`~unroll.train.solver.NonFiniteError` before updating on a non-finite step."""
+    model.clear_param_diffs()
+    model.forward(**inputs)
+    model.backward()
+    solver.update()
+    return model.loss

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import fields
 from pathlib import Path
 
-from examples.pos_tagging.commands import positive_int, run_example
 from unroll.engine.memory_limit import parse_bytes
-from unroll.tools.ewt import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE
-from unroll.tools.output import OutputClosed, standard_output
-from unroll.train import distributed
+from unroll.tools import app_cli
+from unroll.tools.output import standard_output
 
+PROG = "python -m examples.pos_tagging"
 #: TaggerConfig fields and the train options that set them
 SIZE_OPTIONS = ("embed", "hidden", "layers", "cell", "dropout", "word_dropout", "batch_size")
 CHAR_OPTIONS = ("char_embed", "char_hidden", "char_length")
@@ -47,32 +45,18 @@ def _sizes(args) -> dict:
 
 
 def _train(args) -> int:
-    from examples.pos_tagging.train import TrainOptions, train
+    from examples.pos_tagging.train import TaggerTraining, TrainOptions, train
     from unroll.tools.ewt import fetched_data_dir
 
     data = fetched_data_dir(args.data, args.quiet)
-    opts = TrainOptions(
+    result = train(TrainOptions(
         data=data, model_dir=args.model_dir, epochs=args.epochs,
         max_minutes=args.max_minutes, lr=args.lr, lr_gamma=args.lr_decay, seed=args.seed,
         limit=args.limit, resume=args.resume, overwrite=args.overwrite,
         skip_bad_batches=args.skip_bad_batches, device=args.device, quiet=args.quiet,
         sizes=_sizes(args), pack=args.pack, memory_budget=args.memory_budget,
-    )
-    try:
-        with distributed.init(args.device) as comm:  # a failing rank ends every rank
-            result = train(opts)
-    except KeyboardInterrupt:
-        if args.debug:
-            raise
-        # every file is written atomically and log.json commits an epoch: nothing to undo
-        print("python -m examples.pos_tagging train: interrupted; resume with --resume",
-              file=sys.stderr)
-        return 130
-    if comm.rank:
-        return 0
-    done = result.get("stopped") or f"{result.get('epoch', 0)} epochs"
-    print(f"done: {done}, last dev UPOS "
-          f"{100 * result.get('dev_accuracy', 0):.2f}%; model in {args.model_dir}")
+    ))
+    app_cli.report_training(args, result, TaggerTraining.metric)
     return 0
 
 
@@ -132,50 +116,18 @@ def _tag(args) -> int:
     return 0
 
 
-def _fetch(args) -> int:
-    from unroll.tools.fetch import fetch_ewt
-
-    print(fetch_ewt(quiet=args.quiet))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     from examples.pos_tagging.tagger import TaggerConfig
     from examples.pos_tagging.train import BUCKETED_LR, PACKED_LR, TrainOptions
     from unroll.train.model_folder import CHECKPOINTS
 
-    parser = argparse.ArgumentParser(
-        prog="python -m examples.pos_tagging", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--model-dir", type=Path, default=Path("runs/ewt"),
-                        help="model folder (default: runs/ewt)")
-    common.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
-    common.add_argument("--debug", action="store_true",
-                        help="show the traceback of an error, not one line")
-    common.add_argument("--threads", type=positive_int, metavar="N",
-                        help="BLAS threads (default: $UNROLL_NUM_THREADS, else the cores "
-                             "other processes leave free, measured as it runs)")
-
-    data = argparse.ArgumentParser(add_help=False)
-    data.add_argument("--data", type=Path,
-                      help=f"folder with en_ewt-ud-{{train,dev,test}}.conllu (default: "
-                           f"${DATA_ENV}, else {DEFAULT_DATA} if it exists, else EWT "
-                           f"{RELEASE} fetched into ${HOME_ENV}/ud_english_ewt/{RELEASE}, "
-                           f"default ~/.cache/unroll)")
-
-    t = sub.add_parser("train", parents=[common, data], help="train on EWT train, tune on dev")
-    o = {f.name: f.default for f in fields(TrainOptions)}
-    t.add_argument("--epochs", type=int, default=o["epochs"])
-    t.add_argument("--max-minutes", type=float, default=o["max_minutes"],
-                   help="stop starting new epochs after this much time, data reading "
-                        "included; the last line and log.json say so (default: no limit)")
+    parser, sub = app_cli.app_parser(PROG, __doc__)
+    model, data = app_cli.model_options("runs/ewt"), app_cli.data_options()
+    t = sub.add_parser("train", parents=[model, data, app_cli.training_options(
+        TrainOptions.epochs)], help="train on EWT train, tune on dev")
     t.add_argument("--lr", type=float, help=f"Adam learning rate (default {PACKED_LR:g}, "
                                              f"with --no-pack {BUCKETED_LR:g})")
-    t.add_argument("--lr-decay", type=float, default=o["lr_gamma"],
+    t.add_argument("--lr-decay", type=float, default=TrainOptions.lr_gamma,
                    help="learning rate factor after each epoch (Caffe lr_policy step)")
     d = TaggerConfig()
     sizes = t.add_argument_group("model sizes (with --resume: only to check the folder's)")
@@ -197,28 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
     sizes.add_argument("--char-length", type=int,
                        help=f"characters read per word, long words keep their start and end "
                             f"(default {d.chars['length']})")
-    t.add_argument("--seed", type=int,
-                   help="of the initial weights, shuffles and dropout (default 0; with "
-                        "--resume the folder's)")
-    t.add_argument("--limit", type=int, default=0, help="use only the first N sentences")
-    again = t.add_mutually_exclusive_group()
-    again.add_argument("--resume", action="store_true",
-                       help="continue from the last epoch's snapshot in --model-dir")
-    again.add_argument("--overwrite", action="store_true",
-                       help="replace the model already in --model-dir")
-    t.add_argument("--skip-bad-batches", type=int, default=0, metavar="N",
-                   help="skip up to N batches whose loss or gradient is not finite, instead "
-                        "of stopping at the first (default 0)")
-    t.add_argument("--quiet", action="store_true", help="no progress bar")
-    t.add_argument("--pack", action=argparse.BooleanOptionalAction, default=o["pack"],
+    t.add_argument("--pack", action=argparse.BooleanOptionalAction, default=TrainOptions.pack,
                    help="batches of --batch-size rows of whole sentences back to back "
                         "(default); --no-pack: --batch-size sentences of one length bucket")
     t.add_argument("--memory-budget", type=parse_bytes, metavar="BYTES",
                    help="memory each training net may plan (e.g. 500MB): backward recomputes "
                         "forward segments, with the same results")
-    t.set_defaults(run=_train)
+    t.set_defaults(run=_train, interrupted="resume with --resume")
 
-    e = sub.add_parser("evaluate", parents=[common, data],
+    e = sub.add_parser("evaluate", parents=[model, data],
                        help="score a CoNLL-U file, or a split of the data folder")
     e.add_argument("file", type=Path, nargs="?", help="a CoNLL-U file with UPOS")
     e.add_argument("--split", choices=["dev", "test"],
@@ -228,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="best: the best dev epoch's weights; last: the last epoch's")
     e.set_defaults(run=_evaluate)
 
-    g = sub.add_parser("tag", parents=[common],
+    g = sub.add_parser("tag", parents=[model],
                        help="tag raw text (one sentence a line) or a CoNLL-U file")
     g.add_argument("input", nargs="?", help="text file (default: standard input)")
     g.add_argument("--conllu", type=Path,
@@ -236,27 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint", choices=CHECKPOINTS, default="best")
     g.set_defaults(run=_tag)
 
-    f = sub.add_parser("fetch", help=f"download UD English EWT {RELEASE} into the cache, "
-                                     f"verify it, and print its folder")
-    f.add_argument("--quiet", action="store_true", help="no progress bar")
-    f.add_argument("--debug", action="store_true",
-                   help="show the traceback of an error, not one line")
-    f.set_defaults(run=_fetch)
+    app_cli.add_fetch(sub)
     return parser
 
 
 def main(argv=None) -> int:
-    """Run the command; errors print one line (exit 2: bad input, 1: a failure)."""
-    from unroll.engine.threads import set_num_threads
-    from unroll.tools.fetch import FetchError
-
-    args = build_parser().parse_args(argv)
-    if getattr(args, "threads", None):  # `fetch` runs no net
-        set_num_threads(args.threads)
-    try:
-        return run_example("python -m examples.pos_tagging", args, (FetchError,))
-    except OutputClosed:
-        return 141  # 128 + SIGPIPE, what a shell reports for a tool stopped by a closed pipe
+    """Run the command; errors print one line (exit 2: bad input, 1: a failure; 130: Ctrl-C)."""
+    return app_cli.run(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -10,11 +10,12 @@ from examples.pos_tagging import train as train_module
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.schemas import LOG_SCHEMA
 from examples.pos_tagging.tagger import Tagger, TaggerConfig
-from examples.pos_tagging.train import TrainingDiverged, train
+from examples.pos_tagging.train import train
 from unroll.core.errors import FileFormatError, NetError
 from unroll.engine.net import Net
 from unroll.train import model_folder as folder
 from unroll.train.model_folder import ModelFolderError
+from unroll.train.trainer import TrainingDiverged
 
 pytestmark = pytest.mark.slow
 

@@ -8,6 +8,8 @@ Files, each written atomically (a temp file renamed into place)::
     snapshot_iter_N.solverstate          solver state,
     snapshot_iter_N.average.caffemodel   averaged params (to resume exactly), where the
                                          trainer averages (the tagger; not the lemmatizer)
+    snapshot_iter_N.carried.caffemodel   recurrent state carried into the next epoch, where
+                                         the application carries one (truncated BPTT)
     log.json                           per epoch, after the snapshot
     last.caffemodel                    per epoch: the averaged params (or the raw ones)
     best.caffemodel                    the same, of the best dev epoch
@@ -61,10 +63,11 @@ from unroll.train.solver import SolverError
 
 __all__ = ["CHECKPOINTS", "CONFIG", "CURVE", "ENTRY_PROPERTIES", "FEATURES", "LOCK", "LOG",
            "SNAPSHOT_NAME", "SNAPSHOT_PREFIX", "TRAINER_NAMES", "WEIGHT_SUFFIXES",
-           "ModelFolderError", "checkpoint_checksums", "checkpoint_name", "claimed",
-           "commit_epoch", "committed_weights", "epoch_log_schema", "inside", "model_files",
-           "read_log", "restore_solver", "resumable_log", "resume_error", "settings_differ",
-           "sha256", "snapshot_files", "snapshot_names", "verified", "write_json"]
+           "ModelFolderError", "carried_name", "checkpoint_checksums", "checkpoint_name",
+           "claimed", "commit_epoch", "committed_weights", "epoch_log_schema", "inside",
+           "model_files", "read_log", "restore_solver", "resumable_log", "resume_error",
+           "settings_differ", "sha256", "snapshot_files", "snapshot_names", "verified",
+           "write_json"]
 
 LOG = "log.json"
 CONFIG = "config.json"
@@ -78,7 +81,8 @@ CHECKPOINTS = ("best", "last")
 TRAINER_NAMES = (LOG, CONFIG, FEATURES, CURVE, LOCK)
 WEIGHT_SUFFIXES = (".caffemodel", ".solverstate")
 #: the names of the snapshot files the trainer writes (N: the solver's iteration)
-SNAPSHOT_NAME = re.compile(r"snapshot_iter_[0-9]+\.(?:solverstate|caffemodel|average\.caffemodel)")
+SNAPSHOT_NAME = re.compile(
+    r"snapshot_iter_[0-9]+\.(?:solverstate|caffemodel|average\.caffemodel|carried\.caffemodel)")
 
 
 #: the fields of a log.json entry that the folder itself reads (``stopped``: a run that
@@ -93,7 +97,7 @@ ENTRY_PROPERTIES = {
     "seed": {"type": "integer", "minimum": 0, "maximum": (1 << 63) - 1,
              "description": "an integer >= 0"},
     "sha256": {"type": "object", "description": "an object {file name: SHA-256}",
-               "maxProperties": 5, "additionalProperties": json_files.SHA256_HEX},
+               "maxProperties": 6, "additionalProperties": json_files.SHA256_HEX},
     "stopped": {"type": "string", "maxLength": 200,
                 "pattern": r"^stopped by --max-minutes after [0-9]+ of [0-9]+ epochs$",
                 "description": "the --max-minutes message"},
@@ -102,18 +106,26 @@ ENTRY_PROPERTIES = {
 _AVERAGE = {"average": {"type": "string",
                         "pattern": r"^snapshot_iter_[0-9]{1,16}\.average\.caffemodel$",
                         "description": "a file name snapshot_iter_N.average.caffemodel"}}
+#: the field naming an epoch's carried recurrent state, in the log of an application that
+#: carries state from one batch to the next (see :func:`commit_epoch`)
+_CARRIED = {"carried": {"type": "string",
+                        "pattern": r"^snapshot_iter_[0-9]{1,16}\.carried\.caffemodel$",
+                        "description": "a file name snapshot_iter_N.carried.caffemodel"}}
 
 
-def epoch_log_schema(properties: dict, required: list[str], averaged: bool = False) -> dict:
+def epoch_log_schema(properties: dict, required: list[str], averaged: bool = False,
+                     carried: bool = False) -> dict:
     """The schema of a log.json whose entries hold :data:`ENTRY_PROPERTIES` and
     ``properties`` (an application's own fields) and no other key; ``epoch``, ``iter``,
     ``snapshot``, ``sha256`` and the names in ``required`` must be present, and
-    ``average`` where the trainer ``averaged`` its weights (see :func:`commit_epoch`)."""
+    ``average`` where the trainer ``averaged`` its weights and ``carried`` where it
+    ``carried`` recurrent state (see :func:`commit_epoch`)."""
     entry = {
         "type": "object", "description": "an epoch record {...}", "additionalProperties": False,
         "required": ["epoch", "iter", "snapshot", "sha256", *required,
-                     *(["average"] if averaged else [])],
-        "properties": ENTRY_PROPERTIES | (_AVERAGE if averaged else {}) | properties,
+                     *(["average"] if averaged else []), *(["carried"] if carried else [])],
+        "properties": (ENTRY_PROPERTIES | (_AVERAGE if averaged else {})
+                       | (_CARRIED if carried else {}) | properties),
     }
     return {"type": "array", "description": "a list [...]", "maxItems": 1 << 20, "items": entry}
 
@@ -173,7 +185,8 @@ def read_log(model_dir: Path, log_schema: dict) -> list[dict]:
         if k and entry["iter"] < log[k - 1]["iter"]:
             raise FileFormatError(path, f"[{k}].iter {entry['iter']} is below the previous "
                                         f"entry's {log[k - 1]['iter']}")
-        for key, name in (("snapshot", state), ("average", average)):
+        for key, name in (("snapshot", state), ("average", average),
+                          ("carried", carried_name(entry["iter"]))):
             if key in entry and entry[key] != name:
                 raise FileFormatError(path, f"[{k}].{key} must be {name!r} (its iteration's "
                                             f"snapshot), found {entry[key]!r:.60}")
@@ -184,11 +197,17 @@ def read_log(model_dir: Path, log_schema: dict) -> list[dict]:
     return log
 
 
+def carried_name(iteration: int) -> str:
+    """The name of the carried state's file of the snapshot at ``iteration``."""
+    return f"{SNAPSHOT_PREFIX}_iter_{iteration}.carried.caffemodel"
+
+
 def snapshot_files(entry: dict) -> set[str]:
     """The names of the snapshot files of one (checked) log entry: the solver's two, and the
-    average where the entry names one."""
+    average and the carried state where the entry names them."""
     state, weights, average = snapshot_names(entry["iter"])
-    return {state, weights, average} if "average" in entry else {state, weights}
+    return ({state, weights} | ({average} if "average" in entry else set())
+            | ({carried_name(entry["iter"])} if "carried" in entry else set()))
 
 
 def committed_weights(entry: dict) -> str:
@@ -339,13 +358,15 @@ def settings_differ(model_dir: Path, asked: dict, has: dict) -> None:
 
 
 def commit_epoch(model_dir: Path, solver, log: list, result: dict, is_best: bool,
-                 averaged: bytes | None = None) -> None:
+                 averaged: bytes | None = None, carried: bytes | None = None) -> None:
     """Write an epoch's files in the order this module relies on; log.json commits them.
 
     ``solver.snapshot`` writes the weights and solver state; ``averaged``
     (serialized weights) is written beside them where the trainer averages,
     and is what ``last`` (and, if ``is_best``, ``best``) get; else they get
-    the solver's weights. ``result`` (the epoch's record) gains the names and
+    the solver's weights. ``carried`` (serialized recurrent state, where the application
+    carries one across batches) is written beside them too, to resume from.
+    ``result`` (the epoch's record) gains the names and
     checksums and is appended to ``log``; the previous epoch's snapshot goes last.
     """
     weights, state = solver.snapshot(model_dir / SNAPSHOT_PREFIX)
@@ -356,6 +377,11 @@ def commit_epoch(model_dir: Path, solver, log: list, result: dict, is_best: bool
         write_atomic(average, averaged)
         checksums[average.name] = sha256(averaged)
         result["average"] = average.name
+    if carried is not None:
+        name = carried_name(solver.iter)
+        write_atomic(model_dir / name, carried)
+        checksums[name] = sha256(carried)
+        result["carried"] = name
     kept = averaged if averaged is not None else weights.read_bytes()
     checksums["last.caffemodel"] = sha256(kept)
     checksums["best.caffemodel"] = (checksums["last.caffemodel"] if is_best

@@ -1,0 +1,53 @@
+"""Every application of examples/, described once, so that a test "for every application"
+is written once and parametrized over :data:`APPS` (tests/examples/test_apps.py).
+
+An application's row says how its commands are called on a tiny corpus: the
+module it runs as, its ``train`` options for a model that trains in a second or
+two, its prediction and evaluation commands, and the files of its own that its
+model folder holds besides the Trainer's (docs/design.md, 10. Training).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.examples.conftest import TINY_ARGS, write_corpus
+
+
+@dataclass(frozen=True)
+class App:
+    """One application's command line.
+
+    ``corpus(folder)`` writes a tiny EWT-like train and dev split into ``folder``
+    and returns it. ``train`` are the options of a tiny training run beside
+    ``--data``, ``--model-dir``, ``--epochs`` and ``--quiet``, which every
+    application shares. ``predict`` is the command that writes output with ``-o``
+    (``{input}``: a CoNLL-U file of the corpus' dev split), ``evaluate`` the one
+    that scores a split; both take ``--model-dir``. ``files`` are the
+    application's own files in the model folder.
+    """
+
+    name: str
+    module: str
+    corpus: Callable[[Path], Path]
+    train: tuple[str, ...]
+    predict: tuple[str, ...]
+    evaluate: tuple[str, ...]
+    files: tuple[str, ...]
+
+    def command(self, *args: str) -> list[str]:
+        """``python -m <module> args...`` as an argv."""
+        return ["-m", self.module, *args]
+
+
+TAGGER = App(
+    name="tagger", module="examples.pos_tagging", corpus=write_corpus,
+    train=tuple(TINY_ARGS), predict=("tag", "--conllu", "{input}"),
+    evaluate=("evaluate", "--split", "dev"), files=("config.json", "features.json"),
+)
+
+#: the applications, each a row (lemmatizer, deprel and charlm join as they move onto the
+#: Trainer)
+APPS = [TAGGER]

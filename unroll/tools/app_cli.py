@@ -1,0 +1,259 @@
+"""The command line every application shares: option groups defined once, ``fetch``, and
+one ``run`` entry (docs/design.md, 10. Training).
+
+An application's ``__main__`` builds its parser from these groups and adds only
+its own options (model sizes, its learning rate, its commands)::
+
+    parser, sub = app_parser("python -m examples.charlm", __doc__)
+    t = sub.add_parser("train", parents=[model_options("runs/charlm"), data_options(),
+                                         training_options(epochs=10)])
+    t.set_defaults(run=train, interrupted="resume with --resume")
+    add_fetch(sub)
+    sys.exit(run(parser, argv))
+
+Every value is checked where it is parsed, so a bad one is one line and status
+2 before anything runs: ``--epochs`` and ``--limit`` are at least 1,
+``--threads`` too, ``--max-minutes`` a finite number >= 0, ``--seed`` in
+[0, 2**63), ``--skip-bad-batches`` >= 0. :func:`run` maps a user's mistake
+to one line and status 2, a failure while running (a full disk, a diverged
+training) to one line and status 1, Ctrl-C to one line and status 130 (the
+model folder keeps its last epoch; every file is written atomically, so there
+is nothing to undo), and a closed standard output (``| head``) to 141;
+``--debug`` shows the traceback instead.
+
+>>> parser = argparse.ArgumentParser(parents=[training_options(epochs=3)])
+>>> parser.parse_args([]).epochs, parser.parse_args(["--limit", "5"]).limit
+(3, 5)
+>>> positive_int("0")
+Traceback (most recent call last):
+argparse.ArgumentTypeError: expected an integer >= 1, found '0'
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from unroll.core.errors import FileFormatError
+from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
+from unroll.tools.conllu import CoNLLUError
+from unroll.tools.ewt import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE
+from unroll.tools.fetch import FetchError
+from unroll.tools.output import OutputClosed
+from unroll.train.model_folder import ModelFolderError
+from unroll.train.trainer import TrainingDiverged
+
+__all__ = ["OneLineParser", "add_fetch", "app_parser", "data_options", "minutes", "model_options",
+           "non_negative_int", "output_options", "positive_int", "report_training", "run", "seed",
+           "training_options"]
+
+#: exit status of a command stopped by Ctrl-C (128 + SIGINT, what a shell reports)
+INTERRUPTED = 130
+#: exit status of a command whose standard output was closed (128 + SIGPIPE)
+OUTPUT_CLOSED = 141
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1.
+
+    >>> positive_int("3")
+    3
+    """
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, found {text!r}")
+    return n
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number >= 0.
+
+    >>> non_negative_int("0")
+    0
+    """
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, found {text!r}")
+    return n
+
+
+def seed(text: str) -> int:
+    """An argparse type: a seed, a whole number in [0, 2**63).
+
+    >>> seed("7")
+    7
+    """
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n < 1 << 63:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), found {text!r}")
+    return n
+
+
+def minutes(text: str) -> float:
+    """An argparse type: a finite number of minutes >= 0.
+
+    >>> minutes("1.5")
+    1.5
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a number of minutes >= 0, found {text!r}")
+    return value
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr (status 2), like every
+    other error of a command: the usage is for ``--help``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def app_parser(prog: str, description: str):
+    """``(parser, subparsers)`` of an application's command line (a :class:`OneLineParser`);
+    add its commands to the second, and :func:`add_fetch`."""
+    parser = OneLineParser(prog=prog, description=description,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    return parser, parser.add_subparsers(dest="command", required=True)
+
+
+def model_options(default_dir: str) -> argparse.ArgumentParser:
+    """``--model-dir`` (default ``default_dir``), ``--device``, ``--threads``, ``--debug``:
+    what every command that opens a model folder takes."""
+    group = argparse.ArgumentParser(add_help=False)
+    group.add_argument("--model-dir", type=Path, default=Path(default_dir),
+                       help=f"model folder (default: {default_dir})")
+    group.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    group.add_argument("--threads", type=positive_int, metavar="N",
+                       help="BLAS threads (default: $UNROLL_NUM_THREADS, else the cores other "
+                            "processes leave free, measured as it runs)")
+    group.add_argument("--debug", action="store_true",
+                       help="show the traceback of an error, not one line")
+    return group
+
+
+def data_options() -> argparse.ArgumentParser:
+    """``--data``: the UD English EWT folder (:mod:`unroll.tools.ewt` finds it)."""
+    group = argparse.ArgumentParser(add_help=False)
+    group.add_argument("--data", type=Path,
+                       help=f"folder with en_ewt-ud-{{train,dev,test}}.conllu (default: "
+                            f"${DATA_ENV}, else {DEFAULT_DATA.parts[-3:]} beside the checkout "
+                            f"if it exists, else EWT {RELEASE} fetched into "
+                            f"${HOME_ENV}/ud_english_ewt/{RELEASE}, default ~/.cache/unroll)")
+    return group
+
+
+def training_options(epochs: int) -> argparse.ArgumentParser:
+    """What every ``train`` takes, with one meaning (the :class:`~unroll.train.trainer.Trainer`'s
+    arguments): ``--epochs`` (default ``epochs``), ``--max-minutes``, ``--seed``,
+    ``--limit``, ``--resume`` or ``--overwrite``, ``--skip-bad-batches``, ``--quiet``."""
+    group = argparse.ArgumentParser(add_help=False)
+    group.add_argument("--epochs", type=positive_int, default=epochs,
+                       help=f"epochs in all, those a resumed folder logged included (default "
+                            f"{epochs})")
+    group.add_argument("--max-minutes", type=minutes,
+                       help="start no epoch once this much time has passed, the time of the "
+                            "folder's earlier runs included; the last line and log.json say so "
+                            "(default: no limit)")
+    group.add_argument("--seed", type=seed,
+                       help="of the initial weights, shuffles and dropout (default 0; with "
+                            "--resume the folder's)")
+    group.add_argument("--limit", type=positive_int, metavar="N",
+                       help="use only the first N sentences of train and dev")
+    again = group.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true",
+                       help="continue from the last epoch's snapshot in --model-dir")
+    again.add_argument("--overwrite", action="store_true",
+                       help="replace the model already in --model-dir")
+    group.add_argument("--skip-bad-batches", type=non_negative_int, default=0, metavar="N",
+                       help="skip up to N batches whose loss or gradient is not finite, "
+                            "instead of stopping at the first (default 0)")
+    group.add_argument("--quiet", action="store_true", help="no progress bar")
+    return group
+
+
+def output_options() -> argparse.ArgumentParser:
+    """``-o OUT``: where a command's output goes (default: standard output)."""
+    group = argparse.ArgumentParser(add_help=False)
+    group.add_argument("-o", "--output", type=Path, metavar="OUT",
+                       help="write the output here (a file is replaced whole; a device, a "
+                            "FIFO or a symlink is written through); default: standard output")
+    return group
+
+
+def report_training(args, result: dict, metric) -> None:
+    """The last line of a ``train``: how far it got (or why it stopped), the last epoch's
+    ``metric`` (a :class:`~unroll.train.trainer.Metric`) and where the model is; printed by
+    rank 0 alone.
+
+    >>> from unroll.train.trainer import Metric
+    >>> args = argparse.Namespace(device="cpu", model_dir="runs/m")
+    >>> report_training(args, {"epoch": 2, "dev_bpc": 1.5}, Metric("dev_bpc", "dev bpc", "min"))
+    done: 2 epochs, last dev bpc 1.5000; model in runs/m
+    """
+    from unroll.train import distributed
+
+    if distributed.init(args.device).rank:
+        return
+    done = result.get("stopped") or f"{result.get('epoch', 0)} epochs"
+    last = metric.format(result[metric.key]) if metric.key in result else f"no {metric.label}"
+    print(f"done: {done}, last {last}; model in {args.model_dir}")
+
+
+def _fetch(args) -> int:
+    from unroll.tools.fetch import fetch_ewt
+
+    print(fetch_ewt(quiet=args.quiet))
+    return 0
+
+
+def add_fetch(sub) -> None:
+    """The ``fetch`` command: download UD English EWT into the cache, verify it, print where."""
+    f = sub.add_parser("fetch", help=f"download UD English EWT {RELEASE} into the cache, "
+                                     f"verify it, and print its folder")
+    f.add_argument("--quiet", action="store_true", help="no progress bar")
+    f.add_argument("--debug", action="store_true",
+                   help="show the traceback of an error, not one line")
+    f.set_defaults(run=_fetch)
+
+
+def run(parser: argparse.ArgumentParser, argv=None, user_errors: tuple = ()) -> int:
+    """Parse ``argv`` and run the command's ``run(args)``; its exit status (see the module).
+
+    ``user_errors`` are the application's own exceptions for a user's mistake, beside the
+    library's (bad input, a bad folder, a bad value: ValueError).
+    """
+    from unroll.engine.threads import set_num_threads
+
+    args = parser.parse_args(argv)
+    prog = f"{parser.prog} {args.command}"
+    if getattr(args, "threads", None):
+        set_num_threads(args.threads)
+    try:
+        status = run_command(prog, args.run, args,
+                             (*USER_ERRORS, CoNLLUError, FileFormatError, ModelFolderError,
+                              FetchError, ValueError, *user_errors),
+                             (*FAILURES, TrainingDiverged))
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        hint = getattr(args, "interrupted", None)
+        print(f"{prog}: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
+        return INTERRUPTED
+    except OutputClosed:
+        return OUTPUT_CLOSED
+    return status
