@@ -47,7 +47,7 @@ class App:
         self.sizes = {k: getattr(args, k) for k in SIZES if getattr(args, k) is not None}
 
     def read_data(self):
-        data = fetched_data_dir(self.args.data)
+        data = fetched_data_dir(self.args.data, self.args.quiet)
         self.texts = [read_texts(data / f)[:self.args.limit] for f in (TRAIN_FILE, DEV_FILE)]
 
     def create(self, model_dir):
@@ -118,9 +118,11 @@ def trained(args) -> CharLM:
 
 
 def train(args) -> int:
-    Trainer(App(args), args.model_dir, epochs=args.epochs, seed=args.seed, resume=args.resume,
-            overwrite=args.overwrite, max_minutes=args.max_minutes, quiet=args.quiet,
-            skip_bad_batches=args.skip_bad_batches, device=args.device).fit()
+    result = Trainer(App(args), args.model_dir, epochs=args.epochs, seed=args.seed,
+                     resume=args.resume, overwrite=args.overwrite, max_minutes=args.max_minutes,
+                     skip_bad_batches=args.skip_bad_batches, quiet=args.quiet,
+                     device=args.device).fit()
+    cli.report_training(args, result, App.metric)
     return 0
 
 
@@ -145,7 +147,7 @@ def main(argv=None) -> int:
     t.add_argument("--lr", type=float, default=SOLVER["base_lr"])
     t.add_argument("--memory-budget", type=parse_bytes, metavar="BYTES",
                    help="bytes a training net may plan (recomputing in backward)")
-    t.set_defaults(run=train, interrupted="continue with --resume")
+    t.set_defaults(run=train, interrupted="resume with --resume")
     e = sub.add_parser("evaluate", parents=[model, data])
     e.add_argument("--split", choices=["train", "dev", "test"], default="dev")
     s = sub.add_parser("sample", parents=[model, cli.output_options()])

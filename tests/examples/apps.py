@@ -48,6 +48,12 @@ TAGGER = App(
     evaluate=("evaluate", "--split", "dev"), files=("config.json", "features.json"),
 )
 
-#: the applications, each a row (lemmatizer, deprel and charlm join as they move onto the
-#: Trainer)
-APPS = [TAGGER]
+CHARLM = App(
+    name="charlm", module="examples.charlm", corpus=write_corpus,
+    train=("--steps", "5", "--batch", "3", "--hidden", "6", "--embed", "4"),
+    predict=("sample", "--prime", "the "), evaluate=("evaluate", "--split", "dev"),
+    files=("config.json", "features.json"),
+)
+
+#: the applications, each a row (lemmatizer and deprel join as they move onto the Trainer)
+APPS = [TAGGER, CHARLM]
