@@ -60,7 +60,8 @@ class App:
         folder.settings_differ(model_dir, self.sizes, asdict(self.config))
 
     def model(self, model_dir, seed):
-        self.lm = CharLM(self.symbols, self.config, seed, self.args.memory_budget)
+        self.lm = CharLM(self.symbols, self.config, seed, self.args.memory_budget,
+                         self.args.device)
         self.state = self.lm.zero_state()
         return self.lm.train_model
 
@@ -111,7 +112,8 @@ def trained(args) -> CharLM:
     log = folder.read_log(args.model_dir, App.log_schema)
     if not log:
         raise folder.ModelFolderError(f"{args.model_dir} holds no trained model: train first")
-    lm, best = CharLM(*reversed(described(args.model_dir))), folder.checkpoint_name("best")
+    lm, best = (CharLM(*reversed(described(args.model_dir)), device=args.device),
+                folder.checkpoint_name("best"))
     lm.train_model.copy_from(NetParameter.FromString(folder.verified(
         folder.inside(args.model_dir, best), folder.checkpoint_checksums(log, "best"))))
     return lm

@@ -19,6 +19,7 @@ import numpy as np
 
 from examples.charlm.text import BOUNDARY, IGNORE, Symbols, windows
 from unroll import BucketedModel, Stepper, carry_hidden, expand
+from unroll.engine.backend import to_numpy
 
 TEMPLATE = Path(__file__).with_name("charlm.prototxt.j2")
 #: the SolverParameter fields of training (bench/bench_charlm.py gives PyTorch the same)
@@ -40,7 +41,7 @@ class CharLM:
     """The nets of one character LM over one parameter store (``train_model.store``)."""
 
     def __init__(self, symbols: Symbols, config: CharLMConfig, seed: int = 0,
-                 memory_budget: int | None = None):
+                 memory_budget: int | None = None, device: str = "cpu"):
         self.symbols, self.config = symbols, config
 
         def net(steps, part="train", batch=config.batch):
@@ -48,10 +49,12 @@ class CharLM:
                           part=part, embed=config.embed, hidden=config.hidden,
                           ignore_label=IGNORE)
 
-        self.train_model = BucketedModel(net, seed=seed, memory_budget=memory_budget)
-        self.test_model = BucketedModel(net, phase="test", store=self.train_model.store,
+        self.train_model = BucketedModel(net, seed=seed, memory_budget=memory_budget,
+                                         device=device)
+        self.test_model = BucketedModel(net, phase="test", device=device,
+                                        store=self.train_model.store,
                                         net_params=self.train_model.net_params)
-        self.stepper = Stepper(net(1, "step", 1), store=self.train_model.store)
+        self.stepper = Stepper(net(1, "step", 1), store=self.train_model.store, device=device)
 
     def windows(self, texts) -> list:
         """The (inputs, targets) windows of ``texts`` as one stream (:mod:`.text`)."""
@@ -85,14 +88,18 @@ class CharLM:
         if not temperature > 0:
             raise ValueError(f"temperature: expected a number > 0, found {temperature}")
         rng, text, one = np.random.default_rng(seed), list(prime), np.ones((1, 1))
+
+        def step(k):  # the next symbol's probabilities, after reading symbol k
+            return to_numpy(self.stepper(chars=one * k, cont=one)["probs"])[0, 0].astype(float)
+
         self.stepper.reset()
         for k in self.symbols.encode(BOUNDARY + prime):
-            probs = self.stepper(chars=one * k, cont=one)["probs"][0, 0].astype(np.float64)
+            probs = step(k)
         while len(text) < len(prime) + length:
             p = np.exp((np.log(probs + 1e-300) - np.log(probs.max() + 1e-300)) / temperature)
             k = int(rng.choice(len(p), p=p / p.sum()))
             if self.symbols.itos[k] == BOUNDARY:
                 break
             text.append(self.symbols.itos[k])
-            probs = self.stepper(chars=one * k, cont=one)["probs"][0, 0].astype(np.float64)
+            probs = step(k)
         return "".join(text)
