@@ -130,7 +130,7 @@ def train(args) -> int:
 
 def evaluate(args) -> int:
     texts = read_texts(split_file(fetched_data_dir(args.data), args.split))
-    print(f"{args.split} bits per character: {trained(args).bits_per_char(texts):.4f}")
+    write_output(f"{args.split} bits per character: {trained(args).bits_per_char(texts):.4f}\n")
     return 0
 
 
