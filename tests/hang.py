@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -24,3 +25,23 @@ def unit() -> float:
 def limit(units: float) -> float:
     """A timeout of ``units`` start-up times, for a subprocess that should take a few."""
     return units * unit()
+
+
+def at_once(call, *args, units: float = 10):
+    """``call(*args)``'s value (or exception), run in a thread that must end within
+    ``limit(units)``: a call that blocks (on a FIFO, say) fails the test, never hangs it."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = call(*args)
+        except BaseException as e:  # handed to the test's thread, which raises it
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit(units))
+    assert not thread.is_alive(), f"{getattr(call, '__name__', call)} blocked"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

@@ -27,6 +27,7 @@ _EXPORTS = {
     "SolverError": "unroll.train.solver",
     "Stepper": "unroll.train.stepper",
     "TemplateError": "unroll.core.errors",
+    "Trainer": "unroll.train.trainer",
     "carry_hidden": "unroll.frontend.unroller",
     "expand": "unroll.frontend.unroller",
     "register_layer": "unroll.engine.layer",
@@ -36,7 +37,7 @@ _EXPORTS = {
 #: the exports that build nets: they bring the frontend, which registers its unroller with
 #: the engine (see unroll.engine.hidden_nets)
 _BUILD_NETS = {"unroll.engine.net", "unroll.train.bucketed_model", "unroll.train.solver",
-               "unroll.train.stepper"}
+               "unroll.train.stepper", "unroll.train.trainer"}
 
 
 def __getattr__(name: str):
@@ -67,6 +68,7 @@ __all__ = [
     "SolverError",
     "Stepper",
     "TemplateError",
+    "Trainer",
     "carry_hidden",
     "expand",
     "register_layer",

@@ -57,11 +57,7 @@ def _label(args) -> int:
     sents = read_deprel(args.conllu, labelled=False)
     labeller = Labeller.load(Path(args.model_dir), args.checkpoint)
     labels = labeller.predict(labeller.encode(sents))
-    if args.output and args.output != "-":
-        fill_deprel(args.conllu, labels, args.output)
-    else:
-        fill_deprel(args.conllu, labels, sys.stdout.buffer)
-        sys.stdout.flush()
+    fill_deprel(args.conllu, labels, args.output or "-")  # -o as a shell redirect, or stdout
     return 0
 
 

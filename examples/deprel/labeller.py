@@ -23,17 +23,22 @@ from pathlib import Path
 import numpy as np
 
 from examples.pos_tagging.features import FEATURES, Featurizer
+from examples.pos_tagging.schemas import FEATURES_SCHEMA, MAX_VOCAB, MAX_WIDTH
+from unroll.core import json_files
 from unroll.core.atomic import write_atomic
 from unroll.core.errors import FileFormatError
+from unroll.core.json_files import count, finite, ratio
 from unroll.core.proto import LayerParameter
 from unroll.frontend.tree_unroller import tree_block, tree_inputs
 from unroll.frontend.unroller import NetBuilder, load_template
 from unroll.tools.conllu import UPOS_TAGS
+from unroll.train import model_folder as folder
 from unroll.train.bucketing import BucketSampler, cont_from_lengths, time_major
 from unroll.train.tree_model import TreeModel
 from unroll.train.tree_sampler import TreeBucketSampler
 
-__all__ = ["MODELS", "DeprelConfig", "Labeller", "distance_id"]
+__all__ = ["CONFIG_SCHEMA", "DEPREL_FILES", "LOG_SCHEMA", "MODELS", "DeprelConfig", "Labeller",
+           "distance_id"]
 
 MODELS = ("tree", "baseline")
 TREE_TEMPLATE = "child_sum_tree_lstm"
@@ -78,10 +83,39 @@ class DeprelConfig:
 
     @classmethod
     def load(cls, path: Path) -> DeprelConfig:
-        try:
-            return cls(**json.loads(Path(path).read_text()))
-        except (ValueError, TypeError) as e:
-            raise FileFormatError(path, f"not a labeller config: {e}") from None
+        """The config in ``path``, bounded and schema-checked; a FileFormatError naming it."""
+        return cls(**json_files.read_checked(path, CONFIG_SCHEMA))
+
+
+#: a DeprelConfig (config.json): its labels are the output ids, in order
+CONFIG_SCHEMA = {
+    "type": "object", "description": "an object {...}", "additionalProperties": False,
+    "required": ["model", "labels", "word_embed", "feature_embed", "hidden", "mlp", "dropout",
+                 "batch", "group"],
+    "properties": {
+        "model": {"enum": list(MODELS), "description": f"one of {list(MODELS)}"},
+        "labels": {"type": "array", "minItems": 1, "maxItems": MAX_VOCAB, "uniqueItems": True,
+                   "description": "a list of distinct DEPREL strings",
+                   "items": {"type": "string", "minLength": 1, "maxLength": 256,
+                             "description": "a DEPREL"}},
+        "word_embed": count(MAX_WIDTH), "feature_embed": count(MAX_WIDTH),
+        "hidden": count(MAX_WIDTH), "mlp": count(MAX_WIDTH), "dropout": ratio(),
+        "batch": count(MAX_WIDTH), "group": count(MAX_WIDTH),
+    },
+}
+
+#: log.json: the labeller's epochs (the names and checksums are the folder's to check)
+LOG_SCHEMA = folder.epoch_log_schema(
+    {"train_loss": finite(), "dev_accuracy": finite(1), "seconds": finite(),
+     "words_per_s": finite(), "nets_built": {"type": "integer", "minimum": 0,
+                                             "maximum": 1 << 40, "description": "a count"},
+     "padding_fraction": finite(1)},
+    required=["train_loss", "dev_accuracy", "seconds"],
+)
+
+#: the labeller's model folder: its log and its two JSON files, which log.json checksums
+DEPREL_FILES = folder.ModelFiles(LOG_SCHEMA, {folder.CONFIG: CONFIG_SCHEMA,
+                                              folder.FEATURES: FEATURES_SCHEMA})
 
 
 class Labeller:
@@ -234,13 +268,25 @@ class Labeller:
                 found[i] = [self.config.labels[k] for k in best[rows]]
         return [found[i] for i in range(len(encoded))]
 
-    def save(self, model_dir: Path, name: str) -> None:
-        self.train_model.save(Path(model_dir) / f"{name}.caffemodel")
-
     @classmethod
     def load(cls, model_dir: Path, name: str = "best") -> Labeller:
+        """The labeller of a model folder: its JSON bounded and schema-checked, it and the
+        weights checked against the SHA-256 that log.json records."""
         model_dir = Path(model_dir)
-        labeller = cls(Featurizer.load(model_dir / "features.json"),
-                       DeprelConfig.load(model_dir / "config.json"))
-        labeller.train_model.copy_from(model_dir / f"{name}.caffemodel")
+        if not model_dir.is_dir():
+            raise FileNotFoundError(f"--model-dir {model_dir}: no such folder")
+        log = folder.read_log(model_dir, DEPREL_FILES)
+        if not log:
+            raise folder.ModelFolderError(
+                f"{model_dir} holds no trained labeller ({folder.LOG} names no finished "
+                f"epoch); train one with `python -m examples.deprel train --model-dir "
+                f"{model_dir}`")
+        features, config = (folder.read_json(model_dir, DEPREL_FILES, file, log)
+                            for file in (folder.FEATURES, folder.CONFIG))
+        try:
+            config = DeprelConfig(**config)
+        except ValueError as e:
+            raise FileFormatError(model_dir / folder.CONFIG, str(e)) from None
+        labeller = cls(Featurizer.from_checked(features, model_dir / folder.FEATURES), config)
+        folder.load_checkpoint(labeller.train_model, model_dir, log, name)
         return labeller

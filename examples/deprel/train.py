@@ -1,9 +1,10 @@
 """Train a DEPREL labeller into a model folder; evaluate one; label a CoNLL-U file.
 
-The model folder is the tagger's (:mod:`unroll.train.model_folder`):
-``features.json`` and ``config.json`` first, then per epoch ``last.caffemodel``,
-``best.caffemodel`` (the best dev epoch) and ``log.json`` (one entry per
-epoch, the commit point), under the tagger's ``train.lock``.
+The model folder is the library's (:mod:`unroll.train.model_folder`, declared
+by :data:`~examples.deprel.labeller.DEPREL_FILES`): ``features.json`` and
+``config.json`` first, then per epoch a snapshot, ``log.json`` (one entry per
+epoch, the commit point, with the SHA-256 of every file), ``last.caffemodel``
+and ``best.caffemodel`` (the best dev epoch), under its ``train.lock``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from examples.deprel.conll import read_deprel
-from examples.deprel.labeller import DeprelConfig, Labeller
+from examples.deprel.labeller import DEPREL_FILES, DeprelConfig, Labeller
 from examples.pos_tagging.features import Featurizer, word_dropout
 from unroll.train import model_folder as folder
 from unroll.train.solver import NonFiniteError, Solver
@@ -68,7 +69,7 @@ def train(opts: TrainOptions) -> list[dict]:
     started = time.perf_counter()
     train_sents = _read(Path(opts.data) / TRAIN_FILE, opts.limit)
     dev_sents = _read(Path(opts.data) / DEV_FILE, opts.limit)
-    with folder.claimed(Path(opts.model_dir), False, opts.overwrite) as model_dir:
+    with folder.claimed(Path(opts.model_dir), False, opts.overwrite, DEPREL_FILES) as model_dir:
         labels = sorted({d for s in train_sents for d in s.deprels})
         config = DeprelConfig(model=opts.model, labels=labels, hidden=opts.hidden)
         featurizer = Featurizer.build([s.forms for s in train_sents])
@@ -107,17 +108,14 @@ def train(opts: TrainOptions) -> list[dict]:
                 bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}",
                                 words_s=f"{words / compute:.0f}")
             dev_acc = accuracy([s.deprels for s in dev_sents], labeller.predict(dev))
-            labeller.save(model_dir, "last")
-            if dev_acc > best:
-                best = dev_acc
-                labeller.save(model_dir, "best")
             entry = {"epoch": epoch + 1, "iter": solver.iter, "train_loss": float(np.mean(losses)),
                      "dev_accuracy": dev_acc, "seconds": time.perf_counter() - t0,
                      "words_per_s": words / max(compute, 1e-9),
                      "nets_built": len(labeller.train_model.nets) - nets_before,
                      "padding_fraction": sampler.padding_fraction(epoch)}
-            log.append(entry)
-            folder.write_json(model_dir / folder.LOG, log)
+            folder.commit_epoch(model_dir, solver, log, entry, dev_acc > best,
+                                files=DEPREL_FILES)
+            best = max(best, dev_acc)
             if not opts.quiet:
                 tqdm.write(f"epoch {epoch + 1}: loss {entry['train_loss']:.4f}  dev LA "
                            f"{100 * dev_acc:.2f}% (best {100 * best:.2f}%)  "

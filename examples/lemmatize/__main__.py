@@ -68,11 +68,7 @@ def _lemmatize(args) -> int:
     words = [(f, u) for forms, upos, _ in sents for f, u in zip(forms, upos)]
     found = iter(lemmatizer.lemmatize(words, beam=args.beam, lower=args.lower))
     lemmas = [[next(found) for _ in forms] for forms, _, _ in sents]
-    if args.output and args.output != "-":
-        fill_lemmas(args.conllu, lemmas, args.output)
-    else:
-        fill_lemmas(args.conllu, lemmas, sys.stdout.buffer)
-        sys.stdout.flush()
+    fill_lemmas(args.conllu, lemmas, args.output or "-")  # -o as a shell redirect, or stdout
     return 0
 
 

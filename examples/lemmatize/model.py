@@ -30,13 +30,12 @@ from unroll import Stepper, expand
 from unroll.core import json_files
 from unroll.core.atomic import write_atomic
 from unroll.core.json_files import count, finite, ratio
-from unroll.core.proto import NetParameter
 from unroll.tools.conllu import UPOS_TAGS
 from unroll.train import model_folder as folder
 from unroll.train.tree_model import TreeModel
 
-__all__ = ["EDITS", "Dictionary", "Lemmatizer", "LemmatizerConfig", "StepDecoder", "edit_of",
-           "upos_symbol"]
+__all__ = ["EDITS", "LEMMATIZER_FILES", "Dictionary", "Lemmatizer", "LemmatizerConfig",
+           "StepDecoder", "edit_of", "upos_symbol"]
 
 TEMPLATE = Path(__file__).with_name("lemmatizer.prototxt.j2")
 BOS, EOS = "<s>", "</s>"
@@ -292,14 +291,15 @@ class Lemmatizer:
         self.config.save(Path(model_dir) / folder.CONFIG)
 
     @classmethod
-    def described(cls, model_dir: Path, seed: int = 0) -> Lemmatizer:
+    def described(cls, model_dir: Path, log: list[dict], seed: int = 0) -> Lemmatizer:
         """A lemmatizer of the vocabulary, dictionary and sizes of a model folder (its JSON
-        schema-checked), with new weights."""
+        schema-checked, and checked against the checksums of ``log``, its log.json), with
+        new weights."""
         model_dir = Path(model_dir)
         try:
-            features = json_files.read_checked(folder.inside(model_dir, folder.FEATURES),
-                                           FEATURES_SCHEMA)
-            config = LemmatizerConfig.load(folder.inside(model_dir, folder.CONFIG))
+            features = folder.read_json(model_dir, LEMMATIZER_FILES, folder.FEATURES, log)
+            config = LemmatizerConfig(**folder.read_json(model_dir, LEMMATIZER_FILES,
+                                                         folder.CONFIG, log))
         except FileNotFoundError as e:
             raise folder.ModelFolderError(
                 f"{model_dir} holds no trained lemmatizer ({Path(e.filename).name} is "
@@ -313,17 +313,14 @@ class Lemmatizer:
         """The lemmatizer of a model folder: its JSON schema-checked, its weights checked
         against the SHA-256 that log.json records."""
         model_dir = Path(model_dir)
-        lemmatizer = cls.described(model_dir)
-        log = folder.read_log(model_dir, LOG_SCHEMA)
+        log = folder.read_log(model_dir, LEMMATIZER_FILES)
         if not log:
             raise folder.ModelFolderError(
                 f"{model_dir} holds no trained lemmatizer ({folder.LOG} names no finished "
                 f"epoch); train one with `python -m examples.lemmatize train --model-dir "
                 f"{model_dir}`")
-        # a kill between a weight file and log.json leaves the previous epoch's in place
-        data = folder.verified(folder.inside(model_dir, folder.checkpoint_name(checkpoint)),
-                               folder.checkpoint_checksums(log, checkpoint))
-        lemmatizer.train_model.copy_from(NetParameter.FromString(data), strict=True)
+        lemmatizer = cls.described(model_dir, log)
+        folder.load_checkpoint(lemmatizer.train_model, model_dir, log, checkpoint)
         return lemmatizer
 
 
@@ -335,3 +332,7 @@ LOG_SCHEMA = folder.epoch_log_schema(
     required=["train_loss", "dev_accuracy", "dev_combined", "dev_combined_lower", "seconds",
               "seed"],
 )
+
+#: the lemmatizer's model folder: its log and its two JSON files, which log.json checksums
+LEMMATIZER_FILES = folder.ModelFiles(LOG_SCHEMA, {folder.CONFIG: CONFIG_SCHEMA,
+                                                  folder.FEATURES: FEATURES_SCHEMA})

@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from examples.lemmatize.conll import read_lemmas
-from examples.lemmatize.model import LOG_SCHEMA, Lemmatizer, LemmatizerConfig
+from examples.lemmatize.model import LEMMATIZER_FILES, Lemmatizer, LemmatizerConfig
 from unroll import Solver
 from unroll.core.errors import FileFormatError
 from unroll.train import model_folder as folder
@@ -120,7 +120,7 @@ def train(opts: TrainOptions) -> list[dict]:
     train_words = words_of(_read(Path(opts.data) / TRAIN_FILE, opts.limit))
     dev_words = words_of(_read(Path(opts.data) / DEV_FILE, opts.limit))
     with folder.claimed(Path(opts.model_dir), opts.resume, opts.overwrite,
-                        LOG_SCHEMA) as model_dir:
+                        LEMMATIZER_FILES) as model_dir:
         lemmatizer, log = _described(opts, model_dir, train_words)
         return _train(opts, model_dir, lemmatizer, log, train_words, dev_words, started)
 
@@ -128,18 +128,16 @@ def train(opts: TrainOptions) -> list[dict]:
 def _described(opts: TrainOptions, model_dir: Path, train_words):
     """(lemmatizer, log): the folder's own when resuming, else a new one, its description
     saved."""
-    log = folder.read_log(model_dir, LOG_SCHEMA) if opts.resume else []
+    log = folder.read_log(model_dir, LEMMATIZER_FILES) if opts.resume else []
     if log:  # folder.claimed let only a complete, consistent folder through
         try:
-            lemmatizer = Lemmatizer.described(model_dir, seed=log[-1]["seed"])
+            lemmatizer = Lemmatizer.described(model_dir, log, seed=log[-1]["seed"])
         except FileFormatError as e:
             raise folder.resume_error(model_dir, str(e)) from None
         asked = dict(opts.sizes(), **({} if opts.seed is None else {"seed": opts.seed}))
         folder.settings_differ(model_dir, asked,
                                dict(asdict(lemmatizer.config), seed=log[-1]["seed"]))
         return lemmatizer, log
-    if opts.resume and not opts.quiet:
-        tqdm.write(f"--resume: {model_dir} holds no model yet; starting from the first epoch")
     lemmatizer = Lemmatizer.build(train_words, LemmatizerConfig(**opts.sizes()),
                                   seed=opts.seed or 0)
     lemmatizer.save_description(model_dir)
@@ -196,7 +194,8 @@ def _train(opts: TrainOptions, model_dir: Path, lemmatizer: Lemmatizer, log: lis
                  "dev_combined": dev["combined"], "dev_combined_lower": dev["combined_lower"],
                  "seconds": last_seconds, "words_per_s": words / max(compute, 1e-9),
                  "seed": seed}
-        folder.commit_epoch(model_dir, solver, log, entry, dev["combined"] > best)
+        folder.commit_epoch(model_dir, solver, log, entry, dev["combined"] > best,
+                            files=LEMMATIZER_FILES)
         best = max(best, dev["combined"])
         if not opts.quiet:
             tqdm.write(f"epoch {epoch + 1}: loss {entry['train_loss']:.4f}  dev seq2seq "

@@ -10,6 +10,9 @@ Without --data or $UNROLL_EWT_DATA, and without ../shared/data, train and
 evaluate fetch UD English EWT r2.16 (verified by SHA-256) into
 $UNROLL_DATA_HOME/ud_english_ewt/r2.16 (default ~/.cache/unroll).
 
+`tag` and `evaluate` write to standard output, or with -o OUT to OUT (a file
+is replaced whole; a device, a FIFO or a symlink's file is written through).
+
 Errors print one line (--debug: the traceback); exit status 2 for bad input
 or usage, 1 for a failure while running (divergence, a full disk, output that
 could not be written), 130 for a training stopped by Ctrl-C (the folder keeps
@@ -24,7 +27,7 @@ from pathlib import Path
 
 from unroll.engine.memory_limit import parse_bytes
 from unroll.tools import app_cli
-from unroll.tools.output import standard_output
+from unroll.tools.output import write_output
 
 PROG = "python -m examples.pos_tagging"
 #: TaggerConfig fields and the train options that set them
@@ -84,8 +87,8 @@ def _evaluate(args) -> int:
     sentences = _read_tagged(path, upos=True)
     tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
     predicted = tagger.predict([forms for forms, _ in sentences])
-    with standard_output() as out:
-        print(report(score(tag_ids([tags for _, tags in sentences]), predicted)), file=out)
+    write_output(report(score(tag_ids([tags for _, tags in sentences]), predicted)) + "\n",
+                 args.output)
     return 0
 
 
@@ -107,12 +110,11 @@ def _tag(args) -> int:
         sentences = [line.split() for line in sys.stdin if line.strip()]
     tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
     tags = [[UPOS_TAGS[i] for i in ids] for ids in tagger.predict(sentences)]
-    with standard_output() as out:
-        if args.conllu:
-            fill_upos(args.conllu, tags, out)
-        else:
-            for forms, upos in zip(sentences, tags):
-                print(" ".join(f"{w}/{t}" for w, t in zip(forms, upos)), file=out)
+    if args.conllu:  # every byte but column 4 as it came
+        fill_upos(args.conllu, tags, args.output or "-")
+    else:
+        write_output("".join(" ".join(f"{w}/{t}" for w, t in zip(forms, upos)) + "\n"
+                             for forms, upos in zip(sentences, tags)), args.output)
     return 0
 
 
@@ -157,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "forward segments, with the same results")
     t.set_defaults(run=_train, interrupted="resume with --resume")
 
-    e = sub.add_parser("evaluate", parents=[model, data],
+    e = sub.add_parser("evaluate", parents=[model, data, app_cli.output_options()],
                        help="score a CoNLL-U file, or a split of the data folder")
     e.add_argument("file", type=Path, nargs="?", help="a CoNLL-U file with UPOS")
     e.add_argument("--split", choices=["dev", "test"],
@@ -167,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="best: the best dev epoch's weights; last: the last epoch's")
     e.set_defaults(run=_evaluate)
 
-    g = sub.add_parser("tag", parents=[model],
+    g = sub.add_parser("tag", parents=[model, app_cli.output_options()],
                        help="tag raw text (one sentence a line) or a CoNLL-U file")
     g.add_argument("input", nargs="?", help="text file (default: standard input)")
     g.add_argument("--conllu", type=Path,

@@ -329,9 +329,16 @@ class Featurizer:
         )
 
         try:
-            return cls.from_dict(json_files.read_checked(path, FEATURES_SCHEMA))
+            value = json_files.read_checked(path, FEATURES_SCHEMA)
         except FileFormatError as e:
             raise FileFormatError(path, f"not a features file: {e.problem}") from None
+        return cls.from_checked(value, path)
+
+    @classmethod
+    def from_checked(cls, value: dict, path: str | os.PathLike) -> Featurizer:
+        """The Featurizer of ``value``, a schema-checked features.json read from ``path``."""
+        try:
+            return cls.from_dict(value)
         except ValueError as e:  # duplicate tokens, or as many counts as tokens
             raise FileFormatError(path, f"not a features file: {e}") from None
 

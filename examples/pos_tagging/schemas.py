@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from examples.pos_tagging.features import FEATURES
 from unroll.core.json_files import count, finite, ratio
-from unroll.train.model_folder import epoch_log_schema
+from unroll.train import model_folder
+from unroll.train.model_folder import ModelFiles, epoch_log_schema
 
 #: entries of one vocabulary (EWT's largest, words, has about 16k)
 MAX_VOCAB = 5_000_000
@@ -80,3 +81,7 @@ LOG_SCHEMA = epoch_log_schema(
      "seconds": finite(), "tokens_per_s": finite()},
     required=["train_loss", "dev_accuracy", "seconds", "seed"], averaged=True,
 )
+
+#: the tagger's model folder: its log and its two JSON files, which log.json checksums
+TAGGER_FILES = ModelFiles(LOG_SCHEMA, {model_folder.CONFIG: CONFIG_SCHEMA,
+                                        model_folder.FEATURES: FEATURES_SCHEMA})

@@ -17,7 +17,7 @@ import numpy as np
 
 import unroll
 from examples.pos_tagging.features import Featurizer, encode_tags, word_dropout
-from examples.pos_tagging.schemas import CONFIG_SCHEMA, LOG_SCHEMA
+from examples.pos_tagging.schemas import CONFIG_SCHEMA, TAGGER_FILES
 from unroll.core import json_files
 from unroll.core.atomic import write_atomic
 from unroll.core.errors import FileFormatError
@@ -74,7 +74,11 @@ class TaggerConfig:
     @classmethod
     def load(cls, path: Path) -> TaggerConfig:
         """The config in ``path``; a bad file is a FileFormatError naming it."""
-        data = json_files.read_checked(path, CONFIG_SCHEMA)
+        return cls.from_checked(json_files.read_checked(path, CONFIG_SCHEMA), path)
+
+    @classmethod
+    def from_checked(cls, data: dict, path: Path) -> TaggerConfig:
+        """The config of ``data``, a schema-checked config.json read from ``path``."""
         try:
             return cls(**data)
         except ValueError as e:
@@ -339,17 +343,21 @@ class Tagger:
         if not os.path.lexists(weights):
             raise FileNotFoundError(f"{weights} is missing: {model_dir} holds no trained "
                                     f"'{name}' weights (did training end its first epoch?)")
-        # a trainer's folder vouches for its weights in log.json; a saved tagger has no log
-        log = model_folder.read_log(model_dir, LOG_SCHEMA)
+        # a trainer's folder vouches for its files in log.json; a saved tagger has no log
+        log = model_folder.read_log(model_dir, TAGGER_FILES)
         if log:
             if name not in model_folder.CHECKPOINTS:
                 raise FileFormatError(model_dir / model_folder.LOG,
                                       f"records no checksum for {weights.name}")
-            model_folder.verified(weights, model_folder.checkpoint_checksums(log, name))
-        tagger = cls(Featurizer.load(model_folder.inside(model_dir, FEATURES)),
-                     TaggerConfig.load(model_folder.inside(model_dir, CONFIG)),
+        described = {name: model_folder.read_json(model_dir, TAGGER_FILES, name, log)
+                     for name in (FEATURES, CONFIG)}
+        tagger = cls(Featurizer.from_checked(described[FEATURES], model_dir / FEATURES),
+                     TaggerConfig.from_checked(described[CONFIG], model_dir / CONFIG),
                      device=device, folder=model_dir)
-        tagger.train_model.copy_from(weights, strict=True)
+        if log:
+            model_folder.load_checkpoint(tagger.train_model, model_dir, log, name)
+        else:
+            tagger.train_model.copy_from(weights, strict=True)
         return tagger
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from examples.pos_tagging.evaluate import score
 from examples.pos_tagging.features import Featurizer
 from examples.pos_tagging.packing import batch_inputs, training_sampler
-from examples.pos_tagging.schemas import LOG_SCHEMA
+from examples.pos_tagging.schemas import TAGGER_FILES
 from examples.pos_tagging.tagger import (
     Tagger,
     TaggerConfig,
@@ -99,7 +99,7 @@ class TaggerTraining:
     sentences, the featurizer and config in the folder, the tagger's nets and batches, and
     dev UPOS accuracy (with padding fraction) in every epoch's record."""
 
-    log_schema = LOG_SCHEMA
+    files = TAGGER_FILES
     metric = Metric("dev_accuracy", "dev UPOS", percent=True)
     curve_title = "unroll BiLSTM tagger, UD English EWT"
 
@@ -131,9 +131,13 @@ class TaggerTraining:
 
     def load(self, model_dir: Path, log: list[dict]) -> None:
         try:
-            self.config = TaggerConfig.load(model_dir / folder.CONFIG)
+            described = {name: folder.read_json(model_dir, TAGGER_FILES, name, log)
+                         for name in (folder.FEATURES, folder.CONFIG)}
+            self.config = TaggerConfig.from_checked(described[folder.CONFIG],
+                                                    model_dir / folder.CONFIG)
             cell_template(self.config.cell, model_dir)
-            self.featurizer = Featurizer.load(model_dir / folder.FEATURES)
+            self.featurizer = Featurizer.from_checked(described[folder.FEATURES],
+                                                      model_dir / folder.FEATURES)
         except FileFormatError as e:
             raise folder.resume_error(model_dir, str(e)) from None
         folder.settings_differ(model_dir, self.opts.sizes, asdict(self.config))

@@ -23,9 +23,10 @@ class App:
     ``corpus(folder)`` writes a tiny EWT-like train and dev split into ``folder``
     and returns it. ``train`` are the options of a tiny training run beside
     ``--data``, ``--model-dir``, ``--epochs`` and ``--quiet``, which every
-    application shares. ``predict`` is the command that writes output with ``-o``
-    (``{input}``: a CoNLL-U file of the corpus' dev split), ``evaluate`` the one
-    that scores a split; both take ``--model-dir``. ``files`` are the
+    application shares. ``predict`` is the command that labels a CoNLL-U file
+    (``{input}``: the corpus' dev split) and ``evaluate`` the one that scores the
+    dev split; both take ``--model-dir``, ``--data`` where they read a split, and
+    ``-o OUT``. ``files`` are the
     application's own files in the model folder.
     """
 

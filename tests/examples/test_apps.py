@@ -4,7 +4,7 @@ docs/design.md, 10. Training: the options every application shares refuse a bad 
 in one line; Ctrl-C ends a training in one line with status 130, and ``--resume`` then
 gives the uninterrupted run's files bit for bit. Each interrupt waits for an event in
 the folder (the lock taken, a temp file of an atomic write, log.json committing an
-epoch), never for a number of seconds; the events come from a seeded generator.
+epoch), never for a number of seconds; they come in an order drawn by a seeded generator.
 """
 
 import importlib
@@ -26,10 +26,11 @@ from unroll.train import model_folder as folder
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCHS = 3
-INTERRUPTS = 4
-#: where Ctrl-C lands: as soon as the trainer holds the folder, at the first temp file of an
-#: atomic write after n epochs were committed, or right after epoch n is committed
-EVENTS = ("locked", "writing", "committed")
+#: where Ctrl-C lands: as soon as the trainer holds the folder; at the first temp file of an
+#: atomic write once n epochs are committed (n = 0: the application's own files, before any
+#: epoch); right after epoch n is committed
+EVENTS = [("locked", 0), ("writing", 0), ("committed", 1), ("writing", 1), ("committed", 2),
+          ("writing", 2)]
 
 
 def python(app, *args, **kwargs) -> subprocess.CompletedProcess:
@@ -115,9 +116,7 @@ def test_ctrl_c_anywhere_is_one_line_130_and_resume_gives_the_uninterrupted_run(
     assert done.returncode == 0, done.stderr.decode()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get(
         "PYTHONPATH", "")]), MPLBACKEND="Agg")
-    rng = random.Random(33)
-    for k in range(INTERRUPTS):
-        event, n = rng.choice(EVENTS), rng.randrange(EPOCHS)
+    for k, (event, n) in enumerate(random.Random(33).sample(EVENTS, len(EVENTS))):
         model_dir = tmp_path / f"interrupted-{k}"
         run = subprocess.Popen([sys.executable, *app.command(*train_argv(app, data, model_dir))],
                                cwd=REPO, env=env, stdout=subprocess.DEVNULL,
@@ -136,3 +135,33 @@ def test_ctrl_c_anywhere_is_one_line_130_and_resume_gives_the_uninterrupted_run(
         resumed = python(app, *train_argv(app, data, model_dir, "--resume"))
         assert resumed.returncode == 0, (event, n, resumed.stderr.decode())
         assert final_files(model_dir) == final_files(whole), (event, n)
+
+
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_every_application_fetches_and_says_in_one_line_why_it_could_not(app, capsys):
+    main = importlib.import_module(f"{app.module}.__main__").main
+    # conftest points the mirror at a closed port on 127.0.0.1
+    assert main(["fetch", "--quiet"]) == 2
+    one_line_error(capsys, f"python -m {app.module} fetch: error: ", "127.0.0.1")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_o_writes_what_standard_output_gets(app, tmp_path, capsys):
+    from unroll.tools.ewt import DEV_FILE
+
+    main = importlib.import_module(f"{app.module}.__main__").main
+    data = app.corpus(tmp_path / "data")
+    model_dir = tmp_path / "m"
+    assert main([*train_argv(app, data, model_dir), "--epochs", "1"]) == 0  # the last counts
+    folder_args = ["--model-dir", str(model_dir)]
+    for command in (app.predict, app.evaluate):
+        argv = [a.replace("{input}", str(data / DEV_FILE)) for a in command] + folder_args
+        if command is app.evaluate:
+            argv += ["--data", str(data)]
+        capsys.readouterr()
+        assert main(argv) == 0
+        printed = capsys.readouterr().out.encode()
+        out = tmp_path / f"{command[0]}.out"
+        assert main([*argv, "-o", str(out)]) == 0
+        assert capsys.readouterr().out == "" and out.read_bytes() == printed and printed

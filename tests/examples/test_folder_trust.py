@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from examples.pos_tagging.__main__ import main
-from examples.pos_tagging.schemas import LOG_SCHEMA
+from examples.pos_tagging.schemas import TAGGER_FILES
 from examples.pos_tagging.tagger import Tagger
 from examples.pos_tagging.train import TrainOptions, train
 from tests.examples.conftest import TINY, TINY_ARGS, sentences, write_corpus
@@ -71,6 +71,14 @@ def log_of(model_dir: Path) -> list:
 
 def write_log(model_dir: Path, log) -> None:
     (model_dir / folder.LOG).write_text(json.dumps(log))
+
+
+def vouch_for(model_dir: Path, name: str) -> None:
+    """Record the present bytes of ``name`` in every entry of log.json, as a forger would."""
+    log = log_of(model_dir)
+    for entry in log:
+        entry["sha256"][name] = folder.sha256((model_dir / name).read_bytes())
+    write_log(model_dir, log)
 
 
 def one_line(capsys, *parts) -> str:
@@ -241,8 +249,8 @@ def _loop(path: Path) -> None:
     (lambda m: _fifo(m / "config.json"), "config.json: is a FIFO"),
     (lambda m: _fifo(m / "log.json"), "log.json: is a FIFO"),
     (lambda m: (m / "features.json").write_text('{"features": {}, "chars": 3}'),
-     "features.json: not a features file"),
-    (lambda m: (m / folder.read_log(m, LOG_SCHEMA)[-1]["snapshot"]).unlink(), "is missing"),
+     "features.json: its checksum is not the one log.json records"),
+    (lambda m: (m / folder.read_log(m, TAGGER_FILES)[-1]["snapshot"]).unlink(), "is missing"),
 ])
 def test_resume_refuses_a_folder_it_cannot_continue(trained, model, damage, part, capsys):
     damage(model)
@@ -347,6 +355,8 @@ def test_hostile_json_is_one_line_naming_file_and_field(trained, model, name, da
                                                         capsys):
     corpus = trained[0]
     damage(model)
+    if name != folder.LOG:  # log.json vouches for the damage: what the schema finds is left
+        vouch_for(model, name)
     before = contents(model)
     assert tag(model, model.parent) == 2
     one_line(capsys, name, part)
@@ -359,6 +369,7 @@ def test_hostile_json_is_one_line_naming_file_and_field(trained, model, name, da
 
 def test_a_config_that_does_not_fit_the_weights_is_refused(trained, model, capsys):
     _config(lambda c: c.update(hidden=9))(model)  # valid, but not what the weights are
+    vouch_for(model, "config.json")
     before = contents(model)
     assert tag(model, model.parent) == 2
     one_line(capsys, "best.caffemodel")
@@ -530,12 +541,12 @@ def test_sigint_ends_training_with_one_line_and_the_folder_resumes(trained, tmp_
     assert run.returncode == 130, err
     assert err.strip().splitlines() == [
         "python -m examples.pos_tagging train: interrupted; resume with --resume"]
-    log = folder.read_log(model_dir, LOG_SCHEMA)
+    log = folder.read_log(model_dir, TAGGER_FILES)
     assert len(log) >= 2
     for checkpoint in folder.CHECKPOINTS:
         Tagger.load(model_dir, checkpoint)
     assert resume(corpus, model_dir, epochs=len(log) + 1) == 0
-    assert len(folder.read_log(model_dir, LOG_SCHEMA)) == len(log) + 1
+    assert len(folder.read_log(model_dir, TAGGER_FILES)) == len(log) + 1
     assert not [p for p in model_dir.iterdir() if p.name.endswith(".tmp")]
 
 

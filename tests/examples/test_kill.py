@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.pos_tagging.schemas import LOG_SCHEMA
+from examples.pos_tagging.schemas import TAGGER_FILES
 from examples.pos_tagging.tagger import Tagger
 from unroll.core.atomic import remove_stale_temps
 from unroll.train import model_folder as folder
@@ -38,7 +38,7 @@ COMMITS = {"locked": 0, "writing": 0, "committed": 1, "writing_again": 1}
 
 def loads(model_dir: Path) -> None:
     """What `tag`, `evaluate` and `--resume` need from a folder with a finished epoch."""
-    log = folder.read_log(model_dir, LOG_SCHEMA)
+    log = folder.read_log(model_dir, TAGGER_FILES)
     assert log, "the folder lost its logged epochs"
     assert folder.snapshot_files(log[-1]) <= {p.name for p in model_dir.iterdir()}
     for checkpoint in folder.CHECKPOINTS:
@@ -61,7 +61,7 @@ def temps(model_dir: Path) -> set[str]:
 
 def logged(model_dir: Path) -> int:
     try:
-        return len(folder.read_log(model_dir, LOG_SCHEMA))
+        return len(folder.read_log(model_dir, TAGGER_FILES))
     except (OSError, ValueError):  # log.json is replaced by a rename: a reader sees either
         return -1
 
@@ -123,11 +123,11 @@ def test_sigkill_at_chosen_events_never_breaks_the_folder(corpus, tmp_path, tiny
             _, err = run.communicate()
         assert run.returncode == -signal.SIGKILL, err.decode()
         loads(model_dir)
-    epochs = len(folder.read_log(model_dir, LOG_SCHEMA))
+    epochs = len(folder.read_log(model_dir, TAGGER_FILES))
     assert epochs >= 1 + sum(COMMITS[e] for e in events), events
 
     finished = subprocess.run(with_epochs(epochs + 1), cwd=REPO, env=env, capture_output=True)
     assert finished.returncode == 0, finished.stderr.decode()
-    assert len(folder.read_log(model_dir, LOG_SCHEMA)) == epochs + 1
+    assert len(folder.read_log(model_dir, TAGGER_FILES)) == epochs + 1
     loads(model_dir)
     assert remove_stale_temps(model_dir) == []  # the resumed run cleaned up after the kills

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from examples.lemmatize import __main__ as cli
-from examples.lemmatize.model import LOG_SCHEMA, Lemmatizer
+from examples.lemmatize.model import LEMMATIZER_FILES, Lemmatizer
 from examples.lemmatize.train import TrainOptions, train
 from examples.pos_tagging.__main__ import main as tagger_main
 from tests.cli_helpers import one_line_error
@@ -94,7 +94,7 @@ def test_resume_trains_what_an_uninterrupted_run_trains_bit_for_bit(tmp_path, ca
 
 def test_the_log_is_the_folders_and_names_the_snapshot(trained):
     _, model_dir, _ = trained
-    log = folder.read_log(model_dir, LOG_SCHEMA)
+    log = folder.read_log(model_dir, LEMMATIZER_FILES)
     assert [e["epoch"] for e in log] == [1, 2]
     assert folder.snapshot_files(log[-1]) <= set(contents(model_dir))
     assert log[-1]["sha256"]["last.caffemodel"] == \
@@ -109,7 +109,7 @@ def _flip(path: Path) -> None:
 
 
 def _snapshot(model_dir: Path, suffix: str) -> Path:
-    return (model_dir / folder.read_log(model_dir, LOG_SCHEMA)[-1]["snapshot"]).with_suffix(
+    return (model_dir / folder.read_log(model_dir, LEMMATIZER_FILES)[-1]["snapshot"]).with_suffix(
         suffix)
 
 
@@ -134,7 +134,7 @@ def _set_config(model_dir: Path, **changes) -> None:
     (lambda m: _flip(_snapshot(m, ".caffemodel")), ".caffemodel: its checksum"),
     (lambda m: _flip(_snapshot(m, ".solverstate")), ".solverstate: its checksum"),
     (_without_snapshot, "lacks the key 'snapshot'"),
-    (lambda m: _set_config(m, hidden=0), "config.json: hidden must be an integer >= 1"),
+    (lambda m: _set_config(m, hidden=0), "config.json: its checksum is not the one log.json"),
     (lambda m: (m / "features.json").write_text('{"chars": 3}'), "features.json:"),
 ])
 def test_resume_refuses_a_folder_it_cannot_continue(trained, model, damage, part, capsys):

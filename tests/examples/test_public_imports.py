@@ -8,6 +8,7 @@ examples show what a researcher's own model can do, and reach around nothing.
 
 import ast
 import importlib
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,8 @@ def public(module: str, name: str | None) -> bool:
     if name in getattr(found, "__all__", ()):
         return True
     value = getattr(found, name, None)
+    if value is None and importlib.util.find_spec(f"{module}.{name}") is not None:
+        value = importlib.import_module(f"{module}.{name}")  # a module nothing imported yet
     return getattr(value, "__name__", "") == f"{module}.{name}" and hasattr(value, "__all__")
 
 

@@ -88,7 +88,7 @@ def test_damaged_folder_files_are_one_line_errors(model_dir, tmp_path, capsys):
     text.write_text("I saw her\n")
     for name, content, part in [
         ("best.caffemodel", b"\x0a\xff\xff", "best.caffemodel: not a .caffemodel"),
-        ("features.json", b"", "features.json: not a features file"),
+        ("features.json", b"", "features.json: not valid JSON"),
         ("config.json", b"[]", "config.json: expected an object"),
     ]:
         good = (model_dir / name).read_bytes()

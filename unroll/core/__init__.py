@@ -1,4 +1,5 @@
-"""The ground every part stands on: errors, atomic file writes, and Caffe's protobuf messages.
+"""The ground every part stands on: errors, atomic file writes, bounded and schema-checked
+JSON (``json_files``), and Caffe's protobuf messages.
 
 Nothing here knows about nets or templates; every other package may import it.
 """

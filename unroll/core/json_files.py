@@ -31,7 +31,7 @@ import jsonschema
 from unroll.core.errors import FileFormatError
 
 __all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_DIGITS", "SHA256_HEX", "Unusable", "count", "finite",
-           "parse", "problem", "ratio", "read_bytes", "read_checked"]
+           "parse", "parse_checked", "problem", "ratio", "read_bytes", "read_checked"]
 
 #: bounds of any JSON file read: bytes, nesting, digits of an integer
 MAX_BYTES, MAX_DEPTH, MAX_DIGITS = 1 << 28, 16, 18
@@ -76,10 +76,20 @@ _TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 def read_bytes(path, limit: int = MAX_BYTES) -> bytes:
     """The bytes of the regular file ``path`` (at most ``limit``), or a FileFormatError.
 
-    Opened without blocking, so a FIFO is refused rather than waited on; a
-    missing file stays a FileNotFoundError, for the caller to explain.
+    What ``path`` leads to is looked at before it is opened, so a FIFO, a device
+    (``/dev/zero``) or a link to one is refused without opening it, and the
+    open itself never blocks (``O_NONBLOCK``) should the entry be swapped in
+    between; the open file is checked again, and read no further than the
+    size it had then (at most ``limit``), so a file that grows while read is
+    refused too. A missing file
+    stays a FileNotFoundError, for the caller to explain.
+
+    >>> read_bytes("/dev/zero")
+    Traceback (most recent call last):
+    unroll.core.errors.FileFormatError: /dev/zero: is a device; expected a regular file
     """
     try:
+        _regular(path, os.stat(path))
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise
@@ -87,14 +97,23 @@ def read_bytes(path, limit: int = MAX_BYTES) -> bytes:
         raise FileFormatError(path, f"cannot be read: {e.strerror}") from None
     with os.fdopen(fd, "rb") as f:
         status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            kind = "a folder" if stat.S_ISDIR(status.st_mode) else (
-                "a FIFO" if stat.S_ISFIFO(status.st_mode) else "not a regular file")
-            raise FileFormatError(path, f"is {kind}; expected a regular file")
-        data = b"" if status.st_size > limit else f.read()
-    if status.st_size > limit or len(data) > limit:
-        raise FileFormatError(path, f"is larger than {limit} bytes, the most it may hold")
+        _regular(path, status)
+        if status.st_size > limit:
+            raise FileFormatError(path, f"is larger than {limit} bytes, the most it may hold")
+        data = f.read(status.st_size + 1)
+    if len(data) != status.st_size:
+        raise FileFormatError(path, f"changed size while it was read ({status.st_size} bytes "
+                                    f"when opened): is something writing it?")
     return data
+
+
+def _regular(path, status: os.stat_result) -> None:
+    mode = status.st_mode
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+                "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        raise FileFormatError(path, f"is {kind}; expected a regular file")
 
 
 def parse(path, data: bytes):
@@ -194,7 +213,18 @@ def _field(path) -> str:
 def read_checked(path, schema: dict):
     """The JSON value in ``path``, bounded (see the module) and valid under ``schema``,
     which must type every value (so that no :class:`Unusable` number gets through)."""
-    value = parse(path, read_bytes(path))
+    return parse_checked(path, read_bytes(path), schema)
+
+
+def parse_checked(path, data: bytes, schema: dict):
+    """The JSON value of ``data`` (the bytes of ``path``, already read and perhaps
+    checksummed), bounded and valid under ``schema``: :func:`read_checked` for bytes in hand.
+
+    >>> parse_checked("log.json", b"[" * 100_000, {"type": "array"})
+    Traceback (most recent call last):
+    unroll.core.errors.FileFormatError: log.json: not valid here: nested deeper than 16 ...
+    """
+    value = parse(path, data)
     wrong = problem(value, schema)
     if wrong is not None:
         raise FileFormatError(path, wrong)

@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 
 from unroll.core._generated import unroll_pb2 as pb
 from unroll.core.errors import FileFormatError
+from unroll.core.json_files import read_bytes
 
 __all__ = ["BlobProto", "BlobShape", "DimCheckMode", "EltwiseOp", "EltwiseParameter",
            "FillerParameter", "LayerParameter", "LossParameter", "NetParameter", "NetState",
@@ -127,8 +128,8 @@ def read_binary(path, message_type, what: str):
     FileFormatError, each naming the file and ``what`` it should be.
     """
     message = message_type()
-    try:
-        data = Path(path).read_bytes()
+    try:  # a regular file only: a FIFO or a link to /dev/zero is refused, not read forever
+        data = read_bytes(path, limit=1 << 40)
     except FileNotFoundError:
         raise FileNotFoundError(f"no {what} file at {path}") from None
     try:

@@ -18,7 +18,8 @@ Every value is checked where it is parsed, so a bad one is one line and status
 to one line and status 2, a failure while running (a full disk, a diverged
 training) to one line and status 1, Ctrl-C to one line and status 130 (the
 model folder keeps its last epoch; every file is written atomically, so there
-is nothing to undo), and a closed standard output (``| head``) to 141;
+is nothing to undo), and a closed standard output (``| head``) to 141
+(:func:`unroll.tools.cli.run_command`);
 ``--debug`` shows the traceback instead.
 
 >>> parser = argparse.ArgumentParser(parents=[training_options(epochs=3)])
@@ -41,7 +42,6 @@ from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
 from unroll.tools.conllu import CoNLLUError
 from unroll.tools.ewt import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE
 from unroll.tools.fetch import FetchError
-from unroll.tools.output import OutputClosed
 from unroll.train.model_folder import ModelFolderError
 from unroll.train.trainer import TrainingDiverged
 
@@ -51,8 +51,6 @@ __all__ = ["OneLineParser", "add_fetch", "app_parser", "data_options", "minutes"
 
 #: exit status of a command stopped by Ctrl-C (128 + SIGINT, what a shell reports)
 INTERRUPTED = 130
-#: exit status of a command whose standard output was closed (128 + SIGPIPE)
-OUTPUT_CLOSED = 141
 
 
 def positive_int(text: str) -> int:
@@ -254,6 +252,4 @@ def run(parser: argparse.ArgumentParser, argv=None, user_errors: tuple = ()) -> 
         hint = getattr(args, "interrupted", None)
         print(f"{prog}: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
         return INTERRUPTED
-    except OutputClosed:
-        return OUTPUT_CLOSED
     return status

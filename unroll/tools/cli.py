@@ -17,22 +17,19 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
-import errno
 import inspect
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from unroll.core.atomic import named_os_error, write_atomic
 from unroll.core.errors import FileFormatError, NetError, TemplateError
 from unroll.core.proto import NetParameter, PrototxtError, parse_text, read_prototxt
 from unroll.tools.draw import to_dot
+from unroll.tools.output import OutputClosed, write_output
 
-__all__ = ["CommandError", "FAILURES", "USER_ERRORS", "build_parser", "main", "run_command",
-           "write_output"]
+__all__ = ["CommandError", "FAILURES", "USER_ERRORS", "build_parser", "main", "run_command"]
 
 EXPAND_EXAMPLES = """\
 examples:
@@ -82,65 +79,18 @@ USER_ERRORS = (CommandError, TemplateError, NetError, PrototxtError, FileFormatE
 FAILURES = (OSError,)
 
 
-class OutputClosed(Exception):
-    """Standard output's reader went away (a closed pipe): the command ends quietly."""
-
-
-def write_output(text: str, path=None) -> None:
-    """Write ``text`` to file ``path`` (atomically), or to standard output (without a path,
-    or for "-"); all of it, or an OSError that names the file or "standard output".
-
-    A reader that closed standard output early raises :class:`OutputClosed`;
-    :func:`run_command` ends the command quietly then.
-
-    >>> write_output("layer {}\\n")
-    layer {}
-    """
-    if path is not None and str(path) != "-":
-        path = Path(path)
-        if path.exists() and not path.is_file():  # a device or a pipe: written through,
-            try:  # not replaced by a file of the same name
-                with open(path, "w", encoding="utf-8") as f:
-                    f.write(text)
-            except OSError as e:
-                raise named_os_error(e, path) from None
-            return
-        if not path.parent.is_dir():  # a typo in the folder, not a folder to make
-            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(path))
-        write_atomic(path, text.encode("utf-8"))
-        return
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except OSError as e:
-        # what is still buffered would fail again, with a traceback, when Python exits
-        _discard_stdout()
-        if isinstance(e, BrokenPipeError):
-            raise OutputClosed() from None
-        raise named_os_error(e, "standard output") from None
-
-
-def _discard_stdout() -> None:
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # not a file (a test's capture)
-        return
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, fd)
-    os.close(devnull)
-
-
 def run_command(prog: str, run, args, user_errors=USER_ERRORS, failures=FAILURES) -> int:
     """``run(args)``'s exit status; a known error prints one line and gives 2 or 1.
 
     With ``args.debug`` the error propagates, traceback and all. Anything
     else is a bug in unroll and keeps its traceback. A closed standard output
-    (:class:`OutputClosed`) gives 1 and prints nothing.
+    (:class:`~unroll.tools.output.OutputClosed`) prints nothing and gives 141, the
+    status a shell reports for a tool that a closed pipe stopped (128 + SIGPIPE).
     """
     try:
         return run(args)
     except OutputClosed:
-        return 1
+        return 141
     except (*user_errors, *failures) as e:
         if getattr(args, "debug", False):
             raise

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from conllu.parser import ParseException, parse_id_value
 
-from unroll.core.atomic import write_atomic
+from unroll.tools.output import write_output
 
 __all__ = ["UPOS_TAGS", "CoNLLUError", "fill_column", "fill_upos", "read_conllu", "read_lines",
            "write_conllu"]
@@ -55,18 +55,6 @@ def _shown(text: str, limit: int = 40) -> str:
     return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"
 
 
-def _open(source, mode: str):
-    """(file object, display name, whether we opened it) for a path or an open file.
-
-    Paths are read as bytes and decoded line by line, so that bad UTF-8 is
-    reported on its own line; they are written as UTF-8 text with LF endings.
-    """
-    if isinstance(source, (str, os.PathLike)):
-        name = os.fspath(source)
-        if mode == "r":
-            return open(name, "rb"), name, True
-        return open(name, mode, encoding="utf-8", newline="\n"), name, True
-    return source, str(getattr(source, "name", "<stream>")), False
 
 
 def read_conllu(source, upos: bool = True) -> Iterator[tuple[list[str], list[str]]]:
@@ -85,15 +73,10 @@ def read_conllu(source, upos: bool = True) -> Iterator[tuple[list[str], list[str
 
     >>> sents = read_conllu("en_ewt-ud-dev.conllu")  # doctest: +SKIP
     """
-    f, name, owned = _open(source, "r")
-    try:
-        # bytes.splitlines ends lines at LF, CRLF and CR alike (iterating a binary file
-        # would not split CR-only text at all)
-        lines = f.read().splitlines(keepends=True) if owned else f
-        yield from _read(lines, name, upos)
-    finally:
-        if owned:
-            f.close()
+    if isinstance(source, io.TextIOBase):  # decoded as it is read: an error names its line
+        yield from _read(source, str(getattr(source, "name", "<stream>")), upos)
+    else:
+        yield from _read(*read_lines(source), upos)
 
 
 def _read(f, name: str, check_upos: bool) -> Iterator[tuple[list[str], list[str]]]:
@@ -197,10 +180,12 @@ def _finish(name, forms, upos, started, range_end, block_start, lineno, line):
 def fill_upos(source, tags: Iterable[Sequence[str]], file) -> None:
     """Write every line of the CoNLL-U ``source`` to ``file``, column 4 of each word set.
 
-    Comments, multiword-token lines, empty nodes and every other column are
-    written back as they are; ``tags`` gives one UPOS per word of each
-    sentence, in the order :func:`read_conllu` yields them. ``source`` must
-    have been read by :func:`read_conllu` first (this pass trusts its layout).
+    Comments, multiword-token lines, empty nodes, every other column, the line
+    ends (LF, CRLF or CR) and a byte-order mark are written back as they are;
+    ``tags`` gives one UPOS per word of each sentence, in the order
+    :func:`read_conllu` yields them. ``source`` must have been read by
+    :func:`read_conllu` first (this pass trusts its layout); ``file`` is as
+    :func:`fill_column` takes it.
 
     >>> import io
     >>> words = [f"{i}\\t{w}\\t{w.lower()}\\t_\\t_\\t_\\t0\\troot\\t_\\t_\\n"
@@ -215,28 +200,7 @@ def fill_upos(source, tags: Iterable[Sequence[str]], file) -> None:
     2 ! ! PUNCT _ _ 0 root _ _
     <BLANKLINE>
     """
-    f, name, owned = _open(source, "r")
-    try:
-        lines = f.read().splitlines() if owned else [line.rstrip("\r\n") for line in f]
-    finally:
-        if owned:
-            f.close()
-    sentences = iter(tags)
-    sentence: Iterator[str] = iter(())
-    out = io.StringIO()
-    for k, line in enumerate(lines):
-        if isinstance(line, bytes):
-            line = line.decode("utf-8")
-        if k == 0:
-            line = line.removeprefix("\ufeff")
-        cols = line.split("\t")
-        if len(cols) == _NCOLS and cols[0].isdigit():
-            if cols[0] == "1":
-                sentence = iter(next(sentences))
-            cols[3] = next(sentence)
-            line = "\t".join(cols)
-        out.write(line + "\n")
-    _write(file, out.getvalue())
+    fill_column(source, tags, 3, file)
 
 
 def write_conllu(
@@ -278,25 +242,35 @@ def write_conllu(
                 raise ValueError(f"sentence {k}, token {i}: unknown UPOS tag {tag!r}")
             buf.write(f"{i}\t{form}\t_\t{tag}\t_\t_\t_\t_\t_\t_\n")
         buf.write("\n")
-    _write(file, buf.getvalue())
+    _write(file, buf.getvalue().encode("utf-8"))
     return len(sents)
 
 
-def _write(file, text: str) -> None:
-    """Write ``text`` to a path or an open text file (all at once: checked before)."""
-    f, _, owned = _open(file, "w")
-    try:
-        f.write(text)
-    finally:
-        if owned:
-            f.close()
+def _write(file, data: bytes) -> None:
+    """Write ``data`` (all at once: checked before) to a path (``-o``: see
+    :func:`unroll.tools.output.write_output`; "-" is standard output) or an open file,
+    binary or text."""
+    if isinstance(file, (str, os.PathLike)):
+        write_output(data, file)
+    elif isinstance(file, io.TextIOBase) and hasattr(file, "buffer"):
+        file.flush()  # the bytes as they are: no newline translation
+        file.buffer.write(data)
+    elif isinstance(file, io.TextIOBase):
+        file.write(data.decode("utf-8"))
+    else:
+        file.write(data)
 
 
 def read_lines(source) -> tuple[list[bytes], str]:
     """The lines of a CoNLL-U file (a path or a file, binary or text), ends kept, and its
-    name for errors."""
-    if isinstance(source, (str, Path)):
-        return Path(source).read_bytes().splitlines(keepends=True), str(source)
+    name for errors. A line ends at LF, CRLF or CR alike (``bytes.splitlines``; iterating
+    a binary file would not split CR-only text at all).
+
+    >>> read_lines(io.BytesIO(b"\\xef\\xbb\\xbf# a\\r1\\r\\n\\n"))[0]
+    [b'\\xef\\xbb\\xbf# a\\r', b'1\\r\\n', b'\\n']
+    """
+    if isinstance(source, (str, os.PathLike)):
+        return Path(source).read_bytes().splitlines(keepends=True), os.fspath(source)
     data = source.read()
     data = data.encode("utf-8") if isinstance(data, str) else data
     return data.splitlines(keepends=True), str(getattr(source, "name", "<stream>"))
@@ -306,7 +280,8 @@ def fill_column(source, values, column: int, file) -> None:
     """Write ``source`` to ``file`` (each a path or a binary file) with column ``column``
     (0-based) of every word line (10 columns, an integer ID) set from ``values``, one list
     per sentence; every other byte (a BOM, comments, multiword and empty-node lines, line
-    ends) kept. A path is written atomically.
+    ends) kept. ``file`` may also be an open text file; a path is written as
+    :func:`unroll.tools.output.write_output` writes ``-o`` ("-": standard output).
 
     >>> import io
     >>> out = io.BytesIO()
@@ -327,8 +302,4 @@ def fill_column(source, values, column: int, file) -> None:
             cols[column] = next(current).encode("utf-8")
             raw = bom + b"\t".join(cols) + raw[len(body):]
         out.append(raw)
-    data = b"".join(out)
-    if isinstance(file, (str, Path)):
-        write_atomic(file, data)
-    else:
-        file.write(data)
+    _write(file, b"".join(out))

@@ -16,17 +16,33 @@ printed when the folder is first filled and written beside the files
 (``LICENSE.txt``, ``README.txt``). A lock on the folder lets several processes
 (the ranks of ``mpirun``) fetch at once: the first downloads, the others
 find the files verified.
+
+A download fails, keeping nothing, when a read waits :data:`TIMEOUT_S` for a
+byte or when the whole file takes longer than its deadline
+(:data:`DEADLINE_S`), so a mirror that trickles bytes cannot hold it for
+days. A mirror's URL may carry credentials (``https://user:password@host/``):
+they are sent as HTTP basic authentication and never shown; every message
+names the URL with its password replaced by ``***``:
+
+>>> redacted("https://ada:s3cret@mirror.example/ewt/")
+'https://ada:***@mirror.example/ewt/'
+
+The release's files hold every column (UPOS, lemmas, heads and relations),
+so one fetch serves the tagger, the lemmatizer and the relation labeller.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import http.client
 import os
 import sys
 import tempfile
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,8 +52,8 @@ from tqdm import tqdm
 from unroll.core.atomic import remove_stale_temps, write_files_atomic
 from unroll.tools.ewt import DATA_ENV, DEV_FILE, RELEASE, TEST_FILE, TRAIN_FILE, cache_dir
 
-__all__ = ["BASE_URL", "SHA256", "TIMEOUT_S", "URL_ENV", "FetchError", "base_url", "fetch_ewt",
-           "sha256_of"]
+__all__ = ["BASE_URL", "DEADLINE_S", "SHA256", "TIMEOUT_S", "URL_ENV", "FetchError", "base_url",
+           "fetch_ewt", "redacted", "sha256_of"]
 
 URL_ENV = "UNROLL_EWT_URL"
 BASE_URL = f"https://raw.githubusercontent.com/UniversalDependencies/UD_English-EWT/{RELEASE}/"
@@ -52,6 +68,8 @@ SHA256 = {
 LICENSE_FILE, README_FILE, LOCK_FILE = "LICENSE.txt", "README.txt", "fetch.lock"
 #: seconds without a byte before a download counts as failed
 TIMEOUT_S = 60
+#: seconds one file's download may take in all (the train file, 13 MiB, at 15 KiB/s)
+DEADLINE_S = 900
 
 SOURCE = f"https://github.com/UniversalDependencies/UD_English-EWT/tree/{RELEASE}"
 LICENSE_URL = "https://creativecommons.org/licenses/by-sa/4.0/"
@@ -95,13 +113,34 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def redacted(url: str) -> str:
+    """``url`` with the password of its credentials, if any, replaced by ``***``."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+def _request(url: str) -> urllib.request.Request:
+    """A request for ``url`` without its credentials, which go as basic authentication."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return urllib.request.Request(url)
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    user = urllib.parse.unquote(parts.username or "")
+    secret = base64.b64encode(f"{user}:{urllib.parse.unquote(parts.password or '')}".encode())
+    return urllib.request.Request(bare, headers={"Authorization": f"Basic {secret.decode()}"})
+
+
 def fetch_ewt(folder: Path | None = None, checksums: Mapping[str, str] | None = None,
-              quiet: bool = False) -> Path:
+              quiet: bool = False, deadline_s: float = DEADLINE_S) -> Path:
     """The folder holding the release's files (default :func:`cache_dir`), each verified;
     those missing or damaged are downloaded first. ``quiet``: no progress bar.
 
-    ``checksums`` maps each file name to its SHA-256 (default :data:`SHA256`).
-    Raises :class:`FetchError` for a download that fails or does not match.
+    ``checksums`` maps each file name to its SHA-256 (default :data:`SHA256`);
+    ``deadline_s`` bounds each file's download. Raises :class:`FetchError` for
+    a download that fails, is too slow or does not match.
     """
     folder = Path(folder) if folder is not None else cache_dir()
     checksums = SHA256 if checksums is None else checksums
@@ -117,23 +156,28 @@ def fetch_ewt(folder: Path | None = None, checksums: Mapping[str, str] | None = 
                 path.unlink()
                 print(f"{path}: its SHA-256 is not release {RELEASE}'s; deleted it, fetching "
                       f"it again", file=sys.stderr)
-            _download(base + name, path, expected, quiet)
+            _download(base + name, path, expected, quiet, deadline_s)
         if not (folder / LICENSE_FILE).is_file():
-            _write_notice(folder, base, checksums)
+            _write_notice(folder, redacted(base), checksums)
             print(NOTICE, file=sys.stderr)
     return folder
 
 
 def _offline(url: str, folder: Path, problem: str) -> str:
-    return (f"cannot fetch {url} ({problem}) into {folder}. Offline, pass --data DIR, a "
+    password = urllib.parse.urlsplit(url).password
+    if password:  # an error of the URL's own (a bad port) may quote it
+        problem = problem.replace(password, "***")
+    return (f"cannot fetch {redacted(url)} ({problem}) into {folder}. Offline, pass --data DIR, a "
             f"folder holding {TRAIN_FILE} and {DEV_FILE} (or set {DATA_ENV}); for a mirror "
             f"set {URL_ENV}")
 
 
-def _download(url: str, path: Path, expected: str, quiet: bool) -> None:
-    """``url`` into ``path`` through a temp file beside it, renamed only once verified."""
+def _download(url: str, path: Path, expected: str, quiet: bool, deadline_s: float) -> None:
+    """``url`` into ``path`` through a temp file beside it, renamed only once verified,
+    within ``deadline_s`` (overrun by at most one read's timeout, itself no longer)."""
+    deadline = time.monotonic() + deadline_s
     try:
-        response = urllib.request.urlopen(url, timeout=TIMEOUT_S)
+        response = urllib.request.urlopen(_request(url), timeout=min(TIMEOUT_S, deadline_s))
     except urllib.error.HTTPError as e:
         raise FetchError(_offline(url, path.parent, f"HTTP {e.code} {e.reason}")) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
@@ -149,6 +193,10 @@ def _download(url: str, path: Path, expected: str, quiet: bool) -> None:
                 total=length, desc=path.name, unit="B", unit_scale=True, unit_divisor=1024,
                 disable=quiet, file=sys.stderr, dynamic_ncols=True) as bar:
             while chunk := _read(response, url, path.parent, size):
+                if time.monotonic() > deadline:
+                    raise FetchError(_offline(
+                        url, path.parent, f"{size} bytes came in {deadline_s:g} s, the most "
+                                          f"one file may take; nothing was kept"))
                 out.write(chunk)
                 digest.update(chunk)
                 size += len(chunk)
@@ -160,8 +208,9 @@ def _download(url: str, path: Path, expected: str, quiet: bool) -> None:
                                                         f"{length} bytes; nothing was kept"))
         if digest.hexdigest() != expected:
             raise FetchError(
-                f"{url}: SHA-256 {digest.hexdigest()}, expected release {RELEASE}'s {expected} "
-                f"(a changed mirror, or a damaged download); deleted it, nothing was kept in "
+                f"{redacted(url)}: SHA-256 {digest.hexdigest()}, expected release {RELEASE}'s "
+                f"{expected} (a changed mirror, or a damaged download); deleted it, nothing was "
+                f"kept in "
                 f"{path.parent}. Run again, check {URL_ENV}, or pass --data DIR"
             )
         mask = os.umask(0)
@@ -174,9 +223,10 @@ def _download(url: str, path: Path, expected: str, quiet: bool) -> None:
 
 
 def _read(response, url: str, folder: Path, size: int) -> bytes:
-    """The next chunk of ``response``; a connection lost midway is a FetchError."""
+    """The next chunk of ``response``, as soon as any bytes are there (a trickle must not
+    hold one read for long); a connection lost midway is a FetchError."""
     try:
-        return response.read(1 << 16)
+        return response.read1(1 << 16)
     except (OSError, http.client.HTTPException) as e:
         problem = f"the connection failed after {size} bytes: {e or type(e).__name__}"
         raise FetchError(_offline(url, folder, f"{problem}; nothing was kept")) from None

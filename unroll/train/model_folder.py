@@ -2,7 +2,8 @@
 
 Files, each written atomically (a temp file renamed into place)::
 
-    features.json, config.json         first, once: vocabularies and sizes
+    features.json, config.json         first, once: vocabularies and sizes (the
+                                         application's files: see ModelFiles)
     <cell>.prototxt.j2                 a step template given as a path (copied in)
     snapshot_iter_N.caffemodel         per epoch: raw params,
     snapshot_iter_N.solverstate          solver state,
@@ -17,8 +18,10 @@ Files, each written atomically (a temp file renamed into place)::
     train.lock                         locked while a trainer runs
 
 ``log.json`` is the commit point: its entry of an epoch names that epoch's
-snapshot files and holds the SHA-256 of them and of the ``last`` and ``best``
-weights as they are after the epoch; the previous epoch's snapshot is
+snapshot files and holds the SHA-256 of them, of the ``last`` and ``best``
+weights as they are after the epoch, and of every file the application
+declared (:class:`ModelFiles`: its config, its vocabularies), so that none of
+them can be changed or swapped unnoticed; the previous epoch's snapshot is
 deleted only after it. So a kill at any instant leaves the files
 ``log.json`` names in place, ``--resume`` continues from its last epoch
 (first finishing a ``last``/``best`` copy that the kill interrupted), and
@@ -27,22 +30,28 @@ run, with stale temp files. Until then ``last`` and ``best`` may still hold
 the previous epoch's weights, which their checksum in the previous entry
 vouches for.
 
-Nothing read from the folder is trusted: the JSON files are bounded and
-schema-checked (:mod:`unroll.core.json_files`), every name in them must
-be exactly one the trainer writes there (a plain file name, never a path),
-and only such names are ever removed or replaced. ``--resume`` continues a
-complete, consistent folder or refuses, saying what is wrong; it never starts
-over in a folder that holds any of these files.
+Nothing read from the folder is trusted: only regular files are read (a
+FIFO, a device or a link to one is refused without waiting on it), the JSON
+files are bounded and schema-checked (:mod:`unroll.core.json_files`), every
+name in them must be exactly one the trainer writes there (a plain file name,
+never a path, never a link leading out of the folder), and only such names
+are ever removed or replaced. ``--resume`` continues a complete, consistent
+folder or refuses, saying what is wrong; it never starts over in a folder
+that holds a model. A folder that holds none yet (its trainer was killed
+before the first epoch was logged) is tidied and trained from epoch 1.
 
-Every trainer of ``examples/`` (the tagger, the lemmatizer) keeps its folder
-through this module: :func:`claimed` to hold it, :func:`commit_epoch` to write
-an epoch, :func:`restore_solver` to continue one. Each passes its own log
-schema, built by :func:`epoch_log_schema` from the folder's own fields
-(:data:`ENTRY_PROPERTIES`: ``epoch``, ``iter``, ``snapshot``, ``sha256``;
-``average`` where it averages) and its own.
+Every trainer keeps its folder through this module: :func:`claimed` to hold
+it, :func:`commit_epoch` to write an epoch, :func:`restore_solver` to continue
+one; :func:`read_json` and :func:`verified` read it back. Each application
+declares its files once, as a :class:`ModelFiles`: its JSON files with their
+schemas, and its log schema, built by :func:`epoch_log_schema` from the
+folder's own fields (:data:`ENTRY_PROPERTIES`: ``epoch``, ``iter``,
+``snapshot``, ``sha256``; ``average`` where it averages) and its own.
 
->>> schema = epoch_log_schema({"dev_accuracy": json_files.finite(1)}, required=["dev_accuracy"])
->>> sorted(schema["items"]["required"])
+>>> files = ModelFiles(
+...     epoch_log_schema({"dev_accuracy": json_files.finite(1)}, required=["dev_accuracy"]),
+...     json={CONFIG: {"type": "object", "properties": {"hidden": json_files.count(64)}}})
+>>> sorted(files.log_schema["items"]["required"])
 ['dev_accuracy', 'epoch', 'iter', 'sha256', 'snapshot']
 """
 
@@ -53,21 +62,24 @@ import hashlib
 import json
 import os
 import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from unroll.core import json_files
 from unroll.core.atomic import remove_stale_temps, write_atomic
 from unroll.core.errors import FileFormatError, NetError
-from unroll.core.proto import SolverState, read_binary
+from unroll.core.proto import NetParameter, SolverState, read_binary
 from unroll.train.solver import SolverError
 
 __all__ = ["CHECKPOINTS", "CONFIG", "CURVE", "ENTRY_PROPERTIES", "FEATURES", "LOCK", "LOG",
-           "SNAPSHOT_NAME", "SNAPSHOT_PREFIX", "TRAINER_NAMES", "WEIGHT_SUFFIXES",
+           "SNAPSHOT_NAME", "SNAPSHOT_PREFIX", "TRAINER_NAMES", "WEIGHT_SUFFIXES", "ModelFiles",
            "ModelFolderError", "carried_name", "checkpoint_checksums", "checkpoint_name",
-           "claimed", "commit_epoch", "committed_weights", "epoch_log_schema", "inside",
-           "model_files", "read_log", "restore_solver", "resumable_log", "resume_error",
-           "settings_differ", "sha256", "snapshot_files", "snapshot_names", "verified",
-           "write_json"]
+           "claimed", "commit_epoch", "committed_weights", "epoch_log_schema", "holds_model",
+           "inside", "load_checkpoint", "model_files", "read_json", "read_log",
+           "restore_solver", "resumable_log", "resume_error", "settings_differ", "sha256",
+           "snapshot_files", "snapshot_names", "verified", "write_json"]
 
 LOG = "log.json"
 CONFIG = "config.json"
@@ -97,7 +109,7 @@ ENTRY_PROPERTIES = {
     "seed": {"type": "integer", "minimum": 0, "maximum": (1 << 63) - 1,
              "description": "an integer >= 0"},
     "sha256": {"type": "object", "description": "an object {file name: SHA-256}",
-               "maxProperties": 6, "additionalProperties": json_files.SHA256_HEX},
+               "maxProperties": 64, "additionalProperties": json_files.SHA256_HEX},
     "stopped": {"type": "string", "maxLength": 200,
                 "pattern": r"^stopped by --max-minutes after [0-9]+ of [0-9]+ epochs$",
                 "description": "the --max-minutes message"},
@@ -134,6 +146,28 @@ class ModelFolderError(ValueError):
     """A model folder that cannot be used as asked: names the folder and what to do."""
 
 
+@dataclass(frozen=True)
+class ModelFiles:
+    """What one application keeps in its model folders besides weights, declared once.
+
+    ``log_schema`` checks its log.json (see :func:`epoch_log_schema`); ``json``
+    maps each of its own JSON files (``config.json``, ``features.json``, ...)
+    to its schema. The trainer writes those files before the first epoch;
+    every log entry then holds their SHA-256, and they are read back only
+    through :func:`read_json`, which checks the bytes against it.
+    """
+
+    log_schema: dict
+    json: Mapping[str, dict] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for name in self.json:
+            if (Path(name).name != name or name in (LOG, LOCK, CURVE) or "\\" in name
+                    or Path(name).suffix in WEIGHT_SUFFIXES or SNAPSHOT_NAME.fullmatch(name)):
+                raise ValueError(f"ModelFiles: {name!r} cannot be an application's file: "
+                                 f"a plain file name other than the trainer's own is needed")
+
+
 def checkpoint_name(checkpoint: str) -> str:
     return f"{checkpoint}.caffemodel"
 
@@ -164,19 +198,19 @@ def inside(model_dir: Path, name: str) -> Path:
     return path
 
 
-def read_log(model_dir: Path, log_schema: dict) -> list[dict]:
+def read_log(model_dir: Path, files: ModelFiles) -> list[dict]:
     """The epochs logged in ``model_dir`` ([] where there is no log.json).
 
-    Every entry is checked against ``log_schema`` (see :func:`epoch_log_schema`),
-    numbered 1, 2, ... in order, and names the snapshot files of its own
-    iteration; its checksums cover exactly those and the ``last`` and ``best``
-    weights. Anything else is a FileFormatError naming the file, the entry and
-    the field.
+    Every entry is checked against ``files.log_schema``, numbered 1, 2, ... in
+    order, and names the snapshot files of its own iteration; its checksums
+    cover exactly those, the ``last`` and ``best`` weights and the files of
+    ``files.json``. Anything else is a FileFormatError naming the file, the
+    entry and the field.
     """
     path = inside(model_dir, LOG)
     if not os.path.lexists(path):
         return []
-    log = json_files.read_checked(path, log_schema)
+    log = json_files.read_checked(path, files.log_schema)
     for k, entry in enumerate(log):
         state, weights, average = snapshot_names(entry["iter"])
         if entry["epoch"] != k + 1:
@@ -190,7 +224,8 @@ def read_log(model_dir: Path, log_schema: dict) -> list[dict]:
             if key in entry and entry[key] != name:
                 raise FileFormatError(path, f"[{k}].{key} must be {name!r} (its iteration's "
                                             f"snapshot), found {entry[key]!r:.60}")
-        expected = snapshot_files(entry) | set(map(checkpoint_name, CHECKPOINTS))
+        expected = (snapshot_files(entry) | set(map(checkpoint_name, CHECKPOINTS))
+                    | set(files.json))
         if set(entry["sha256"]) != expected:
             raise FileFormatError(path, f"[{k}].sha256 must hold the checksums of exactly "
                                         f"{sorted(expected)}")
@@ -226,6 +261,31 @@ def verified(path: Path, expected: str | set) -> bytes:
     return data
 
 
+def read_json(model_dir: Path, files: ModelFiles, name: str, log: list[dict]):
+    """The value of the application's JSON file ``name`` (declared in ``files``): its bytes
+    the ones the last entry of ``log`` (:func:`read_log`) records, where there is one, then
+    bounded and schema-checked; a FileFormatError naming the file else."""
+    path = inside(model_dir, name)
+    data = json_files.read_bytes(path)
+    if log and sha256(data) != log[-1]["sha256"][name]:
+        raise FileFormatError(path, f"its checksum is not the one {LOG} records: the file "
+                                    f"was changed or replaced since training wrote it")
+    return json_files.parse_checked(path, data, files.json[name])
+
+
+def load_checkpoint(model, model_dir: Path, log: list[dict], checkpoint: str) -> None:
+    """Copy the ``checkpoint`` weights (best, last) of ``model_dir`` into ``model`` (a
+    BucketedModel, a TreeModel: what has ``copy_from``), their bytes the ones ``log``
+    records; weights that do not fit the model are a NetError naming the file."""
+    path = inside(model_dir, checkpoint_name(checkpoint))
+    # a kill between a weight file and log.json leaves the previous epoch's in place
+    data = verified(path, checkpoint_checksums(log, checkpoint))
+    try:
+        model.copy_from(NetParameter.FromString(data), strict=True)
+    except NetError as e:
+        raise NetError(f"{path}: {e}") from None
+
+
 def checkpoint_checksums(log: list, checkpoint: str) -> set[str]:
     """The SHA-256 values ``checkpoint`` may have: the last epoch's, or the one before's
     where a kill came between log.json and the copy (see the module)."""
@@ -233,12 +293,21 @@ def checkpoint_checksums(log: list, checkpoint: str) -> set[str]:
     return {entry["sha256"][name] for entry in log[-2:]}
 
 
-def model_files(model_dir: Path) -> list[Path]:
+def model_files(model_dir: Path, files: ModelFiles | None = None) -> list[Path]:
     """The files of a trained (or training) model in ``model_dir``: any entry by such a
-    name that is not a folder, be it a symlink, a FIFO or a broken link."""
-    names = {LOG, CONFIG, FEATURES, CURVE}
+    name (the folder's own, or one ``files`` declares) that is not a folder, be it a
+    symlink, a FIFO or a broken link."""
+    names = {LOG, CONFIG, FEATURES, CURVE} | set(files.json if files else ())
     return sorted(p for p in model_dir.iterdir() if not _is_dir(p) and (
         p.name in names or p.suffix in WEIGHT_SUFFIXES))
+
+
+def holds_model(held: list[Path]) -> bool:
+    """Whether ``held`` (:func:`model_files`) is a model: a log.json or weights other than
+    an unlogged snapshot. The rest (the JSON files, a plot, a snapshot) is what a trainer
+    killed before its first epoch was logged leaves."""
+    return any(p.name == LOG or (p.suffix in WEIGHT_SUFFIXES
+                                 and not SNAPSHOT_NAME.fullmatch(p.name)) for p in held)
 
 
 def _is_dir(path: Path) -> bool:
@@ -252,24 +321,24 @@ def resume_error(model_dir: Path, problem: str) -> ModelFolderError:
                             f"--model-dir")
 
 
-def resumable_log(model_dir: Path, log_schema: dict) -> list[dict]:
+def resumable_log(model_dir: Path, files: ModelFiles) -> list[dict]:
     """The log of a folder that --resume can continue, after finishing an interrupted commit.
 
-    The folder must hold its config, features and a log naming at least one
-    epoch, whose snapshot files are present with the checksums the log
-    records; else a ModelFolderError says what is wrong.
+    The folder must hold the application's files and a log naming at least one
+    epoch, whose snapshot files and the application's files are present with
+    the checksums the log records; else a ModelFolderError says what is wrong.
     """
-    for name in (CONFIG, FEATURES, LOG):
+    for name in (*files.json, LOG):
         if not os.path.lexists(model_dir / name):
             held = ", ".join(p.name for p in model_files(model_dir)[:3])
             raise resume_error(model_dir, f"{model_dir / name} is missing (the folder holds "
                                           f"{held})")
     try:
-        log = read_log(model_dir, log_schema)
+        log = read_log(model_dir, files)
         if not log:
             raise resume_error(model_dir, f"{model_dir / LOG} names no finished epoch")
         entry = log[-1]
-        for name in snapshot_files(entry):
+        for name in sorted(snapshot_files(entry)) + sorted(files.json):
             path = inside(model_dir, name)
             if not os.path.lexists(path):
                 raise resume_error(model_dir, f"{path}, which {LOG} names, is missing")
@@ -303,15 +372,16 @@ def _sha256_of(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def claimed(model_dir: Path, resume: bool = False, overwrite: bool = False,
-            log_schema: dict | None = None):
+def claimed(model_dir: Path, resume: bool, overwrite: bool, files: ModelFiles):
     """Hold ``model_dir`` for one trainer: create it, lock it, tidy it, check it may be used.
 
     Refuses a folder that already holds a model unless ``resume`` (continue it:
-    see :func:`resumable_log`, its log read with ``log_schema``, which a resume needs) or
-    ``overwrite`` (delete its model files first), and a folder another trainer
-    holds. Removes temp files and snapshots that a killed run left, never one
-    that the log names.
+    see :func:`resumable_log`) or ``overwrite`` (delete its model files first),
+    and a folder another trainer holds. A folder whose files are only what a
+    trainer killed before its first logged epoch leaves (see :func:`holds_model`)
+    holds no model: those files are removed. ``resume`` on a folder without a
+    model starts from epoch 1, saying so. Removes temp files and snapshots that
+    a killed run left, never one that the log names.
     """
     model_dir = Path(model_dir)
     if model_dir.exists() and not model_dir.is_dir():
@@ -323,12 +393,16 @@ def claimed(model_dir: Path, resume: bool = False, overwrite: bool = False,
                                f"not a folder") from None
     with _locked(model_dir):
         remove_stale_temps(model_dir)
-        held = model_files(model_dir)
+        held = model_files(model_dir, files)
         log = []
-        if held and resume:
-            if log_schema is None:
-                raise TypeError("claimed(resume=True) needs the application's log_schema")
-            log = resumable_log(model_dir, log_schema)
+        if resume and not holds_model(held):
+            print(f"--resume: {model_dir} holds no finished epoch yet; starting from epoch 1",
+                  file=sys.stderr)
+        if held and not holds_model(held):
+            for path in held:
+                path.unlink()  # a symlink goes, never what it points to
+        elif held and resume:
+            log = resumable_log(model_dir, files)
         elif held:
             if not overwrite:
                 raise ModelFolderError(
@@ -337,7 +411,7 @@ def claimed(model_dir: Path, resume: bool = False, overwrite: bool = False,
                     f"--overwrite to replace it, or choose another --model-dir"
                 )
             for path in held:
-                path.unlink()  # a symlink goes, never what it points to
+                path.unlink()
         kept = snapshot_files(log[-1]) if log else set()
         for path in model_dir.iterdir():
             if SNAPSHOT_NAME.fullmatch(path.name) and path.name not in kept and not _is_dir(path):
@@ -358,7 +432,8 @@ def settings_differ(model_dir: Path, asked: dict, has: dict) -> None:
 
 
 def commit_epoch(model_dir: Path, solver, log: list, result: dict, is_best: bool,
-                 averaged: bytes | None = None, carried: bytes | None = None) -> None:
+                 averaged: bytes | None = None, carried: bytes | None = None, *,
+                 files: ModelFiles) -> None:
     """Write an epoch's files in the order this module relies on; log.json commits them.
 
     ``solver.snapshot`` writes the weights and solver state; ``averaged``
@@ -366,8 +441,9 @@ def commit_epoch(model_dir: Path, solver, log: list, result: dict, is_best: bool
     and is what ``last`` (and, if ``is_best``, ``best``) get; else they get
     the solver's weights. ``carried`` (serialized recurrent state, where the application
     carries one across batches) is written beside them too, to resume from.
-    ``result`` (the epoch's record) gains the names and
-    checksums and is appended to ``log``; the previous epoch's snapshot goes last.
+    ``result`` (the epoch's record) gains the names and checksums (those of the
+    application's ``files`` too) and is appended to ``log``; the previous epoch's
+    snapshot goes last.
     """
     weights, state = solver.snapshot(model_dir / SNAPSHOT_PREFIX)
     checksums = {path.name: sha256(path.read_bytes()) for path in (weights, state)}
@@ -386,6 +462,8 @@ def commit_epoch(model_dir: Path, solver, log: list, result: dict, is_best: bool
     checksums["last.caffemodel"] = sha256(kept)
     checksums["best.caffemodel"] = (checksums["last.caffemodel"] if is_best
                                     else log[-1]["sha256"]["best.caffemodel"])
+    for name in files.json:
+        checksums[name] = sha256(json_files.read_bytes(inside(model_dir, name)))
     result["sha256"] = checksums
     previous = snapshot_files(log[-1]) if log else set()
     log.append(result)

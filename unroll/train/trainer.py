@@ -38,7 +38,8 @@ A tiny application (``tests/train/test_trainer.py`` has a complete one):
 >>> from unroll.engine.net import Net
 >>> class Line:
 ...     '''Fit y = 2x with one InnerProduct; 4 batches an epoch.'''
-...     log_schema = log_schema({"dev_error": json_files.finite()}, ["dev_error"], False)
+...     files = folder.ModelFiles(log_schema({"dev_error": json_files.finite()},
+...                                          ["dev_error"], averaged=False))
 ...     metric = Metric("dev_error", "dev error", mode="min")
 ...     curve_title = "a line"
 ...     def read_data(self): self.x = np.linspace(-1, 1, 32).reshape(8, 4, 1)
@@ -61,21 +62,22 @@ A tiny application (``tests/train/test_trainer.py`` has a complete one):
 ...     def evaluate(self, epoch):
 ...         self.net.forward(x=self.x[0], y=2 * self.x[0])
 ...         return {"dev_error": float(self.net.loss)}
->>> folder = tempfile.mkdtemp()
->>> result = Trainer(Line(), folder, epochs=3, quiet=True, average=None, curve=False).fit()
+>>> model_dir = tempfile.mkdtemp()
+>>> result = Trainer(Line(), model_dir, epochs=3, quiet=True, average=None, curve=False).fit()
 ... # doctest: +ELLIPSIS
 epoch 1: loss 0.4884  dev error 0.3122  (best 0.3122)  ...
 epoch 2: ...
 epoch 3: loss 0.0105  dev error 0.0069  (best 0.0069)  ...
 >>> result["epoch"], result["dev_error"] < 0.01
 (3, True)
->>> sorted(p for p in __import__("os").listdir(folder) if not p.startswith("snapshot"))
+>>> sorted(p for p in __import__("os").listdir(model_dir) if not p.startswith("snapshot"))
 ['best.caffemodel', 'last.caffemodel', 'log.json', 'train.lock']
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import math
 import time
@@ -141,18 +143,21 @@ class Application(Protocol):
     """What an application gives the :class:`Trainer`: its nets, batches, evaluation and
     files. Nothing else: the loop, the folder, seeding, time, ranks are the Trainer's.
 
-    Attributes: ``log_schema`` (the JSON schema of ``log.json``: :func:`log_schema` with
-    the application's own epoch fields), ``metric`` (a :class:`Metric`, whose key
+    Attributes: ``files`` (a :class:`~unroll.train.model_folder.ModelFiles`: the JSON
+    files the application keeps in the folder, which ``log.json`` checksums, and the
+    schema of ``log.json``, :func:`log_schema` with the application's own epoch fields),
+    ``metric`` (a :class:`Metric`, whose key
     :meth:`evaluate` returns) and ``curve_title`` (the title of ``curve.png``).
 
     Optional, for truncated BPTT: ``carried_state() -> {name: array}`` (the recurrent
     state the training nets carry into the next batch, as it is after an epoch) and
-    ``restore_carried_state({name: array})`` (put it back on resume). The Trainer saves
-    it with every snapshot, every rank's, so a resumed run carries what the
-    uninterrupted one did.
+    ``restore_carried_state({name: NumPy array})`` (put this rank's back on resume). The
+    Trainer saves it with every snapshot, every rank's, so a resumed run carries what the
+    uninterrupted one did. An application that starts every epoch from zero state needs
+    neither: a snapshot ends an epoch.
     """
 
-    log_schema: dict
+    files: folder.ModelFiles
     metric: Metric
     curve_title: str
 
@@ -161,13 +166,14 @@ class Application(Protocol):
         data file leaves no folder behind)."""
 
     def create(self, model_dir: Path) -> None:
-        """A fresh run: build the application's own files (vocabularies, config) from the
-        data and write them into ``model_dir``."""
+        """A fresh run: build the application's own files (``files.json``: vocabularies,
+        config) from the data and write them into ``model_dir``."""
 
     def load(self, model_dir: Path, log: list[dict]) -> None:
         """A resumed run (``log``: its epochs), or a rank other than 0: read the
-        application's files from ``model_dir``, refusing settings given that differ from
-        them (:func:`unroll.train.model_folder.settings_differ`)."""
+        application's files from ``model_dir`` (:func:`unroll.train.model_folder.read_json`
+        checks them against ``log``), refusing settings given that differ from them
+        (:func:`unroll.train.model_folder.settings_differ`)."""
 
     def model(self, model_dir: Path, seed: int):
         """The net to train (a :class:`~unroll.train.solver.TrainableNet`), its weights and
@@ -353,6 +359,9 @@ class Trainer:
         if skip_bad_batches < 0:
             raise ValueError(f"--skip-bad-batches: expected an integer >= 0, found "
                              f"{skip_bad_batches!r}")
+        if curve and importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("the curve plot (curve.png) needs matplotlib: pip install "
+                             "'unroll[examples]', or train with curve=False")
         self.app = app
         self.model_dir = Path(model_dir)
         self.epochs, self.seed, self.resume, self.overwrite = epochs, seed, resume, overwrite
@@ -364,22 +373,21 @@ class Trainer:
         """Train (or resume) and return the log of the last epoch (see the class)."""
         started = self.clock()
         self.app.read_data()
-        schema = self.app.log_schema
         # a rank that fails ends every rank (they would wait in the next all-reduce)
         with distributed.init(self.device) as comm:
-            return self._fit(comm, schema, started)
+            return self._fit(comm, self.app.files, started)
 
-    def _fit(self, comm, schema: dict, started: float) -> dict:
+    def _fit(self, comm, files: folder.ModelFiles, started: float) -> dict:
         try:
             if comm.rank == 0:  # the rank that prints, evaluates and writes
                 with folder.claimed(self.model_dir, self.resume, self.overwrite,
-                                    schema) as model_dir:
-                    log = folder.read_log(model_dir, schema) if self.resume else []
+                                    files) as model_dir:
+                    log = folder.read_log(model_dir, files) if self.resume else []
                     self._open(model_dir, log)
                     comm.barrier()
                     return self._train(comm, model_dir, log, started)
             comm.barrier()  # rank 0 has claimed the folder and written what the others read
-            log = folder.read_log(self.model_dir, schema)
+            log = folder.read_log(self.model_dir, files)
             self.app.load(self.model_dir, log)
             return self._train(comm, self.model_dir, log, started)
         except OSError as e:
@@ -390,10 +398,7 @@ class Trainer:
 
     def _open(self, model_dir: Path, log: list) -> None:
         """The application's files: the folder's when resuming, else new ones, saved."""
-        if not log:
-            if self.resume:
-                tqdm.write(f"--resume: {model_dir} holds no model yet; starting from the "
-                           f"first epoch")
+        if not log:  # (the folder says so where --resume found no epoch to continue)
             self.app.create(model_dir)
             return
         self.app.load(model_dir, log)
@@ -474,7 +479,8 @@ class Trainer:
                 "seconds": self.clock() - epoch_start, "seed": seed,
             }
             is_best = metric.better(scores[metric.key], best)
-            folder.commit_epoch(model_dir, solver, log, result, is_best, averaged, carried)
+            folder.commit_epoch(model_dir, solver, log, result, is_best, averaged, carried,
+                                files=app.files)
             best = scores[metric.key] if is_best else best
             if self.curve:
                 plot(log, model_dir / folder.CURVE, metric, app.curve_title)

@@ -1,10 +1,20 @@
+"""CoNLL-U reading and writing in one place (unroll.tools.conllu): every file's line ends
+(LF, CRLF, CR) and byte-order mark read, and written back as they came."""
+
 import io
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll.tools.conllu import UPOS_TAGS, CoNLLUError, read_conllu, write_conllu
+from unroll.tools.conllu import (
+    UPOS_TAGS,
+    CoNLLUError,
+    fill_column,
+    fill_upos,
+    read_conllu,
+    write_conllu,
+)
 
 
 def row(id_, form, upos="_", misc="_"):
@@ -183,3 +193,63 @@ def test_cr_only_line_endings_read_and_errors_stay_short(tmp_path):
     with pytest.raises(CoNLLUError, match="mac.conllu:2000: unknown UPOS") as error:
         list(read_conllu(path))
     assert len(str(error.value)) < 500
+
+
+# -- line ends and a byte-order mark come back as they came ---------------------------
+
+BOM = b"\xef\xbb\xbf"
+
+
+@st.composite
+def files(draw):
+    """(the bytes of a CoNLL-U file with GOOD's lines, each ended by LF, CRLF or CR as drawn,
+    a BOM or none; its sentences' word counts)."""
+    ends = draw(st.lists(st.sampled_from([b"\n", b"\r\n", b"\r"]), min_size=len(GOOD),
+                         max_size=len(GOOD)))
+    for k in range(1, len(GOOD)):  # CR, then an empty line's LF, would read as one CRLF
+        if ends[k - 1] == b"\r" and not GOOD[k] and ends[k] == b"\n":
+            ends[k] = b"\r"
+    body = b"".join(line.encode() + end for line, end in zip(GOOD, ends))
+    return (BOM if draw(st.booleans()) else b"") + body, [len(f) for f, _ in EXPECTED]
+
+
+@given(files())
+def test_any_line_ends_and_a_bom_are_read_from_a_path_and_a_binary_file(tmp_path_factory,
+                                                                       file):
+    data, _ = file
+    path = tmp_path_factory.mktemp("conllu") / "in.conllu"
+    path.write_bytes(data)
+    assert list(read_conllu(path)) == EXPECTED
+    assert list(read_conllu(io.BytesIO(data))) == EXPECTED  # as the lemmatizer passes it
+
+
+@given(files())
+def test_filling_a_column_writes_back_every_other_byte(tmp_path_factory, file):
+    data, words = file
+    folder = tmp_path_factory.mktemp("conllu")
+    (folder / "in.conllu").write_bytes(data)
+    fill_column(folder / "in.conllu", [["x"] * n for n in words], 2, folder / "out.conllu")
+    back = (folder / "out.conllu").read_bytes()
+    given_lines, back_lines = data.splitlines(keepends=True), back.splitlines(keepends=True)
+    assert len(back_lines) == len(given_lines)
+    for line, written in zip(given_lines, back_lines):
+        cols = line.split(b"\t")
+        if len(cols) == 10 and cols[0].removeprefix(BOM).isdigit():
+            assert written == b"\t".join(cols[:2] + [b"x"] + cols[3:])
+        else:
+            assert written == line
+
+
+@given(files())
+def test_tag_conllu_keeps_line_ends_and_bom_through_a_text_stream(tmp_path_factory, file):
+    data, words = file
+    path = tmp_path_factory.mktemp("conllu") / "in.conllu"
+    path.write_bytes(data)
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")  # what `tag` writes through
+    fill_upos(path, [["X"] * n for n in words], out)
+    out.flush()
+    back = out.buffer.getvalue()
+    assert back.startswith(BOM) == data.startswith(BOM)
+    assert [line[len(line.rstrip(b"\r\n")):] for line in back.splitlines(keepends=True)] == [
+        line[len(line.rstrip(b"\r\n")):] for line in data.splitlines(keepends=True)]
+    assert back.count(b"\tX\t") == sum(words)
