@@ -16,7 +16,6 @@ from examples.charlm.model import SOLVER, CharLM, CharLMConfig
 from examples.charlm.text import BOUNDARY, IGNORE, UNK, Symbols, read_texts, windows
 from unroll import carry_hidden
 from unroll.core import json_files
-from unroll.core.proto import NetParameter
 from unroll.engine.memory_limit import parse_bytes
 from unroll.tools import app_cli as cli
 from unroll.tools.cli import write_output
@@ -38,7 +37,9 @@ class App:
     """charlm for :class:`unroll.train.trainer.Trainer`, and its sampler: the windows in the
     stream's order, each carrying on from the one before, across epochs too."""
 
-    log_schema = log_schema({"dev_bpc": json_files.finite()}, ["dev_bpc"], carried=True)
+    files = folder.ModelFiles(log_schema({"dev_bpc": json_files.finite()}, ["dev_bpc"],
+                                         carried=True), {folder.CONFIG: CONFIG,
+                                                         folder.FEATURES: SYMBOLS})
     metric = Metric("dev_bpc", "dev bits/char", mode="min")
     curve_title = "character LM"
 
@@ -56,7 +57,7 @@ class App:
         folder.write_json(model_dir / folder.FEATURES, self.symbols.itos)
 
     def load(self, model_dir, log):
-        self.config, self.symbols = described(model_dir)
+        self.config, self.symbols = described(model_dir, log)
         folder.settings_differ(model_dir, self.sizes, asdict(self.config))
 
     def model(self, model_dir, seed):
@@ -100,22 +101,21 @@ class App:
         return {"dev_bpc": self.lm.bits_per_char(self.texts[1])}
 
 
-def described(model_dir):
-    """(config, symbols) of a model folder, schema-checked."""
-    return (CharLMConfig(**json_files.read_checked(folder.inside(model_dir, folder.CONFIG),
-                                                   CONFIG)),
-            Symbols(json_files.read_checked(folder.inside(model_dir, folder.FEATURES), SYMBOLS)))
+def described(model_dir, log):
+    """(config, symbols) of a model folder, as ``log`` records them."""
+    def read(name):
+        return folder.read_json(model_dir, App.files, name, log)
+
+    return CharLMConfig(**read(folder.CONFIG)), Symbols(read(folder.FEATURES))
 
 
 def trained(args) -> CharLM:
     """The CharLM of ``--model-dir`` with its best weights, checked against log.json."""
-    log = folder.read_log(args.model_dir, App.log_schema)
+    log = folder.read_log(args.model_dir, App.files)
     if not log:
         raise folder.ModelFolderError(f"{args.model_dir} holds no trained model: train first")
-    lm, best = (CharLM(*reversed(described(args.model_dir)), device=args.device),
-                folder.checkpoint_name("best"))
-    lm.train_model.copy_from(NetParameter.FromString(folder.verified(
-        folder.inside(args.model_dir, best), folder.checkpoint_checksums(log, "best"))))
+    lm = CharLM(*reversed(described(args.model_dir, log)), device=args.device)
+    folder.load_checkpoint(lm.train_model, args.model_dir, log, "best")
     return lm
 
 
@@ -130,7 +130,8 @@ def train(args) -> int:
 
 def evaluate(args) -> int:
     texts = read_texts(split_file(fetched_data_dir(args.data), args.split))
-    write_output(f"{args.split} bits per character: {trained(args).bits_per_char(texts):.4f}\n")
+    write_output(f"{args.split} bits per character: {trained(args).bits_per_char(texts):.4f}\n",
+                 args.output)
     return 0
 
 
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
     t.add_argument("--memory-budget", type=parse_bytes, metavar="BYTES",
                    help="bytes a training net may plan (recomputing in backward)")
     t.set_defaults(run=train, interrupted="resume with --resume")
-    e = sub.add_parser("evaluate", parents=[model, data])
+    e = sub.add_parser("evaluate", parents=[model, data, cli.output_options()])
     e.add_argument("--split", choices=["train", "dev", "test"], default="dev")
     s = sub.add_parser("sample", parents=[model, cli.output_options()])
     s.add_argument("--prime", default="", help="the text to continue")
