@@ -13,7 +13,8 @@ clip / norm where the global norm exceeds clip). Then each scores the dev text, 
 state carried the same way, in bits per character (mean nats / ln 2). Neither side
 averages weights (the Trainer evaluates an average; here both evaluate the weights).
 
-Each side runs in its own process, one after the other, at each ``--threads``; tokens/s
+Each side runs in its own process, one after the other, at each ``--threads``, for
+``--turns`` rounds (each round's ratio is from runs next to each other); tokens/s
 counts the scored characters over the time of forward + backward + update alone. The
 PyTorch side needs only numpy and torch (``--torch-python`` names its interpreter; a
 separate virtual environment with torch==2.13.0). OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
@@ -142,6 +143,8 @@ def main(argv=None) -> int:
     parser.add_argument("--windows", type=int, default=0,
                         help="train on the first N windows of each epoch (0: all)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--turns", type=int, default=1,
+                        help="run the sides in turns this many times (a ratio per turn)")
     parser.add_argument("--torch-python", default=sys.executable)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -164,28 +167,30 @@ def main(argv=None) -> int:
     tokens = sum(int((y != -1).sum()) for _, y in windows) * args.epochs
     print(f"{len(lm.symbols.itos)} symbols; {args.epochs} epoch(s) of {len(windows)} windows "
           f"({config.batch} x {config.steps}), {tokens} training characters; dev "
-          f"{sum(int((y != -1).sum()) for _, y in job['dev'])} characters")
+          f"{sum(int((y != -1).sum()) for _, y in job['dev'])} characters", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         with open(f"{tmp}/job.pkl", "wb") as f:
             pickle.dump(job, f)
         Path(f"{tmp}/torch_side.py").write_text(TORCH_SIDE)
-        for threads in args.threads:
-            n = str(threads)
-            side_env = dict(env, UNROLL_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n,
-                            OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, NUMBA_NUM_THREADS=n)
-            results = {}
-            for side, command in (
-                    ("unroll", [sys.executable, "-m", "bench.bench_charlm", "--side",
-                                f"{tmp}/job.pkl", f"{tmp}/unroll.json"]),
-                    ("torch", [args.torch_python, f"{tmp}/torch_side.py", f"{tmp}/job.pkl",
-                               f"{tmp}/torch.json", n])):
-                subprocess.run(command, check=True, env=side_env)
-                results[side] = json.loads(Path(f"{tmp}/{side}.json").read_text())
-            for side, r in results.items():
-                print(f"{threads} thread(s) {side:6s}: {r['tokens_per_s']:8.0f} training "
-                      f"tokens/s  dev {r['dev_bpc']:.4f} bits/char")
-            print(f"{threads} thread(s) unroll / torch tokens/s: "
-                  f"{results['unroll']['tokens_per_s'] / results['torch']['tokens_per_s']:.2f}")
+        for turn in range(args.turns):
+            for threads in args.threads:
+                n = str(threads)
+                side_env = dict(env, UNROLL_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n,
+                                OMP_NUM_THREADS=n, MKL_NUM_THREADS=n, NUMBA_NUM_THREADS=n)
+                speeds = {}
+                for side, command in (
+                        ("unroll", [sys.executable, "-m", "bench.bench_charlm", "--side",
+                                    f"{tmp}/job.pkl", f"{tmp}/unroll.json"]),
+                        ("torch", [args.torch_python, f"{tmp}/torch_side.py",
+                                   f"{tmp}/job.pkl", f"{tmp}/torch.json", n])):
+                    subprocess.run(command, check=True, env=side_env)
+                    r = json.loads(Path(f"{tmp}/{side}.json").read_text())
+                    speeds[side] = r["tokens_per_s"]
+                    print(f"turn {turn + 1}, {threads} thread(s), {side:6s}: "
+                          f"{r['tokens_per_s']:8.0f} training tokens/s  dev {r['dev_bpc']:.4f} "
+                          f"bits/char", flush=True)
+                print(f"turn {turn + 1}, {threads} thread(s), unroll / torch tokens/s: "
+                      f"{speeds['unroll'] / speeds['torch']:.2f}", flush=True)
     return 0
 
 
