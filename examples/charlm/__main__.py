@@ -103,10 +103,9 @@ class App:
 
 def described(model_dir, log):
     """(config, symbols) of a model folder, as ``log`` records them."""
-    def read(name):
-        return folder.read_json(model_dir, App.files, name, log)
-
-    return CharLMConfig(**read(folder.CONFIG)), Symbols(read(folder.FEATURES))
+    config, symbols = (folder.read_json(model_dir, App.files, name, log)
+                       for name in (folder.CONFIG, folder.FEATURES))
+    return CharLMConfig(**config), Symbols(symbols)
 
 
 def trained(args) -> CharLM:
