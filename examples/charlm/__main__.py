@@ -18,8 +18,8 @@ from unroll import carry_hidden
 from unroll.core import json_files
 from unroll.engine.memory_limit import parse_bytes
 from unroll.tools import app_cli as cli
-from unroll.tools.cli import write_output
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE, fetched_data_dir, split_file
+from unroll.tools.output import write_output
 from unroll.train import model_folder as folder
 from unroll.train.trainer import Metric, Trainer, log_schema
 
