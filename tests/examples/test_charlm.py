@@ -1,5 +1,7 @@
 """examples/charlm: the stream and its windows, the loss against NumPy, carried state, bits per
-character and sampling (docs/design.md, "Unrolling": truncated BPTT; "Stepping")."""
+character and sampling (docs/design.md, "Unrolling": truncated BPTT; "Stepping"); and its
+commands: a resumed run equals the uninterrupted one, evaluate, sample, the symbols file
+checked, --memory-budget (the per-application guarantees are in test_apps.py)."""
 
 import json
 import math
@@ -177,6 +179,13 @@ def test_evaluate_scores_the_best_weights_and_sample_writes_its_text(corpus, tmp
     assert out.read_text().startswith("the ") and out.read_text().endswith("\n")
     assert main([*command, "--temperature", "0"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    symbols = tmp_path / "m" / "features.json"
+    swapped = json.loads(symbols.read_text())
+    swapped[2:4] = swapped[3:1:-1]  # two characters trade ids: every prediction would change
+    symbols.write_text(json.dumps(swapped))
+    assert main(command) == 2
+    refusal = capsys.readouterr().err
+    assert refusal.count("\n") == 1 and "features.json" in refusal
 
 
 @pytest.mark.slow
