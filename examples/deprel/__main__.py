@@ -22,9 +22,10 @@ __all__ = ["build_parser", "main"]
 
 def _train(args) -> int:
     from examples.deprel.train import TrainOptions, train
-    from unroll.tools.ewt import data_dir
+    from unroll.tools.ewt import fetched_data_dir
 
-    log = train(TrainOptions(model_dir=Path(args.model_dir), data=data_dir(args.data),
+    log = train(TrainOptions(model_dir=Path(args.model_dir),
+                             data=fetched_data_dir(args.data, args.quiet),
                              model=args.model, epochs=args.epochs, lr=args.lr,
                              hidden=args.hidden, limit=args.limit, max_minutes=args.max_minutes,
                              seed=args.seed, quiet=args.quiet, overwrite=args.overwrite))
@@ -38,10 +39,10 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     from examples.deprel.conll import read_deprel
     from examples.deprel.labeller import Labeller
-    from examples.deprel.train import DEV_FILE, accuracy
-    from unroll.tools.ewt import data_dir
+    from examples.deprel.train import accuracy
+    from unroll.tools.ewt import DEV_FILE, fetched_data_dir
 
-    path = Path(args.conllu) if args.conllu else data_dir(args.data) / DEV_FILE
+    path = Path(args.conllu) if args.conllu else fetched_data_dir(args.data) / DEV_FILE
     sents = read_deprel(path)
     labeller = Labeller.load(Path(args.model_dir), args.checkpoint)
     acc = accuracy([s.deprels for s in sents], labeller.predict(labeller.encode(sents)))

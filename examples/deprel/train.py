@@ -19,13 +19,13 @@ from tqdm import tqdm
 from examples.deprel.conll import read_deprel
 from examples.deprel.labeller import DEPREL_FILES, DeprelConfig, Labeller
 from examples.pos_tagging.features import Featurizer, word_dropout
+from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
 from unroll.train import model_folder as folder
 from unroll.train.solver import NonFiniteError, Solver
 from unroll.train.trainer import bad_batch, diverged
 
 __all__ = ["TrainOptions", "accuracy", "train"]
 
-TRAIN_FILE, DEV_FILE = "en_ewt-ud-train.conllu", "en_ewt-ud-dev.conllu"
 
 
 @dataclass

@@ -24,10 +24,11 @@ __all__ = ["build_parser", "main"]
 
 def _train(args) -> int:
     from examples.lemmatize.train import TrainOptions, train
-    from unroll.tools.ewt import data_dir
+    from unroll.tools.ewt import fetched_data_dir
 
     log = train(TrainOptions(
-        model_dir=Path(args.model_dir), data=data_dir(args.data), epochs=args.epochs,
+        model_dir=Path(args.model_dir), data=fetched_data_dir(args.data, args.quiet),
+        epochs=args.epochs,
         lr=args.lr, hidden=args.hidden, embed=args.embed, dropout=args.dropout,
         batch=args.batch, limit=args.limit, max_minutes=args.max_minutes or None,
         seed=args.seed, quiet=args.quiet, resume=args.resume, overwrite=args.overwrite))
@@ -43,10 +44,10 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     from examples.lemmatize.conll import read_lemmas
     from examples.lemmatize.model import Lemmatizer
-    from examples.lemmatize.train import DEV_FILE, scores, words_of
-    from unroll.tools.ewt import data_dir
+    from examples.lemmatize.train import scores, words_of
+    from unroll.tools.ewt import DEV_FILE, fetched_data_dir
 
-    path = Path(args.conllu) if args.conllu else data_dir(args.data) / DEV_FILE
+    path = Path(args.conllu) if args.conllu else fetched_data_dir(args.data) / DEV_FILE
     words = words_of(read_lemmas(path))
     lemmatizer = Lemmatizer.load(Path(args.model_dir), args.checkpoint)
     for beam in sorted({1, args.beam}):

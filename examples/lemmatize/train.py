@@ -30,13 +30,13 @@ from examples.lemmatize.conll import read_lemmas
 from examples.lemmatize.model import LEMMATIZER_FILES, Lemmatizer, LemmatizerConfig
 from unroll import Solver
 from unroll.core.errors import FileFormatError
+from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
 from unroll.train import model_folder as folder
 from unroll.train.solver import NonFiniteError
 from unroll.train.trainer import bad_batch, diverged
 
 __all__ = ["TrainOptions", "dictionary_baseline", "scores", "train", "words_of"]
 
-TRAIN_FILE, DEV_FILE = "en_ewt-ud-train.conllu", "en_ewt-ud-dev.conllu"
 
 
 #: the TrainOptions fields that are LemmatizerConfig sizes

@@ -2,7 +2,8 @@
 
 docs/design.md, 10. Training: the options every application shares refuse a bad value
 in one line; Ctrl-C ends a training in one line with status 130, and ``--resume`` then
-gives the uninterrupted run's files bit for bit. Each interrupt waits for an event in
+gives the uninterrupted run's files bit for bit; a folder killed before its first epoch
+is trained again without ``--overwrite``; ``fetch`` and ``-o`` work for every one. Each interrupt waits for an event in
 the folder (the lock taken, a temp file of an atomic write, log.json committing an
 epoch), never for a number of seconds; they come in an order drawn by a seeded generator.
 """
@@ -135,6 +136,28 @@ def test_ctrl_c_anywhere_is_one_line_130_and_resume_gives_the_uninterrupted_run(
         resumed = python(app, *train_argv(app, data, model_dir, "--resume"))
         assert resumed.returncode == 0, (event, n, resumed.stderr.decode())
         assert final_files(model_dir) == final_files(whole), (event, n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_a_folder_killed_before_its_first_epoch_is_trained_without_overwrite(app, tmp_path):
+    data, model_dir = app.corpus(tmp_path / "data"), tmp_path / "m"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get(
+        "PYTHONPATH", "")]), MPLBACKEND="Agg")
+    run = subprocess.Popen([sys.executable, *app.command(*train_argv(app, data, model_dir))],
+                           cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert wait_for("writing", 0, run, model_dir), run.communicate()[1].decode()
+        run.kill()
+        run.communicate(timeout=limit(200))
+    finally:
+        run.kill()
+    assert committed(model_dir) == 0
+    again = python(app, *train_argv(app, data, model_dir))
+    assert again.returncode == 0, again.stderr.decode()
+    whole = tmp_path / "whole"
+    assert python(app, *train_argv(app, data, whole)).returncode == 0
+    assert final_files(model_dir) == final_files(whole)
 
 
 @pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)

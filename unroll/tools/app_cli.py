@@ -242,14 +242,13 @@ def run(parser: argparse.ArgumentParser, argv=None, user_errors: tuple = ()) -> 
     if getattr(args, "threads", None):
         set_num_threads(args.threads)
     try:
-        status = run_command(prog, args.run, args,
-                             (*USER_ERRORS, CoNLLUError, FileFormatError, ModelFolderError,
-                              FetchError, ValueError, *user_errors),
-                             (*FAILURES, TrainingDiverged))
+        return run_command(prog, args.run, args,
+                           (*USER_ERRORS, CoNLLUError, FileFormatError, ModelFolderError,
+                            FetchError, ValueError, *user_errors),
+                           (*FAILURES, TrainingDiverged))
     except KeyboardInterrupt:
-        if args.debug:
+        if getattr(args, "debug", False):
             raise
         hint = getattr(args, "interrupted", None)
         print(f"{prog}: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
         return INTERRUPTED
-    return status

@@ -18,7 +18,7 @@ does the rest, the same way for every application (docs/design.md,
   (:class:`ParamAverage`); the average is what is evaluated and saved.
 - **Resume, bit for bit.** A snapshot holds what continuing needs: solver
   state, params, average, and the application's carried recurrent state
-  (truncated BPTT: :meth:`Application.carried_state`), gathered from every
+  (truncated BPTT: ``Application.carried_state``), gathered from every
   rank. The sampler's position needs no saving: a snapshot ends an epoch,
   and the next epoch's batches are a function of (seed, rank, epoch).
 - **Time.** ``max_minutes``: no epoch starts once that much time has passed
@@ -146,11 +146,12 @@ class Application(Protocol):
     Attributes: ``files`` (a :class:`~unroll.train.model_folder.ModelFiles`: the JSON
     files the application keeps in the folder, which ``log.json`` checksums, and the
     schema of ``log.json``, :func:`log_schema` with the application's own epoch fields),
-    ``metric`` (a :class:`Metric`, whose key
-    :meth:`evaluate` returns) and ``curve_title`` (the title of ``curve.png``).
+    ``metric`` (a :class:`Metric`, whose key :meth:`evaluate` returns) and
+    ``curve_title`` (the title of ``curve.png``).
 
     Optional, for truncated BPTT: ``carried_state() -> {name: array}`` (the recurrent
-    state the training nets carry into the next batch, as it is after an epoch) and
+    state the training nets carry into the next batch, as it is after an epoch; called
+    on every rank after the epoch's last batch, before :meth:`evaluate`) and
     ``restore_carried_state({name: NumPy array})`` (put this rank's back on resume). The
     Trainer saves it with every snapshot, every rank's, so a resumed run carries what the
     uninterrupted one did. An application that starts every epoch from zero state needs
