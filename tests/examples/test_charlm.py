@@ -3,8 +3,14 @@ character and sampling (docs/design.md, "Unrolling": truncated BPTT; "Stepping")
 commands: a resumed run equals the uninterrupted one, evaluate, sample, the symbols file
 checked, --memory-budget (the per-application guarantees are in test_apps.py)."""
 
+import importlib.util
 import json
 import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,10 +20,16 @@ from hypothesis import strategies as st
 from examples.charlm.__main__ import main
 from examples.charlm.model import CharLM, CharLMConfig
 from examples.charlm.text import BOUNDARY, IGNORE, Symbols, read_texts, windows
+from tests.hang import limit
 from unroll import carry_hidden
 from unroll.core.errors import FileFormatError, MemoryBudgetError
+from unroll.core.proto import NetParameter, array_from_blob_proto
 from unroll.tools.ewt import TRAIN_FILE
 
+REPO = Path(__file__).resolve().parents[2]
+#: mpiexec beside this Python (the mpich wheel's), else on PATH
+MPIEXEC = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which(
+    "mpiexec")
 TEXTS = ["a cat sat.", "the dog ran!", "a dog sat on the cat.", "cats nap"]
 SYMBOLS = Symbols.build(TEXTS)
 
@@ -206,3 +218,29 @@ def test_a_memory_budget_trains_bit_identically(corpus, tmp_path, capsys):
         assert train(corpus, tmp_path / name, "--epochs", "1", *steps, *extra) == 0
     assert ((tmp_path / "full" / "last.caffemodel").read_bytes()
             == (tmp_path / "tight" / "last.caffemodel").read_bytes())
+
+
+def mpiexec_train(corpus, model_dir, *extra) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               MPLBACKEND="Agg")
+    return subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-m", "examples.charlm", "train",
+                           "--model-dir", str(model_dir), "--data", str(corpus), "--quiet",
+                           *extra], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=limit(300))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(MPIEXEC is None or importlib.util.find_spec("mpi4py") is None,
+                    reason="needs mpi4py and mpiexec: pip install -e '.[mpi]'")
+def test_two_ranks_read_their_own_rows_and_resume_with_their_own_state(corpus, tmp_path):
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    for run in (mpiexec_train(corpus, whole, "--epochs", "2", *TINY),
+                mpiexec_train(corpus, resumed, "--epochs", "1", *TINY),
+                mpiexec_train(corpus, resumed, "--epochs", "2", "--resume")):
+        assert run.returncode == 0, run.stderr
+    assert ((whole / "last.caffemodel").read_bytes()
+            == (resumed / "last.caffemodel").read_bytes())
+    entry = json.loads((whole / "log.json").read_text())[-1]
+    carried = NetParameter.FromString((whole / entry["carried"]).read_bytes())
+    h = {layer.name: array_from_blob_proto(layer.blobs[0]) for layer in carried.layer}["h_0"]
+    assert h.shape == (2, 1, 3, 6) and not np.array_equal(h[0], h[1])  # a state a rank
