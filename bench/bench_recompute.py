@@ -253,7 +253,7 @@ def main(argv=None) -> None:
     if args.side:
         print(json.dumps({"unroll": unroll_side, "torch": torch_side}[args.side](args)))
         return
-    from unroll.engine.memory_plan import bptt_hsm
+    from unroll.engine.memory import bptt_hsm
 
     print(f"LSTM layer H={args.hidden} N={args.batch}, float32, {args.threads} thread(s), "
           f"loss {args.loss}, median of {args.iters} step(s) after a first, "

@@ -12,7 +12,7 @@ from tests.net_helpers import host
 from unroll import expand, testing, to_prototxt
 from unroll.core.errors import MemoryBudgetError, NetError
 from unroll.core.proto import LayerParameter
-from unroll.engine.memory_plan import GRADIENT_CHUNK, bptt_hsm, hsm_order
+from unroll.engine.memory import GRADIENT_CHUNK, bptt_hsm, hsm_order
 from unroll.engine.net import Net
 from unroll.train.bucketing import cont_from_lengths
 

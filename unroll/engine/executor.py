@@ -1,9 +1,9 @@
 """Running a net's steps: a layout bound to the workspace, then the steps, serial or at once.
 
 :func:`bind` gives every planned blob and scratch buffer the workspace memory
-a :class:`~unroll.engine.memory_plan.Layout` placed it at (and :func:`release` takes
+a :class:`~unroll.engine.memory.Layout` placed it at (and :func:`release` takes
 it back when the workspace moves). :func:`schedule` cuts the run order into
-serial runs and concurrent regions (:func:`unroll.engine.memory_plan.concurrent_regions`);
+serial runs and concurrent regions (:func:`unroll.engine.memory.concurrent_regions`);
 :func:`run_forward` and :func:`run_backward` run them. The serial loop is a
 bare call per layer: a layer's exception is named by the net afterwards
 (:meth:`unroll.engine.net.Net._running`), not by a ``try`` around each call.
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from unroll.core.errors import NetError
-from unroll.engine import memory_plan
+from unroll.engine import memory
 from unroll.engine.threads import num_threads, run_threads
 
 __all__ = ["NetMemory", "bind", "recompute_schedule", "release", "run_backward",
@@ -38,7 +38,7 @@ class NetMemory:
     too big before any of it is allocated. ``gemms``, ``zero_before`` and
     ``segments`` are what :func:`run_backward` takes; ``bound_wholes`` the ids
     of the blobs that other blobs are views into. ``budget`` (bytes) or
-    ``recompute="sqrt"`` plan recomputation (:func:`unroll.engine.memory_plan.within_budget`)
+    ``recompute="sqrt"`` plan recomputation (:func:`unroll.engine.memory.within_budget`)
     of ``fwd`` in backward (``bwd``); not with concurrent ``regions``.
     """
 
@@ -97,9 +97,9 @@ class NetMemory:
         # took as long as a training step of the word-level tagger)
         if key not in self.layouts:
             shapes = [b.shape for b in self.blobs]
-            liveness, new = memory_plan.within_budget(
+            liveness, new = memory.within_budget(
                 self.make, functools.partial(
-                    memory_plan.layout, steps=self.graph.steps, layers=self.layers,
+                    memory.layout, steps=self.graph.steps, layers=self.layers,
                     bottom_need=self.bottom_need, shapes=shapes,
                     rewritten=self.graph.rewritten, itemsize=self.dtype.itemsize),
                 self.graph.steps, self.layers, shapes, self.dtype.itemsize, self.budget,
@@ -384,7 +384,7 @@ def run_forward(fwd, items) -> None:
 
 
 def recompute_schedule(fwd, bwd, recompute) -> list:
-    """Backward as the actions of a :class:`~unroll.engine.memory_plan.Recompute` plan:
+    """Backward as the actions of a :class:`~unroll.engine.memory.Recompute` plan:
     ``(action, fwd entries, None)`` for a forward run, ``(None, None, bwd entries)`` for
     a segment's backward."""
     bounds = [0, *recompute.cuts, len(fwd)]

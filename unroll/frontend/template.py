@@ -81,7 +81,7 @@ class Step:
     ``sequence(s)`` macro, rendered once over the whole (T, N, D) input
     before the recurrence (the input projection of Caffe's LSTM); where every
     layer it renders is an InnerProduct from axis 1 or later, which maps each
-    timestep on its own, and T is over ``memory_plan.GRADIENT_CHUNK``, it is
+    timestep on its own, and T is over ``unroll.engine.memory.GRADIENT_CHUNK``, it is
     rendered once per chunk of that many steps instead, right before the
     chunk's steps (docs/design.md, 6. Memory)::
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from unroll.core.errors import NetError, TemplateError, UngatedStateError
 from unroll.core.proto import LayerParameter, NetParameter, PrototxtError, parse_text, to_text
 from unroll.engine import hidden_nets
-from unroll.engine.memory_plan import GRADIENT_CHUNK
+from unroll.engine.memory import GRADIENT_CHUNK
 from unroll.frontend.render_limits import bounded_rendering
 from unroll.frontend.template import (
     RENDER_ERRORS,
