@@ -137,11 +137,14 @@ def unroll_side(args) -> dict:
     make(WARM_UP, {"recompute": "sqrt"})[1]()  # compiled kernels, imports: not the plan's
     start = time.perf_counter()
     try:
-        net, step = make(args.T, options)
+        if args.plan_only:  # the net is built and planned; its inputs are never filled
+            net = Net(lstm_net(args.T, N, H, per_step=args.loss == "per-step"), **options)
+        else:
+            net, step = make(args.T, options)
     except MemoryBudgetError as e:
         return {"refused": e.smallest}
     planning = time.perf_counter() - start
-    seconds, rss = timed_steps(step, args.iters)
+    seconds, rss = timed_steps(step, args.iters) if not args.plan_only else (1.0, 1)
     plan, rc = net.inspect().recompute, net.memory.liveness.recompute
     return {"seconds": seconds, "rss": rss, "planned": plan["planned_bytes"],
             "workspace": net.workspace.nbytes, "recomputed": plan["recomputed_steps"],
@@ -216,6 +219,8 @@ def run_side(side: str, python: str, args, T: int, config: str, full_bytes=None)
     command = [python, str(Path(__file__).resolve()), "--side", side, "--T", str(T),
                "--config", config, "--batch", str(args.batch), "--hidden", str(args.hidden),
                "--iters", str(args.iters), "--loss", args.loss, "--threads", str(args.threads)]
+    if args.plan_only:
+        command.append("--plan-only")
     if full_bytes is not None:
         command += ["--full-bytes", str(full_bytes)]
     done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
@@ -245,6 +250,9 @@ def main(argv=None) -> None:
     parser.add_argument("--configs", nargs="+", help="only these of sqrt and the budgets "
                         "(as given to --budgets), e.g. 0.02; default all")
     parser.add_argument("--torch-only", action="store_true", help="only the PyTorch side")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="only build and plan each net (planned bytes and planning "
+                             "seconds; no step is run, so RSS and step time are not measured)")
     parser.add_argument("--side", choices=["unroll", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--T", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -266,9 +274,10 @@ def main(argv=None) -> None:
                 if args.torch_python:
                     torch_figures(args, T, None)
                 continue
-            print(f"T={T} (turn {turn + 1}) unroll full plan: planned {mib(full['planned'])}, "
-                  f"workspace {mib(full['workspace'])}, RSS +{mib(full['rss'])}, "
-                  f"{full['seconds']:.2f} s/step")
+            ran = ("" if args.plan_only else f", workspace {mib(full['workspace'])}, "
+                   f"RSS +{mib(full['rss'])}, {full['seconds']:.2f} s/step")
+            print(f"T={T} (turn {turn + 1}) unroll full plan: planned {mib(full['planned'])}"
+                  f"{ran}; planned in {full['planning']:.1f} s")
             for config in args.configs or ["sqrt", "hsm", *map(str, args.budgets)]:
                 got = run_side("unroll", sys.executable, args, T, config, full["planned"])
                 if got is None:
@@ -279,13 +288,15 @@ def main(argv=None) -> None:
                           f"{mib(got['refused'])} ({got['refused'] / full['planned']:.3f} of "
                           f"the full plan)")
                     continue
-                print(f"  {label:>6}: planned {got['planned'] / full['planned']:.3f}, "
-                      f"workspace {got['workspace'] / full['workspace']:.3f}, "
-                      f"RSS +{got['rss'] / full['rss']:.3f} of full; "
-                      f"forward x {got['factor']:.2f} ({got['recomputed']} steps again, "
-                      f"{got['checkpoints']} checkpoints, {got['policy']}), step time "
-                      f"x {got['seconds'] / full['seconds']:.2f}; planned in "
-                      f"{got['planning']:.1f} s")
+                ran = ("" if args.plan_only else
+                       f", workspace {got['workspace'] / full['workspace']:.3f}, "
+                       f"RSS +{got['rss'] / full['rss']:.3f}")
+                step_time = ("" if args.plan_only else
+                             f", step time x {got['seconds'] / full['seconds']:.2f}")
+                print(f"  {label:>6}: planned {got['planned'] / full['planned']:.3f}{ran} of "
+                      f"full; forward x {got['factor']:.2f} ({got['recomputed']} steps again, "
+                      f"{got['checkpoints']} checkpoints, {got['policy']}){step_time}; "
+                      f"planned in {got['planning']:.1f} s")
                 if got["slots"]:  # its segments' forward runs against the dynamic program's
                     n = got["checkpoints"] + 1
                     print(f"          segments run forward {got['segment_runs'] / n:.3f} times "

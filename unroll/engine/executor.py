@@ -37,16 +37,16 @@ class NetMemory:
     ``limit`` (a :class:`~unroll.engine.memory_limit.MemoryLimit`) refuses a layout
     too big before any of it is allocated. ``gemms``, ``zero_before`` and
     ``segments`` are what :func:`run_backward` takes; ``bound_wholes`` the ids
-    of the blobs that other blobs are views into. ``budget`` (bytes) or
-    ``recompute="sqrt"`` plan recomputation (:func:`unroll.engine.memory.within_budget`)
-    of ``fwd`` in backward (``bwd``); not with concurrent ``regions``.
+    of the blobs that other blobs are views into. ``budget`` (bytes) or a ``recompute``
+    policy (:func:`unroll.engine.memory.policy_named`) plan recomputation
+    (:func:`unroll.engine.memory.within_budget`) of ``fwd`` in backward (``bwd``); not
+    with concurrent ``regions``.
     """
 
     def __init__(self, blobs, graph, layers, bottom_need, workspace, dtype, limit, fwd=(),
                  bwd=(), budget=None, recompute=None, regions=()):
-        if recompute not in (None, "sqrt", "hsm"):
-            raise ValueError(f"recompute must be None, 'sqrt' or 'hsm', found {recompute!r}")
-        if (budget is not None or recompute) and regions:
+        recompute = memory.policy_named(recompute)
+        if self._recomputes(budget, recompute) and regions:
             raise NetError(f"net '{limit.name}': concurrent=True runs branches at once, and "
                            f"a memory budget recomputes segments in order; choose one")
         self.blobs, self.graph, self.layers, self.bottom_need = blobs, graph, layers, bottom_need
@@ -57,6 +57,12 @@ class NetMemory:
         self.layouts: dict = {}  # input shapes -> a recent layout
         self.bound, self.bound_wholes, self.gemms, self.zero_before = False, set(), {}, {}
         self.lives, self.in_backward = None, False
+
+    @staticmethod
+    def _recomputes(budget, policy) -> bool:
+        """Whether a plan may recompute: a budget or a policy, but "none"."""
+        return (budget is not None or policy is not None) and not isinstance(
+            policy, memory.NoRecompute)
 
     def plan(self, make, gate) -> None:
         """Take a new liveness, ``make(recompute)`` for a recomputation plan: the layouts of
@@ -86,7 +92,7 @@ class NetMemory:
         check = functools.partial(self.limit.check_plan, self.liveness, blobs=self.blobs,
                                   steps=self.graph.steps, layers=self.layers)
         if not planned:
-            if self.budget is not None or self.recompute:
+            if self.budget is not None or self._recomputes(self.budget, self.recompute):
                 raise NetError(f"net '{self.limit.name}': plan_memory=False keeps every blob, "
                                f"so a memory budget cannot be planned")
             check(None)

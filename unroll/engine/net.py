@@ -168,9 +168,12 @@ class Net:
     backward recompute segments of the forward, as few as fit, with the same
     results bit for bit: one level of Chen et al.'s segments, or in a chain of
     three weight-gradient chunks or more, for budgets one level cannot reach,
-    Gruslys et al.'s BPTT-HSM over the chunks. ``recompute="sqrt"`` takes
-    Chen's square-root segments, ``recompute="hsm"`` BPTT-HSM (without a
-    budget, in its fewest slots: the least memory).
+    Gruslys et al.'s BPTT-HSM over the chunks. ``recompute`` names a policy
+    (:mod:`unroll.engine.memory.policy`): ``"sqrt"`` takes Chen's square-root
+    segments, ``"hsm"`` BPTT-HSM (without a budget, in its fewest slots: the
+    least memory), ``"none"`` never recomputes; or it is a policy of the
+    user's own, such as ``Checkpoints(lambda k, n: k % 4 == 0)`` (a checkpoint
+    where every fourth weight-gradient chunk starts).
     ``net.memory`` is the memory plan applied (:class:`unroll.engine.executor.NetMemory`):
     its ``liveness``, and its ``layout`` for the current shapes (None with
     ``plan_memory=False``), as :mod:`unroll.engine.memory` documents them.
@@ -190,7 +193,7 @@ class Net:
                  allow_python_layers: bool = False, plan_memory: bool = True,
                  workspace: Workspace | None = None, concurrent: bool = False,
                  max_bytes: int | None = None, memory_budget: int | None = None,
-                 recompute: str | None = None):
+                 recompute: str | memory.Policy | None = None):
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {list(PHASES)}, found {phase!r}")
         net_param = read_message(source, NetParameter)
@@ -300,8 +303,8 @@ class Net:
         g = self.graph
         private = (set(range(len(self._blob_list))) if not self.plan_memory else
                    memory.private_blobs(g.steps, self.layers_run, g.table,
-                                             set(self.outputs) | self.keep, self.phase,
-                                             self._loss_blobs) | self._kept_blobs)
+                                        set(self.outputs) | self.keep, self.phase,
+                                        self._loss_blobs) | self._kept_blobs)
         # a test-phase net runs backward only when asked to (force_backward): inference
         # memory must not hold what only a backward would read
         self._plans_backward = self.phase == "train" or self._force_backward

@@ -138,7 +138,7 @@ def test_every_module_of_the_layers_package_registers_its_layers():
 # -- every hook the engine reads is declared on Layer ---------------------------------------
 #: the modules that read layers: the net, its plan and checks, inspection, graph capture
 ENGINE = ("engine.net", "graph.rules", *(f"engine.memory.{m}" for m in (
-    "aliases", "layout", "liveness", "policy", "regions", "segments", "weight_gradients")),
+    "aliases", "budget", "layout", "liveness", "regions", "segments", "weight_gradients")),
           "engine.executor",
           "engine.param_sharing", "engine.memory_limit", "engine.host_checks", "engine.workspace",
           "engine.inspection", "engine.cuda_graph")

@@ -24,11 +24,14 @@ One module a job:
 - :mod:`~unroll.engine.memory.layout`: all of it for one set of shapes;
 - :mod:`~unroll.engine.memory.regions`: within a region whose branches run at once
   (:func:`concurrent_regions`) every buffer lives through all of it;
-- :mod:`~unroll.engine.memory.segments`, :mod:`~unroll.engine.memory.hsm` and
-  :mod:`~unroll.engine.memory.policy`: within a memory budget (:func:`within_budget`),
-  backward recomputes segments of the forward from checkpoints (a :class:`Recompute`
-  plan), cut between weight-gradient chunks, at one level or at several (BPTT-HSM,
-  :func:`hsm_order`).
+- :mod:`~unroll.engine.memory.segments` and :mod:`~unroll.engine.memory.hsm`: backward
+  recomputes segments of the forward from checkpoints (a :class:`Recompute` plan), cut
+  between weight-gradient chunks, at one level or at several (BPTT-HSM,
+  :func:`hsm_order`);
+- :mod:`~unroll.engine.memory.policy`: which checkpoints to keep, a :class:`Policy`
+  (built in, or the user's own: :class:`Checkpoints`), apart from the mechanism,
+  :mod:`~unroll.engine.memory.budget`, that plans what a policy weighs and holds it to a
+  memory budget (:func:`within_budget`).
 
 >>> import numpy as np
 >>> from unroll import Net
@@ -42,12 +45,24 @@ One module a job:
 """
 
 from unroll.engine.memory.aliases import alias_pass_through_diffs, group_parts
+from unroll.engine.memory.budget import Plans, within_budget
 from unroll.engine.memory.hsm import bptt_hsm, hsm_order, hsm_units
 from unroll.engine.memory.layout import LayerFlags, Layout, input_roots, layout, planned_bytes
 from unroll.engine.memory.lifetimes import Lifetimes, Liveness
 from unroll.engine.memory.liveness import liveness, private_blobs
 from unroll.engine.memory.placement import place
-from unroll.engine.memory.policy import HSM_MOST_FORWARDS, within_budget
+from unroll.engine.memory.policy import (
+    BPTTHSM,
+    HSM_MOST_FORWARDS,
+    Chain,
+    Checkpoints,
+    ChenSegments,
+    FewestRecomputed,
+    NoRecompute,
+    Plan,
+    Policy,
+    policy_named,
+)
 from unroll.engine.memory.regions import Region, concurrent_regions
 from unroll.engine.memory.segments import (
     Recompute,
@@ -64,10 +79,12 @@ from unroll.engine.memory.weight_gradients import (
     plan_weight_gradients,
 )
 
-__all__ = ["GRADIENT_CHUNK", "HSM_MOST_FORWARDS", "Layout", "LayerFlags", "Lifetimes",
-           "Liveness", "Recompute", "Region", "WeightGradGroup", "alias_pass_through_diffs",
+__all__ = ["BPTTHSM", "GRADIENT_CHUNK", "HSM_MOST_FORWARDS", "Chain", "ChenSegments",
+           "Checkpoints", "FewestRecomputed", "Layout", "LayerFlags", "Lifetimes", "Liveness",
+           "NoRecompute", "Plan", "Plans", "Policy", "Recompute", "Region", "WeightGradGroup",
+           "alias_pass_through_diffs",
            "allowed_cuts", "bptt_hsm", "concurrent_regions", "crossing_bytes",
            "gradient_chunks", "greedy_cuts", "group_parts", "hsm_order", "hsm_units",
            "input_roots", "layout", "liveness", "one_level_order", "place",
-           "plan_weight_gradients", "planned_bytes", "private_blobs", "recompute_plan",
-           "within_budget"]
+           "plan_weight_gradients", "planned_bytes", "policy_named", "private_blobs",
+           "recompute_plan", "within_budget"]

@@ -1,143 +1,231 @@
-"""The recompute policy: of the plans a memory budget allows, the one to run (docs/design.md,
-6. Memory): Chen et al.'s one level of segments, or BPTT-HSM over the chunks of a chain.
+"""Recompute policies: which checkpoints backward keeps, apart from how it recomputes
+(docs/design.md, 6. Memory), as JAX's ``checkpoint(policy=)`` keeps what to save apart
+from the mechanism.
+
+A policy sees a net's :class:`Chain` (where segments may start, the bytes of each step)
+and weighs :class:`Plan` s that :class:`~unroll.engine.memory.budget.Plans` makes for it
+(``plans.of(cuts)``: liveness and layout of segments starting at ``cuts``); its
+:meth:`Policy.choose` returns the one to run, or None for the full plan. Built in, by
+the names ``Net(recompute=...)`` takes: ``"none"`` (:class:`NoRecompute`), ``"sqrt"``
+(:class:`ChenSegments`), ``"hsm"`` (:class:`BPTTHSM`); without a name, a memory budget
+takes :class:`FewestRecomputed`. A policy of the user's own is a :class:`Checkpoints`
+predicate, or a subclass of :class:`Policy`.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
-from unroll.core.errors import MemoryBudgetError
-from unroll.engine.memory.hsm import bptt_hsm, hsm_order, hsm_units
-from unroll.engine.memory.layout import Layout, input_roots, planned_bytes
-from unroll.engine.memory.lifetimes import Liveness
-from unroll.engine.memory.segments import allowed_cuts, crossing_bytes, greedy_cuts, recompute_plan
-from unroll.engine.memory.weight_gradients import gradient_chunks
+from unroll.engine.memory.hsm import bptt_hsm, hsm_order
+from unroll.engine.memory.segments import greedy_cuts
 
-__all__ = ["HSM_MOST_FORWARDS", "within_budget"]
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
+    from unroll.engine.memory.budget import Plans
+    from unroll.engine.memory.layout import Layout
+    from unroll.engine.memory.lifetimes import Liveness
 
-def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=None,
-                  mode=None, name: str = "") -> tuple[Liveness, Layout]:
-    """The liveness and layout of a net that fit ``budget`` bytes (:func:`planned_bytes`)
-    with the fewest forward steps recomputed, or, for ``mode="sqrt"``, Chen et al.'s
-    segments of about a square root of the steps each (where those need less memory than
-    no recomputation).
-
-    ``make(recompute)`` gives the net's :class:`Liveness` for a :class:`Recompute`
-    plan (None: none), ``lay_out(liveness)`` its layout for the current shapes.
-    Segments are Chen's greedy ones (:func:`greedy_cuts`), of every halving of
-    the steps' bytes down to a step each and of a square root of the steps:
-    of those that fit, the one that runs fewest steps again. Where none fits
-    and the net is a chain of three weight-gradient chunks or more, Gruslys
-    et al.'s BPTT-HSM over its chunks (:func:`hsm_order`, a segment a chunk):
-    of the slot counts whose policy runs every step forward at most
-    :data:`HSM_MOST_FORWARDS` times, the most that fit. One level with a
-    segment a chunk runs each step at most twice, no more than BPTT-HSM with
-    a slot for every chunk, so BPTT-HSM serves the budgets one level cannot
-    reach. ``mode="hsm"`` takes BPTT-HSM in any case (without a budget: its
-    fewest slots, the least memory, where that is less than without
-    recomputation). A budget none fits is a
-    :class:`~unroll.core.errors.MemoryBudgetError` giving the smallest plan
-    found.
-    """
-    base = make(None)
-    full = lay_out(base)
-    if budget is None and mode is None:
-        return base, full
-    inputs = input_roots(steps, layers, base.data_root)
-    chunks = gradient_chunks(steps, layers, base.layer_need, shapes)
-    # a param with one chunk (T <= GRADIENT_CHUNK) may be cut inside it: its rows are then
-    # kept, as without chunks; segments of a longer chain start between chunks, where the
-    # fewest bytes cross
-    count = Counter(layers[c[0]].param_batch_key() for c in chunks)
-    between = [c for c in chunks if count[layers[c[0]].param_batch_key()] > 1]
-    allowed = allowed_cuts(steps, layers, base.data_root, between)
-    sizes = [sum(math.prod(shapes[b]) * itemsize for b in step.tops
-                 if base.data_root[b] == b and b not in base.private) for step in steps]
-    total = max(sum(sizes), 1)
-    crossing = (crossing_bytes(steps, base.data_root, base.private,
-                               [math.prod(shape) * itemsize for shape in shapes])
-                if between else None)
-
-    planned: dict[tuple, tuple] = {}
-
-    def attempt_order(cuts, order=(), slots=None):
-        # segments of a few steps all end at the same cuts (between weight-gradient
-        # chunks): each plan is made once
-        if (cuts, order) not in planned:
-            plan = make(recompute_plan(steps, layers, base.data_root, cuts, chunks, order,
-                                       slots))
-            layout_ = lay_out(plan)
-            planned[(cuts, order)] = (planned_bytes(plan, layout_, shapes, itemsize, inputs),
-                                      plan, layout_)
-        return planned[(cuts, order)]
-
-    def attempt(segment_bytes):
-        return attempt_order(tuple(greedy_cuts(sizes, allowed, segment_bytes, crossing)))
-
-    def error(smallest):
-        return MemoryBudgetError(
-            f"net '{name}': memory_budget {budget:,} bytes is too small: the smallest plan "
-            f"found needs {smallest:,} bytes (activations, diffs, scratch and kept blobs; "
-            f"params and inputs not counted)", smallest)
-
-    need = planned_bytes(base, full, shapes, itemsize, inputs)
-    units = hsm_units(between, allowed, crossing) if between else ()
-    if mode == "hsm" and len(units) >= 2 and (budget is None or need > budget):
-        best, least = _within_budget_hsm(attempt_order, units, budget)
-        if best is None:
-            raise error(least)
-        if budget is None and least >= need:  # never more memory, for nothing
-            return base, full
-        return best[1], best[2]
-    if mode == "sqrt":  # never more memory than without recomputation, for nothing
-        n, plan, layout_ = attempt(total / max(1.0, len(steps) ** 0.5))
-        return (plan, layout_) if n < need else (base, full)
-    if budget is None or need <= budget:
-        return base, full
-    # every halving of the segments' bytes down to a step each, and Chen's square root:
-    # memory falls then rises, and the steps run again do not follow the size
-    step = min((n for n in sizes if n), default=total) / 2  # segments of a step, at least
-    tries = [total / 2**k for k in range(1, 64) if total / 2**k >= step]
-    tries.append(total / max(1.0, len(steps) ** 0.5))
-    smallest, best = need, None
-    for segment in tries:
-        n, plan, layout_ = attempt(segment)
-        smallest = min(smallest, n)
-        if n <= budget and (best is None or (plan.recompute.recomputed, n) < best[0]):
-            best = ((plan.recompute.recomputed, n), plan, layout_)
-    if best is None and len(units) >= 2:
-        best, least = _within_budget_hsm(attempt_order, units, budget)
-        smallest = min(smallest, least)
-    if best is None:
-        raise error(smallest)
-    return best[1], best[2]
-
+__all__ = ["BPTTHSM", "HSM_MOST_FORWARDS", "Chain", "ChenSegments", "Checkpoints",
+           "FewestRecomputed", "NoRecompute", "Plan", "Policy", "policy_named"]
 
 #: a multi-level plan runs each step forward at most this many times (BPTT-HSM's fewest
 #: slots tried): fewer slots save little more memory, for ever more recomputation
 HSM_MOST_FORWARDS = 6
 
 
-def _within_budget_hsm(attempt, units, budget) -> tuple[tuple | None, int]:
-    """BPTT-HSM's plan over the segments starting at ``units`` with the most slots that
-    fits ``budget`` (``(key, liveness, layout)``, None if none; without a budget, the
-    fewest slots) and the smallest plan it found; ``attempt(cuts, order)`` plans one."""
+class Plan(NamedTuple):
+    """One plan a policy weighs: its planned bytes
+    (:func:`~unroll.engine.memory.layout.planned_bytes`), the forward steps backward runs
+    again, and its liveness and layout."""
+
+    bytes: int
+    recomputed: int
+    liveness: Liveness
+    layout: Layout
+
+
+@dataclass(frozen=True)
+class Chain:
+    """What a policy sees of a net, for its current shapes: ``steps`` in run order,
+    ``allowed`` the steps a segment may start at
+    (:func:`~unroll.engine.memory.segments.allowed_cuts`), ``units`` the cuts between
+    weight-gradient chunks, one each where the fewest bytes cross
+    (:func:`~unroll.engine.memory.hsm.hsm_units`; empty in a net of fewer than two
+    chunks), ``sizes`` the bytes each step's planned tops take and ``crossing`` the bytes
+    a cut at each step leaves to checkpoints (None: no chunks)."""
+
+    steps: int
+    allowed: tuple
+    units: tuple
+    sizes: tuple
+    crossing: tuple | None
+
+    @property
+    def places(self) -> tuple:
+        """Where a checkpoint may go, in run order: between weight-gradient chunks in a chain
+        of two chunks or more (the k-th place starts chunk k), else every allowed cut."""
+        return self.units or self.allowed
+
+    @property
+    def total(self) -> int:
+        """The bytes of every step's planned tops (at least 1)."""
+        return max(sum(self.sizes), 1)
+
+
+class Policy:
+    """A recompute policy: of the plans a net may run in backward, the one it runs.
+
+    A subclass defines :meth:`choose`. ``plans.of(cuts)`` plans segments starting at
+    ``cuts`` (ascending, of ``chain.allowed``), each run forward again once right before
+    its backward; ``plans.full`` is the plan without recomputation. Every plan gives the
+    results of the full plan bit for bit: a policy decides memory and time only.
+    """
+
+    #: the name ``Net(recompute=...)`` takes for it (None: not a built-in)
+    name: str | None = None
+
+    def choose(self, chain: Chain, plans: Plans, budget: int | None) -> Plan | None:
+        """The plan to run within ``budget`` bytes (None: no budget), or None for the full
+        plan; a plan over the budget is refused, giving the smallest plan made."""
+        raise NotImplementedError(f"{type(self).__name__} must define choose()")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class NoRecompute(Policy):
+    """``"none"``: never recompute; a budget the full plan does not fit is refused."""
+
+    name = "none"
+
+    def choose(self, chain, plans, budget):
+        return None
+
+
+class ChenSegments(Policy):
+    """``"sqrt"``: Chen et al.'s greedy segments, of about a square root of the steps'
+    bytes each, where those need less memory than no recomputation."""
+
+    name = "sqrt"
+
+    def choose(self, chain, plans, budget):
+        got = plans.of(segments_of(chain, chain.total / max(1.0, chain.steps ** 0.5)))
+        return got if got.bytes < plans.full.bytes else None
+
+
+class FewestRecomputed(Policy):
+    """A memory budget's plan by default: no recomputation where the full plan fits, else
+    of Chen's greedy segments of every halving of the steps' bytes down to a step each and
+    of a square root of them, the one that fits running the fewest steps again; where none
+    fits and the net is a chain of three weight-gradient chunks or more, BPTT-HSM's
+    (:class:`BPTTHSM`). One level with a segment a chunk runs each step at most twice, no
+    more than BPTT-HSM with a slot for every chunk, so BPTT-HSM serves the budgets one level
+    cannot reach."""
+
+    def choose(self, chain, plans, budget):
+        if budget is None or plans.full.bytes <= budget:
+            return None
+        step = min((n for n in chain.sizes if n), default=chain.total) / 2  # a step, at least
+        # memory falls then rises, and the steps run again do not follow the size
+        tries = [chain.total / 2**k for k in range(1, 64) if chain.total / 2**k >= step]
+        tries.append(chain.total / max(1.0, chain.steps ** 0.5))
+        best = None
+        for segment in tries:
+            got = plans.of(segments_of(chain, segment))
+            if got.bytes <= budget and (best is None or (got.recomputed, got.bytes) <
+                                        (best.recomputed, best.bytes)):
+                best = got
+        if best is None and len(chain.units) >= 2:
+            best = hsm_within(chain, plans, budget)
+        return best
+
+
+class BPTTHSM(Policy):
+    """``"hsm"``: Gruslys et al.'s BPTT-HSM over the chunks of a chain (a segment a chunk):
+    of the slot counts whose policy runs every step forward at most
+    :data:`HSM_MOST_FORWARDS` times, the most that fit the budget; without one, the fewest
+    (the least memory), where that is less than without recomputation. Where the full plan
+    fits, or the chain has fewer than three chunks, as :class:`FewestRecomputed`."""
+
+    name = "hsm"
+
+    def choose(self, chain, plans, budget):
+        if len(chain.units) < 2 or (budget is not None and plans.full.bytes <= budget):
+            return FewestRecomputed().choose(chain, plans, budget)
+        got = hsm_within(chain, plans, budget)
+        if budget is None and got.bytes >= plans.full.bytes:  # never more memory, for nothing
+            return None
+        return got
+
+
+class Checkpoints(Policy):
+    """The user's policy as a predicate: ``keep(k, n)`` says whether backward keeps a
+    checkpoint at the k-th of the ``n`` places one may go (:attr:`Chain.places`, k from 1:
+    in a chain of weight-gradient chunks, where chunk k starts); the segments between the
+    checkpoints each run forward again once, right before their backward.
+
+    Keeping every second chunk of a chain of four (128 steps):
+
+    >>> from unroll import Net, expand, to_prototxt
+    >>> text = "force_backward: true\\n" + to_prototxt(expand(
+    ...     "rnn", steps=128, batch=1, input_dim=2, hidden=2))
+    >>> net = Net(text, recompute=Checkpoints(lambda k, n: k % 2 == 0))
+    >>> plan = net.memory.liveness.recompute  # one checkpoint, where chunk 2 starts
+    >>> len(plan.cuts), plan.policy
+    (1, 'one level')
+    """
+
+    def __init__(self, keep: Callable[[int, int], bool]):
+        self.keep = keep
+
+    def choose(self, chain, plans, budget):
+        places = chain.places
+        cuts = tuple(p for k, p in enumerate(places, 1) if self.keep(k, len(places)))
+        return plans.of(cuts) if cuts else None
+
+    def __repr__(self) -> str:
+        return f"Checkpoints({self.keep!r})"
+
+
+def segments_of(chain: Chain, segment_bytes: float) -> tuple:
+    """Chen's greedy cuts over ``chain`` (:func:`~unroll.engine.memory.segments.greedy_cuts`)
+    of segments of about ``segment_bytes``."""
+    return tuple(greedy_cuts(chain.sizes, chain.allowed, segment_bytes, chain.crossing))
+
+
+def hsm_within(chain: Chain, plans: Plans, budget: int | None) -> Plan | None:
+    """BPTT-HSM's plan over ``chain.units`` with the most slots that fits ``budget`` (None
+    if none; without a budget, the fewest slots)."""
+    units = chain.units
     n = len(units) + 1
     fewest = 2
     while fewest < n and bptt_hsm(n, fewest) > HSM_MOST_FORWARDS * n:
         fewest += 1
 
     def fit(m):
-        got, plan, layout_ = attempt(units, hsm_order(n, m), m)
-        return (plan.recompute.recomputed, got), plan, layout_
+        return plans.of(units, hsm_order(n, m), m)
 
     least = fit(fewest)
-    if budget is None or least[0][1] > budget:
-        return (least if budget is None else None), least[0][1]
+    if budget is None or least.bytes > budget:
+        return least if budget is None else None
     lo, hi = fewest, n + 1  # the planned bytes grow with the slots: the most that fit
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fit(mid)[0][1] <= budget else (lo, mid)
-    return fit(lo), least[0][1]
+        lo, hi = (mid, hi) if fit(mid).bytes <= budget else (lo, mid)
+    return fit(lo)
+
+
+BUILT_IN = {policy.name: policy for policy in (NoRecompute(), ChenSegments(), BPTTHSM())}
+
+
+def policy_named(recompute) -> Policy | None:
+    """The policy ``Net(recompute=...)`` names: None (a budget's default,
+    :class:`FewestRecomputed`), a built-in's name, or a :class:`Policy`."""
+    if recompute is None or isinstance(recompute, Policy):
+        return recompute
+    if isinstance(recompute, str) and recompute in BUILT_IN:
+        return BUILT_IN[recompute]
+    raise ValueError(f"recompute must be None, one of {sorted(BUILT_IN)} or a "
+                     f"unroll.engine.memory.Policy, found {recompute!r}")
