@@ -271,6 +271,49 @@ def test_a_policy_is_held_to_the_budget_and_to_the_cuts_allowed():
         Net(text, recompute=OutOfOrder())
 
 
+def test_an_attempt_is_one_liveness_walk_and_one_layout(monkeypatch):
+    # planning cost, counted (bench/bench_recompute.py times it): what does not depend on
+    # the cuts is found once, the full plan's liveness once per net, whatever its shapes
+    from unroll.engine import memory
+    from unroll.engine.memory import budget as mechanism
+
+    counts: dict[str, int] = {}
+
+    def counted(name, fn, is_attempt):
+        def wrapper(*args, **kwargs):
+            key = f"{name} {'attempt' if is_attempt(args, kwargs) else 'full'}"
+            counts[key] = counts.get(key, 0) + 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(memory, "liveness", counted(
+        "liveness", memory.liveness, lambda a, kw: (a[8] if len(a) > 8 else
+                                                    kw.get("recompute")) is not None))
+    monkeypatch.setattr(memory, "layout", counted(
+        "layout", memory.layout, lambda a, kw: a[0].recompute is not None))
+    monkeypatch.setattr(mechanism, "recomputable", counted(
+        "recomputable", mechanism.recomputable, lambda a, kw: True))
+    T = 3 * GRADIENT_CHUNK
+    text = per_step_loss_net("gru", T, 2, 4, 4)
+    need = Net(text, dtype="float64").inspect().recompute["planned_bytes"]
+    least = smallest_budget(text, "float64")
+    counts.clear()
+    net = Net(text, dtype="float64", seed=3, memory_budget=(least + need) // 2)
+    assert net.memory.liveness.recompute.recomputed > 0
+    attempts = counts["layout attempt"]
+    assert attempts >= 2 and counts == {"liveness full": 1, "layout full": 1,
+                                        "liveness attempt": attempts,
+                                        "recomputable attempt": 1, "layout attempt": attempts}
+    rng = np.random.default_rng(0)  # a batch of 1, not 2 (axis 1 of every input)
+    feed = {name: rng.normal(size=(net.blobs[name].shape[0], 1, *net.blobs[name].shape[2:]))
+            for name in net.inputs}
+    feed["cont"] = cont_from_lengths([T], T)
+    net.forward(**feed)  # a new layout, and plan
+    assert counts["liveness full"] == 1 and counts["layout full"] == 2
+    assert counts["recomputable attempt"] == 2
+    assert counts["liveness attempt"] == counts["layout attempt"]
+
+
 def test_a_budget_is_refused_where_it_cannot_be_planned():
     text = recurrent_net("lstm", 4, 2, 1, "bidirectional", False)
     with pytest.raises(NetError, match="concurrent=True runs branches at once"):

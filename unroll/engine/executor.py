@@ -52,7 +52,7 @@ class NetMemory:
         self.blobs, self.graph, self.layers, self.bottom_need = blobs, graph, layers, bottom_need
         self.workspace, self.dtype, self.limit = workspace, dtype, limit
         self.fwd, self.bwd, self.budget, self.recompute = fwd, bwd, budget, recompute
-        self.make, self.segments = None, None
+        self.make, self.base, self.segments = None, None, None
         self.liveness = self.layout = None
         self.layouts: dict = {}  # input shapes -> a recent layout
         self.bound, self.bound_wholes, self.gemms, self.zero_before = False, set(), {}, {}
@@ -68,7 +68,7 @@ class NetMemory:
         """Take a new liveness, ``make(recompute)`` for a recomputation plan: the layouts of
         the old one are dropped, and every planned blob is readable only while ``gate`` is
         open (its memory is the net's only then)."""
-        liveness = make(None)
+        liveness = self.base = make(None)
         for b, blob in enumerate(self.blobs):
             planned = (liveness.data_root[b] not in liveness.private
                        or liveness.diff_root[b] not in liveness.private)
@@ -104,7 +104,7 @@ class NetMemory:
         if key not in self.layouts:
             shapes = [b.shape for b in self.blobs]
             liveness, new = memory.within_budget(
-                self.make, functools.partial(
+                self.base, self.make, functools.partial(
                     memory.layout, steps=self.graph.steps, layers=self.layers,
                     bottom_need=self.bottom_need, shapes=shapes,
                     rewritten=self.graph.rewritten, itemsize=self.dtype.itemsize),

@@ -65,12 +65,13 @@ from unroll.engine.memory.policy import (
 )
 from unroll.engine.memory.regions import Region, concurrent_regions
 from unroll.engine.memory.segments import (
+    Recomputable,
     Recompute,
     allowed_cuts,
     crossing_bytes,
     greedy_cuts,
     one_level_order,
-    recompute_plan,
+    recomputable,
 )
 from unroll.engine.memory.weight_gradients import (
     GRADIENT_CHUNK,
@@ -81,10 +82,11 @@ from unroll.engine.memory.weight_gradients import (
 
 __all__ = ["BPTTHSM", "GRADIENT_CHUNK", "HSM_MOST_FORWARDS", "Chain", "ChenSegments",
            "Checkpoints", "FewestRecomputed", "Layout", "LayerFlags", "Lifetimes", "Liveness",
-           "NoRecompute", "Plan", "Plans", "Policy", "Recompute", "Region", "WeightGradGroup",
+           "NoRecompute", "Plan", "Plans", "Policy", "Recomputable", "Recompute", "Region",
+           "WeightGradGroup",
            "alias_pass_through_diffs",
            "allowed_cuts", "bptt_hsm", "concurrent_regions", "crossing_bytes",
            "gradient_chunks", "greedy_cuts", "group_parts", "hsm_order", "hsm_units",
            "input_roots", "layout", "liveness", "one_level_order", "place",
            "plan_weight_gradients", "planned_bytes", "policy_named", "private_blobs",
-           "recompute_plan", "within_budget"]
+           "recomputable", "within_budget"]

@@ -16,7 +16,7 @@ from unroll.engine.memory.hsm import hsm_units
 from unroll.engine.memory.layout import Layout, input_roots, planned_bytes
 from unroll.engine.memory.lifetimes import Liveness
 from unroll.engine.memory.policy import Chain, FewestRecomputed, Plan, Policy
-from unroll.engine.memory.segments import allowed_cuts, crossing_bytes, recompute_plan
+from unroll.engine.memory.segments import allowed_cuts, crossing_bytes, recomputable
 from unroll.engine.memory.weight_gradients import gradient_chunks
 
 __all__ = ["Plans", "within_budget"]
@@ -24,14 +24,16 @@ __all__ = ["Plans", "within_budget"]
 
 class Plans:
     """The plans a policy weighs, each made once: :attr:`full` without recomputation,
-    :meth:`of` with segments; :attr:`smallest` the fewest bytes of any made."""
+    :meth:`of` with segments; :attr:`smallest` the fewest bytes of any made. What may run
+    again is found once, for all of them (``again``, a
+    :class:`~unroll.engine.memory.segments.Recomputable`): an attempt is one liveness walk
+    and one layout."""
 
-    def __init__(self, make, lay_out, steps, layers, chain: Chain, chunks, bytes_of, base,
-                 full_layout, policy):
-        self._make, self._lay_out, self._steps, self._layers = make, lay_out, steps, layers
-        self._chunks, self._bytes_of, self._policy = chunks, bytes_of, policy
+    def __init__(self, make, lay_out, chain: Chain, again, bytes_of, base, full_layout,
+                 policy):
+        self._make, self._lay_out, self._again = make, lay_out, again
+        self._bytes_of, self._policy, self._steps = bytes_of, policy, chain.steps
         self._allowed = frozenset(chain.allowed)
-        self._data_root = base.data_root
         self._made: dict[tuple, Plan] = {}
         self.full = Plan(bytes_of(base, full_layout), 0, base, full_layout)
         self.smallest = self.full.bytes
@@ -49,8 +51,7 @@ class Plans:
                 raise ValueError(f"recompute policy {self._policy!r} cuts at steps "
                                  f"{list(cuts)[:8]}: expected ascending steps a segment may "
                                  f"start at (Chain.allowed), found {bad[:8] or 'an unsorted list'}")
-            liveness = self._make(recompute_plan(self._steps, self._layers, self._data_root,
-                                                 cuts, self._chunks, order, slots))
+            liveness = self._make(self._again.plan(self._steps, cuts, order, slots))
             layout = self._lay_out(liveness)
             plan = Plan(self._bytes_of(liveness, layout), liveness.recompute.recomputed,
                         liveness, layout)
@@ -78,26 +79,27 @@ def chain_of(steps, layers, shapes, itemsize: int, base: Liveness) -> tuple[Chai
                  tuple(crossing) if crossing is not None else None), chunks
 
 
-def within_budget(make, lay_out, steps, layers, shapes, itemsize: int, budget=None,
-                  policy: Policy | None = None, name: str = "") -> tuple[Liveness, Layout]:
+def within_budget(base: Liveness, make, lay_out, steps, layers, shapes, itemsize: int,
+                  budget=None, policy: Policy | None = None, name: str = ""
+                  ) -> tuple[Liveness, Layout]:
     """The liveness and layout that ``policy`` chooses (None: :class:`FewestRecomputed`)
     within ``budget`` bytes (:func:`~unroll.engine.memory.layout.planned_bytes`; None: no
     budget, and without a policy the full plan).
 
-    ``make(recompute)`` gives the net's :class:`Liveness` for a
-    :class:`~unroll.engine.memory.segments.Recompute` plan (None: none),
-    ``lay_out(liveness)`` its layout for the current shapes. A budget the chosen plan
-    does not fit is a :class:`~unroll.core.errors.MemoryBudgetError` giving the smallest
-    plan made.
+    ``base`` is the net's :class:`Liveness` without recomputation (made once per net: it
+    depends on the graph alone), ``make(recompute)`` its liveness for a
+    :class:`~unroll.engine.memory.segments.Recompute` plan, ``lay_out(liveness)`` a
+    layout for the current shapes. A budget the chosen plan does not fit is a
+    :class:`~unroll.core.errors.MemoryBudgetError` giving the smallest plan made.
     """
-    base = make(None)
     full = lay_out(base)
     if budget is None and policy is None:
         return base, full
     inputs = input_roots(steps, layers, base.data_root)
     chain, chunks = chain_of(steps, layers, shapes, itemsize, base)
     policy = FewestRecomputed() if policy is None else policy
-    plans = Plans(make, lay_out, steps, layers, chain, chunks,
+    plans = Plans(make, lay_out, chain,
+                  recomputable(steps, layers, base.data_root, base.private, chunks),
                   lambda plan, layout_: planned_bytes(plan, layout_, shapes, itemsize, inputs),
                   base, full, policy)
     got = policy.choose(chain, plans, budget) or plans.full

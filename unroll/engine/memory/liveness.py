@@ -7,6 +7,7 @@ backward's actions, in which a value run again has a life per run.
 
 from __future__ import annotations
 
+import dataclasses
 from array import array
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -15,9 +16,10 @@ import numpy as np
 
 from unroll.engine.memory.lifetimes import Lifetimes, Liveness
 from unroll.engine.memory.regions import widened
-from unroll.engine.memory.segments import Recompute, one_level_order
+from unroll.engine.memory.segments import one_level_order
 
 if TYPE_CHECKING:
+    from unroll.engine.memory.segments import Recompute
     from unroll.graph import Step
 
 __all__ = ["liveness", "private_blobs"]
@@ -152,7 +154,7 @@ def _liveness_recomputed(steps, layers, n_blobs, data_root, diff_root, private, 
     S = len(steps)
     bounds = [0, *recompute.cuts, S]
     order = recompute.order or one_level_order(len(bounds) - 1)
-    again = _relived_roots(steps, layers, data_root, private, recompute, n_blobs)
+    again = recompute.relived
     # the forward run right before a segment's backward is its last: what backward reads
     final = {~a: i - 1 for i, a in enumerate(order) if a < 0 and i and order[i - 1] == ~a}
     # which steps each forward run needs, walking backward in time: a run writing what
@@ -237,8 +239,7 @@ def _liveness_recomputed(steps, layers, n_blobs, data_root, diff_root, private, 
         Lifetimes({j: (life[1], life[2]) for j, life in enumerate(lives)}, len(lives)),
         array("i", roots.tolist()), np.searchsorted(roots, np.arange(n_blobs + 1)),
         array("i", (life[3] for life in lives)),
-        Recompute(recompute.cuts, recompute.steps, recompute.chunks, tuple(order),
-                  tuple(runs), recompute.slots))
+        dataclasses.replace(recompute, order=tuple(order), runs=tuple(runs)))
 
 
 def _backward_reads(step, layer, data_root, need):
@@ -253,37 +254,3 @@ def _backward_reads(step, layer, data_root, need):
 def _saves_scratch(layer, runs_backward) -> bool:
     """Whether a layer keeps scratch from its forward to its backward."""
     return runs_backward and any(lives == "both" for _, _, lives in layer.scratch_specs.values())
-
-
-def _relived_roots(steps, layers, data_root, private, recompute, n_blobs) -> bytearray:
-    """Per data root, whether backward's forward runs may write it again (a life per run):
-    every writer may run again (is in ``recompute.steps``), and it is not a kept blob, nor
-    a part of a kept whole (the Slice parts of an input, which live inside it), nor the x
-    rows of a weight-gradient chunk unless all of them are (its one GEMM reads them
-    together, from one buffer)."""
-    runnable = bytearray(len(steps))
-    for seg in recompute.steps:
-        for s in seg:
-            runnable[s] = 1
-    again = bytearray(n_blobs)
-    fixed = bytearray(n_blobs)
-    for s, (step, layer) in enumerate(zip(steps, layers)):
-        if "data" in layer.shares_bottom:
-            continue
-        whole_kept = (layer.parts_of_whole == "tops"
-                      and data_root[step.bottoms[0]] in private)
-        for b in step.tops:
-            r = data_root[b]
-            if not runnable[s] or r in private or whole_kept:
-                fixed[r] = 1
-            else:
-                again[r] = 1
-    for r in range(n_blobs):
-        if fixed[r]:
-            again[r] = 0
-    for chunk in recompute.chunks:
-        rows = [data_root[steps[s].bottoms[0]] for s in chunk]
-        if not all(again[r] for r in rows):
-            for r in rows:
-                again[r] = 0
-    return again

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CUT_WINDOW", "Recompute", "allowed_cuts", "crossing_bytes", "greedy_cuts",
-           "one_level_order", "recompute_plan"]
+__all__ = ["CUT_WINDOW", "Recomputable", "Recompute", "allowed_cuts", "crossing_bytes",
+           "greedy_cuts", "one_level_order", "recomputable"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,9 @@ class Recompute:
     runs: tuple = ()
     #: BPTT-HSM's slots, where ``order`` is its policy (:func:`hsm_order`)
     slots: int | None = None
+    #: per data root, whether backward's forward runs may write it again (a life per run;
+    #: :class:`Recomputable`)
+    relived: bytes = b""
 
     @property
     def recomputed(self) -> int:
@@ -60,18 +63,37 @@ def one_level_order(segments: int) -> tuple:
     return tuple(out)
 
 
-def recompute_plan(steps, layers, data_root, cuts, chunks=(), order=(), slots=None
-                   ) -> Recompute:
-    """The :class:`Recompute` plan of segments starting at ``cuts``, from the layers'
-    declarations (``recomputable``, ``draws_random``); ``chunks`` are the weight-gradient
-    chunks (:func:`gradient_chunks`), none of which a cut may split; ``order`` backward's
-    actions (empty: one level), BPTT-HSM's in ``slots`` slots."""
+@dataclass(frozen=True)
+class Recomputable:
+    """What backward's forward runs may run again, whatever the cuts: found once per net
+    and shapes (:func:`recomputable`), shared by every plan a budget weighs. ``kept``: the
+    steps that never run again; ``relived``: per data root, whether the runs may write it
+    again; ``chunks``: the weight-gradient chunks
+    (:func:`~unroll.engine.memory.weight_gradients.gradient_chunks`)."""
+
+    kept: frozenset
+    relived: bytes
+    chunks: tuple
+
+    def plan(self, n_steps: int, cuts, order=(), slots=None) -> Recompute:
+        """The :class:`Recompute` plan of segments starting at ``cuts`` of a run order of
+        ``n_steps`` steps; ``order`` backward's actions (empty: one level), BPTT-HSM's in
+        ``slots`` slots."""
+        bounds = [0, *cuts, n_steps]
+        segments = tuple(tuple(s for s in range(a, b) if s not in self.kept)
+                         for a, b in zip(bounds[:-1], bounds[1:]))
+        return Recompute(tuple(cuts), segments, self.chunks, tuple(order), slots=slots,
+                         relived=self.relived)
+
+
+def recomputable(steps, layers, data_root, private, chunks=()) -> Recomputable:
+    """What may run again in backward, from the layers' declarations (``recomputable``,
+    ``draws_random``): ``private`` are the roots that keep memory of their own, ``chunks``
+    the weight-gradient chunks, none of which a cut may split."""
+    chunks = tuple(map(tuple, chunks))
     kept = _kept_steps(steps, layers, data_root)
-    bounds = [0, *cuts, len(steps)]
-    segments = tuple(tuple(s for s in range(a, b) if s not in kept)
-                     for a, b in zip(bounds[:-1], bounds[1:]))
-    return Recompute(tuple(cuts), segments, tuple(map(tuple, chunks)), tuple(order),
-                     slots=slots)
+    return Recomputable(frozenset(kept),
+                        _relived_roots(steps, layers, data_root, private, kept, chunks), chunks)
 
 
 def _kept_steps(steps, layers, data_root) -> set[int]:
@@ -164,3 +186,34 @@ def crossing_bytes(steps, data_root, private, sizes_of) -> list[int]:
         run += delta[p]
         out.append(run)
     return out
+
+
+def _relived_roots(steps, layers, data_root, private, kept, chunks) -> bytes:
+    """Per data root, whether backward's forward runs may write it again (a life per run):
+    every writer may run again (is not in ``kept``), and it is not a kept blob, nor
+    a part of a kept whole (the Slice parts of an input, which live inside it), nor the x
+    rows of a weight-gradient chunk unless all of them are (its one GEMM reads them
+    together, from one buffer)."""
+    n_blobs = len(data_root)
+    again = bytearray(n_blobs)
+    fixed = bytearray(n_blobs)
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        if "data" in layer.shares_bottom:
+            continue
+        whole_kept = (layer.parts_of_whole == "tops"
+                      and data_root[step.bottoms[0]] in private)
+        for b in step.tops:
+            r = data_root[b]
+            if s in kept or r in private or whole_kept:
+                fixed[r] = 1
+            else:
+                again[r] = 1
+    for r in range(n_blobs):
+        if fixed[r]:
+            again[r] = 0
+    for chunk in chunks:
+        rows = [data_root[steps[s].bottoms[0]] for s in chunk]
+        if not all(again[r] for r in rows):
+            for r in rows:
+                again[r] = 0
+    return bytes(again)

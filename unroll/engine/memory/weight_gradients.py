@@ -115,7 +115,9 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
     Returns the groups and ``{(kind, root): elements}`` of the new buffers;
     ``data_host``/``diff_host``/``data_re_host`` gain the placements.
     """
-    groups = gradient_chunks(steps, layers, plan.layer_need, shapes)
+    # a recomputation plan carries the chunks of these shapes, found once for every attempt
+    groups = (plan.recompute.chunks if plan.recompute is not None else
+              gradient_chunks(steps, layers, plan.layer_need, shapes))
     if not groups:
         return [], {}
     n_lives = len(plan.re_root)
