@@ -108,8 +108,8 @@ class NetMemory:
                     memory.layout, steps=self.graph.steps, layers=self.layers,
                     bottom_need=self.bottom_need, shapes=shapes,
                     rewritten=self.graph.rewritten, itemsize=self.dtype.itemsize),
-                self.graph.steps, self.layers, shapes, self.dtype.itemsize, self.budget,
-                self.recompute, self.limit.name)
+                self.graph.steps, self.layers, self.bottom_need, shapes, self.dtype.itemsize,
+                self.budget, self.recompute, self.limit.name)
             self._take(liveness)
             # before the layers hear of it, or memory is taken
             self.limit.check_plan(liveness, new, self.blobs, self.graph.steps, self.layers)

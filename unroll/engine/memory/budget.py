@@ -8,6 +8,7 @@ layout, each made once), and holds the one chosen to the budget.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 
@@ -15,6 +16,7 @@ from unroll.core.errors import MemoryBudgetError
 from unroll.engine.memory.hsm import hsm_units
 from unroll.engine.memory.layout import Layout, input_roots, planned_bytes
 from unroll.engine.memory.lifetimes import Liveness
+from unroll.engine.memory.liveness import forward_runs
 from unroll.engine.memory.policy import Chain, FewestRecomputed, Plan, Policy
 from unroll.engine.memory.segments import allowed_cuts, crossing_bytes, recomputable
 from unroll.engine.memory.weight_gradients import gradient_chunks
@@ -27,16 +29,33 @@ class Plans:
     :meth:`of` with segments; :attr:`smallest` the fewest bytes of any made. What may run
     again is found once, for all of them (``again``, a
     :class:`~unroll.engine.memory.segments.Recomputable`): an attempt is one liveness walk
-    and one layout."""
+    and one layout; :meth:`recomputed` is a plan's cost in forward steps without either
+    (``runs_of``: :func:`~unroll.engine.memory.liveness.forward_runs` of the net)."""
 
-    def __init__(self, make, lay_out, chain: Chain, again, bytes_of, base, full_layout,
-                 policy):
-        self._make, self._lay_out, self._again = make, lay_out, again
+    def __init__(self, make, lay_out, runs_of, chain: Chain, again, bytes_of, base,
+                 full_layout, policy):
+        self._make, self._lay_out, self._runs_of, self._again = make, lay_out, runs_of, again
         self._bytes_of, self._policy, self._steps = bytes_of, policy, chain.steps
         self._allowed = frozenset(chain.allowed)
         self._made: dict[tuple, Plan] = {}
+        self._runs: dict[tuple, object] = {}
         self.full = Plan(bytes_of(base, full_layout), 0, base, full_layout)
         self.smallest = self.full.bytes
+
+    def recomputed(self, cuts, order=(), slots=None) -> int:
+        """The forward steps backward runs again in the plan :meth:`of` would make."""
+        return self._recompute(tuple(cuts), tuple(order), slots).recomputed
+
+    def _recompute(self, cuts: tuple, order: tuple, slots):
+        key = (cuts, order)
+        if key not in self._runs:
+            bad = [p for p in cuts if p not in self._allowed]
+            if bad or list(cuts) != sorted(set(cuts)):
+                raise ValueError(f"recompute policy {self._policy!r} cuts at steps "
+                                 f"{list(cuts)[:8]}: expected ascending steps a segment may "
+                                 f"start at (Chain.allowed), found {bad[:8] or 'an unsorted list'}")
+            self._runs[key] = self._runs_of(self._again.plan(self._steps, cuts, order, slots))
+        return self._runs[key]
 
     def of(self, cuts, order=(), slots=None) -> Plan:
         """The plan of segments starting at ``cuts`` (ascending steps of
@@ -46,12 +65,7 @@ class Plans:
         cuts, order = tuple(cuts), tuple(order)
         key = (cuts, order)
         if key not in self._made:
-            bad = [p for p in cuts if p not in self._allowed]
-            if bad or list(cuts) != sorted(set(cuts)):
-                raise ValueError(f"recompute policy {self._policy!r} cuts at steps "
-                                 f"{list(cuts)[:8]}: expected ascending steps a segment may "
-                                 f"start at (Chain.allowed), found {bad[:8] or 'an unsorted list'}")
-            liveness = self._make(self._again.plan(self._steps, cuts, order, slots))
+            liveness = self._make(self._recompute(cuts, order, slots))
             layout = self._lay_out(liveness)
             plan = Plan(self._bytes_of(liveness, layout), liveness.recompute.recomputed,
                         liveness, layout)
@@ -79,8 +93,8 @@ def chain_of(steps, layers, shapes, itemsize: int, base: Liveness) -> tuple[Chai
                  tuple(crossing) if crossing is not None else None), chunks
 
 
-def within_budget(base: Liveness, make, lay_out, steps, layers, shapes, itemsize: int,
-                  budget=None, policy: Policy | None = None, name: str = ""
+def within_budget(base: Liveness, make, lay_out, steps, layers, bottom_need, shapes,
+                  itemsize: int, budget=None, policy: Policy | None = None, name: str = ""
                   ) -> tuple[Liveness, Layout]:
     """The liveness and layout that ``policy`` chooses (None: :class:`FewestRecomputed`)
     within ``budget`` bytes (:func:`~unroll.engine.memory.layout.planned_bytes`; None: no
@@ -98,7 +112,9 @@ def within_budget(base: Liveness, make, lay_out, steps, layers, shapes, itemsize
     inputs = input_roots(steps, layers, base.data_root)
     chain, chunks = chain_of(steps, layers, shapes, itemsize, base)
     policy = FewestRecomputed() if policy is None else policy
-    plans = Plans(make, lay_out, chain,
+    runs_of = functools.partial(forward_runs, steps, layers, base.data_root, base.layer_need,
+                                bottom_need)
+    plans = Plans(make, lay_out, runs_of, chain,
                   recomputable(steps, layers, base.data_root, base.private, chunks),
                   lambda plan, layout_: planned_bytes(plan, layout_, shapes, itemsize, inputs),
                   base, full, policy)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from unroll.engine.memory.segments import Recompute
     from unroll.graph import Step
 
-__all__ = ["liveness", "private_blobs"]
+__all__ = ["forward_runs", "liveness", "private_blobs"]
 
 
 def private_blobs(steps, layers, table, named, phase: str, loss_blobs) -> set[int]:
@@ -149,17 +149,22 @@ class _Diffs:
         return out
 
 
-def _liveness_recomputed(steps, layers, n_blobs, data_root, diff_root, private, layer_need,
-                         bottom_need, loss_blobs, recompute) -> Liveness:
-    S = len(steps)
-    bounds = [0, *recompute.cuts, S]
+def forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute: Recompute
+                 ) -> Recompute:
+    """``recompute`` with its ``order`` (one level where empty) and its ``runs``: per
+    action, the steps a forward action runs, those whose values something reads before
+    they are written again and the steps they read from (found walking backward in time),
+    and in the run right before a segment's backward the steps that save scratch for it.
+    The runs give :attr:`~unroll.engine.memory.segments.Recompute.recomputed` without
+    the rest of a liveness walk."""
+    bounds = [0, *recompute.cuts, len(steps)]
     order = recompute.order or one_level_order(len(bounds) - 1)
     again = recompute.relived
     # the forward run right before a segment's backward is its last: what backward reads
     final = {~a: i - 1 for i, a in enumerate(order) if a < 0 and i and order[i - 1] == ~a}
     # which steps each forward run needs, walking backward in time: a run writing what
     # something reads before the next write runs, and so do the steps it reads from
-    pending = bytearray(n_blobs)
+    pending = bytearray(len(data_root))
     runs: list = [None] * len(order)
     for i in reversed(range(len(order))):
         a = order[i]
@@ -182,6 +187,16 @@ def _liveness_recomputed(steps, layers, n_blobs, data_root, diff_root, private, 
                     pending[data_root[b]] = 1
                 ran.append(s)
         runs[i] = array("i", reversed(ran))
+    return dataclasses.replace(recompute, order=tuple(order), runs=tuple(runs))
+
+
+def _liveness_recomputed(steps, layers, n_blobs, data_root, diff_root, private, layer_need,
+                         bottom_need, loss_blobs, recompute) -> Liveness:
+    S = len(steps)
+    bounds = [0, *recompute.cuts, S]
+    if not recompute.runs:
+        recompute = forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute)
+    order, runs, again = recompute.order, recompute.runs, recompute.relived
     # lives, walking forward in time: the forward pass, the loss at S, then the actions
     data_life: dict[int, list[int]] = {}
     lives: list[list[int]] = []  # [root, first, last, action]
@@ -239,7 +254,7 @@ def _liveness_recomputed(steps, layers, n_blobs, data_root, diff_root, private, 
         Lifetimes({j: (life[1], life[2]) for j, life in enumerate(lives)}, len(lives)),
         array("i", roots.tolist()), np.searchsorted(roots, np.arange(n_blobs + 1)),
         array("i", (life[3] for life in lives)),
-        dataclasses.replace(recompute, order=tuple(order), runs=tuple(runs)))
+        recompute)
 
 
 def _backward_reads(step, layer, data_root, need):

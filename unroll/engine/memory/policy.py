@@ -79,8 +79,9 @@ class Policy:
 
     A subclass defines :meth:`choose`. ``plans.of(cuts)`` plans segments starting at
     ``cuts`` (ascending, of ``chain.allowed``), each run forward again once right before
-    its backward; ``plans.full`` is the plan without recomputation. Every plan gives the
-    results of the full plan bit for bit: a policy decides memory and time only.
+    its backward; ``plans.recomputed(cuts)`` gives only its forward steps run again, at a
+    fraction of the cost; ``plans.full`` is the plan without recomputation. Every plan
+    gives the results of the full plan bit for bit: a policy decides memory and time only.
     """
 
     #: the name ``Net(recompute=...)`` takes for it (None: not a built-in)
@@ -131,11 +132,15 @@ class FewestRecomputed(Policy):
         # memory falls then rises, and the steps run again do not follow the size
         tries = [chain.total / 2**k for k in range(1, 64) if chain.total / 2**k >= step]
         tries.append(chain.total / max(1.0, chain.steps ** 0.5))
+        # the fewest steps run again first: a plan's memory is laid out only while no plan
+        # that fits has run fewer (the choice is the one of laying out every plan)
+        cuts = list(dict.fromkeys(segments_of(chain, segment) for segment in tries))
         best = None
-        for segment in tries:
-            got = plans.of(segments_of(chain, segment))
-            if got.bytes <= budget and (best is None or (got.recomputed, got.bytes) <
-                                        (best.recomputed, best.bytes)):
+        for c in sorted(cuts, key=plans.recomputed):
+            if best is not None and plans.recomputed(c) > best.recomputed:
+                break
+            got = plans.of(c)
+            if got.bytes <= budget and (best is None or got.bytes < best.bytes):
                 best = got
         if best is None and len(chain.units) >= 2:
             best = hsm_within(chain, plans, budget)
