@@ -113,11 +113,11 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
         spans_of[kind] = spans
         relives = kind == "data_re"  # keys are life ids, not roots
         if kind == "diff":
+            data_at = {r: i for i, (_, r) in enumerate(keys)}  # every key so far is data's
             for r in shared:
-                a, b = buffers[keys.index(("data", r))][:2]
+                a, b = buffers[data_at[r]][:2]
                 c, d = spans.pop(r)
-                buffers[keys.index(("data", r))] = (min(a, c), max(b, d),
-                                                    math.prod(shapes[r]) * itemsize)
+                buffers[data_at[r]] = (min(a, c), max(b, d), math.prod(shapes[r]) * itemsize)
         for r, (first, last) in spans.items():
             if r not in host and (relives or r not in plan.private):
                 nbytes = (sizes[(kind, r)] if (kind, r) in sizes else
