@@ -295,7 +295,6 @@ def test_an_attempt_is_one_liveness_walk_and_one_layout(monkeypatch):
         "recomputable", mechanism.recomputable, lambda a, kw: True))
     T = 3 * GRADIENT_CHUNK
     text = per_step_loss_net("gru", T, 2, 4, 4)
-    need = Net(text, dtype="float64").inspect().recompute["planned_bytes"]
     least = smallest_budget(text, "float64")
     counts.clear()
     net = Net(text, dtype="float64", seed=3, memory_budget=least)
