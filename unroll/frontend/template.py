@@ -86,7 +86,7 @@ class Step:
         {% set interface = {
             "kind": "step",
             "inputs": ["x"],                    # per-step inputs, cut from (T, N, ...) blobs
-            "static": {"memory": ["source_steps", "N", "memory_dim"]},  # optional: read by every
+            "static": {"memory": ["source_steps", "N", "hidden"]},  # optional: read by every
                                                 # step whole; its dims (hyper-parameters, ints, N)
             "states": {"h": "hidden"},          # recurrent state -> hyper-parameter giving its size
             "outputs": ["h"],                   # per-step outputs: a state, or s.output.NAME
