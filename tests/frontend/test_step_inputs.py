@@ -103,6 +103,7 @@ def test_recurrent_takes_a_list_or_a_dict_of_bottoms(tmp_path, two_inputs):
     ('{"x": "xa", "b": "bias"}', "gives no blob for 'y'"),
     ('{"x": "xa", "y": "yb", "b": "bias", "z": "yb"}', "names 'z', which it does not read"),
     ('["xa", "yb"]', r"give one blob for each, in that order, found 2"),
+    ('3', "the bottom must be a blob name, a list or a dict of them"),
 ])
 def test_a_missing_or_unknown_bottom_is_refused_naming_it(tmp_path, two_inputs, bottom, problem):
     with pytest.raises(TemplateError, match=problem) as e:

@@ -338,9 +338,9 @@ def _bottoms(what: str, template: Template, bottom) -> tuple[dict, dict]:
     names = inputs + static
     declared = (f"{template.name} reads inputs {inputs}"
                 + (f" and static inputs {static}" if static else ""))
-    if isinstance(bottom, str) and len(names) == 1:
-        given = {names[0]: bottom}
-    elif isinstance(bottom, (list, tuple)) and not isinstance(bottom, str):
+    if isinstance(bottom, str):  # the first input's: any other is missing
+        given = {names[0]: bottom} if names else {}
+    elif isinstance(bottom, (list, tuple)):
         if len(bottom) != len(names):
             raise TemplateError(f"{what}: {declared}: give one blob for each, in that order, "
                                 f"found {len(bottom)}: {list(bottom)!r}")
@@ -348,7 +348,8 @@ def _bottoms(what: str, template: Template, bottom) -> tuple[dict, dict]:
     elif isinstance(bottom, dict):
         given = dict(bottom)
     else:
-        given = {names[0]: bottom}
+        raise TemplateError(f"{what}: the bottom must be a blob name, a list or a dict of "
+                            f"them; {declared}; found {bottom!r}")
     missing = [n for n in names if n not in given]
     unknown = sorted(set(given) - set(names), key=str)
     if missing or unknown:
@@ -395,7 +396,7 @@ def recurrent(builder: NetBuilder, step, bottom, top: str, cont: str = "cont", *
     given = _given_states(what, template, initial_state, direction, layers, hyper)
     inputs, static = _bottoms(what, template, bottom)
     first = len(builder.layers)
-    first_input = next(iter(inputs))
+    first_input = next(iter(inputs), None)  # what a stack's upper layers read from below
     for k in range(layers):
         out = top if k == layers - 1 else f"{scope}l{k}_out"
         sc = f"{scope}l{k}_" if layers > 1 else scope
@@ -410,5 +411,6 @@ def recurrent(builder: NetBuilder, step, bottom, top: str, cont: str = "cont", *
                 sequence_output, align, initial_state == "learned", given, static).unroll()
         if direction == "bidirectional":
             builder.concat(f"{sc}bi_concat", [f"{out}_fw", f"{out}_bw"], out, axis=2)
-        inputs[first_input] = out
+        if first_input is not None:
+            inputs[first_input] = out
     return builder.block(first)
