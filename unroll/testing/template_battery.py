@@ -96,9 +96,10 @@ def unrolled_reference(reference_step: Callable, x, cont, params: dict, sizes: d
     each direction and layer's step gets its own, without their scope
     prefix. Every state entering a step is multiplied by its cont (forward:
     cont[t]; reverse, t = T-1..0: cont[t+1], and cont[T-1] at the first
-    step). A template's static inputs, ``static`` (``{name: array}``), go to every step
-    as the reference's fourth argument. Returns ``{output name: (T, N, size)}`` with the net's names
-    (``h``, ``h_<output>``); bidirectional and stacked runs give ``h`` only.
+    step). A template's static inputs, ``static`` (``{name: array}``), go to every
+    step as the reference's fourth argument. Returns ``{output name: (T, N, size)}``
+    with the net's names (``h``, ``h_<output>``); bidirectional and stacked runs give
+    ``h`` only.
     """
     T, N = cont.shape
     inp = np.asarray(x, FLOAT)
@@ -454,7 +455,11 @@ def check_template(
     (N, D), before any shared input projection; ``states`` maps each state to
     its previous value (N, size), already multiplied by cont_t; ``params`` maps
     each param name (``W_xc``, ``b_c``, ``W_hc``, ...) to its array in Caffe's
-    layout. It returns dicts of the step's outputs and new states.
+    layout. It returns dicts of the step's outputs and new states. A template with
+    static inputs (an attention memory) is fed them at random (seeded, in the dims its
+    interface declares; :func:`static_inputs`), and its reference takes them as a fourth
+    argument, ``{name: array}``; their diffs, summed over the steps, are checked by
+    central differences like x's.
 
     Checks: the unrolled forward against the reference, step by step; cont
     gating (each state reset where cont is 0, packed sequences equal to their
