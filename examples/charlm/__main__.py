@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     t = sub.add_parser("train", parents=[model, data, cli.training_options(10)])
     for size, default in asdict(CharLMConfig()).items():
         t.add_argument(f"--{size}", type=cli.positive_int, help=f"(default {default})")
-    t.add_argument("--lr", type=float, default=SOLVER["base_lr"])
+    t.add_argument("--lr", type=cli.positive_number, default=SOLVER["base_lr"])
     t.add_argument("--memory-budget", type=parse_bytes, metavar="BYTES",
                    help="bytes a training net may plan (recomputing in backward)")
     t.set_defaults(run=train, interrupted="resume with --resume")
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     s = sub.add_parser("sample", parents=[model, cli.output_options()])
     s.add_argument("--prime", default="", help="the text to continue")
     s.add_argument("--length", type=cli.positive_int, default=200)
-    s.add_argument("--temperature", type=float, default=1.0)
+    s.add_argument("--temperature", type=cli.positive_number, default=1.0)
     s.add_argument("--seed", type=cli.seed, default=0)
     e.set_defaults(run=evaluate), s.set_defaults(run=sample)
     cli.add_fetch(sub)

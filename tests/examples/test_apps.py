@@ -70,6 +70,21 @@ def test_a_bad_count_is_refused_in_one_line_and_leaves_no_folder(app, option, va
     assert not model_dir.exists()
 
 
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_a_bad_rate_or_ratio_is_refused_in_one_line_and_leaves_no_folder(app, tmp_path, capsys):
+    data, model_dir = app.corpus(tmp_path / "data"), tmp_path / "m"
+    main = importlib.import_module(f"{app.module}.__main__").main
+    bad = [(o, v) for o in app.rates for v in ("nan", "inf", "-1", "0", "x")]
+    bad += [(o, v) for o in app.ratios for v in ("nan", "-0.1", "1", "x")]
+    for option, value in bad:
+        with pytest.raises(SystemExit) as stop:
+            main(train_argv(app, data, model_dir, option, value))
+        assert stop.value.code == 2, (option, value)
+        one_line_error(capsys, f"python -m {app.module} train: error: argument {option}: "
+                               f"expected")
+        assert not model_dir.exists()
+
+
 def committed(model_dir: Path) -> int:
     try:
         return len(json.loads((model_dir / folder.LOG).read_text()))
