@@ -13,13 +13,14 @@ its own options (model sizes, its learning rate, its commands)::
 
 Every value is checked where it is parsed, so a bad one is one line and status 2
 before anything runs: ``--epochs`` and ``--limit`` are at least 1, ``--threads``
-too, ``--max-minutes`` a finite number >= 0, ``--seed`` in [0, 2**63), ``--skip-
-bad-batches`` >= 0; an application's own numbers with :func:`positive_number` (a
-learning rate) and :func:`ratio` (a dropout rate). :func:`run` maps a user's mistake
-to one line and status 2, a failure while running (a full disk, a diverged training)
-to one line and status 1, Ctrl-C to one line and status 130 (the model folder keeps
-its last epoch; every file is written atomically, so there is nothing to undo), and
-a closed standard output (``| head``) to 141 (:func:`unroll.tools.cli.run_command`);
+too, ``--max-minutes`` a finite number >= 0, ``--seed`` in [0, 2**63),
+``--skip-bad-batches`` >= 0; an application's own numbers with
+:func:`positive_number` (a learning rate) and :func:`ratio` (a dropout rate).
+:func:`run` maps a user's mistake to one line and status 2, a failure while running
+(a full disk, a diverged training) to one line and status 1, Ctrl-C to one line and
+status 130 (the model folder keeps its last epoch; every file is written atomically,
+so there is nothing to undo), and a closed standard output (``| head``) to 141
+(:func:`unroll.tools.cli.run_command`);
 ``--debug`` shows the traceback instead.
 
 >>> parser = argparse.ArgumentParser(parents=[training_options(epochs=3)])
