@@ -185,6 +185,29 @@ def test_a_folder_killed_before_its_first_epoch_is_trained_without_overwrite(app
 
 
 @pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_a_diverged_training_is_one_line_on_stderr_and_status_1(app, tmp_path):
+    # subprocesses: pytest would catch NumPy's RuntimeWarnings before they reach stderr
+    data = app.corpus(tmp_path / "data")
+    run = python(app, *train_argv(app, data, tmp_path / "nan", "--lr", "1e38"))
+    assert run.returncode == 1, run.stderr.decode()
+    lines = run.stderr.decode().splitlines()
+    assert len(lines) == 1 and "training diverged at " in lines[0], lines
+    # weights that grow huge but stay finite overflow in evaluation and prediction
+    huge = tmp_path / "huge"
+    run = python(app, *train_argv(app, data, huge, "--lr", "1e20"))
+    lines = run.stderr.decode().splitlines()
+    if run.returncode:
+        assert len(lines) == 1 and "training diverged at " in lines[0], lines
+    else:
+        assert lines == []
+        for command in (app.evaluate, app.predict):
+            argv = [a.replace("{input}", str(data / "en_ewt-ud-dev.conllu")) for a in command]
+            extra = ("--data", str(data)) if "--split" in argv else ()
+            err = python(app, *argv, "--model-dir", str(huge), *extra).stderr.decode()
+            assert "Warning" not in err and len(err.splitlines()) <= 1, err
+
+
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
 def test_every_application_fetches_and_says_in_one_line_why_it_could_not(app, capsys):
     main = importlib.import_module(f"{app.module}.__main__").main
     # conftest points the mirror at a closed port on 127.0.0.1

@@ -38,6 +38,8 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from unroll.core.errors import FileFormatError
 from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
 from unroll.tools.conllu import CoNLLUError
@@ -291,10 +293,13 @@ def run(parser: argparse.ArgumentParser, argv=None, user_errors: tuple = ()) -> 
     if getattr(args, "threads", None):
         set_num_threads(args.threads)
     try:
-        return run_command(prog, args.run, args,
-                           (*USER_ERRORS, CoNLLUError, FileFormatError, ModelFolderError,
-                            FetchError, ValueError, *user_errors),
-                           (*FAILURES, TrainingDiverged))
+        # a diverging model's nets overflow: the one-line error, or the scores and labels,
+        # say so, where NumPy's RuntimeWarnings would come before them
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return run_command(prog, args.run, args,
+                               (*USER_ERRORS, CoNLLUError, FileFormatError,
+                                ModelFolderError, FetchError, ValueError, *user_errors),
+                               (*FAILURES, TrainingDiverged))
     except KeyboardInterrupt:
         if getattr(args, "debug", False):
             raise

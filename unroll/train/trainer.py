@@ -27,7 +27,9 @@ does the rest, the same way for every application (docs/design.md,
 - **Non-finite batches.** The solver's ``nonfinite="skip"`` policy: up to
   ``skip_bad_batches`` batches whose loss or gradient is not finite are
   dropped (said on one line); one more stops training with
-  :class:`TrainingDiverged` before anything of it is saved.
+  :class:`TrainingDiverged` before anything of it is saved, as do weights or a dev
+  score that are not finite after an epoch. Overflow in the passes and in
+  evaluation warns nothing: the one-line error, or the score, says so.
 - **Ranks.** Under ``mpirun -n N`` (:mod:`unroll.train.distributed`) each
   rank trains on its share of every epoch; rank 0 evaluates, prints and
   writes, and all ranks snapshot together.
@@ -471,8 +473,15 @@ class Trainer:
                 raise diverged(f"the end of epoch {epoch + 1}: weights are not finite",
                                model_dir, log, lr, skip_option="--skip-bad-batches")
             with average.applied() if average else contextlib.nullcontext():
-                scores = app.evaluate(epoch)
+                # finite weights that grew huge overflow in the dev nets: the score says so,
+                # or the one-line error below, not NumPy's warnings before it
+                with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                    scores = app.evaluate(epoch)
                 averaged = (model.to_proto().SerializeToString() if average else None)
+            if not math.isfinite(scores[metric.key]):
+                raise diverged(f"the evaluation of epoch {epoch + 1}: {metric.label} is "
+                               f"{scores[metric.key]:g}", model_dir, log, lr,
+                               skip_option="--skip-bad-batches")
             result = {
                 "epoch": epoch + 1, "iter": solver.iter,
                 "train_loss": float(np.mean(losses)) if losses else None,  # JSON has no NaN
