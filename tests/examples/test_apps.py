@@ -121,6 +121,18 @@ def wait_for(event: str, n: int, run: subprocess.Popen, model_dir: Path) -> bool
         time.sleep(0.001)
 
 
+def wait_for_own_files(app, run: subprocess.Popen, model_dir: Path) -> bool:
+    """Poll until the application's own files are in the folder (written before any epoch
+    runs); False if the run ended first."""
+    started = time.monotonic()
+    while not all((model_dir / name).exists() for name in app.files):
+        if run.poll() is not None:
+            return False
+        assert time.monotonic() - started < limit(200), f"no {app.files} in {model_dir}"
+        time.sleep(0.001)
+    return True
+
+
 def final_files(model_dir: Path) -> dict:
     """The bytes of the last epoch's weights, solver state and average, and the log without
     its times."""
@@ -168,14 +180,24 @@ def test_a_folder_killed_before_its_first_epoch_is_trained_without_overwrite(app
     data, model_dir = app.corpus(tmp_path / "data"), tmp_path / "m"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get(
         "PYTHONPATH", "")]), MPLBACKEND="Agg")
-    run = subprocess.Popen([sys.executable, *app.command(*train_argv(app, data, model_dir))],
-                           cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        assert wait_for("writing", 0, run, model_dir), run.communicate()[1].decode()
-        run.kill()
-        run.communicate(timeout=limit(200))
-    finally:
-        run.kill()
+    for _ in range(5):  # a run whose first epoch commits before it is stopped is run again
+        shutil.rmtree(model_dir, ignore_errors=True)
+        run = subprocess.Popen([sys.executable, *app.command(*train_argv(app, data, model_dir))],
+                               cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+        try:
+            # the application's files precede the first commit; stopped, the run cannot
+            # commit between the look at log.json and the kill
+            assert wait_for_own_files(app, run, model_dir), run.communicate()[1].decode()
+            run.send_signal(signal.SIGSTOP)
+            before_first_commit = not (model_dir / folder.LOG).exists()
+            run.kill()
+            run.communicate(timeout=limit(200))
+        finally:
+            run.kill()
+        if before_first_commit:
+            break
+    assert before_first_commit, "every run committed its first epoch before it was stopped"
     assert committed(model_dir) == 0
     again = python(app, *train_argv(app, data, model_dir))
     assert again.returncode == 0, again.stderr.decode()
