@@ -6,6 +6,7 @@ import numpy as np
 
 from unroll.core.atomic import write_atomic
 from unroll.core.proto import NetParameter
+from unroll.core.sizes import byte_size
 from unroll.engine.layer import LAYERS
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
@@ -76,7 +77,9 @@ class BucketedModel:
         self._seed = seed
         self.plan_memory = plan_memory
         self.max_bytes = max_bytes  # each net's memory limit (Net's max_bytes)
-        self.memory_budget = memory_budget  # each net's (Net's memory_budget)
+        # each net's (Net's memory_budget), refused here rather than when a net is first built
+        self.memory_budget = memory_budget if memory_budget is None else byte_size(
+            memory_budget, "memory_budget")
         self.store = store if store is not None else ParamStore()
         #: T -> the unrolled NetParameter, serialized (a few dozen bytes a layer, where the
         #: parsed message costs ~2 KB); pass it to a twin model to expand each T once
