@@ -290,14 +290,10 @@ class BucketedModel:
 
 # -- which axes of an input the net ties to which of another -------------------------------
 
-#: layers whose tops have their bottom's shape (the neurons, and the rest in DESIGN 2)
-_SAME_SHAPE = frozenset({"ReLU", "Sigmoid", "TanH", "Power", "Dropout", "AbsVal", "Exp", "Log",
-                         "ELU", "BNLL", "Threshold", "PReLU", "BatchNorm", "Split", "Eltwise"})
-
-
 def _input_ties(net_param: NetParameter, net: Net) -> dict:
     """{input: {axis: [(other input, its axis), ...]}}: the axes of other inputs that the
-    layers of ``net_param`` force to the same size, through shape-keeping layers, Slice and
+    layers of ``net_param`` force to the same size, through the layers that declare
+    ``same_shape`` (every axis of every bottom and top), Slice and
     Concat (but their axis), Scale and Bias (the second bottom along the first from
     ``axis``) and the recurrent units (every leading axis)."""
     parent: dict = {}
@@ -316,7 +312,7 @@ def _input_ties(net_param: NetParameter, net: Net) -> dict:
 
     for lp in net_param.layer:
         blobs = [*lp.bottom, *lp.top]
-        if lp.type in _SAME_SHAPE:
+        if getattr(LAYERS.get(lp.type), "same_shape", False):
             for other in blobs[1:]:
                 for k in range(min(ndim(blobs[0]), ndim(other))):
                     tie((blobs[0], k), (other, k))
