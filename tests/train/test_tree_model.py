@@ -55,3 +55,22 @@ def test_a_structure_input_of_other_rows_is_refused_naming_it():
         model.forward(widths=(3, 2), x=np.ones((5, 2)), src_0=np.zeros(2))
     with pytest.raises(ValueError, match="input 'x' must have 5 rows .*, found a scalar$"):
         model.forward(widths=(3, 2), x=np.float64(1))
+
+
+# -- a tree net is built once: expand's check builds the model's own ---------------------
+def test_a_new_tree_net_is_built_once_the_check_building_the_models_net(monkeypatch):
+    from unroll.engine.net import Net
+
+    built = []
+    build = Net._build
+    monkeypatch.setattr(Net, "_build", lambda net, layers: built.append(net) or build(net, layers))
+    model = nary_model()
+    widths = (4, 3, 2)  # a key no other test expands, so expand checks (and builds) it
+    model.forward(widths=widths, x=np.ones((9, 2)))
+    mine = [net for net in built if net is model.nets[widths]]
+    assert len(built) == 2 and len(mine) == 1  # the canonical key's net, and this one
+    assert model.nets[widths].phase == "train" and model.nets[widths].store is model.store
+    test = TreeModel(model.make_net_param, (1,), phase="test", store=model.store)
+    built.clear()
+    test.net(widths)  # from expand's cache: no check, the model builds it
+    assert built == [test.nets[widths]] and test.nets[widths].phase == "test"

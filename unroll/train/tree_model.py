@@ -10,6 +10,7 @@ from unroll.core.atomic import write_atomic
 from unroll.core.proto import NetParameter
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
+from unroll.frontend.checked_nets import checked_nets
 
 __all__ = ["TreeModel"]
 
@@ -55,12 +56,18 @@ class TreeModel:
     def net(self, key) -> Net:
         """The net of ``key``, built on first use and cached."""
         if key not in self.nets:
-            param = self.make_net_param(key)
-            self.nets[key] = Net(NetParameter.FromString(param.SerializeToString()),
-                                 phase=self.phase, device=self.device, dtype=self.dtype,
-                                 seed=self._net_seed(key), param_store=self.store,
-                                 plan_memory=self.plan_memory)
-            net = self.nets[key]
+            def build(net_param):
+                return Net(net_param, phase=self.phase, device=self.device, dtype=self.dtype,
+                           seed=self._net_seed(key), param_store=self.store,
+                           plan_memory=self.plan_memory)
+
+            # the net expand builds to check itself is this one: a deep tree's is built once
+            with checked_nets(build) as checked:
+                param = self.make_net_param(key)
+            net = checked.take(param)
+            if net is None:  # expanded from the cache, or not by expand
+                net = build(NetParameter.FromString(param.SerializeToString()))
+            self.nets[key] = net
             self._rows[key] = {name: net.blobs[name].shape[0] for name in net.inputs
                                if net.blobs[name].ndim}
         return self.nets[key]
