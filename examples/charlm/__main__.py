@@ -16,7 +16,7 @@ from examples.charlm.model import SOLVER, CharLM, CharLMConfig
 from examples.charlm.text import BOUNDARY, IGNORE, UNK, Symbols, read_texts, windows
 from unroll import carry_hidden
 from unroll.core import json_files
-from unroll.engine.memory_limit import parse_bytes
+from unroll.core.sizes import byte_size_argument
 from unroll.tools import app_cli as cli
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE, fetched_data_dir, split_file
 from unroll.tools.output import write_output
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
         t.add_argument(f"--{size}", type=cli.positive_int,
                        help=f"(default {getattr(CharLMConfig, size)})")
     t.add_argument("--lr", type=cli.positive_number, help=f"Adam (default {SOLVER['base_lr']})")
-    t.add_argument("--memory-budget", type=parse_bytes, metavar="BYTES",
+    t.add_argument("--memory-budget", type=byte_size_argument, metavar="BYTES",
                    help="bytes a training net may plan (recomputing in backward)")
     t.set_defaults(run=train, interrupted="resume with --resume")
     e = sub.add_parser("evaluate", parents=[model, data, cli.output_options()])

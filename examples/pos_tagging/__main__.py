@@ -25,7 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from unroll.engine.memory_limit import parse_bytes
+from unroll.core.sizes import byte_size_argument
 from unroll.tools import app_cli
 from unroll.tools.output import write_output
 
@@ -155,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--pack", action=argparse.BooleanOptionalAction, default=TrainOptions.pack,
                    help="batches of --batch-size rows of whole sentences back to back "
                         "(default); --no-pack: --batch-size sentences of one length bucket")
-    t.add_argument("--memory-budget", type=parse_bytes, metavar="BYTES",
+    t.add_argument("--memory-budget", type=byte_size_argument, metavar="BYTES",
                    help="memory each training net may plan (e.g. 500MB): backward recomputes "
                         "forward segments, with the same results")
     t.set_defaults(run=_train, interrupted="resume with --resume")

@@ -1131,3 +1131,21 @@ def test_expand_takes_the_initial_states_as_inputs():
     # the carried-state net with cont 1 at the start: the same, as nothing restarts after it
     want = carried.forward(x=x, cont=np.ones((3, 2)), h_0=start)["h"]
     np.testing.assert_allclose(h, want, rtol=1e-12)
+
+
+# -- the first-step rule: one place owns it (docs/design.md, "State from anywhere") --------
+@given(st.lists(st.sampled_from([0.0, 1.0]), min_size=1, max_size=6))
+def test_the_first_step_from_a_given_state_reads_one_cont_whatever_cont_says(cont):
+    from unroll.frontend.recurrence import GIVEN_STATE_CONT, first_step_cont
+
+    assert first_step_cont(np.array([cont])).tolist() == [[GIVEN_STATE_CONT] * len(cont)]
+
+
+def test_the_unroller_feeds_a_given_state_the_first_step_rule_as_a_layer():
+    from unroll.frontend.recurrence import GIVEN_STATE_CONT
+
+    net = expand("lstm", steps=3, batch=2, input_dim=3, hidden=4,
+                 initial_state={"h": "h_given", "c": "c_given"})
+    ones = [lp for lp in net.layer if lp.name.endswith("_ones")]
+    assert [(lp.type, lp.power_param.scale, lp.power_param.shift) for lp in ones] == [
+        ("Power", 0.0, GIVEN_STATE_CONT)]

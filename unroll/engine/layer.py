@@ -61,7 +61,7 @@ LAYERS: dict[str, type] = {}
 CONTRACT = ("num_bottoms", "num_tops", "in_place", "backward_reads", "backward_reads_bottoms",
             "is_loss", "shares_bottom", "learnable", "parts_of_whole", "passes_diffs",
             "batches_param_diffs", "checks_host_bottoms", "draws_random", "recomputable",
-            "roles",
+            "roles", "same_shape",
             # hooks
             "counts", "reads_in_backward", "allow_force_backward", "passes_diff",
             "param_batch_key", "param_row_widths", "param_backward", "check_host_bottom",
@@ -283,6 +283,10 @@ class Layer:
     #: first reader, and cont's leading axes are the state's (a bucketed model ties them);
     #: () for every other layer
     roles: tuple = ()
+    #: every top has the shape of every bottom, whatever the parameters (the neurons,
+    #: BatchNorm, Eltwise, Split, Softmax): a bucketed model ties each axis of them all
+    #: to the same size (:mod:`unroll.train.bucketed_model`)
+    same_shape = False
 
     # -- what a memory layout tells the layer (set by apply_layout; defaults: nothing placed)
     #: (data, diff) flags per part: which parts live inside the whole (parts_of_whole)

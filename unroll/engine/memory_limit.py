@@ -25,7 +25,7 @@ import psutil
 from unroll.core.errors import NetError
 
 __all__ = ["MemoryLimit", "MemoryReport", "available_bytes", "format_bytes", "memory_report",
-           "parse_bytes", "plan_too_big"]
+           "plan_too_big"]
 
 
 def available_bytes(xp) -> int:
@@ -44,31 +44,6 @@ def format_bytes(n: int) -> str:
             return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
-
-
-_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 2**20, "mb": 10**6,
-          "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12,
-          "tib": 2**40}
-
-
-def parse_bytes(text: str) -> int:
-    """A size as a person writes it: ``"500MB"`` (10**6 bytes each), ``"1.5GiB"`` (2**30),
-    ``"64k"`` (a lone letter is binary), or bytes.
-
-    >>> parse_bytes("500MB"), parse_bytes("1.5 GiB"), parse_bytes("64k"), parse_bytes("1000")
-    (500000000, 1610612736, 65536, 1000)
-    """
-    number = str(text).strip().lower()
-    unit = number.lstrip("0123456789.")
-    number = number[:len(number) - len(unit)]
-    try:
-        value = float(number) * _UNITS[unit.strip()]
-    except (KeyError, ValueError):
-        raise ValueError(f"not a size: {text!r} (a number, then B, KB, MB, GB, KiB, MiB "
-                         f"or GiB)") from None
-    if value < 1:
-        raise ValueError(f"a size must be at least 1 byte, found {text!r}")
-    return int(value)
 
 
 def plan_too_big(net: str, need: int, limit: int, given: bool, largest) -> NetError:

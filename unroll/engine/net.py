@@ -28,6 +28,7 @@ import numpy as np
 
 from unroll.core.errors import NetError
 from unroll.core.proto import TEST, TRAIN, NetParameter, read_message
+from unroll.core.sizes import byte_size
 from unroll.engine import executor, memory, transfer, weights
 from unroll.engine.backend import get_array_module, make_rng
 from unroll.engine.blob import Blob
@@ -192,7 +193,7 @@ class Net:
                  keep=(), seed: int = 0, param_store: ParamStore | None = None,
                  allow_python_layers: bool = False, plan_memory: bool = True,
                  workspace: Workspace | None = None, concurrent: bool = False,
-                 max_bytes: int | None = None, memory_budget: int | None = None,
+                 max_bytes: int | None = None, memory_budget: int | str | None = None,
                  recompute: str | memory.Policy | None = None):
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {list(PHASES)}, found {phase!r}")
@@ -211,7 +212,9 @@ class Net:
         self.concurrent = concurrent and self.xp is np
         self.workspace = workspace if workspace is not None else workspace_for(self.store, self.xp)
         self.workspace.attach(self)
-        self.max_bytes, self.memory_budget, self.recompute = max_bytes, memory_budget, recompute
+        self.max_bytes, self.recompute = max_bytes, recompute
+        self.memory_budget = memory_budget if memory_budget is None else byte_size(
+            memory_budget, "memory_budget")  # bytes, or a size string such as '500MB'
         self._limit = MemoryLimit(self.name, max_bytes, self.xp, self.store, self.workspace)
         self._params = ParamMaker(self.store, self.xp, self.dtype, np.random.default_rng(seed),
                                   param_store is not None, self._limit.check_param)

@@ -19,6 +19,7 @@ from unroll.core.errors import NetError, TemplateError, UngatedStateError
 from unroll.core.proto import LayerParameter, NetParameter
 from unroll.engine.layer import LAYERS
 from unroll.engine.net import Net
+from unroll.frontend.checked_nets import build_checked
 
 __all__ = ["check_net", "check_step", "gates", "require"]
 
@@ -100,12 +101,18 @@ def _initial_blobs(template, net: NetParameter, builder) -> None:
             )
 
 
-def _net_of(net_param: NetParameter, builder):
-    """(the Net of ``net_param``, keeping the declared blobs, None), or (None, its NetError)."""
+def _net_of(net_param: NetParameter, builder, build=None):
+    """(the Net of ``net_param``, keeping the declared blobs, None), or (None, its NetError);
+    ``build(net_param, keep)`` builds it where given."""
+    keep = [blob for _, blob, _, _ in builder.declared]
     try:
-        return Net(net_param, keep=[blob for _, blob, _, _ in builder.declared]), None
+        return (build or _own_net)(net_param, keep), None
     except NetError as e:
         return None, e
+
+
+def _own_net(net_param: NetParameter, keep) -> Net:
+    return Net(net_param, keep=keep)
 
 
 def _declared(net, builder) -> None:
@@ -162,7 +169,7 @@ def check_net(template, net_param: NetParameter, builder, one_step=None) -> None
     may say why better: a state of the wrong shape breaks the step after it, far from the
     mistake."""
     _initial_blobs(template, net_param, builder)
-    net, error = _net_of(net_param, builder)
+    net, error = _net_of(net_param, builder, build_checked)
     if error is not None:
         _initial_shapes(net_param, builder)
         try:  # T-dependent structure may not unroll to one step: then T's error stands

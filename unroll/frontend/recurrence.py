@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from unroll.core.errors import TemplateError
 from unroll.core.proto import LayerParameter
 from unroll.frontend.builder import NetBuilder
@@ -30,8 +32,25 @@ from unroll.frontend.checks import check_step, require
 from unroll.frontend.render import ParseCache, render_macro, run_module
 from unroll.frontend.template import Step, Template, hyper_parameters, load_template, merge_hyper
 
-__all__ = ["ALIGNS", "DIRECTIONS", "INITIAL_STATES", "LAYER_OPTIONS", "RECURRENT_OPTIONS",
-           "Recurrence", "recurrent"]
+__all__ = ["ALIGNS", "DIRECTIONS", "GIVEN_STATE_CONT", "INITIAL_STATES", "LAYER_OPTIONS",
+           "RECURRENT_OPTIONS", "Recurrence", "first_step_cont", "recurrent"]
+
+#: docs/design.md, "State from anywhere": a GIVEN state flows into the first step whatever
+#: cont says there, so the cont that gates it there reads this. The unroller's first step
+#: (``<cont>_ones``) and a :class:`~unroll.train.stepper.Stepper` reset to given states
+#: both read it through :func:`first_step_cont`
+GIVEN_STATE_CONT = 1.0
+
+
+def first_step_cont(cont):
+    """The cont values the first step from a given state reads in place of ``cont``:
+    :data:`GIVEN_STATE_CONT` everywhere, whatever ``cont`` holds.
+
+    >>> import numpy as np
+    >>> first_step_cont(np.zeros((1, 2)))
+    array([[1., 1.]])
+    """
+    return np.full_like(cont, GIVEN_STATE_CONT)
 
 DIRECTIONS = ("forward", "reverse", "bidirectional")
 ALIGNS = ("left", "right")
@@ -198,7 +217,10 @@ class Recurrence:
             init = dict(self.given_init)
         if init:
             prev = dict(init)
-            ones = self.builder.power(conts[0], f"{self.cont}_ones", scale=0.0, shift=1.0)
+            # first_step_cont as a layer (shift + 0 * cont), read by every step: the mix
+            # below restarts the later ones
+            ones = self.builder.power(conts[0], f"{self.cont}_ones", scale=0.0,
+                                      shift=GIVEN_STATE_CONT)
         outputs = {name: [None] * self.T for name in iface["outputs"]}
         run_conts = []
         for k, t in enumerate(self.order, start=1):

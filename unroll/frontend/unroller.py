@@ -28,7 +28,6 @@ from pathlib import Path
 from unroll.core.errors import TemplateError
 from unroll.core.proto import NetParameter, PrototxtError, parse_text, to_text
 from unroll.engine import hidden_nets
-from unroll.engine.memory import GRADIENT_CHUNK
 from unroll.frontend.builder import NetBuilder
 from unroll.frontend.checks import check_net
 from unroll.frontend.recurrence import ALIGNS, DIRECTIONS, LAYER_OPTIONS, recurrent
@@ -56,6 +55,7 @@ __all__ = [
     "Application",
     "BlobNames",
     "DIRECTIONS",
+    "SEQUENCE_CHUNK",
     "Step",
     "Template",
     "builtin_template_dir",
@@ -222,6 +222,12 @@ def _cache_key(template: Template, steps: int, batch: int, search_path, variable
                  sorted((hyper or {}).items())))
 
 
+#: the steps a sequence macro runs over at once unless ``expand(chunk=)`` says otherwise:
+#: the NumPy engine's weight-gradient chunk (docs/design.md, 6. Memory), which a test holds
+#: this equal to, written here so that the net's shape depends on no engine constant
+SEQUENCE_CHUNK = 32
+
+
 def _state(files, folders) -> tuple:
     """The modification times and sizes of ``files`` and of every template in ``folders``
     (what a template may import): a cached net is stale once one changes."""
@@ -231,7 +237,7 @@ def _state(files, folders) -> tuple:
 
 
 def expand(template, steps: int | None = None, search_path=(), hyper: dict | None = None,
-           chunk: int | None = GRADIENT_CHUNK, **variables) -> NetParameter:
+           chunk: int | None = SEQUENCE_CHUNK, **variables) -> NetParameter:
     """Unroll ``template`` (a built-in name or a path) to ``steps`` timesteps: the one way
     to expand a step, net or tree_step template.
 
@@ -299,9 +305,10 @@ def expand(template, steps: int | None = None, search_path=(), hyper: dict | Non
     ``chunk`` (every recurrence of the expansion): a sequence macro that maps
     each step on its own runs over chunks of that many steps, each right
     before its steps, where T is over it (None: once over the whole
-    sequence). The caller's engine picks it; the default is this engine's
-    weight-gradient chunk (``unroll.engine.memory.GRADIENT_CHUNK``), so
-    that recomputed segments are cut between both (docs/design.md, 6. Memory).
+    sequence). The caller's engine picks it (Caffe's LSTM and RNN layers pass
+    theirs); the default, :data:`SEQUENCE_CHUNK`, is the NumPy engine's
+    weight-gradient chunk, so that recomputed segments are cut between both
+    (docs/design.md, 6. Memory).
 
     Shared modules (net templates): ``{{ shared(module, bottoms, tops,
     scope="", **hyper) }}`` applies a module template (``"kind": "module"``,

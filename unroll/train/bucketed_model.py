@@ -6,6 +6,7 @@ import numpy as np
 
 from unroll.core.atomic import write_atomic
 from unroll.core.proto import NetParameter
+from unroll.core.sizes import byte_size
 from unroll.engine.layer import LAYERS
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
@@ -76,7 +77,9 @@ class BucketedModel:
         self._seed = seed
         self.plan_memory = plan_memory
         self.max_bytes = max_bytes  # each net's memory limit (Net's max_bytes)
-        self.memory_budget = memory_budget  # each net's (Net's memory_budget)
+        # each net's (Net's memory_budget), refused here rather than when a net is first built
+        self.memory_budget = memory_budget if memory_budget is None else byte_size(
+            memory_budget, "memory_budget")
         self.store = store if store is not None else ParamStore()
         #: T -> the unrolled NetParameter, serialized (a few dozen bytes a layer, where the
         #: parsed message costs ~2 KB); pass it to a twin model to expand each T once
@@ -287,14 +290,10 @@ class BucketedModel:
 
 # -- which axes of an input the net ties to which of another -------------------------------
 
-#: layers whose tops have their bottom's shape (the neurons, and the rest in DESIGN 2)
-_SAME_SHAPE = frozenset({"ReLU", "Sigmoid", "TanH", "Power", "Dropout", "AbsVal", "Exp", "Log",
-                         "ELU", "BNLL", "Threshold", "PReLU", "BatchNorm", "Split", "Eltwise"})
-
-
 def _input_ties(net_param: NetParameter, net: Net) -> dict:
     """{input: {axis: [(other input, its axis), ...]}}: the axes of other inputs that the
-    layers of ``net_param`` force to the same size, through shape-keeping layers, Slice and
+    layers of ``net_param`` force to the same size, through the layers that declare
+    ``same_shape`` (every axis of every bottom and top), Slice and
     Concat (but their axis), Scale and Bias (the second bottom along the first from
     ``axis``) and the recurrent units (every leading axis)."""
     parent: dict = {}
@@ -313,7 +312,7 @@ def _input_ties(net_param: NetParameter, net: Net) -> dict:
 
     for lp in net_param.layer:
         blobs = [*lp.bottom, *lp.top]
-        if lp.type in _SAME_SHAPE:
+        if getattr(LAYERS.get(lp.type), "same_shape", False):
             for other in blobs[1:]:
                 for k in range(min(ndim(blobs[0]), ndim(other))):
                     tie((blobs[0], k), (other, k))

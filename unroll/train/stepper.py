@@ -19,6 +19,7 @@ from unroll.core.proto import NetParameter, read_message
 from unroll.engine.layer import LAYERS
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
+from unroll.frontend.recurrence import first_step_cont
 from unroll.train.bucketed_model import _input_ties
 
 __all__ = ["Stepper"]
@@ -145,15 +146,15 @@ class Stepper:
 
 
 def first_step_inputs(inputs: dict, gated_by: dict) -> dict:
-    """The rule for a step that starts from GIVEN states (docs/design.md, "State from
-    anywhere"): the given state flows into it whatever cont says there, so every cont that
-    gates a given state reads 1, as the unroller feeds such a step ``cont_ones``.
+    """``inputs`` of a step that starts from GIVEN states, each cont that gates one (in
+    ``gated_by``) read as :func:`~unroll.frontend.recurrence.first_step_cont` says, the rule
+    the unroller's first step follows too (docs/design.md, "State from anywhere").
 
     >>> first_step_inputs({"x": 1, "cont": np.zeros((1, 2))}, {"h_0": ["cont"]})["cont"]
     array([[1., 1.]])
     """
     conts = {name for names in gated_by.values() for name in names}
-    return {name: np.ones_like(value) if name in conts else value
+    return {name: first_step_cont(value) if name in conts else value
             for name, value in inputs.items()}
 
 

@@ -10,6 +10,7 @@ from unroll.core.atomic import write_atomic
 from unroll.core.proto import NetParameter
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
+from unroll.frontend.checked_nets import checked_nets
 
 __all__ = ["TreeModel"]
 
@@ -22,9 +23,11 @@ class TreeModel:
     the net built first, which creates every param (so a solver sees them all)
     and through which weights are saved and loaded. ``forward(widths=key,
     **inputs)`` runs the key's net (:class:`~unroll.train.tree_sampler.TreeBucketSampler`
-    gives each batch's key). Like :class:`~unroll.train.bucketed_model.BucketedModel`
-    it is a :class:`~unroll.train.solver.TrainableNet`; a test-phase twin shares the
-    store with ``TreeModel(make, canonical, phase="test", store=train.store)``.
+    gives each batch's key) on inputs with the rows that net declares (``x``: one a
+    node); other rows are refused, since a net would take them and read only some.
+    Like :class:`~unroll.train.bucketed_model.BucketedModel` it is a
+    :class:`~unroll.train.solver.TrainableNet`; a test-phase twin shares the store with
+    ``TreeModel(make, canonical, phase="test", store=train.store)``.
 
     >>> from unroll.frontend.tree_unroller import expand_tree
     >>> import numpy as np
@@ -44,6 +47,8 @@ class TreeModel:
         self._seed = int(seed)
         self.store = store if store is not None else ParamStore()
         self.nets: dict = {}
+        #: key -> {input: the rows its net declares} (a tree net's structure fixes them)
+        self._rows: dict = {}
         self.canonical_key = canonical
         self.active: Net | None = None
         self.net(canonical)
@@ -51,11 +56,20 @@ class TreeModel:
     def net(self, key) -> Net:
         """The net of ``key``, built on first use and cached."""
         if key not in self.nets:
-            param = self.make_net_param(key)
-            self.nets[key] = Net(NetParameter.FromString(param.SerializeToString()),
-                                 phase=self.phase, device=self.device, dtype=self.dtype,
-                                 seed=self._net_seed(key), param_store=self.store,
-                                 plan_memory=self.plan_memory)
+            def build(net_param):
+                return Net(net_param, phase=self.phase, device=self.device, dtype=self.dtype,
+                           seed=self._net_seed(key), param_store=self.store,
+                           plan_memory=self.plan_memory)
+
+            # the net expand builds to check itself is this one: a deep tree's is built once
+            with checked_nets(build) as checked:
+                param = self.make_net_param(key)
+            net = checked.take(param)
+            if net is None:  # expanded from the cache, or not by expand
+                net = build(NetParameter.FromString(param.SerializeToString()))
+            self.nets[key] = net
+            self._rows[key] = {name: net.blobs[name].shape[0] for name in net.inputs
+                               if net.blobs[name].ndim}
         return self.nets[key]
 
     def _net_seed(self, key) -> int:
@@ -94,6 +108,16 @@ class TreeModel:
             raise ValueError("TreeModel.forward needs widths= (the batch's key, "
                              "TreeBucketSampler.key(batch))")
         self.active = self.net(widths)
+        rows = self._rows[widths]
+        for name, value in inputs.items():
+            # a net reshapes to what it is given, and the tree's gathers would then read
+            # only the first rows of a longer x: a tree net's inputs have its node count
+            found = np.shape(value)[:1]
+            if name in rows and found != (rows[name],):
+                per_node = " (one per node)" if rows[name] == np.sum(widths) else ""
+                raise ValueError(f"the tree net of widths {widths}: input '{name}' must have "
+                                 f"{rows[name]} rows{per_node}, found "
+                                 f"{found[0] if found else 'a scalar'}")
         return self.active.forward(blobs=blobs, **inputs)
 
     def backward(self) -> None:

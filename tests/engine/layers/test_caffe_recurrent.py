@@ -259,6 +259,29 @@ def test_hidden_nets_use_the_layers_own_blobs():
     assert [p.blob for p in hidden.learnable_params] == layer.blobs
 
 
+def test_hidden_nets_are_chunked_as_the_weight_gradients_are(monkeypatch):
+    # docs/design.md, 3: the engine passes its chunk in; the frontend's default equals it
+    from unroll.engine import hidden_nets
+    from unroll.engine.memory import GRADIENT_CHUNK
+    from unroll.frontend.unroller import SEQUENCE_CHUNK
+
+    assert SEQUENCE_CHUNK == GRADIENT_CHUNK
+    asked, unroller = [], hidden_nets._unroller
+    monkeypatch.setattr(hidden_nets, "_unroller",
+                        lambda template, **v: asked.append(v["chunk"]) or unroller(template, **v))
+    T, rng = GRADIENT_CHUNK + 3, np.random.default_rng(0)
+    plain = NET.replace(' bottom: "xs"', "")
+    Net(plain, dtype="float64").forward(**{k: v for k, v in net_inputs(T, rng).items()
+                                           if k != "xs"})
+    assert asked and set(asked) == {GRADIENT_CHUNK}
+    # a static input joins x's projection, one layer over the whole sequence
+    asked.clear()
+    assert Net(NET, dtype="float64").forward(**net_inputs(T, rng))["o"].shape == (T, 2, 4)
+    assert asked and set(asked) == {None}
+    with pytest.raises(TypeError, match="chunk"):
+        hidden_nets.expand("lstm", steps=2)
+
+
 def test_caffemodel_round_trip():
     rng = np.random.default_rng(3)
     net = Net(NET, dtype="float64")

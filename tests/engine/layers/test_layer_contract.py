@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from unroll import Net, NetError, expand, testing
 from unroll.core.proto import LayerParameter
@@ -222,3 +224,27 @@ def test_a_layer_that_defines_a_hook_raises_its_flag(hook):
     silent = [name for name, cls in LAYERS.items()
               if getattr(cls, hook) is not getattr(Layer, hook) and not getattr(cls, flag)]
     assert not silent, f"{silent} define {hook} but not {flag} = True: the engine never calls it"
+
+
+# -- same_shape is a promise about shapes --------------------------------------------------
+SAME_SHAPE = sorted(name for name, cls in LAYERS.items() if cls.same_shape)
+
+
+def test_same_shape_is_declared_by_the_shape_keeping_layers():
+    # a bucketed model ties every axis of these layers' blobs: the list must hold the neurons
+    # and the layers docs/design.md, 2 names, and only layers that exist
+    assert {"ReLU", "Sigmoid", "TanH", "Dropout", "Power", "AbsVal", "Threshold", "BatchNorm",
+            "Eltwise", "Split", "Softmax"} <= set(SAME_SHAPE)
+    assert not {"Scale", "Bias", "Concat", "Slice", "InnerProduct", "Reshape"} & set(SAME_SHAPE)
+
+
+@pytest.mark.parametrize("name", SAME_SHAPE)
+@given(shape=st.lists(st.integers(1, 4), min_size=2, max_size=4).map(tuple))
+@settings(max_examples=10, deadline=None)
+def test_a_same_shape_layer_gives_every_top_its_bottoms_shape(name, shape):
+    cls = LAYERS[name]
+    n_bottoms, n_tops = cls.num_bottoms[0], max(cls.num_tops[0], 2 if name == "Split" else 1)
+    layer = cls(LayerParameter(name="l", type=name), dtype=np.float64)
+    tops = blobs(*[()] * n_tops)
+    layer.set_up(blobs(*[shape] * n_bottoms), tops)
+    assert [t.shape for t in tops] == [shape] * n_tops

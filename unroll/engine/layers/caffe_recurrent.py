@@ -47,6 +47,7 @@ from unroll.engine.backend import device_of
 from unroll.engine.fillers import FILLERS
 from unroll.engine.hidden_nets import expand
 from unroll.engine.layer import Layer, register_layer
+from unroll.engine.memory import GRADIENT_CHUNK
 from unroll.engine.param_store import LearnableParam, ParamStore
 
 __all__ = ["LSTMLayer", "RNNLayer", "RecurrentLayer"]
@@ -141,8 +142,10 @@ class RecurrentLayer(Layer):
         """
         x_shape = tuple(shapes["x"])
         N = x_shape[1]
+        # chunked as the weight gradients are, so recomputed segments are cut between both;
+        # a static input is added to x's projection, which must then be one layer
         net = expand(self.template, steps=T, batch=N, input_dim=self.D, hidden=self.H,
-                     expose_hidden=True)
+                     expose_hidden=True, chunk=None if self.static else GRADIENT_CHUNK)
         layers = list(net.layer)
         for lp in layers:
             if lp.type == "Input" and "x" in lp.top:

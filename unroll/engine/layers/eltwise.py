@@ -13,6 +13,7 @@ class EltwiseLayer(Layer):
     """y = sum_i c_i x_i | prod_i x_i | max_i x_i over >= 2 bottoms of one shape."""
 
     num_bottoms = (2, None)
+    same_shape = True
     #: SUM with coefficient 1 passes a diff through unchanged (see passes_diff)
     passes_diffs = True
 

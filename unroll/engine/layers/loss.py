@@ -86,6 +86,7 @@ class SoftmaxLayer(Layer):
     """y = exp(x) / sum(exp(x), axis); any shape."""
 
     backward_reads = ("top",)
+    same_shape = True
 
     def reshape(self, bottoms, tops):
         self.axis = self.canonical_axis(self.param.softmax_param.axis, bottoms[0].ndim)

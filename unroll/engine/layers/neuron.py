@@ -10,6 +10,7 @@ class NeuronLayer(Layer):
     """One bottom, one top of the same shape; may run in place."""
 
     in_place = True
+    same_shape = True
 
     def reshape(self, bottoms, tops):
         tops[0].reshape(bottoms[0].shape)
@@ -121,6 +122,8 @@ class DropoutLayer(NeuronLayer):
 class PowerLayer(Layer):
     """y = (shift + scale * x) ^ power; any shape (1 - cont is Power with scale -1, shift 1)."""
 
+    same_shape = True
+
     def layer_setup(self, bottoms, tops):
         p = self.param.power_param
         self.power, self.scale, self.shift = p.power, p.scale, p.shift
@@ -149,6 +152,8 @@ class PowerLayer(Layer):
 @register_layer("AbsVal")
 class AbsValLayer(Layer):
     """y = |x|; any shape. gx = sign(x) gy (0 at 0, as Caffe's)."""
+
+    same_shape = True
 
     def reshape(self, bottoms, tops):
         tops[0].reshape(bottoms[0].shape)

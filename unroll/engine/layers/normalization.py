@@ -16,6 +16,7 @@ class BatchNormLayer(Layer):
     recomputable = False  # its forward updates the running statistics
 
     in_place = True
+    same_shape = True
     learnable = False
     param_blobs = ("mean (C,)", "variance (C,)", "moving average factor (1,)")
     # backward reads x_norm and 1 / std saved in forward, never the (overwritten) bottom

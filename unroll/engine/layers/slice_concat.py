@@ -140,6 +140,7 @@ class SplitLayer(Layer):
     """y_k = x for every top (data shared, diffs separate); gx = sum_k gy_k."""
 
     num_tops = (1, None)
+    same_shape = True
     backward_reads = ()
     #: the tops' data arrays ARE the bottom's (no copy); a write to one shows in all
     shares_bottom = ("data",)

@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
-
 from unroll.core.proto import NetParameter, parse_text, read_prototxt
+from unroll.core.sizes import byte_size_argument
 from unroll.tools.output import write_output
 
 __all__ = ["add_parser", "run"]
-
-
-def _byte_size(text: str) -> int:
-    from unroll.engine.memory_limit import parse_bytes
-
-    try:
-        return parse_bytes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_parser(sub):
@@ -33,10 +23,10 @@ def add_parser(sub):
                         help="count this solver's history too (SGD, Adam, ...)")
     parser.add_argument("--largest", type=int, default=10, metavar="K",
                         help="list the K largest blobs (default 10)")
-    parser.add_argument("--budget", type=_byte_size, metavar="BYTES",
-                        help="plan within this memory (e.g. 500MB): backward recomputes "
-                             "segments of the forward; prints the checkpoints, the recompute "
-                             "factor and the planned peak")
+    parser.add_argument("--budget", type=byte_size_argument, metavar="BYTES",
+                        help="plan within this memory (bytes, or e.g. 500MB, 1.5GiB, 2e9): "
+                             "backward recomputes segments of the forward; prints the "
+                             "checkpoints, the recompute factor and the planned peak")
     return parser
 
 
