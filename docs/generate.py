@@ -7,7 +7,8 @@ The pages are committed, and ``tests/test_docs.py`` holds each equal to what thi
 module makes now, so the reference can never drift from the code: the layer
 catalogue (``unroll layers``), the built-in templates with the equation of their
 ``{# ... #}`` comment, the solver types, lr policies and SolverParameter fields,
-the command lines (``unroll`` and each example's, from their argparse parsers)
+the command lines (``unroll`` and each example's ``build_parser()``, found by its
+``examples/*/__main__.py``)
 and the API page (one mkdocstrings entry per name ``import unroll`` offers).
 """
 
@@ -187,9 +188,10 @@ def cli_page() -> str:
              "line naming the file (exit status 2 for bad input, 1 for a failure while "
              "running; `--debug` shows the traceback).\n"]
     parts.append(_command_section("unroll", build_parser()))
-    for app in ("pos_tagging", "lemmatize", "deprel"):
-        module = importlib.import_module(f"examples.{app}.__main__")
-        parts.append(_command_section(f"python -m examples.{app}", module.build_parser()))
+    for main in sorted((DOCS.parent / "examples").glob("*/__main__.py")):
+        module = importlib.import_module(f"examples.{main.parent.name}.__main__")
+        parts.append(_command_section(f"python -m examples.{main.parent.name}",
+                                      module.build_parser()))
     return "".join(parts)
 
 
