@@ -14,6 +14,13 @@ before the clock starts. Printed: nodes/s, nets built per epoch, the padding
 fraction, and the process's peak RSS. A benchmark, not a test: run it on an
 idle machine.
 
+``--chains 100,400,1600,3000`` times instead what deprel ``label`` does with one
+long sentence: expand the bidirectional net of one tree (the expansion builds it
+once, to check it), build it for the test phase and run it forward, for a chain
+of that many words (each word the head of the next: as many levels as words)
+and for a flat tree (every word under the root: two levels). Printed: seconds,
+levels and layers of each; a chain costs what its words do.
+
 ``--plan FILE`` writes the timed epoch's batches (each tree's parents) for
 ``bench/bench_trees_torch.py``, which trains the same Tree-LSTM in PyTorch on
 the same batches; ``--dump FILE`` writes a few trees, their inputs, weights and
@@ -34,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from unroll.engine.net import Net
 from unroll.frontend.template import load_template
 from unroll.frontend.tree import Tree
 from unroll.frontend.tree_unroller import expand_tree, tree_inputs, tree_widths
@@ -138,6 +146,27 @@ def write_dump(path: Path, trees, dim: int, hidden: int, seed: int = 0) -> None:
              **{f"grad_{p.name}": p.diff for p in model.learnable_params})
 
 
+def label_one(tree: Tree, dim: int, hidden: int) -> tuple[float, int, int]:
+    """(seconds, levels, layers) to expand, build and run the net of one ``tree``."""
+    rng = np.random.default_rng(0)
+    start = time.perf_counter()
+    widths = tree_widths([tree], "bidirectional")
+    net_param = expand_tree(TEMPLATE, widths, input_dim=dim, hidden=hidden,
+                            direction="bidirectional")
+    net = Net(net_param, phase="test")
+    inputs = tree_inputs([tree], load_template(TEMPLATE), widths, "bidirectional")
+    net.forward(x=rng.normal(size=(len(tree), dim)), **inputs)
+    return time.perf_counter() - start, len(widths[0]), len(net_param.layer)
+
+
+def chains_against_flat(lengths, dim: int, hidden: int) -> None:
+    for n in lengths:
+        chain = label_one(Tree.from_heads([0, *range(1, n)]), dim, hidden)
+        flat = label_one(Tree.from_heads([0, *([1] * (n - 1))]), dim, hidden)
+        print(f"{n:5d} words: chain {chain[0]:7.2f} s ({chain[1]} levels, {chain[2]:,} layers); "
+              f"flat tree {flat[0]:5.2f} s ({flat[1]} levels, {flat[2]:,} layers)", flush=True)
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -155,7 +184,13 @@ def main(argv=None) -> None:
     parser.add_argument("--plan", type=Path, help="write the timed epoch's batches here")
     parser.add_argument("--dump", type=Path, help="write a check batch for bench_trees_torch "
                                                   "--check here, and stop")
+    parser.add_argument("--chains", metavar="WORDS",
+                        help="time one chain and one flat tree of each of these lengths "
+                             "(comma-separated), as deprel label runs them, and stop")
     args = parser.parse_args(argv)
+    if args.chains:
+        chains_against_flat([int(n) for n in args.chains.split(",")], args.dim, args.hidden)
+        return
     trees = forest(args.trees)
     if args.dump:
         write_dump(args.dump, [t for t in trees if 1 < len(t) < 12][:4], 5, 4)

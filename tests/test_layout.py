@@ -51,6 +51,74 @@ def imports(path: Path, name: str):
                 yield node.lineno, f"{target}.{alias.name}"
 
 
+def module_level_imports(path: Path, name: str):
+    """The modules ``path`` imports when it is itself imported: (line, module), leaving out
+    imports inside functions and classes, which run only when called."""
+    tree = ast.parse(path.read_text())
+    top = []
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        top.append(node)
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            stack.extend(getattr(node, field, []))
+    wanted = {id(node) for node in top}
+    lines = {node.lineno for node in top if isinstance(node, (ast.Import, ast.ImportFrom))
+             and id(node) in wanted}
+    for line, target in imports(path, name):
+        if line in lines:
+            yield line, target
+
+
+def import_cycle(graph: dict) -> list:
+    """One cycle of ``graph`` (module -> the modules it imports), as a path that ends where
+    it starts, or [] where there is none."""
+    done, on_path = set(), []
+
+    def visit(node):
+        if node in on_path:
+            return on_path[on_path.index(node):] + [node]
+        if node in done:
+            return []
+        on_path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            found = visit(nxt)
+            if found:
+                return found
+        on_path.pop()
+        done.add(node)
+        return []
+
+    for node in sorted(graph):
+        found = visit(node)
+        if found:
+            return found
+    return []
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+@pytest.mark.parametrize("package", ORDER)
+def test_no_import_cycle_inside_a_package(package):
+    """A module-level import cycle among one package's modules makes what loads first depend
+    on who imports first; the modules of a package import one way too."""
+    found = dict(modules())
+    own = {name for name in found if package_of(name) == package}
+    # importing a submodule runs its package's __init__ first, whoever imports it: an
+    # edge into a package's __init__ is no cycle of the modules
+    packages = {name for name in own if found[name].name == "__init__.py"}
+    graph = {name: {target for _, target in module_level_imports(found[name], name)
+                    if target in own and target not in packages and target != name}
+             for name in own}
+    cycle = import_cycle(graph)
+    assert not cycle, f"a module-level import cycle in unroll.{package}: {' -> '.join(cycle)}"
+
+
 def test_every_module_lies_in_a_package_of_the_data_flow():
     flat = sorted(p.name for p in ROOT.glob("*.py") if p.name not in ("__init__.py", "_moved.py"))
     assert not flat, f"modules outside the packages {ORDER}: {flat}"

@@ -28,7 +28,7 @@ _EXPORTS = {
     "Stepper": "unroll.train.stepper",
     "TemplateError": "unroll.core.errors",
     "Trainer": "unroll.train.trainer",
-    "carry_hidden": "unroll.frontend.unroller",
+    "carry_hidden": "unroll.train.carry",
     "expand": "unroll.frontend.unroller",
     "register_layer": "unroll.engine.layer",
     "to_prototxt": "unroll.frontend.unroller",

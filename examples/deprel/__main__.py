@@ -1,12 +1,19 @@
-"""``python -m examples.deprel train|evaluate|label``: DEPREL labelling given the gold tree.
+"""python -m examples.deprel {train,evaluate,label,fetch}: DEPREL labelling given the gold tree.
 
-    python -m examples.deprel train --model-dir runs/tree              # the default run
-    python -m examples.deprel train --model-dir runs/seq --model baseline
-    python -m examples.deprel evaluate --model-dir runs/tree           # dev label accuracy
-    python -m examples.deprel label --model-dir runs/tree --conllu in.conllu -o out.conllu
+  python -m examples.deprel train --model-dir runs/tree              # the default run
+  python -m examples.deprel train --model-dir runs/seq --model baseline
+  python -m examples.deprel evaluate --model-dir runs/tree           # dev label accuracy
+  python -m examples.deprel label --model-dir runs/tree --conllu in.conllu -o out.conllu
+  python -m examples.deprel fetch
 
 ``label`` fills column 8 (DEPREL) of every word from the file's own words, UPOS
-and heads (column 7), and keeps every other byte.
+and heads (column 7), and keeps every other byte. Without --data or
+$UNROLL_EWT_DATA, and without ../shared/data, train and evaluate fetch UD
+English EWT (verified by SHA-256), as the tagger does.
+
+Errors print one line (--debug: the traceback); exit status 2 for bad input
+or usage, 1 for a failure while running (divergence, a full disk), 130 for a
+training stopped by Ctrl-C (the folder keeps its last epoch, to --resume).
 """
 
 from __future__ import annotations
@@ -15,91 +22,104 @@ import argparse
 import sys
 from pathlib import Path
 
-from unroll.tools.app_cli import run as run_app
+from unroll.tools import app_cli
+from unroll.tools.output import write_output
 
 __all__ = ["build_parser", "main"]
 
+PROG = "python -m examples.deprel"
+#: DeprelConfig fields that train options set
+SIZE_OPTIONS = ("model", "hidden")
+
 
 def _train(args) -> int:
-    from examples.deprel.train import TrainOptions, train
+    from examples.deprel.train import DeprelTraining, TrainOptions, train
     from unroll.tools.ewt import fetched_data_dir
 
-    log = train(TrainOptions(model_dir=Path(args.model_dir),
-                             data=fetched_data_dir(args.data, args.quiet),
-                             model=args.model, epochs=args.epochs, lr=args.lr,
-                             hidden=args.hidden, limit=args.limit, max_minutes=args.max_minutes,
-                             seed=args.seed, quiet=args.quiet, overwrite=args.overwrite))
-    if log:
-        best = max(e["dev_accuracy"] for e in log)
-        print(f"trained {len(log)} epochs into {args.model_dir}: best dev label accuracy "
-              f"{100 * best:.2f}%")
+    result = train(TrainOptions(
+        data=fetched_data_dir(args.data, args.quiet), model_dir=args.model_dir,
+        epochs=args.epochs, max_minutes=args.max_minutes, lr=args.lr, seed=args.seed,
+        limit=args.limit, resume=args.resume, overwrite=args.overwrite,
+        skip_bad_batches=args.skip_bad_batches, device=args.device, quiet=args.quiet,
+        sizes={k: getattr(args, k) for k in SIZE_OPTIONS if getattr(args, k) is not None},
+    ))
+    app_cli.report_training(args, result, DeprelTraining.metric)
     return 0
 
 
 def _evaluate(args) -> int:
-    from examples.deprel.conll import read_deprel
     from examples.deprel.labeller import Labeller
-    from examples.deprel.train import accuracy
-    from unroll.tools.ewt import DEV_FILE, fetched_data_dir
+    from examples.deprel.train import accuracy, read_trees
+    from unroll.tools.cli import CommandError
+    from unroll.tools.ewt import fetched_data_dir, split_file
 
-    path = Path(args.conllu) if args.conllu else fetched_data_dir(args.data) / DEV_FILE
-    sents = read_deprel(path)
-    labeller = Labeller.load(Path(args.model_dir), args.checkpoint)
-    acc = accuracy([s.deprels for s in sents], labeller.predict(labeller.encode(sents)))
-    print(f"{path}: label accuracy {100 * acc:.2f}% over {sum(len(s.forms) for s in sents)} "
-          f"words")
+    if args.conllu is not None and args.split is not None:
+        raise CommandError("give either --conllu FILE or --split dev|test, not both")
+    path = args.conllu or split_file(fetched_data_dir(args.data), args.split or "dev")
+    sentences = read_trees(path)
+    labeller = Labeller.load(args.model_dir, args.checkpoint, device=args.device)
+    score = accuracy([s.deprels for s in sentences],
+                     labeller.predict(labeller.encode(sentences)))
+    write_output(f"{path}: label accuracy {100 * score:.2f}% over "
+                 f"{sum(len(s.forms) for s in sentences)} words\n", args.output)
     return 0
 
 
 def _label(args) -> int:
-    from examples.deprel.conll import fill_deprel, read_deprel
+    from examples.deprel.conll import fill_deprel
     from examples.deprel.labeller import Labeller
+    from examples.deprel.train import read_trees
 
-    sents = read_deprel(args.conllu, labelled=False)
-    labeller = Labeller.load(Path(args.model_dir), args.checkpoint)
-    labels = labeller.predict(labeller.encode(sents))
-    fill_deprel(args.conllu, labels, args.output or "-")  # -o as a shell redirect, or stdout
+    sentences = read_trees(args.conllu, labelled=False)
+    labeller = Labeller.load(args.model_dir, args.checkpoint, device=args.device)
+    labels = labeller.predict(labeller.encode(sentences))
+    fill_deprel(args.conllu, labels, args.output or "-")  # every byte but column 8 as it came
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m examples.deprel", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    tr = sub.add_parser("train", help="train a labeller into a model folder")
-    tr.add_argument("--model-dir", required=True)
-    tr.add_argument("--data", help="the folder of EWT's train and dev .conllu (default: as the "
-                                   "tagger finds it)")
-    tr.add_argument("--model", choices=["tree", "baseline"], default="tree",
-                    help="tree: a bidirectional child-sum Tree-LSTM over the gold tree; "
-                         "baseline: a sequence BiLSTM (default: tree)")
-    tr.add_argument("--epochs", type=int, default=20)
-    tr.add_argument("--lr", type=float, default=2e-3)
-    tr.add_argument("--hidden", type=int, default=100)
-    tr.add_argument("--limit", type=int, default=0, help="only the first N sentences of each "
-                                                         "split (a quick run)")
-    tr.add_argument("--max-minutes", type=float, help="stop after the epoch that passes this")
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--overwrite", action="store_true", help="replace the folder's model")
-    tr.add_argument("--quiet", action="store_true")
-    tr.set_defaults(run=_train)
-    for name, helps, run in (("evaluate", "dev (or --conllu) label accuracy", _evaluate),
-                             ("label", "fill column 8 of --conllu IN", _label)):
-        p = sub.add_parser(name, help=helps)
-        p.add_argument("--model-dir", required=True)
-        p.add_argument("--conllu", required=name == "label", metavar="IN")
-        p.add_argument("--checkpoint", choices=["best", "last"], default="best")
-        if name == "evaluate":
-            p.add_argument("--data")
-        else:
-            p.add_argument("-o", "--output", metavar="OUT", help="default: stdout")
+    from examples.deprel.labeller import MODELS, DeprelConfig
+    from examples.deprel.train import TrainOptions
+    from unroll.train.model_folder import CHECKPOINTS
+
+    parser, sub = app_cli.app_parser(PROG, __doc__)
+    model, data = app_cli.model_options("runs/deprel"), app_cli.data_options()
+    t = sub.add_parser("train", parents=[model, data, app_cli.training_options(
+        TrainOptions.epochs)], help="train a labeller on EWT train, tune on dev")
+    t.add_argument("--lr", type=app_cli.positive_number, default=TrainOptions.lr,
+                   help=f"Adam learning rate (default {TrainOptions.lr:g})")
+    d = DeprelConfig()
+    sizes = t.add_argument_group("model (with --resume: only to check the folder's)")
+    sizes.add_argument("--model", choices=MODELS,
+                       help="tree: a bidirectional child-sum Tree-LSTM over the gold tree; "
+                            f"baseline: a sequence BiLSTM (default: {d.model})")
+    sizes.add_argument("--hidden", type=app_cli.positive_int,
+                       help=f"LSTM size per direction (default {d.hidden})")
+    t.set_defaults(run=_train, interrupted="resume with --resume")
+
+    e = sub.add_parser("evaluate", parents=[model, data, app_cli.output_options()],
+                       help="label accuracy on a split of the data folder (default: dev) or "
+                            "on --conllu FILE")
+    e.add_argument("--conllu", type=Path, metavar="FILE", help="a CoNLL-U file with DEPREL")
+    e.add_argument("--split", choices=["dev", "test"],
+                   help="score the data folder's dev split (for tuning, the default) or test "
+                        "split (the final number)")
+    g = sub.add_parser("label", parents=[model, app_cli.output_options()],
+                       help="fill column 8 of --conllu IN")
+    g.add_argument("--conllu", type=Path, required=True, metavar="IN",
+                   help="a CoNLL-U file with words, UPOS and heads (DEPREL may be '_')")
+    for p, run in ((e, _evaluate), (g, _label)):
+        p.add_argument("--checkpoint", choices=CHECKPOINTS, default="best",
+                       help="best: the best dev epoch's weights; last: the last epoch's")
         p.set_defaults(run=run)
+
+    app_cli.add_fetch(sub)
     return parser
 
 
 def main(argv=None) -> int:
-    """Run the command; errors print one line (exit 2: bad input, 1: a failure)."""
-    return run_app(build_parser(), argv)
+    """Run the command; errors print one line (exit 2: bad input, 1: a failure; 130: Ctrl-C)."""
+    return app_cli.run(build_parser(), argv)
 
 
 if __name__ == "__main__":

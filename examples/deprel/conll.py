@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from unroll.core.errors import TreeError
 from unroll.frontend.tree import Tree
-from unroll.tools.conllu import CoNLLUError, fill_column, read_conllu, read_lines
+from unroll.tools.conllu import CoNLLUError, fill_column, parse_head, read_conllu, read_lines
 
 __all__ = ["Sentence", "fill_deprel", "read_deprel"]
 
@@ -76,10 +76,9 @@ def read_deprel(source, labelled: bool = True) -> list[Sentence]:
         for wl, c in words:
             line = "\t".join(c)
             try:
-                head = int(c[6])
-            except ValueError:
-                raise CoNLLUError(name, wl, line, f"HEAD (column 7) must be a word number or "
-                                                  f"0, found {c[6]!r}") from None
+                head = parse_head(c[6])
+            except ValueError as e:
+                raise CoNLLUError(name, wl, line, str(e)) from None
             if not 0 <= head <= len(words):
                 raise CoNLLUError(name, wl, line, f"HEAD {head} is not a word of the sentence "
                                                   f"(words 1..{len(words)}, 0 for the root)")

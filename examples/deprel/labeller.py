@@ -24,16 +24,17 @@ import numpy as np
 
 from examples.pos_tagging.features import FEATURES, Featurizer
 from examples.pos_tagging.schemas import FEATURES_SCHEMA, MAX_VOCAB, MAX_WIDTH
-from unroll.core import json_files
 from unroll.core.atomic import write_atomic
 from unroll.core.errors import FileFormatError
 from unroll.core.json_files import count, finite, ratio
-from unroll.core.proto import LayerParameter
-from unroll.frontend.tree_unroller import tree_block, tree_inputs
-from unroll.frontend.unroller import NetBuilder, load_template
+from unroll.engine.backend import to_numpy
+from unroll.frontend.template import load_template
+from unroll.frontend.tree_unroller import tree_inputs
+from unroll.frontend.unroller import expand
 from unroll.tools.conllu import UPOS_TAGS
 from unroll.train import model_folder as folder
 from unroll.train.bucketing import BucketSampler, cont_from_lengths, time_major
+from unroll.train.trainer import log_schema
 from unroll.train.tree_model import TreeModel
 from unroll.train.tree_sampler import TreeBucketSampler
 
@@ -42,6 +43,8 @@ __all__ = ["CONFIG_SCHEMA", "DEPREL_FILES", "LOG_SCHEMA", "MODELS", "DeprelConfi
 
 MODELS = ("tree", "baseline")
 TREE_TEMPLATE = "child_sum_tree_lstm"
+#: the net of both models, a net template placing the tree layer or the BiLSTM
+NET_TEMPLATE = str(Path(__file__).with_name("deprel.prototxt.j2"))
 #: the head's side and distance, bucketed: root, then 1, 2, 3-4, 5-8, 9+ to the left and right
 DISTANCES = 11
 IGNORE = -1
@@ -82,9 +85,12 @@ class DeprelConfig:
         write_atomic(path, json.dumps(asdict(self), indent=1).encode())
 
     @classmethod
-    def load(cls, path: Path) -> DeprelConfig:
-        """The config in ``path``, bounded and schema-checked; a FileFormatError naming it."""
-        return cls(**json_files.read_checked(path, CONFIG_SCHEMA))
+    def from_checked(cls, data: dict, path: Path) -> DeprelConfig:
+        """The config of ``data``, a schema-checked config.json read from ``path``."""
+        try:
+            return cls(**data)
+        except ValueError as e:
+            raise FileFormatError(path, str(e)) from None
 
 
 #: a DeprelConfig (config.json): its labels are the output ids, in order
@@ -104,13 +110,13 @@ CONFIG_SCHEMA = {
     },
 }
 
-#: log.json: the labeller's epochs (the names and checksums are the folder's to check)
-LOG_SCHEMA = folder.epoch_log_schema(
-    {"train_loss": finite(), "dev_accuracy": finite(1), "seconds": finite(),
-     "words_per_s": finite(), "nets_built": {"type": "integer", "minimum": 0,
-                                             "maximum": 1 << 40, "description": "a count"},
+#: log.json: the labeller's epochs (the names and checksums are the folder's to check, the
+#: loss and times the Trainer's)
+LOG_SCHEMA = log_schema(
+    {"dev_accuracy": finite(1), "nets_built": {"type": "integer", "minimum": 0,
+                                               "maximum": 1 << 40, "description": "a count"},
      "padding_fraction": finite(1)},
-    required=["train_loss", "dev_accuracy", "seconds"],
+    required=["dev_accuracy"], averaged=False,
 )
 
 #: the labeller's model folder: its log and its two JSON files, which log.json checksums
@@ -121,77 +127,32 @@ DEPREL_FILES = folder.ModelFiles(LOG_SCHEMA, {folder.CONFIG: CONFIG_SCHEMA,
 class Labeller:
     """A DEPREL labeller: featurizer, config, and the train and test models over one store."""
 
-    def __init__(self, featurizer: Featurizer, config: DeprelConfig, seed: int = 0):
+    def __init__(self, featurizer: Featurizer, config: DeprelConfig, seed: int = 0,
+                 device: str = "cpu"):
         self.featurizer, self.config = featurizer, config
         self.label_ids = {label: i for i, label in enumerate(config.labels)}
         self.template = load_template(TREE_TEMPLATE)
         canonical = ((1,), (1,)) if config.model == "tree" else (1, 1)
-        self.train_model = TreeModel(self.net_param, canonical, seed=seed)
+        self.train_model = TreeModel(self.net_param, canonical, seed=seed, device=device)
         self.test_model = TreeModel(lambda key: self.net_param(key, "test"), canonical,
-                                    phase="test", store=self.train_model.store)
+                                    phase="test", device=device, store=self.train_model.store)
 
     # -- the nets -----------------------------------------------------------------------
     def net_param(self, key, phase: str = "train"):
+        """The net of bucket ``key``: the tree model's (up widths, down widths), or the
+        baseline's (T, N). One NetParameter serves both phases (Net filters by phase)."""
         c = self.config
-        if c.model == "tree":
-            rows = max(sum(w) for w in key)
-            b = NetBuilder(1, rows)
-            shape, axis = (rows,), 1
-        else:
-            steps, n = key
-            b = NetBuilder(steps, n)
-            shape, axis = (steps, n), 2
-            rows = steps * n
-        ids = [*FEATURES, "upos", "distance"]
-        b.input("data", {**{name: shape for name in ids}, "head_row": (rows,),
-                         "label": (rows,), **({} if c.model == "tree" else {"cont": shape})})
         sizes = self.featurizer.sizes | {"upos": len(UPOS_TAGS), "distance": DISTANCES}
-        embedded = []
-        for name in ids:
-            lp = LayerParameter(name=f"emb_{name}", type="Embed", bottom=[name],
-                                top=[f"emb_{name}"])
-            lp.param.add(name=f"emb_{name}")
-            lp.embed_param.num_output = c.word_embed if name == "word" else c.feature_embed
-            lp.embed_param.input_dim = sizes[name]
-            lp.embed_param.bias_term = False
-            lp.embed_param.weight_filler.type = "uniform"
-            lp.embed_param.weight_filler.min, lp.embed_param.weight_filler.max = -0.1, 0.1
-            b.add_layer(lp, lp.name)
-            embedded.append(lp.top[0])
-        b.concat("features", embedded, "x_full", axis=axis)
-        drop = LayerParameter(name="x_drop", type="Dropout", bottom=["x_full"], top=["x"])
-        drop.dropout_param.dropout_ratio = c.dropout
-        b.add_layer(drop, "x_drop")
+        features = [[name, sizes[name]] for name in (*FEATURES, "upos", "distance")]
         if c.model == "tree":
-            tree_block(b, TREE_TEMPLATE, "x", "enc", key, rows, "bidirectional",
-                       hidden=c.hidden)
-            enc = "enc"
+            size = dict(steps=1, batch=max(sum(w) for w in key),
+                        widths=[list(w) for w in key])
         else:
-            b.recurrent("lstm", "x", "enc", "cont", direction="bidirectional", hidden=c.hidden)
-            flat = LayerParameter(name="enc_rows", type="Reshape", bottom=["enc"],
-                                  top=["enc_rows"])
-            flat.reshape_param.shape.dim.extend([-1, 2 * c.hidden])
-            b.add_layer(flat, "enc_rows")
-            enc = "enc_rows"
-        b.add_layer(LayerParameter(name="enc_head", type="BatchReindex", bottom=[enc, "head_row"],
-                                   top=["enc_head"]), "enc_head")
-        b.concat("pair", [enc, "enc_head"], "pair", axis=1)
-        for name, bottom, size in (("mlp", "pair", c.mlp), ("scores", "mlp_act",
-                                                             len(c.labels))):
-            lp = LayerParameter(name=name, type="InnerProduct", bottom=[bottom], top=[name])
-            lp.param.add(name=f"{name}_W")
-            lp.param.add(name=f"{name}_b")
-            lp.inner_product_param.num_output = size
-            lp.inner_product_param.weight_filler.type = "xavier"
-            b.add_layer(lp, name)
-            if name == "mlp":
-                b.add_layer(LayerParameter(name="mlp_act", type="TanH", bottom=["mlp"],
-                                           top=["mlp_act"]), "mlp_act")
-        loss = LayerParameter(name="loss", type="SoftmaxWithLoss", bottom=["scores", "label"],
-                              top=["loss"])
-        loss.loss_param.ignore_label = IGNORE
-        b.add_layer(loss, "loss")
-        return b.net_param(f"deprel_{c.model}")
+            size = dict(steps=key[0], batch=key[1])
+        return expand(NET_TEMPLATE, model=c.model, features=features,
+                             labels=len(c.labels), word_embed=c.word_embed,
+                             feature_embed=c.feature_embed, hidden=c.hidden, mlp=c.mlp,
+                             dropout=c.dropout, ignore_label=IGNORE, **size)
 
     # -- data -------------------------------------------------------------------------------
     def encode(self, sentences) -> list[dict]:
@@ -214,13 +175,12 @@ class Labeller:
                                      seed=seed, shuffle=shuffle, group=c.group)
         return BucketSampler([e["n"] for e in encoded], c.batch, seed=seed, shuffle=shuffle)
 
-    def batches(self, encoded, sampler, epoch: int = 0):
-        """(key, inputs, rows of each sentence) of every batch of ``epoch``."""
+    def epoch_plan(self, sampler, epoch: int = 0) -> list[tuple[list, tuple]]:
+        """(sentence indices, the key of its net) of every batch of ``epoch`` of ``sampler``."""
         batches = sampler.epoch_batches(epoch)
         keys = (sampler.epoch_keys(epoch) if self.config.model == "tree" else
                 [(sampler.bucket_length(b), len(b)) for b in batches])
-        for batch, key in zip(batches, keys):
-            yield (key, *self.inputs([encoded[i] for i in batch], key))
+        return list(zip(batches, keys))
 
     def inputs(self, group: list[dict], key) -> tuple[dict, list]:
         names = [*FEATURES, "upos", "distance"]
@@ -260,16 +220,20 @@ class Labeller:
         """The DEPREL of every word of every encoded sentence."""
         sampler = self.sampler(encoded, shuffle=False)
         found: dict[int, list] = {}
-        order = sampler.epoch_batches(0)
-        for (key, inputs, where), batch in zip(self.batches(encoded, sampler), order):
-            scores = self.test_model.forward(widths=key, blobs=["scores"], **inputs)["scores"]
-            best = np.asarray(scores).argmax(axis=1)
+        for batch, key in self.epoch_plan(sampler):
+            inputs, where = self.inputs([encoded[i] for i in batch], key)
+            # weights that grew huge (a diverging run's last epoch) overflow to inf: the
+            # accuracy says so, where NumPy's warnings would break the one-line output
+            with np.errstate(over="ignore", invalid="ignore"):
+                scores = self.test_model.forward(widths=key, blobs=["scores"],
+                                                 **inputs)["scores"]
+            best = to_numpy(scores).argmax(axis=1)
             for i, rows in zip(batch, where):
                 found[i] = [self.config.labels[k] for k in best[rows]]
         return [found[i] for i in range(len(encoded))]
 
     @classmethod
-    def load(cls, model_dir: Path, name: str = "best") -> Labeller:
+    def load(cls, model_dir: Path, name: str = "best", device: str = "cpu") -> Labeller:
         """The labeller of a model folder: its JSON bounded and schema-checked, it and the
         weights checked against the SHA-256 that log.json records."""
         model_dir = Path(model_dir)
@@ -283,10 +247,8 @@ class Labeller:
                 f"{model_dir}`")
         features, config = (folder.read_json(model_dir, DEPREL_FILES, file, log)
                             for file in (folder.FEATURES, folder.CONFIG))
-        try:
-            config = DeprelConfig(**config)
-        except ValueError as e:
-            raise FileFormatError(model_dir / folder.CONFIG, str(e)) from None
-        labeller = cls(Featurizer.from_checked(features, model_dir / folder.FEATURES), config)
+        labeller = cls(Featurizer.from_checked(features, model_dir / folder.FEATURES),
+                       DeprelConfig.from_checked(config, model_dir / folder.CONFIG),
+                       device=device)
         folder.load_checkpoint(labeller.train_model, model_dir, log, name)
         return labeller

@@ -1,50 +1,64 @@
-"""Train a DEPREL labeller into a model folder; evaluate one; label a CoNLL-U file.
+"""Train a DEPREL labeller: bucketed trees (or sentences), Adam, dev label accuracy per epoch.
 
-The model folder is the library's (:mod:`unroll.train.model_folder`, declared
-by :data:`~examples.deprel.labeller.DEPREL_FILES`): ``features.json`` and
-``config.json`` first, then per epoch a snapshot, ``log.json`` (one entry per
-epoch, the commit point, with the SHA-256 of every file), ``last.caffemodel``
-and ``best.caffemodel`` (the best dev epoch), under its ``train.lock``.
+The epoch loop, the model folder, seeding, the time limit, the non-finite
+policy and MPI ranks are the library's (:class:`unroll.train.trainer.Trainer`);
+this module is the labeller's part of it (:class:`DeprelTraining`): EWT's
+trees, the featurizer and config (``features.json``, ``config.json``, which
+``log.json`` checksums), the labeller's nets and batches, its Adam and its dev
+score. The weights are the params themselves (no average), as they were
+before the Trainer.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from examples.deprel.conll import read_deprel
 from examples.deprel.labeller import DEPREL_FILES, DeprelConfig, Labeller
 from examples.pos_tagging.features import Featurizer, word_dropout
+from unroll.core.errors import FileFormatError
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
 from unroll.train import model_folder as folder
-from unroll.train.solver import NonFiniteError, Solver
-from unroll.train.trainer import bad_batch, diverged
+from unroll.train.trainer import Metric, Trainer
 
-__all__ = ["TrainOptions", "accuracy", "train"]
-
+__all__ = ["DeprelTraining", "TrainOptions", "accuracy", "majority_accuracy", "read_trees",
+           "train"]
 
 
 @dataclass
 class TrainOptions:
-    model_dir: Path
+    """What to train on, where, and how (the Trainer's options, then the labeller's).
+
+    ``sizes`` are :class:`~examples.deprel.labeller.DeprelConfig` fields to set (``model``,
+    ``hidden``): a fresh run's config is ``DeprelConfig(**sizes)`` with the training
+    data's labels; a resumed run keeps the folder's, and a size given here that differs
+    from it is an error naming both.
+    """
+
     data: Path
-    model: str = "tree"
+    model_dir: Path
     epochs: int = 20
-    lr: float = 2e-3
-    hidden: int = 100
-    limit: int = 0
     max_minutes: float | None = None
-    seed: int = 0
-    quiet: bool = False
+    lr: float = 2e-3
+    seed: int | None = None  # None: 0, or on --resume the folder's
+    limit: int | None = None  # None: every sentence
+    resume: bool = False
     overwrite: bool = False
+    skip_bad_batches: int = 0
+    device: str = "cpu"
+    quiet: bool = False
+    sizes: dict = field(default_factory=dict)
 
 
 def accuracy(gold, predicted) -> float:
-    """Share of words whose predicted DEPREL is the gold one."""
+    """Share of words whose predicted DEPREL is the gold one.
+
+    >>> accuracy([["det", "root"]], [["det", "obj"]])
+    0.5
+    """
     pairs = [(g, p) for gs, ps in zip(gold, predicted) for g, p in zip(gs, ps)]
     return sum(g == p for g, p in pairs) / max(len(pairs), 1)
 
@@ -59,77 +73,132 @@ def majority_accuracy(train_sents, dev_sents) -> float:
     return accuracy([s.deprels for s in dev_sents], [[top] * len(s.deprels) for s in dev_sents])
 
 
-def _read(path: Path, limit: int):
-    sents = read_deprel(path)
-    return sents[:limit] if limit else sents
+def read_trees(path: Path, limit: int | None = None, labelled: bool = True):
+    """The sentences of the CoNLL-U file ``path`` (the first ``limit`` if given), which must
+    hold some; ``labelled=False``: column 8 may hold anything (a file to label)."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; expected a CoNLL-U file")
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    sentences = read_deprel(path, labelled=labelled)
+    if not sentences:
+        raise FileFormatError(path, "holds no sentences")
+    return sentences[:limit] if limit else sentences
 
 
-def train(opts: TrainOptions) -> list[dict]:
-    """Train, writing the model folder; returns log.json's entries."""
-    started = time.perf_counter()
-    train_sents = _read(Path(opts.data) / TRAIN_FILE, opts.limit)
-    dev_sents = _read(Path(opts.data) / DEV_FILE, opts.limit)
-    with folder.claimed(Path(opts.model_dir), False, opts.overwrite, DEPREL_FILES) as model_dir:
-        labels = sorted({d for s in train_sents for d in s.deprels})
-        config = DeprelConfig(model=opts.model, labels=labels, hidden=opts.hidden)
-        featurizer = Featurizer.build([s.forms for s in train_sents])
-        featurizer.save(model_dir / folder.FEATURES)
-        config.save(model_dir / folder.CONFIG)
-        labeller = Labeller(featurizer, config, seed=opts.seed)
-        encoded = labeller.encode(train_sents)
-        dev = labeller.encode(dev_sents)
-        sampler = labeller.sampler(encoded, seed=opts.seed)
-        solver = Solver(labeller.train_model, type="Adam", base_lr=opts.lr, momentum=0.9,
-                        momentum2=0.999, delta=1e-8, lr_policy="step", gamma=0.9,
-                        stepsize=len(sampler), clip_gradients=5.0, nonfinite="stop")
-        rng = np.random.default_rng(opts.seed)
-        log, best = [], -1.0
-        for epoch in range(opts.epochs):
-            if opts.max_minutes and time.perf_counter() - started > 60 * opts.max_minutes:
-                break
-            t0, losses, words, compute = time.perf_counter(), [], 0, 0.0
-            nets_before = len(labeller.train_model.nets)
-            bar = tqdm(list(labeller.batches(encoded, sampler, epoch)),
-                       desc=f"epoch {epoch + 1}/{opts.epochs}", unit="batch",
-                       disable=opts.quiet, mininterval=1.0, dynamic_ncols=True)
-            for k, (key, inputs, where) in enumerate(bar):
-                # unknown words are learned from rare ones, as the tagger does
-                inputs["word"] = word_dropout(inputs["word"].astype(np.int64),
-                                              featurizer.vocabs["word"], rng).astype(float)
-                c0 = time.perf_counter()
-                try:
-                    losses.append(checked_step(labeller.train_model, solver,
-                                               dict(widths=key, **inputs)))
-                except NonFiniteError as e:
-                    raise diverged(bad_batch(epoch, k, e.step), model_dir, log, opts.lr,
-                                   resumable=False) from None
-                compute += time.perf_counter() - c0
-                words += sum(len(w) for w in where)
-                bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}",
-                                words_s=f"{words / compute:.0f}")
-            dev_acc = accuracy([s.deprels for s in dev_sents], labeller.predict(dev))
-            entry = {"epoch": epoch + 1, "iter": solver.iter, "train_loss": float(np.mean(losses)),
-                     "dev_accuracy": dev_acc, "seconds": time.perf_counter() - t0,
-                     "words_per_s": words / max(compute, 1e-9),
-                     "nets_built": len(labeller.train_model.nets) - nets_before,
-                     "padding_fraction": sampler.padding_fraction(epoch)}
-            folder.commit_epoch(model_dir, solver, log, entry, dev_acc > best,
-                                files=DEPREL_FILES)
-            best = max(best, dev_acc)
-            if not opts.quiet:
-                tqdm.write(f"epoch {epoch + 1}: loss {entry['train_loss']:.4f}  dev LA "
-                           f"{100 * dev_acc:.2f}% (best {100 * best:.2f}%)  "
-                           f"{entry['words_per_s']:.0f} words/s  {entry['nets_built']} nets "
-                           f"built  padding {100 * entry['padding_fraction']:.1f}%")
-        return log
+class DeprelTraining:
+    """The labeller as a :class:`~unroll.train.trainer.Application`: EWT's train and dev
+    trees, the featurizer and config in the folder, the labeller's bucketed nets, and dev
+    label accuracy (with the nets built and the padding) in every epoch's record."""
+
+    files = DEPREL_FILES
+    metric = Metric("dev_accuracy", "dev label accuracy", percent=True)
+    curve_title = "unroll DEPREL labeller, UD English EWT"
+
+    def __init__(self, opts: TrainOptions):
+        self.opts = opts
+
+    def read_data(self) -> None:
+        self.train_sents = read_trees(Path(self.opts.data) / TRAIN_FILE, self.opts.limit)
+        self.dev_sents = read_trees(Path(self.opts.data) / DEV_FILE, self.opts.limit)
+
+    def create(self, model_dir: Path) -> None:
+        labels = sorted({d for s in self.train_sents for d in s.deprels})
+        self.config = DeprelConfig(**self.opts.sizes, labels=labels)
+        self.featurizer = Featurizer.build([s.forms for s in self.train_sents])
+        self.featurizer.save(model_dir / folder.FEATURES)
+        self.config.save(model_dir / folder.CONFIG)  # last: a folder with config.json has both
+
+    def load(self, model_dir: Path, log: list[dict]) -> None:
+        try:
+            described = {name: folder.read_json(model_dir, DEPREL_FILES, name, log)
+                         for name in (folder.FEATURES, folder.CONFIG)}
+            self.config = DeprelConfig.from_checked(described[folder.CONFIG],
+                                                    model_dir / folder.CONFIG)
+            self.featurizer = Featurizer.from_checked(described[folder.FEATURES],
+                                                      model_dir / folder.FEATURES)
+        except FileFormatError as e:
+            raise folder.resume_error(model_dir, str(e)) from None
+        folder.settings_differ(model_dir, self.opts.sizes, asdict(self.config))
+
+    def model(self, model_dir: Path, seed: int):
+        self.labeller = Labeller(self.featurizer, self.config, seed=seed,
+                                 device=self.opts.device)
+        self.encoded = self.labeller.encode(self.train_sents)
+        self.dev = self.labeller.encode(self.dev_sents)
+        return self.labeller.train_model
+
+    def sampler(self, seed: int, rank: int, size: int):
+        self.batches = RankShare(self.labeller, self.labeller.sampler(self.encoded, seed=seed),
+                                 rank, size)
+        return self.batches
+
+    def solver_fields(self, steps_per_epoch: int) -> dict:
+        """Adam, its rate decayed by 0.9 every epoch (Caffe's lr_policy "step"), gradients
+        clipped at 5."""
+        return dict(type="Adam", base_lr=self.opts.lr, momentum=0.9, momentum2=0.999,
+                    delta=1e-8, lr_policy="step", gamma=0.9, stepsize=steps_per_epoch,
+                    clip_gradients=5.0)
+
+    def seed_epoch(self, rng: np.random.Generator) -> None:
+        self.rng = rng  # word dropout
+
+    def batch(self, batch) -> tuple[dict, int]:
+        indices, key = batch
+        inputs, where = self.labeller.inputs([self.encoded[i] for i in indices], key)
+        # unknown words are learned from rare ones, as the tagger does
+        inputs["word"] = word_dropout(inputs["word"].astype(np.int64),
+                                      self.featurizer.vocabs["word"], self.rng).astype(float)
+        return {"widths": key, **inputs}, sum(len(w) for w in where)
+
+    def evaluate(self, epoch: int) -> dict:
+        predicted = self.labeller.predict(self.dev)
+        return {"dev_accuracy": accuracy([s.deprels for s in self.dev_sents], predicted),
+                "nets_built": self.batches.new_keys(epoch),
+                "padding_fraction": self.batches.sampler.padding_fraction(epoch)}
 
 
-def checked_step(model, solver, inputs: dict) -> float:
-    """One training step of ``model`` on ``inputs``: forward, backward and the ``solver``'s
-    update; returns the loss. A solver with ``nonfinite="stop"`` raises
-    :class:`~unroll.train.solver.NonFiniteError` before updating on a non-finite step."""
-    model.clear_param_diffs()
-    model.forward(**inputs)
-    model.backward()
-    solver.update()
-    return model.loss
+class RankShare:
+    """One rank's share of every epoch of a labeller's sampler: each ``size``-th batch, as
+    ``(sentence indices, key of its net)``, every rank taking as many (the last ones dropped).
+
+    >>> from examples.pos_tagging.features import Featurizer
+    >>> from unroll.frontend.tree import Tree
+    >>> from examples.deprel.conll import Sentence
+    >>> sents = [Sentence(["a", "b"], ["DET", "NOUN"], [2, 0], ["det", "root"],
+    ...                   Tree.from_heads([2, 0]))] * 5
+    >>> labeller = Labeller(Featurizer.build([["a", "b"]]),
+    ...                     DeprelConfig(model="baseline", labels=["det", "root"], batch=2))
+    >>> share = RankShare(labeller, labeller.sampler(labeller.encode(sents)), rank=1, size=2)
+    >>> len(share), [(len(batch), key) for batch, key in share.epoch_batches(0)]
+    (1, [(2, (2, 2))])
+    """
+
+    def __init__(self, labeller: Labeller, sampler, rank: int = 0, size: int = 1):
+        self.labeller, self.sampler, self.rank, self.size = labeller, sampler, rank, size
+        self._seen: list[set] = []  # the keys of epochs 0, 1, ... (of every rank)
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.size
+
+    def epoch_batches(self, epoch: int) -> list[tuple[list, tuple]]:
+        plan = self.labeller.epoch_plan(self.sampler, epoch)
+        return plan[self.rank:len(self) * self.size:self.size]
+
+    def new_keys(self, epoch: int) -> int:
+        """How many nets epoch ``epoch`` adds to those of the epochs before it: a function of
+        the sampler alone, so that a resumed run logs what the uninterrupted one did."""
+        while len(self._seen) <= epoch:
+            self._seen.append({key for _, key in self.labeller.epoch_plan(self.sampler,
+                                                                          len(self._seen))})
+        return len(self._seen[epoch].difference(*self._seen[:epoch]))
+
+
+def train(opts: TrainOptions) -> dict:
+    """Train (or resume) and return the log of the last epoch (see
+    :meth:`unroll.train.trainer.Trainer.fit`)."""
+    return Trainer(DeprelTraining(opts), opts.model_dir, epochs=opts.epochs, seed=opts.seed,
+                   resume=opts.resume, overwrite=opts.overwrite, max_minutes=opts.max_minutes,
+                   skip_bad_batches=opts.skip_bad_batches, quiet=opts.quiet,
+                   device=opts.device, average=None).fit()

@@ -17,8 +17,9 @@ from unroll.core.atomic import write_atomic
 from unroll.core.errors import NetError, TemplateError
 from unroll.engine.layer import ALLOW_PYTHON_ENV
 from unroll.engine.net import Net
+from unroll.frontend.render import render_error
 from unroll.frontend.render_limits import CHARS_ENV, SECONDS_ENV, bounded_rendering
-from unroll.frontend.template import load_template, render_error
+from unroll.frontend.template import load_template
 
 ROOT = Path(__file__).resolve().parents[2]
 

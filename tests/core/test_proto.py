@@ -93,11 +93,23 @@ def caffe_fields():
     return messages, enums
 
 
-#: What we implement beyond caffe_fields.txt: as BVLC caffe.proto (master) has it, the
-#: Power layer, which the unroller uses for a learned initial state (1 - cont); and unroll's
-#: own solver fields (docs/design.md, Solver), numbered from UNROLL_FIELD_NUMBERS.
+#: What we implement beyond caffe_fields.txt: as BVLC caffe.proto (master) has them, the
+#: Power layer, which the unroller uses for a learned initial state (1 - cont), and the
+#: Reduction and Tile layers; and unroll's own solver fields (docs/design.md, Solver),
+#: numbered from UNROLL_FIELD_NUMBERS.
 BEYOND_CAFFE_FIELDS = {
-    "LayerParameter": {"power_param": ("optional", "PowerParameter", 122, "")},
+    "LayerParameter": {"power_param": ("optional", "PowerParameter", 122, ""),
+                       "reduction_param": ("optional", "ReductionParameter", 136, ""),
+                       "tile_param": ("optional", "TileParameter", 138, "")},
+    "ReductionParameter": {
+        "operation": ("optional", "ReductionOp", 1, "default = SUM"),
+        "axis": ("optional", "int32", 2, "default = 0"),
+        "coeff": ("optional", "float", 3, "default = 1.0"),
+    },
+    "TileParameter": {
+        "axis": ("optional", "int32", 1, "default = 1"),
+        "tiles": ("optional", "int32", 2, ""),
+    },
     "PowerParameter": {
         "power": ("optional", "float", 1, "default = 1.0"),
         "scale": ("optional", "float", 2, "default = 1.0"),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.examples.conftest import TINY_ARGS, write_corpus
+from tests.examples.trees import write_trees
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,11 @@ TAGGER = App(
     evaluate=("evaluate", "--split", "dev"), files=("config.json", "features.json"),
 )
 
-#: the applications, each a row (lemmatizer, deprel and charlm join as they move onto the
-#: Trainer)
-APPS = [TAGGER]
+DEPREL = App(
+    name="deprel", module="examples.deprel", corpus=write_trees,
+    train=("--hidden", "8", "--lr", "0.01"), predict=("label", "--conllu", "{input}"),
+    evaluate=("evaluate", "--split", "dev"), files=("config.json", "features.json"),
+)
+
+#: the applications, each a row (lemmatizer and charlm join as they move onto the Trainer)
+APPS = [TAGGER, DEPREL]

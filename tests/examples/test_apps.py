@@ -3,18 +3,27 @@
 docs/design.md, 10. Training: the options every application shares refuse a bad value
 in one line; Ctrl-C ends a training in one line with status 130, and ``--resume`` then
 gives the uninterrupted run's files bit for bit; a folder killed before its first epoch
-is trained again without ``--overwrite``; ``fetch`` and ``-o`` work for every one. Each interrupt waits for an event in
-the folder (the lock taken, a temp file of an atomic write, log.json committing an
-epoch), never for a number of seconds; they come in an order drawn by a seeded generator.
+is trained again without ``--overwrite``; ``fetch`` and ``-o`` work for every one. Each
+interrupt waits for an event in the folder (the lock taken, a temp file of an atomic
+write, log.json committing an epoch), never for a number of seconds; they come in an order
+drawn by a seeded generator.
+
+8. Trust: every file prediction reads from the folder, tampered with, is refused in one
+line or changes nothing of the output; a FIFO or a device in its place is refused at once,
+naming it. ``-o`` goes through a device, a symlink and a FIFO as ``> OUT`` would, and a
+CoNLL-U input with CR, CRLF or a BOM is read and written back with them.
 """
 
 import importlib
 import json
 import os
 import random
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +31,7 @@ import pytest
 
 from tests.cli_helpers import one_line_error
 from tests.examples.apps import APPS
-from tests.hang import limit
+from tests.hang import at_once, limit
 from unroll.train import model_folder as folder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -188,3 +197,161 @@ def test_o_writes_what_standard_output_gets(app, tmp_path, capsys):
         out = tmp_path / f"{command[0]}.out"
         assert main([*argv, "-o", str(out)]) == 0
         assert capsys.readouterr().out == "" and out.read_bytes() == printed and printed
+
+
+# -- a trained folder, damaged: its commands refuse in one line or are unchanged ---------
+
+@pytest.fixture(scope="module", params=APPS, ids=lambda a: a.name)
+def trained(request, tmp_path_factory):
+    """(application, its corpus, a tiny folder trained two epochs, one trained from another
+    seed): never changed, copy them."""
+    app = request.param
+    root = tmp_path_factory.mktemp(app.name)
+    data = app.corpus(root / "data")
+    main = importlib.import_module(f"{app.module}.__main__").main
+    for name, seed in (("m", "0"), ("other", "1")):
+        status = main([*train_argv(app, data, root / name), "--epochs", "2", "--seed", seed])
+        assert status == 0
+    return app, data, root / "m", root / "other"
+
+
+def predict_argv(app, data: Path, model_dir: Path, *extra: str) -> list[str]:
+    """The application's prediction command on the corpus' dev split (see apps.py)."""
+    from unroll.tools.ewt import DEV_FILE
+
+    return [*(a.replace("{input}", str(data / DEV_FILE)) for a in app.predict),
+            "--model-dir", str(model_dir), *extra]
+
+
+def predicted(app, argv: list[str], capsys) -> tuple[int, str, str]:
+    """(status, standard output, standard error) of a command run in this process, which
+    must not block (a FIFO opened for reading would)."""
+    main = importlib.import_module(f"{app.module}.__main__").main
+    capsys.readouterr()
+    status = at_once(main, argv, units=60)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def read_files(app) -> list[str]:
+    """What prediction reads from the folder: the application's files, the log, the weights."""
+    return [*app.files, folder.LOG, "best.caffemodel"]
+
+
+def _reversed_lists(value):
+    if isinstance(value, list):
+        return [_reversed_lists(v) for v in reversed(value)]
+    if isinstance(value, dict):
+        return {k: _reversed_lists(v) for k, v in value.items()}
+    return value
+
+
+#: how a file is tampered with: (its path, the folder trained from another seed)
+TAMPERINGS = {
+    "lists reversed": lambda path, other: path.write_text(json.dumps(_reversed_lists(
+        json.loads(path.read_text())))) if path.suffix == ".json" else None,
+    "a bit flipped": lambda path, other: path.write_bytes(
+        (lambda b: b[:len(b) // 2] + bytes([b[len(b) // 2] ^ 1]) + b[len(b) // 2 + 1:])(
+            path.read_bytes())),
+    "cut in half": lambda path, other: path.write_bytes(path.read_bytes()[
+        :len(path.read_bytes()) // 2]),
+    "another training's": lambda path, other: path.write_bytes((other / path.name).read_bytes()),
+    "nested 100,000 deep": lambda path, other: path.write_bytes(b"[" * 100_000 + b"]" * 100_000),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tampering", sorted(TAMPERINGS))
+def test_a_tampered_folder_file_is_refused_in_one_line_or_changes_nothing(trained, tampering,
+                                                                          tmp_path, capsys):
+    app, data, original, other = trained
+    status, clean, _ = predicted(app, predict_argv(app, data, original), capsys)
+    assert status == 0
+    for name in read_files(app):
+        model_dir = tmp_path / name
+        shutil.copytree(original, model_dir)
+        before = (model_dir / name).read_bytes()
+        TAMPERINGS[tampering](model_dir / name, other)
+        if (model_dir / name).read_bytes() == before:
+            continue  # nothing to tamper with (weights have no lists to reverse)
+        status, out, err = predicted(app, predict_argv(app, data, model_dir), capsys)
+        assert "Traceback" not in err, (name, err)
+        if status:
+            assert status == 2 and len(err.strip().splitlines()) == 1, (name, err)
+        else:
+            assert out == clean, f"{name} {tampering}: the output changed silently"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "link to a fifo"])
+def test_a_fifo_or_a_device_in_place_of_a_folder_file_is_refused_at_once(trained, kind,
+                                                                        tmp_path, capsys):
+    app, data, original, _ = trained
+    for name in read_files(app):
+        model_dir = tmp_path / name
+        shutil.copytree(original, model_dir)
+        path = model_dir / name
+        path.unlink()
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "link to /dev/zero":
+            path.symlink_to(os.devnull.replace("null", "zero"))
+        else:
+            os.mkfifo(tmp_path / f"{name}.fifo")
+            path.symlink_to(tmp_path / f"{name}.fifo")
+        status, _, err = predicted(app, predict_argv(app, data, model_dir), capsys)
+        assert status == 2, (name, err)
+        one_line = err.strip().splitlines()
+        assert len(one_line) == 1 and name in one_line[0], (name, err)
+
+
+# -- -o OUT and line ends ---------------------------------------------------------------
+
+@pytest.mark.slow
+def test_o_is_written_through_a_device_a_symlink_and_a_fifo(trained, tmp_path, capsys):
+    app, data, model_dir, _ = trained
+    argv = predict_argv(app, data, model_dir)
+    status, printed, _ = predicted(app, argv, capsys)
+    assert status == 0 and printed
+    assert predicted(app, [*argv, "-o", os.devnull], capsys)[:2] == (0, "")
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    target, link = tmp_path / "mine.out", tmp_path / "link.out"
+    target.write_text("old\n")
+    link.symlink_to(target.name)
+    assert predicted(app, [*argv, "-o", str(link)], capsys)[:2] == (0, "")
+    assert link.is_symlink() and target.read_text() == printed
+    fifo, got = tmp_path / "out.fifo", []
+    os.mkfifo(fifo)
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    assert predicted(app, [*argv, "-o", str(fifo)], capsys)[:2] == (0, "")
+    reader.join(limit(10))
+    assert got == [printed.encode()] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+#: line ends and a byte-order mark, each as a change of an LF file's bytes
+ENDS = {"CR": lambda b: b.replace(b"\n", b"\r"), "CRLF": lambda b: b.replace(b"\n", b"\r\n"),
+        "BOM": lambda b: b"\xef\xbb\xbf" + b}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("end", sorted(ENDS))
+@pytest.mark.parametrize("app", [a for a in APPS if "{input}" in a.predict],
+                         ids=lambda a: a.name)
+def test_cr_crlf_and_a_bom_are_read_and_written_back_as_they_came(app, end, tmp_path, capsys):
+    from unroll.tools.ewt import DEV_FILE
+
+    data = app.corpus(tmp_path / "data")
+    model_dir = tmp_path / "m"
+    main = importlib.import_module(f"{app.module}.__main__").main
+    assert main([*train_argv(app, data, model_dir), "--epochs", "1"]) == 0
+    status, lf, _ = predicted(app, predict_argv(app, data, model_dir), capsys)
+    assert status == 0
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    (changed / DEV_FILE).write_bytes(ENDS[end]((data / DEV_FILE).read_bytes()))
+    out = tmp_path / "out"
+    status, _, err = predicted(app, predict_argv(app, changed, model_dir, "-o", str(out)),
+                               capsys)
+    assert status == 0, err
+    assert out.read_bytes() == ENDS[end](lf.encode())

@@ -132,6 +132,45 @@ def test_the_lowered_scatter_equals_the_taggers_scatter(T, N, C, columns, seed):
         np.testing.assert_allclose(grad_b[name], diff, rtol=1e-10, atol=1e-12, err_msg=name)
 
 
+def dot_attention(S, N, H) -> NetParameter:
+    """Luong's dot attention over a memory, in BatchMatMul: scores, softmax over S, context."""
+    return parse_text(f"""
+      force_backward: true
+      layer {{ name: "in" type: "Input" top: "memory" top: "query" top: "target"
+              input_param {{ shape {{ dim: {S} dim: {N} dim: {H} }} shape {{ dim: {N} dim: {H} }}
+                            shape {{ dim: {N} dim: {H} }} }} }}
+      layer {{ name: "scores" type: "BatchMatMul" bottom: "memory" bottom: "query"
+              top: "scores" }}
+      layer {{ name: "weights" type: "Softmax" bottom: "scores" top: "weights"
+              softmax_param {{ axis: 0 }} }}
+      layer {{ name: "context" type: "BatchMatMul" bottom: "weights" bottom: "memory"
+              top: "context" }}
+      layer {{ name: "loss" type: "EuclideanLoss" bottom: "context" bottom: "target"
+              top: "loss" }}""", NetParameter())
+
+
+@settings(max_examples=10, deadline=None)
+@given(S=st.integers(1, 4), N=st.integers(1, 3), H=st.integers(1, 3), seed=st.integers(0, 99))
+def test_the_lowered_batch_matmul_equals_it(S, N, H, seed):
+    original = dot_attention(S, N, H)
+    lowered, notes = export_for_caffe(original)
+    assert {lp.type for lp in lowered.layer} <= caffe_layer_types()
+    assert fields_set(lowered) - caffe_fields() == set()
+    assert [n.split()[1] for n in notes] == ["BatchMatMul"]
+    rng = np.random.default_rng(seed)
+    inputs = {name: rng.uniform(-1, 1, shape) for name, shape in
+              (("memory", (S, N, H)), ("query", (N, H)), ("target", (N, H)))}
+    results = []
+    for net in (Net(original, dtype="float64"), Net(lowered, dtype="float64")):
+        loss = float(net.forward(**inputs)["loss"])
+        net.backward()
+        results.append((loss, {k: net.blobs[k].diff.copy() for k in ("memory", "query")}))
+    (loss_a, grad_a), (loss_b, grad_b) = results
+    assert loss_b == pytest.approx(loss_a, rel=1e-12, abs=1e-14)
+    for name, diff in grad_a.items():
+        np.testing.assert_allclose(grad_b[name], diff, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
 def test_lowering_replaces_exactly_the_unroll_only_layers():
     original = expand("gru", steps=3, batch=2, input_dim=2, hidden=2, sequence_output=False,
                       align="right")
@@ -182,14 +221,19 @@ def test_every_builtin_template_exports_only_caffe_layer_types(name, variables):
 
 
 SHARED_FIELDS = SHARED_TYPES.parent / "caffe_fields.txt"
-#: a field of Caffe's that caffe_fields.txt leaves out (tests/core/test_proto.py: BEYOND_CAFFE_FIELDS)
-POWER_FIELDS = {("LayerParameter", "power_param"), ("PowerParameter", "power"),
-                ("PowerParameter", "scale"), ("PowerParameter", "shift")}
+#: fields of Caffe's that caffe_fields.txt leaves out (tests/core/test_proto.py:
+#: BEYOND_CAFFE_FIELDS)
+BEYOND_LISTED_FIELDS = {
+    ("LayerParameter", "power_param"), ("PowerParameter", "power"), ("PowerParameter", "scale"),
+    ("PowerParameter", "shift"), ("LayerParameter", "reduction_param"),
+    ("ReductionParameter", "operation"), ("ReductionParameter", "axis"),
+    ("ReductionParameter", "coeff"), ("LayerParameter", "tile_param"), ("TileParameter", "axis"),
+    ("TileParameter", "tiles")}
 
 
 def caffe_fields() -> set:
     """(message, field) of every field caffe_fields.txt lists, read off BVLC caffe.proto."""
-    fields, message = set(POWER_FIELDS), None
+    fields, message = set(BEYOND_LISTED_FIELDS), None
     for line in SHARED_FIELDS.read_text().splitlines():
         words = line.split()
         if line.startswith("message "):

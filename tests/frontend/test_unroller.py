@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 from unroll.core.errors import NetError, TemplateError
 from unroll.core.proto import LayerParameter, NetParameter, parse_text
 from unroll.engine.net import Net
-from unroll.frontend.unroller import builtin_template_dir, carry_hidden, expand, to_prototxt
+from unroll.frontend.unroller import builtin_template_dir, expand, to_prototxt
 from unroll.testing import builtin_templates, check_net_gradient
 from unroll.train.bucketed_model import BucketedModel
 from unroll.train.bucketing import cont_from_lengths, time_major
+from unroll.train.carry import carry_hidden
 
 KINDS = builtin_templates("step")  # each needs its entry in PARAMS
 PARAMS = {"rnn": ["W_xh", "b_h", "W_hh"], "lstm": ["W_xc", "b_c", "W_hc"],
@@ -684,6 +685,11 @@ def test_help_of_expand_lists_every_option():
 
 
 @pytest.mark.parametrize("module", ["unroll.frontend.unroller", "unroll.frontend.template",
+                                    "unroll.frontend.builder", "unroll.frontend.render",
+                                    "unroll.frontend.interface", "unroll.frontend.recurrence",
+                                    "unroll.frontend.shared", "unroll.frontend.checks",
+                                    "unroll.frontend.tree_unroller", "unroll.frontend.tree",
+                                    "unroll.frontend.tree_recurrence", "unroll.train.carry",
                                     "unroll.testing", "unroll.train.bucketing"])
 def test_every_public_helper_is_in_all(module):
     import importlib
@@ -812,11 +818,11 @@ def test_learned_initial_state_is_a_bias_without_a_dummy_param():
 def test_steps_parsed_once_per_shape_equal_steps_parsed_one_by_one(tmp_path, monkeypatch, kind,
                                                                    options):
     """Steps whose text differs only in names reuse one parse; a text that names s.t doesn't."""
-    import unroll.frontend.unroller
+    import unroll.frontend.render
 
     parses = []
-    parse = unroll.frontend.unroller.parse_text
-    monkeypatch.setattr(unroll.frontend.unroller, "parse_text",
+    parse = unroll.frontend.render.parse_text
+    monkeypatch.setattr(unroll.frontend.render, "parse_text",
                         lambda text, *a: parses.append(text) or parse(text, *a))
     source = (builtin_template_dir() / f"{kind}.prototxt.j2").read_text()
     every_step = tmp_path / f"{kind}_each.prototxt.j2"
@@ -898,11 +904,11 @@ def test_a_net_that_does_not_build_at_its_T_names_the_T(tmp_path):
 
 def test_each_template_variables_and_T_is_expanded_once(tmp_path, monkeypatch):
     """Asked again, expand hands out a copy of the net it built; a changed file is rebuilt."""
-    import unroll.frontend.unroller
+    import unroll.frontend.render
 
     parses = []
-    parse = unroll.frontend.unroller.parse_text
-    monkeypatch.setattr(unroll.frontend.unroller, "parse_text",
+    parse = unroll.frontend.render.parse_text
+    monkeypatch.setattr(unroll.frontend.render, "parse_text",
                         lambda text, *a: parses.append(text) or parse(text, *a))
     cell = tmp_path / "cell.prototxt.j2"
     cell.write_text((builtin_template_dir() / "rnn.prototxt.j2").read_text())

@@ -141,3 +141,20 @@ def test_minutes_refuses(text):
 
 def test_minutes_takes_zero_and_fractions():
     assert app_cli.minutes("0") == 0 and math.isclose(app_cli.minutes("0.25"), 0.25)
+
+
+@pytest.mark.parametrize("text", ["0", "-1e-3", "nan", "inf", "x", ""])
+def test_positive_number_refuses(text):
+    with pytest.raises(app_cli.argparse.ArgumentTypeError, match="a finite number > 0"):
+        app_cli.positive_number(text)
+
+
+def test_device_gpu_without_one_is_refused_where_it_is_parsed(monkeypatch):
+    from unroll.engine import backend
+
+    monkeypatch.setattr(backend, "GPU_AVAILABLE", False)
+    with pytest.raises(app_cli.argparse.ArgumentTypeError, match="needs CuPy and a CUDA"):
+        app_cli.device("gpu")
+    with pytest.raises(app_cli.argparse.ArgumentTypeError, match="expected cpu or gpu"):
+        app_cli.device("tpu")
+    assert app_cli.device("cpu") == "cpu"

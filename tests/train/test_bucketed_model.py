@@ -173,7 +173,7 @@ def test_the_ambiguous_T_error_names_the_inputs_and_the_fix():
                                          r"\['x', 'cont'\].*time_axes="):
         model.forward(h_0=inputs["h_0"], c_0=inputs["c_0"], label=inputs["label"])
     with pytest.raises(ValueError, match=r"time_axes names \['y'\], which are not inputs"):
-        BucketedModel(classifier, time_axes={"y": 0})
+        BucketedModel(classifier, time_axes={"y": 0}).net(3)  # checked on the first net built
 
 
 def test_declared_time_axes_win_over_the_nets():
@@ -208,3 +208,39 @@ def test_each_recurrence_state_follows_its_own_cont_whatever_the_sizes():
         assert np.isfinite(out["loss"])
         assert model.active.blobs["char_fw_h_0"].shape == (1, columns, 2)
         assert model.active.blobs["fw_h_0"].shape == (1, N, 3)
+
+
+def two_steps_at_least(T):
+    """The lstm net with step 0's output cut from the rest: at T = 1 the rest is empty, so
+    the net does not build."""
+    net = make(T)
+    cut = net.layer.add()
+    cut.CopyFrom(unroll.core.proto.LayerParameter(name="first", type="Slice", bottom=["h"],
+                                                  top=["h_first", "h_rest"]))
+    cut.slice_param.axis = 0
+    cut.slice_param.slice_point.append(1)
+    net.layer.add().CopyFrom(unroll.core.proto.LayerParameter(
+        name="quiet", type="Silence", bottom=["h_first", "h_rest"]))
+    return net
+
+
+@pytest.mark.parametrize("told", [{"steps_from": "x"}, {"time_axes": {"x": 0, "y": 0}}])
+def test_a_template_valid_only_from_two_steps_runs_given_its_time_axes(told):
+    with pytest.raises(unroll.core.errors.NetError, match="slice_point"):
+        BucketedModel(two_steps_at_least)  # T = 1 is built to find the time axes
+    model = BucketedModel(two_steps_at_least, dtype="float64", **told)
+    assert model.nets == {}
+    with pytest.raises(RuntimeError, match=r"no net is built yet.*model.net\(T\)"):
+        model.to_proto()
+    solver = Solver(model, type="SGD", base_lr=0.1)
+    solver.step(2, feed=lambda it: batch_of(3 + it))
+    assert sorted(model.nets) == [3, 4]
+    assert [p.name for p in model.learnable_params] == ["W_xc", "b_c", "W_hc"]
+    assert model.time_axes["cont"] is None  # undeclared: no time axis, none read off T = 1
+    inputs = batch_of(5)
+    alone = unroll.Net(two_steps_at_least(5), dtype="float64", param_store=model.store)
+    assert model.forward(**inputs)["loss"] == pytest.approx(alone.forward(**inputs)["loss"])
+    twin = BucketedModel(two_steps_at_least, dtype="float64", **told)
+    twin.net(2)
+    twin.copy_from(model.to_proto())
+    assert twin.forward(**inputs)["loss"] == pytest.approx(alone.forward(**inputs)["loss"])

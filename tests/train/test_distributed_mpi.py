@@ -182,6 +182,9 @@ def mpiexec(*argv, ranks: int = 2,
 def single_process(kind: str, steps: int, iter_size: int) -> np.ndarray:
     net = model(kind)
     Solver(net, iter_size=iter_size, **SOLVER).step(steps, feed=MODELS[kind][1])
+    if steps == 0:  # given steps_from, no net is built before a batch asks for one
+        net.forward(**MODELS[kind][1](0))
+        net.store.pack()
     return net.store.data
 
 

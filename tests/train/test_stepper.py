@@ -5,11 +5,14 @@ unrolled to one step runs the weights of any T; expose_hidden makes each state a
 X_0 and an output X_T, which the stepper carries from call to call.
 """
 
+import itertools
+
 import numpy as np
 import pytest
 
 import unroll
 from unroll.core.errors import NetError
+from unroll.frontend.template import load_template
 from unroll.testing import builtin_templates
 from unroll.train.stepper import Stepper
 
@@ -42,6 +45,30 @@ def test_stepping_equals_the_unrolled_net_from_given_states(cell, layers):
 
 
 @pytest.mark.parametrize("cell", CELLS)
+def test_stepping_from_given_states_follows_the_first_step_rule_at_every_cont(cell):
+    """docs/design.md, "State from anywhere": a given state flows into the first step
+    whatever cont says there, in the net given initial_state= and in the Stepper after
+    reset(states)."""
+    states = load_template(cell).interface["states"]
+    given = {state: f"{state}_given" for state in states}
+    whole = unroll.Net(unroll.expand(cell, steps=T, batch=N, input_dim=D, hidden=H,
+                                     initial_state=given), phase="test", dtype="float64")
+    stepper = Stepper(_make(cell, 1)(1), store=whole.store, dtype="float64")
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(T, N, D))
+    initial = {state: rng.normal(size=(1, N, H)) for state in states}
+    for first in itertools.product([0.0, 1.0], repeat=N):
+        cont = np.ones((T, N))
+        cont[0] = first
+        want = whole.forward(x=x, cont=cont, **{given[s]: v for s, v in initial.items()})["h"]
+        stepper.reset({f"{s}_0": v for s, v in initial.items()})
+        got = [stepper(x=x[t:t + 1], cont=cont[t:t + 1])["h"] for t in range(T)]
+        np.testing.assert_allclose(np.concatenate(got), want, atol=1e-12,
+                                   err_msg=f"first-step cont {first}")
+    assert stepper.gated_by == {f"{s}_0": ["cont"] for s in states}
+
+
+@pytest.mark.parametrize("cell", CELLS)
 def test_reset_starts_from_zeros_sized_by_the_batch_of_the_next_call(cell):
     make = _make(cell, 2)
     whole = unroll.Net(make(T), phase="test", dtype="float64")
@@ -71,3 +98,20 @@ def test_the_repr_names_the_states_and_what_it_holds():
     assert repr(stepper) == "Stepper(net 'gru_T1', states ['h_0'], holding zeros)"
     stepper(x=np.zeros((1, N, D)), cont=np.ones((1, N)))
     assert repr(stepper).endswith("holding {'h_0': (1, 3, 5)})")
+
+
+def test_a_state_gated_by_a_computed_cont_cannot_be_given():
+    """A gate's cont computed by a layer (here 1 - cont, by a Power) is no input the
+    first-step rule may set to 1: reset(state) says so instead."""
+    net = _make("rnn", 1)(1)
+    cut = next(lp for lp in net.layer if lp.name == "cont_slice")
+    cut.bottom[0] = "cont_from_x"
+    made = unroll.core.proto.LayerParameter(name="cont_from_x", type="Power", bottom=["cont"],
+                                            top=["cont_from_x"])
+    made.power_param.scale, made.power_param.shift = -1.0, 1.0
+    net.layer.insert(1, made)
+    stepper = Stepper(net)
+    assert stepper.gated_by == {"h_0": []}
+    with pytest.raises(NetError, match=r"no input of net .* is the cont that gates state\(s\) "
+                                       r"\['h_0'\]"):
+        stepper.reset({"h_0": np.zeros((1, N, H))})

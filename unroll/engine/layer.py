@@ -61,6 +61,7 @@ LAYERS: dict[str, type] = {}
 CONTRACT = ("num_bottoms", "num_tops", "in_place", "backward_reads", "backward_reads_bottoms",
             "is_loss", "shares_bottom", "learnable", "parts_of_whole", "passes_diffs",
             "batches_param_diffs", "checks_host_bottoms", "draws_random", "recomputable",
+            "roles",
             # hooks
             "counts", "reads_in_backward", "allow_force_backward", "passes_diff",
             "param_batch_key", "param_row_widths", "param_backward", "check_host_bottom",
@@ -276,6 +277,12 @@ class Layer:
     #: state (BatchNorm's statistics, a carried hidden state) or reads outside its bottoms;
     #: the plan then keeps its values. A layer that ``draws_random`` is never recomputed
     recomputable = True
+    #: the bottoms' roles, by name, for a recurrent unit (LSTMUnit: ``("c_prev", "x",
+    #: "cont")``): a state first (``*_prev``) and ``cont`` last say the unit itself resets
+    #: that state where cont is 0, so the unroller's gating check accepts it as the state's
+    #: first reader, and cont's leading axes are the state's (a bucketed model ties them);
+    #: () for every other layer
+    roles: tuple = ()
 
     # -- what a memory layout tells the layer (set by apply_layout; defaults: nothing placed)
     #: (data, diff) flags per part: which parts live inside the whole (parts_of_whole)

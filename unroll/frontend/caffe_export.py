@@ -27,6 +27,12 @@ backward):
   columns then no longer vary per batch), it trusts the positions to be
   distinct, which the unroll layer checks, and its comparison blobs hold
   cells x positions values each (the unroll layer: positions + cells).
+- ``BatchMatMul``: a Scale of the memory by the other bottom (the query
+  along axes 1.., the weights along axes 0..1), then the sum over the
+  contracted axis: a Reduction over the last axis for scores; for contexts,
+  the memory's S steps cut apart (Slice), summed (Eltwise) and the leading 1
+  dropped (Reshape), since Caffe's Reduction sums only trailing axes. The
+  exported net is fixed to the S it was exported with.
 
 Anything else of unroll's own (a layer type registered by a user) is refused,
 one line per layer, saying why. A ``type: "Python"`` layer is kept as it is:
@@ -341,7 +347,35 @@ def _scatter(lp: LayerParameter, names: _Names, shapes: _Shapes) -> list[LayerPa
     ]
 
 
+def _batch_matmul(lp: LayerParameter, names: _Names, shapes: _Shapes) -> list[LayerParameter]:
+    """Scores M (S, N, H) x q (N, H): sum over h of Scale(M, q, axis 1); contexts
+    a (S, N) x M (S, N, H): sum over s of Scale(M, a, axis 0), by Slice and Eltwise."""
+    first, second = lp.bottom
+    (top,) = lp.top
+    product = names(lp, "product")
+    if len(shapes(lp, first)) == 3:
+        scale = _layer(product, "Scale", [first, second], [product])
+        scale.scale_param.axis = 1
+        total = _layer(names(lp, "sum"), "Reduction", [product], [top])
+        total.reduction_param.axis = 2
+        return [scale, total]
+    steps = shapes(lp, second)[0]
+    out = [_scale(product, second, first, product)]
+    summed = product
+    if steps > 1:
+        parts = [names(lp, f"step{s}") for s in range(steps)]
+        cut = _layer(names(lp, "steps"), "Slice", [product], parts)
+        cut.slice_param.axis = 0
+        summed = names(lp, "summed")
+        out += [cut, _eltwise(summed, parts, summed)]
+    drop = _layer(names(lp, "drop_step_axis"), "Reshape", [summed], [top])
+    drop.reshape_param.shape.SetInParent()
+    drop.reshape_param.axis, drop.reshape_param.num_axes = 0, 1
+    return out + [drop]
+
+
 LOWERINGS = {
+    "BatchMatMul": _batch_matmul,
     "GRUUnit": _gru_unit,
     "TrailingSequenceEnd": _trailing_sequence_end,
     "LeadingSequenceEnd": _leading_sequence_end,
@@ -349,6 +383,9 @@ LOWERINGS = {
 }
 #: what each lowering does, for the header comment of the exported net
 NOTES = {
+    "BatchMatMul": "a Scale of the memory by the query or the weights, summed over the "
+                   "contracted axis (Reduction for scores; Slice, Eltwise and Reshape over the "
+                   "memory's steps for contexts, fixed to the steps it was exported with)",
     "GRUUnit": "the primitive GRU step (Scale, Slice, Eltwise, Sigmoid, TanH), same params",
     "TrailingSequenceEnd": "a shape-keeping Reshape of the last run step's state; Caffe does "
                            "not check that each column holds one right-aligned sequence",

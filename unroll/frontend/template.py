@@ -16,20 +16,18 @@ from __future__ import annotations
 import difflib
 import functools
 import os
-import traceback
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import jinja2
 from jinja2 import nodes
-from jinja2.exceptions import SecurityError
 
 from unroll.core.errors import TemplateError
-from unroll.frontend.render_limits import BoundedEnvironment, RenderLimitError
+from unroll.frontend.interface import check_interface, read_interface
+from unroll.frontend.render import environment
 
 __all__ = [
-    "RENDER_ERRORS",
     "SUFFIX",
     "Application",
     "BlobNames",
@@ -40,7 +38,6 @@ __all__ = [
     "hyper_parameters",
     "load_template",
     "merge_hyper",
-    "render_error",
     "template_search_path",
     "unknown_error",
 ]
@@ -81,7 +78,8 @@ class Step:
     ``sequence(s)`` macro, rendered once over the whole (T, N, D) input
     before the recurrence (the input projection of Caffe's LSTM); where every
     layer it renders is an InnerProduct from axis 1 or later, which maps each
-    timestep on its own, and T is over ``memory_plan.GRADIENT_CHUNK``, it is
+    timestep on its own, and T is over the chunk ``expand`` is given (``chunk=``,
+    by default the engine's weight-gradient chunk, 32 steps), it is
     rendered once per chunk of that many steps instead, right before the
     chunk's steps (docs/design.md, 6. Memory)::
 
@@ -273,96 +271,11 @@ class Template:
                 f"variables={sorted(self.defaults)}, path='{self.path}')")
 
 
-def _environment(path: Path) -> jinja2.Environment:
-    return BoundedEnvironment(
-        loader=jinja2.FileSystemLoader([str(path.parent), str(builtin_template_dir())]),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-
-
 def _parse(source: str, path: Path, env: jinja2.Environment) -> nodes.Template:
     try:
         return env.parse(source, path.name, str(path))
     except jinja2.TemplateSyntaxError as e:
         raise TemplateError(f"{path.name}:{e.lineno}: template syntax error: {e.message}") from None
-
-
-def _read_interface(tree: nodes.Template, path: Path) -> dict:
-    for node in tree.find_all(nodes.Assign):
-        if isinstance(node.target, nodes.Name) and node.target.name == "interface":
-            try:
-                interface = node.node.as_const()
-            except nodes.Impossible:
-                raise TemplateError(
-                    f"{path.name}:{node.lineno}: 'interface' must be a literal dict"
-                ) from None
-            if not isinstance(interface, dict):
-                raise TemplateError(f"{path.name}:{node.lineno}: 'interface' must be a dict")
-            return interface
-    raise TemplateError(f"{path.name}: declares no 'interface' ({{% set interface = {{...}} %}})")
-
-
-def _check_interface(interface: dict, path: Path, macros: frozenset) -> None:
-    kind = interface.get("kind", "step")
-    if kind not in ("step", "net", "module", "tree_step"):
-        raise TemplateError(f"{path.name}: interface kind must be 'step', 'net', 'module' or "
-                            f"'tree_step', found {kind!r}")
-    if not isinstance(interface.get("defaults", {}), dict):
-        raise TemplateError(f"{path.name}: interface 'defaults' must be a dict of "
-                            f"hyper-parameters, found {interface['defaults']!r}")
-    if kind == "net":
-        return
-    if kind == "module":
-        _check_module_interface(interface, path, macros)
-        return
-    if kind == "tree_step":
-        from unroll.frontend.tree_unroller import check_tree_interface
-
-        check_tree_interface(interface, path, macros)
-        return
-    for key in ("inputs", "states", "outputs"):
-        if key not in interface:
-            raise TemplateError(f"{path.name}: a step interface must declare '{key}'")
-    for key in ("inputs", "outputs"):
-        names = interface[key]
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise TemplateError(f"{path.name}: interface '{key}' must be a list of names, "
-                                f"found {names!r}")
-    states = interface["states"]
-    if not isinstance(states, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in states.items()):
-        raise TemplateError(
-            f"{path.name}: interface 'states' must map each state to the hyper-parameter "
-            f"giving its size, e.g. {{\"h\": \"hidden\"}}, found {states!r}"
-        )
-    for state, size_var in states.items():
-        if size_var not in interface.get("defaults", {}):
-            raise TemplateError(
-                f"{path.name}: state '{state}' takes its size from '{size_var}', which is not "
-                f"a hyper-parameter (a key of 'defaults')"
-            )
-    if "step" not in macros:
-        raise TemplateError(f"{path.name}: a step template must define {{% macro step(s) %}}")
-
-
-def _check_module_interface(interface: dict, path: Path, macros: frozenset) -> None:
-    if interface.get("states"):
-        raise TemplateError(
-            f"{path.name}: a module template has no states, found 'states': "
-            f"{interface['states']!r}; a template that carries state from step to step is a "
-            f"step template (\"kind\": \"step\"), unrolled with recurrent()"
-        )
-    for key in ("inputs", "outputs"):
-        names = interface.get(key)
-        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-            raise TemplateError(f"{path.name}: a module interface must declare '{key}', a "
-                                f"non-empty list of names, found {names!r}")
-    if "module" not in macros:
-        raise TemplateError(f"{path.name}: a module template must define "
-                            f"{{% macro module(s) %}}")
 
 
 def load_template(template, search_path=()) -> Template:
@@ -374,48 +287,16 @@ def load_template(template, search_path=()) -> Template:
 @functools.lru_cache(maxsize=64)
 def _load(path: Path, mtime_ns: int) -> Template:
     # a bucketed model expands the same templates once per bucket length
-    env = _environment(path)
+    env = environment(path, builtin_template_dir())
     try:
         source = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise TemplateError(f"{path.name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     tree = _parse(source, path, env)
-    interface = _read_interface(tree, path)
+    interface = read_interface(tree, path)
     macros = frozenset(m.name for m in tree.find_all(nodes.Macro))
-    _check_interface(interface, path, macros)
+    check_interface(interface, path, macros)
     return Template(path, interface, env.get_template(path.name), macros)
-
-
-def _template_line(error: BaseException, path: Path) -> int | None:
-    for frame in reversed(traceback.extract_tb(error.__traceback__)):
-        if frame.filename == str(path) or Path(frame.filename).name == path.name:
-            return frame.lineno
-    return getattr(error, "lineno", None)
-
-
-def render_error(template: Template, error: BaseException) -> TemplateError:
-    """The TemplateError for ``error``, raised rendering ``template``: its file, line, cause."""
-    line = _template_line(error, template.path)
-    where = f"{template.name}:{line}" if line else template.name
-    if isinstance(error, SecurityError):
-        return TemplateError(f"{where}: refused by the template sandbox: {error}")
-    if isinstance(error, RecursionError):
-        return TemplateError(f"{where}: recursion too deep (a macro that calls itself without "
-                             f"end?)")
-    if isinstance(error, jinja2.UndefinedError):
-        return TemplateError(f"{where}: undefined variable: {error.message}")
-    if isinstance(error, RenderLimitError):
-        return TemplateError(f"{where}: {error.message}")
-    if isinstance(error, MemoryError):
-        return TemplateError(f"{where}: out of memory (a value too large to make)")
-    return TemplateError(f"{where}: {type(error).__name__}: {error}")
-
-
-#: what rendering raises for a template's own mistake (render_error words it): a bad
-#: operation (``1 // 0``, ``10.0 ** 999``, ``'{0}'.format()``), one past the limits of
-#: :mod:`unroll.frontend.render_limits`, or one that ran out of memory
-RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, ArithmeticError, LookupError,
-                 MemoryError, RecursionError)
 
 
 def unknown_error(what: str, unknown, known) -> TemplateError:

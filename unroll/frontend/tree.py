@@ -6,9 +6,13 @@ with :meth:`Tree.from_heads`. A bad tree (several roots, none, a head out of
 range, a cycle) is a :class:`~unroll.core.errors.TreeError` naming the node.
 
 A batch of trees runs level by level (``docs/design.md``, "Unrolling over
-trees"): bottom-up, level ``l`` holds the nodes of height ``l`` (leaves first);
-top-down, the nodes of depth ``l`` (roots first). Each level is one batched
-step. :class:`TreeLayout` places a batch's nodes into level slots of given
+trees"): bottom-up, each node one level below its parent, the tree's height
+less its depth (the deepest leaves first, the root last); top-down, the nodes
+of depth ``l`` (roots first). Either way every child is in the level next to
+its parent's, so a level reads only the level before it, and a tree's levels
+cost what its nodes do, however deep it is. Each level is one batched step.
+A tree has at most :data:`MAX_TREE_NODES` nodes and :data:`MAX_TREE_DEPTH`
+levels. :class:`TreeLayout` places a batch's nodes into level slots of given
 widths (the bucket's, at least the real ones) and makes the index inputs that
 wire children to parents, so that the unrolled net depends only on the widths.
 
@@ -28,10 +32,16 @@ import numpy as np
 
 from unroll.core.errors import TreeError
 
-__all__ = ["DIRECTIONS", "Tree", "TreeLayout", "level_widths", "levels_of"]
+__all__ = ["DIRECTIONS", "MAX_TREE_DEPTH", "MAX_TREE_NODES", "Tree", "TreeLayout",
+           "level_widths", "levels_of"]
 
-#: "up": leaves to root, levels by height; "down": root to leaves, levels by depth
+#: "up": leaves to root, each node a level below its parent; "down": root to leaves, levels
+#: by depth
 DIRECTIONS = ("up", "down")
+#: the most nodes of one tree (a sentence of 10,000 words)
+MAX_TREE_NODES = 10_000
+#: the most levels of one tree: its height (the longest path from the root) plus one
+MAX_TREE_DEPTH = 10_000
 
 
 class Tree:
@@ -57,6 +67,9 @@ with parent -1
                             f"{p.shape}")
         if not np.issubdtype(p.dtype, np.integer):
             raise TreeError(f"{where}: parents must be integers, found dtype {p.dtype}")
+        if p.size > MAX_TREE_NODES:
+            raise TreeError(f"{where}: {p.size} nodes; a tree has at most {MAX_TREE_NODES} "
+                            f"(unroll.frontend.tree.MAX_TREE_NODES)")
         self.parents = p.astype(np.int64)
         self._check()
 
@@ -66,7 +79,13 @@ with parent -1
 
         >>> Tree.from_heads([0, 1, 1]).parents.tolist()
         [-1, 0, 0]
+        >>> Tree.from_heads([0, 1.5])
+        Traceback (most recent call last):
+        unroll.core.errors.TreeError: tree: word 2's head is 1.5, not an integer
         """
+        for i, head in enumerate(heads, start=1):
+            if isinstance(head, bool) or not isinstance(head, (int, np.integer)):
+                raise TreeError(f"{where}: word {i}'s head is {head!r}, not an integer")
         return cls(np.asarray(heads, dtype=np.int64) - 1, where)
 
     def __len__(self) -> int:
@@ -99,6 +118,10 @@ with parent -1
                 j = int(p[j])
             raise TreeError(f"{self.where}: nodes {cycle} form a cycle (each is the parent of "
                             f"the one before); they never reach the root {self.root}")
+        if depth.max() >= MAX_TREE_DEPTH:
+            raise TreeError(f"{self.where}: {int(depth.max()) + 1} levels (the longest path "
+                            f"from the root); a tree has at most {MAX_TREE_DEPTH} "
+                            f"(unroll.frontend.tree.MAX_TREE_DEPTH)")
         self._depth = depth
 
     def _depths(self) -> np.ndarray:
@@ -152,10 +175,16 @@ with parent -1
 
 
 def levels_of(tree: Tree, direction: str) -> np.ndarray:
-    """Each node's level: its height (``"up"``) or its depth (``"down"``)."""
+    """Each node's level: the tree's height less its depth (``"up"``: a node one level
+    below its parent, the root last), or its depth (``"down"``).
+
+    >>> levels_of(Tree.from_heads([0, 1, 2, 1]), "up").tolist()
+    [2, 1, 0, 1]
+    """
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, found {direction!r}")
-    return tree.heights() if direction == "up" else tree.depths()
+    depths = tree.depths()
+    return depths.max() - depths if direction == "up" else depths
 
 
 def level_widths(trees: Sequence[Tree], direction: str) -> tuple[int, ...]:
@@ -236,6 +265,13 @@ class TreeLayout:
         return cls(trees, direction, widths, rows, slot_node, node_slot, parent_row, position,
                    level)
 
+    def _rows_by_level(self) -> list:
+        """The real node rows of each level, in row order."""
+        real = np.flatnonzero(self.level >= 0)
+        ordered = real[np.argsort(self.level[real], kind="stable")]
+        ends = np.searchsorted(self.level[ordered], np.arange(len(self.widths)), side="right")
+        return np.split(ordered, ends[:-1])
+
     @property
     def nodes(self) -> int:
         """Real nodes in the batch."""
@@ -255,31 +291,33 @@ class TreeLayout:
         offsets = np.concatenate(([0], np.cumsum(self.widths)))
         out = {f"{scope}slot_node": self.slot_node.astype(float),
                f"{scope}node_slot": self.node_slot.astype(float)}
-        real = self.level >= 0
+        by_level = self._rows_by_level()
         for lv, w in enumerate(self.widths):
-            members = np.flatnonzero(self.level == lv)
+            members = by_level[lv]
+            # every child is in the level next to its parent's: a level's table is a zero
+            # row, then the level before it (below bottom-up, above top-down)
+            before = offsets[lv - 1] if lv else 0
             if children == "positional" or (self.direction == "down" and children == "sum"):
                 per = 1 if children == "sum" else int(arity)
                 src = np.zeros((w, per), np.int64)
                 if self.direction == "down":
-                    # the table: a zero row, then the level above; the parent at position 0
-                    above = offsets[lv - 1] if lv else 0
+                    # the parent at position 0
                     for k, r in enumerate(members.tolist()):
                         p = self.parent_row[r]
-                        src[k, 0] = 0 if p < 0 else 1 + self.node_slot[p] - above
+                        src[k, 0] = 0 if p < 0 else 1 + self.node_slot[p] - before
                 else:
-                    # the table: a zero row, then every level below
-                    for r in np.flatnonzero(real & (self.level < lv)).tolist():
+                    for r in (by_level[lv - 1] if lv else ()):
                         p = self.parent_row[r]
-                        if p >= 0 and self.level[p] == lv:
-                            _check_arity(self, r, per)
-                            src[self.node_slot[p] - offsets[lv], self.position[r]] = (
-                                1 + self.node_slot[r])
+                        if p < 0:  # a shallower tree's root
+                            continue
+                        _check_arity(self, r, per)
+                        src[self.node_slot[p] - offsets[lv], self.position[r]] = (
+                            1 + self.node_slot[r] - before)
                 out[f"{scope}src_{lv}"] = src.reshape(-1).astype(float)
                 continue
-            # children "sum", bottom-up: every row of the message table below (a zero row,
-            # then the levels below) goes to its parent's slot in this level, or nowhere (-1)
-            table = np.concatenate(([-1], self.slot_node[: offsets[lv]]))
+            # children "sum", bottom-up: every row of the message table (a zero row, then
+            # the level below) goes to its parent's slot in this level, or nowhere (-1)
+            table = np.concatenate(([-1], self.slot_node[before: offsets[lv]]))
             if arity is None:
                 seg = np.full(table.size, -1, np.int64)
                 for k, r in enumerate(table.tolist()):

@@ -35,7 +35,10 @@ The expanded net reads the node inputs ``x`` (rows, D) in node order (the
 batch's trees back to back, then padding rows) and writes ``h`` (rows, ...)
 in node order; the index inputs that place nodes into level slots and wire
 children to parents come from :meth:`unroll.frontend.tree.TreeLayout.inputs` (or
-:func:`tree_inputs`).
+:func:`tree_inputs`). :func:`expand_tree` is :func:`~unroll.frontend.unroller.expand`
+of a tree_step template over level widths; a net template places a tree layer
+with ``{{ tree(template, bottom, top, widths, ...) }}``
+(:func:`unroll.frontend.tree_recurrence.tree`).
 
 >>> from unroll.frontend.tree import Tree
 >>> trees = [Tree.from_heads([2, 0, 2]), Tree.from_heads([0])]
@@ -52,379 +55,13 @@ children to parents come from :meth:`unroll.frontend.tree.TreeLayout.inputs` (or
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import jinja2
-
 from unroll.core.errors import TemplateError
-from unroll.core.proto import LayerParameter, NetParameter
-from unroll.frontend.template import (
-    SUFFIX,
-    BlobNames,
-    Step,
-    Template,
-    hyper_parameters,
-    load_template,
-    merge_hyper,
-)
-from unroll.frontend.tree import DIRECTIONS, TreeLayout, level_widths
-from unroll.frontend.unroller import NetBuilder
+from unroll.core.proto import NetParameter
+from unroll.frontend.template import load_template
+from unroll.frontend.tree_recurrence import TREE_DIRECTIONS, TreeStep, tree_inputs, tree_widths
+from unroll.frontend.unroller import expand
 
-__all__ = ["TREE_DIRECTIONS", "TreeStep", "check_tree_interface", "expand_tree", "tree_block",
-           "tree_inputs", "tree_widths"]
-
-#: the directions of a tree layer
-TREE_DIRECTIONS = (*DIRECTIONS, "bidirectional")
-CHILDREN = ("sum", "positional")
-
-
-class TreeStep(Step):
-    """What a tree-step template's macros receive as ``s``: the names of one level.
-
-    ``node(s)``: ``input.NAME`` (the level's rows of input NAME), ``inbox.NAME``
-    (what the children sent: their summed messages, or their states side by
-    side by position), ``state.NAME`` and ``output.NAME`` to produce.
-    ``edge(s)`` (children "sum" only): ``sender.NAME`` (a child's states),
-    ``receiver.NAME`` (its parent's inputs), ``message.NAME`` to produce. Both:
-    ``level`` (0 .. levels-1, in run order), ``levels``, ``direction``, and
-    ``blob``, ``layer``, ``param`` as in :class:`~unroll.frontend.template.Step`.
-
-    >>> s = TreeStep("up_", "node", 2, 5, "up", input={"x": "up_x_l2"}, state={"h": "up_h_l2"})
-    >>> s.blob("gates"), s.param("W"), s.input.x, s.level
-    ('up_gates_l2', 'up_W', 'up_x_l2', 2)
-    """
-
-    def __init__(self, scope: str, macro: str, level: int, levels: int, direction: str,
-                 input=None, inbox=None, state=None, output=None, sender=None, receiver=None,
-                 message=None):
-        super().__init__(scope, level, levels, input=input, state=state, output=output)
-        # removed, not left None: a tree template reading them is wrong (t and T stay: the
-        # level and the levels, which name the rendered text in errors)
-        del self.reverse, self.cont, self.prev
-        self._suffix = f"_l{level}" if macro == "node" else f"_e{level}"
-        self.level, self.levels, self.direction = level, levels, direction
-        self.inbox, self.sender, self.receiver, self.message = (
-            BlobNames(kind, names or {}) for kind, names in (
-                ("inbox", inbox), ("sender", sender), ("receiver", receiver),
-                ("message", message)))
-
-    def __getattr__(self, name):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        raise jinja2.UndefinedError(
-            f"s.{name}: a tree step's s has no '{name}' (it has level, levels, direction, "
-            f"input, inbox, state, output, sender, receiver, message, blob(), layer(), param())")
-
-
-def check_tree_interface(interface: dict, path: Path, macros: frozenset) -> None:
-    """Check a ``"kind": "tree_step"`` interface (called when the template is loaded)."""
-    name = path.name
-    for key in ("inputs", "states", "outputs", "children"):
-        if key not in interface:
-            raise TemplateError(f"{name}: a tree_step interface must declare '{key}'")
-    children = interface["children"]
-    if children not in CHILDREN:
-        raise TemplateError(f"{name}: interface 'children' must be one of {CHILDREN}, found "
-                            f"{children!r}")
-    inputs = interface["inputs"]
-    if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], str):
-        raise TemplateError(f"{name}: a tree_step template reads one input per node: 'inputs' "
-                            f"must be a list of one name, found {inputs!r}")
-    defaults = interface.get("defaults", {})
-    sized = {"states": interface["states"]}
-    if children == "sum":
-        sized["messages"] = interface.get("messages")
-    for key, names in sized.items():
-        if not isinstance(names, dict) or not names or not all(
-                isinstance(k, str) and v in defaults for k, v in names.items()):
-            raise TemplateError(
-                f"{name}: interface '{key}' must map each name to the hyper-parameter giving "
-                f"its size (a key of 'defaults'), e.g. {{\"h\": \"hidden\"}}, found {names!r}")
-    outputs = interface["outputs"]
-    if not isinstance(outputs, list) or not outputs or not all(isinstance(o, str)
-                                                               for o in outputs):
-        raise TemplateError(f"{name}: interface 'outputs' must be a non-empty list of names, "
-                            f"found {outputs!r}")
-    if children == "positional" and "arity" not in defaults:
-        raise TemplateError(f"{name}: a positional tree_step template takes its child slots "
-                            f"from the hyper-parameter 'arity': declare it in 'defaults'")
-    needed = ("node", "edge") if children == "sum" else ("node",)
-    for macro in needed:
-        if macro not in macros:
-            raise TemplateError(f"{name}: a tree_step template with children {children!r} must "
-                                f"define {{% macro {macro}(s) %}}")
-
-
-def tree_widths(trees, direction: str) -> tuple:
-    """The real level widths of the batch ``trees``: a tuple of nodes per level, or for
-    ``"bidirectional"`` the pair (up widths, down widths)."""
-    if direction == "bidirectional":
-        return (level_widths(trees, "up"), level_widths(trees, "down"))
-    return level_widths(trees, direction)
-
-
-def _directions(direction: str, widths, rows) -> list[tuple[str, str, tuple]]:
-    """(direction, scope, widths) of each direction of a tree layer."""
-    if direction not in TREE_DIRECTIONS:
-        raise TemplateError(f"direction must be one of {TREE_DIRECTIONS}, found {direction!r}")
-    if direction == "bidirectional":
-        if len(widths) != 2:
-            raise TemplateError(f"a bidirectional tree layer takes widths (up widths, down "
-                                f"widths), found {widths!r}")
-        pairs = [("up", "up_", tuple(widths[0])), ("down", "down_", tuple(widths[1]))]
-    else:
-        pairs = [(direction, "", tuple(widths))]
-    for d, _, w in pairs:
-        if not w or any(int(n) < 1 for n in w):
-            raise TemplateError(f"{d}: level widths must be one or more counts >= 1, found {w!r}")
-        if rows is not None and sum(w) > rows:
-            raise TemplateError(f"{d}: {sum(w)} level slots do not fit {rows} node rows")
-    return pairs
-
-
-def _rows(widths_by_dir) -> int:
-    return max(sum(w) for _, _, w in widths_by_dir)
-
-
-def tree_inputs(trees, template: Template, widths, direction: str = "up", rows=None,
-                fixed_arity: int | None = None, hyper: dict | None = None,
-                scope: str = "") -> dict:
-    """The index inputs of a tree net expanded with ``widths`` for the batch ``trees``.
-
-    ``template``, ``direction``, ``rows``, ``fixed_arity`` and ``scope`` as given to
-    :func:`expand_tree`; ``hyper`` the template's hyper-parameters where it
-    takes ``arity`` from them.
-    """
-    children = template.interface["children"]
-    arity = fixed_arity
-    if children == "positional":
-        arity = int({**template.defaults, **(hyper or {})}["arity"])
-    pairs = _directions(direction, widths, rows)
-    rows = _rows(pairs) if rows is None else int(rows)
-    out = {}
-    for d, sc, w in pairs:
-        layout = TreeLayout.of(trees, d, w, rows)
-        out.update(layout.inputs(scope + sc, children, arity))
-    return out
-
-
-def _layer(name: str, type_: str, bottoms, tops) -> LayerParameter:
-    return LayerParameter(name=name, type=type_, bottom=list(bottoms), top=list(tops))
-
-
-class _TreeDirection:
-    """One direction of a tree layer, added to a NetBuilder."""
-
-    def __init__(self, b: NetBuilder, template: Template, hyper: dict, bottom: str, top: str,
-                 direction: str, scope: str, widths: tuple, rows: int, fixed_arity):
-        self.b, self.template, self.hyper = b, template, hyper
-        self.bottom, self.top, self.direction, self.scope = bottom, top, direction, scope
-        self.widths, self.rows = widths, rows
-        iface = template.interface
-        self.children = iface["children"]
-        self.states = {n: int(hyper[v]) for n, v in iface["states"].items()}
-        self.messages = ({n: int(hyper[v]) for n, v in iface["messages"].items()}
-                         if self.children == "sum" else self.states)
-        self.arity = int(hyper["arity"]) if self.children == "positional" else fixed_arity
-        self.input_name = iface["inputs"][0]
-        self.module = b.module(template, hyper)
-        self.where = f"{template.name} ({direction})"
-
-    def name(self, local: str, level: int | None = None) -> str:
-        return f"{self.scope}{local}" + ("" if level is None else f"_l{level}")
-
-    def add(self, lp: LayerParameter) -> None:
-        self.b.add_layer(lp, f"{self.where}: layer '{lp.name}'")
-
-    def inputs(self) -> None:
-        """The index inputs and the zero rows every table starts with."""
-        w, n = self.widths, self.name
-        tops = {n("slot_node"): (sum(w),), n("node_slot"): (self.rows,)}
-        below = 1
-        for lv, width in enumerate(w):
-            if self.children == "positional":
-                tops[n(f"src_{lv}")] = (width * self.arity,)
-            elif self.direction == "down":
-                tops[n(f"src_{lv}")] = (width,)
-            else:
-                if self.arity is None:
-                    tops[n(f"seg_{lv}")] = (below,)
-                else:
-                    tops[n(f"src_{lv}")] = (self.arity * width,)
-                tops[n(f"parent_{lv}")] = (width,)
-            below += width
-        # the tables hold messages (child sums bottom-up) or states (everything else)
-        tabled = self.messages if self.children == "sum" and self.direction == "up" else (
-            self.states)
-        for m, size in tabled.items():
-            tops[n(f"{m}_zero")] = (1, size)
-        self.b.input(n("tree_input"), tops)
-
-    def table(self, name: str, parts: list[str], level: int) -> str:
-        """A zero row, then ``parts``, along axis 0."""
-        zero = self.name(f"{name}_zero")
-        if not parts:
-            return zero
-        lp = _layer(self.name(f"{name}_table", level), "Concat", [zero, *parts],
-                    [self.name(f"{name}_table", level)])
-        lp.concat_param.axis = 0
-        self.add(lp)
-        return lp.top[0]
-
-    def gather(self, table: str, index: str, top: str) -> str:
-        self.add(_layer(top, "BatchReindex", [table, index], [top]))
-        return top
-
-    def reshape(self, bottom: str, top: str, dims) -> str:
-        lp = _layer(top, "Reshape", [bottom], [top])
-        lp.reshape_param.shape.dim.extend(dims)
-        self.add(lp)
-        return top
-
-    def render(self, macro: str, s: TreeStep, must: list) -> None:
-        """Render ``macro`` for ``s``; it must top each (kind, local name, blob) of ``must``."""
-        layers = self.b.render(self.template, self.module, macro, s)
-        tops = {t for lp in layers for t in lp.top}
-        for kind, local, blob in must:
-            if blob not in tops:
-                raise TemplateError(f"{self.template.name}: the {macro} macro at level {s.level} "
-                                    f"must produce {kind} '{local}' (s.{kind}.{local}, "
-                                    f"'{blob}'), but no layer tops it")
-        for lp in layers:
-            self.b.add_layer(lp, f"{self.template.name} ({macro}, level {s.level})")
-
-    def expand(self) -> list[str]:
-        """Add the direction's layers; returns the blobs nothing may read (to silence)."""
-        self.inputs()
-        n, w, levels = self.name, self.widths, len(self.widths)
-        slots = self.gather(self.bottom, n("slot_node"), n(f"{self.input_name}_slots"))
-        if levels == 1:
-            xs = [slots]
-        else:
-            lp = _layer(n(f"{self.input_name}_levels"), "Slice", [slots],
-                        [n(self.input_name, lv) for lv in range(levels)])
-            lp.slice_param.axis = 0
-            point = 0
-            for width in w[:-1]:
-                point += width
-                lp.slice_param.slice_point.append(point)
-            self.add(lp)
-            xs = list(lp.top)
-        state_blobs = {s: [] for s in self.states}
-        msg_blobs = {m: [] for m in self.messages}
-        iface = self.template.interface
-        outputs = {o: [] for o in iface["outputs"]}
-        for lv in range(levels):
-            inbox = self.inbox(lv, xs[lv], state_blobs, msg_blobs)
-            state = {s: n(s, lv) for s in self.states}
-            extra = {o: n(f"{o}_out", lv) for o in outputs if o not in self.states}
-            s = TreeStep(self.scope, "node", lv, levels, self.direction,
-                         input={self.input_name: xs[lv]}, inbox=inbox, state=state, output=extra)
-            self.render("node", s, [*(("state", k, v) for k, v in state.items()),
-                                    *(("output", k, v) for k, v in extra.items())])
-            for k, blob in state.items():
-                state_blobs[k].append(blob)
-            for o in outputs:
-                outputs[o].append(state[o] if o in state else extra[o])
-            if self.children == "sum" and self.direction == "up":
-                receiver = self.gather(self.bottom, n(f"parent_{lv}"),
-                                       n(f"{self.input_name}_parent", lv))
-                message = {m: n(f"{m}_msg", lv) for m in self.messages}
-                e = TreeStep(self.scope, "edge", lv, levels, self.direction,
-                             sender=state, receiver={self.input_name: receiver}, message=message)
-                self.render("edge", e, [("message", k, v) for k, v in message.items()])
-                for m, blob in message.items():
-                    msg_blobs[m].append(blob)
-        for i, (o, blobs) in enumerate(outputs.items()):
-            out = self.top if i == 0 else f"{self.top}_{o}"
-            table = blobs[0]
-            if levels > 1:
-                table = n(f"{o}_slots")
-                lp = _layer(table, "Concat", blobs, [table])
-                lp.concat_param.axis = 0
-                self.add(lp)
-            self.gather(table, n("node_slot"), out)
-        return [b for blobs in (*state_blobs.values(), *msg_blobs.values()) for b in blobs]
-
-    def inbox(self, lv: int, x: str, state_blobs: dict, msg_blobs: dict) -> dict:
-        """The blobs node(s) of level ``lv`` reads as ``s.inbox``."""
-        n, width = self.name, self.widths[lv]
-        if self.children == "positional":
-            out = {}
-            for k, size in self.states.items():
-                parts = state_blobs[k][lv - 1: lv] if self.direction == "down" else state_blobs[k]
-                got = self.gather(self.table(k, parts, lv), n(f"src_{lv}"),
-                                  n(f"{k}_children", lv))
-                out[k] = self.reshape(got, n(f"{k}_inbox", lv), [width, self.arity * size])
-            return out
-        if self.direction == "down":
-            sender = {k: self.gather(self.table(k, state_blobs[k][lv - 1: lv], lv),
-                                     n(f"src_{lv}"), n(f"{k}_parent", lv))
-                      for k in self.states}
-            message = {m: n(f"{m}_msg", lv) for m in self.messages}
-            e = TreeStep(self.scope, "edge", lv, len(self.widths), self.direction,
-                         sender=sender, receiver={self.input_name: x}, message=message)
-            self.render("edge", e, [("message", k, v) for k, v in message.items()])
-            return message
-        out = {}
-        for m, size in self.messages.items():
-            table = self.table(m, msg_blobs[m], lv)
-            if self.arity is None:
-                top = n(f"{m}_inbox", lv)
-                self.add(_layer(top, "SegmentSum", [table, n(f"seg_{lv}"), x], [top]))
-                out[m] = top
-                continue
-            # the fixed-arity form, in Caffe's own layers: child a of every slot, a-major
-            got = self.gather(table, n(f"src_{lv}"), n(f"{m}_children", lv))
-            if self.arity == 1:
-                out[m] = got
-                continue
-            by_child = self.reshape(got, n(f"{m}_by_child", lv), [self.arity, width * size])
-            cut = _layer(n(f"{m}_child_cut", lv), "Slice", [by_child],
-                         [n(f"{m}_child_{a}", lv) for a in range(self.arity)])
-            cut.slice_param.axis = 0
-            self.add(cut)
-            total = n(f"{m}_child_sum", lv)
-            self.add(_layer(total, "Eltwise", cut.top, [total]))
-            out[m] = self.reshape(total, n(f"{m}_inbox", lv), [width, size])
-        return out
-
-
-def tree_block(builder: NetBuilder, template, bottom: str, top: str, widths,
-               rows: int | None = None, direction: str = "up", scope: str = "",
-               fixed_arity: int | None = None, hyper: dict | None = None,
-               **more_hyper) -> None:
-    """Add a tree layer reading ``bottom`` (rows, D) to ``builder``: ``top`` (rows, ...).
-
-    Layers, inputs and params as :func:`expand_tree` describes; ``scope``
-    prefixes every name (the directions of a bidirectional layer add ``up_``
-    and ``down_``).
-    """
-    template = load_template(template, builder.search_path)
-    what = f"tree({Path(str(template.path)).name!r})"
-    if template.kind != "tree_step":
-        raise TemplateError(f"{what}: '{template.name}' is a {template.kind} template, not a "
-                            f"tree_step")
-    hyper = hyper_parameters(template, merge_hyper(what, more_hyper, hyper),
-                             also=("direction", "rows", "fixed_arity", "scope", "input_dim"))
-    if fixed_arity is not None and (template.interface["children"] == "positional"
-                                    or int(fixed_arity) < 1):
-        raise TemplateError(f"{what}: fixed_arity is the child slots of a child-sum template "
-                            f"(>= 1); a positional template takes them from its 'arity'")
-    pairs = _directions(direction, widths, rows)
-    rows = _rows(pairs) if rows is None else int(rows)
-    unread, outs = [], []
-    for d, sc, w in pairs:
-        out = top if len(pairs) == 1 else f"{top}_{d}"
-        unread += _TreeDirection(builder, template, hyper, bottom, out, d, scope + sc, w, rows,
-                                 fixed_arity).expand()
-        outs.append(out)
-    if len(pairs) > 1:
-        builder.concat(f"{scope}bi_concat", outs, top, axis=1)
-    unread = [blob for blob in unread if blob not in builder.consumed]
-    if unread:
-        builder.add_layer(_layer(f"{scope}tree_silence", "Silence", unread, []),
-                          f"layer '{scope}tree_silence'")
+__all__ = ["TREE_DIRECTIONS", "TreeStep", "expand_tree", "tree_inputs", "tree_widths"]
 
 
 def expand_tree(template, widths, input_dim: int, direction: str = "up",
@@ -438,6 +75,8 @@ def expand_tree(template, widths, input_dim: int, direction: str = "up",
     most slots of a direction). The net has inputs ``x`` (rows, input_dim) in
     node order and the index inputs of :func:`tree_inputs`, and outputs ``h``
     (rows, ...) in node order (bidirectional: both directions side by side).
+    It is ``expand(template, widths=widths, input_dim=input_dim, ...)``: one
+    cache, one render budget and one set of checks with every other expansion.
 
     The child-sum of a ``"sum"`` template bottom-up is a SegmentSum (an unroll
     layer) of every message below the level, by the parent's slot. With
@@ -450,44 +89,11 @@ def expand_tree(template, widths, input_dim: int, direction: str = "up",
     >>> sorted({lp.type for lp in net_param.layer})[:4]
     ['BatchReindex', 'Concat', 'Eltwise', 'InnerProduct']
     """
-    template = load_template(template, search_path)
-    if template.kind != "tree_step":
-        raise TemplateError(f"{template.name} is a {template.kind} template; expand_tree takes "
+    loaded = load_template(template, search_path)
+    if loaded.kind != "tree_step":
+        raise TemplateError(f"{loaded.name} is a {loaded.kind} template; expand_tree takes "
                             f"a tree_step template")
-    pairs = _directions(direction, widths, rows)
-    rows = _rows(pairs) if rows is None else int(rows)
-    builder = NetBuilder(1, rows, search_path)
-    builder.input("input", {"x": (rows, int(input_dim))})
-    tree_block(builder, str(template.path), "x", "h", widths, rows, direction,
-               fixed_arity=fixed_arity, hyper=hyper, **variables)
-    name = template.name[: -len(SUFFIX)] if template.name.endswith(SUFFIX) else template.name
-    return builder.net_param(f"{name}_{direction}")
-
-
-def parse_widths(text: str) -> tuple:
-    """Level widths from the command line: "4,2,1", or "4,2,1/1,2,4" (up widths/down widths).
-
-    >>> parse_widths("4,2,1"), parse_widths("3,1/1,3")
-    ((4, 2, 1), ((3, 1), (1, 3)))
-    """
-    parts = text.split("/")
-    try:
-        widths = [tuple(int(w) for w in part.split(",")) for part in parts]
-    except ValueError:
-        raise TemplateError(f"--tree {text!r}: expected nodes per level, e.g. 4,2,1 (or up "
-                            f"widths/down widths, 4,2,1/1,2,4)") from None
-    if len(widths) > 2:
-        raise TemplateError(f"--tree {text!r}: at most two lists of widths (up/down)")
-    return widths[0] if len(widths) == 1 else tuple(widths)
-
-
-def expand_tree_command_net(args, variables: dict) -> NetParameter:
-    """The net of ``unroll expand TEMPLATE --tree WIDTHS --set ...`` (see :func:`expand_tree`)."""
-    widths = parse_widths(args.tree)
-    direction = variables.pop("direction", "bidirectional" if len(widths) == 2 and isinstance(
-        widths[0], tuple) else "up")
-    if "input_dim" not in variables:
-        raise TemplateError(f"{args.template}: expanding a tree_step template needs "
-                            f"--set input_dim=D")
-    return expand_tree(args.template, widths, direction=direction,
-                       search_path=args.template_dir or (), **variables)
+    options = {"rows": rows, "fixed_arity": fixed_arity}
+    return expand(str(loaded.path), search_path=search_path, hyper=hyper, widths=widths,
+                  input_dim=input_dim, direction=direction,
+                  **{k: v for k, v in options.items() if v is not None}, **variables)

@@ -174,6 +174,28 @@ def _dropout(ratio, seed=0):
     return reference
 
 
+def _reduction(op, axis, coeff=1.0):
+    """Caffe's Reduction written out: op over every axis from ``axis`` on, times coeff."""
+    def reference(x):
+        axes = tuple(range(axis % x.ndim, x.ndim))
+        value = {"SUM": x, "ASUM": np.abs(x), "SUMSQ": x ** 2, "MEAN": x}[op].sum(axis=axes)
+        if op == "MEAN":
+            value = value / np.prod([x.shape[a] for a in axes])
+        return coeff * value
+    return reference
+
+
+def _scores(memory, query):
+    """Each memory step's dot product with its column's query, (S, N)."""
+    S, N, _ = memory.shape
+    return np.array([[memory[s, n] @ query[n] for n in range(N)] for s in range(S)])
+
+
+def _contexts(weights, memory):
+    """Each column's memory steps weighted and summed, (N, H)."""
+    return np.stack([weights[:, n] @ memory[:, n] for n in range(memory.shape[1])])
+
+
 _LABELS = np.array([0.0, 2.0, 1.0, 2.0])
 _CONT = np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0]])
 _LEADING = [np.array([[1.0, 0.0, 1.0]]), np.array([[1.0, 0.0, 0.0]])]
@@ -185,6 +207,8 @@ LAYER_CASES: dict[str, list[LayerCase]] = {
     "Accuracy": [LayerCase('type: "Accuracy"', [_distinct(4, 3), _LABELS], _accuracy)],
     "BatchReindex": [LayerCase('type: "BatchReindex"', [_u(3, 2), np.array([2.0, 0.0, 2.0, 1.0])],
                                lambda x, idx: x[idx.astype(int)])],
+    "BatchMatMul": [LayerCase('type: "BatchMatMul"', [_u(4, 3, 2), _u(3, 2)], _scores),
+                    LayerCase('type: "BatchMatMul"', [_u(4, 3), _u(4, 3, 2)], _contexts)],
     "BatchNorm": [LayerCase('type: "BatchNorm"', [_u(4, 3, 2)], _batch_norm)],
     "Bias": [
         LayerCase('type: "Bias" bias_param { axis: 1 }', [_u(2, 3, 2), _u(3)],
@@ -235,6 +259,16 @@ LAYER_CASES: dict[str, list[LayerCase]] = {
                         [_u(3, 2)], lambda x: (1 + 0.5 * x) ** 2)],
     "RNN": [LayerCase(f'type: "RNN" recurrent_param {{ num_output: 2 {FILL} }}',
                       [_u(3, 2, 2), _CONT], _caffe_rnn)],
+    "Reduction": [
+        LayerCase('type: "Reduction" reduction_param { axis: 1 coeff: -1.5 }', [_u(2, 3, 2)],
+                  _reduction("SUM", 1, -1.5)),
+        LayerCase('type: "Reduction" reduction_param { operation: ASUM axis: -1 }',
+                  [_away(_u(3, 4))], _reduction("ASUM", -1)),
+        LayerCase('type: "Reduction" reduction_param { operation: SUMSQ axis: 2 coeff: 0.5 }',
+                  [_u(2, 2, 3)], _reduction("SUMSQ", 2, 0.5)),
+        LayerCase('type: "Reduction" reduction_param { operation: MEAN }', [_u(3, 2)],
+                  _reduction("MEAN", 0)),
+    ],
     "ReLU": [LayerCase('type: "ReLU" relu_param { negative_slope: 0.1 }', [_away(_u(3, 4))],
                        lambda x: np.where(x > 0, x, 0.1 * x))],
     "Reshape": [LayerCase('type: "Reshape" reshape_param { shape { dim: 0 dim: -1 } }',
@@ -259,6 +293,10 @@ LAYER_CASES: dict[str, list[LayerCase]] = {
                                   _softmax_loss)],
     "Split": [LayerCase('type: "Split" top: "a" top: "b"', [_u(2, 3)], lambda x: (x, x))],
     "TanH": [LayerCase('type: "TanH"', [_u(3, 4, low=-3, high=3)], np.tanh)],
+    "Tile": [LayerCase('type: "Tile" tile_param { tiles: 3 }', [_u(2, 2, 2)],
+                       lambda x: np.concatenate([x] * 3, axis=1)),
+             LayerCase('type: "Tile" tile_param { axis: 0 tiles: 2 }', [_u(3, 2)],
+                       lambda x: np.concatenate([x, x]))],
     "Threshold": [LayerCase('type: "Threshold"', [_away(_u(3, 4))],
                             lambda x: np.where(x > 0, 1.0, 0.0))],
     "TrailingSequenceEnd": [LayerCase('type: "TrailingSequenceEnd"', _STATES[2:] + _TRAILING,

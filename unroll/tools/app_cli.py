@@ -45,9 +45,9 @@ from unroll.tools.fetch import FetchError
 from unroll.train.model_folder import ModelFolderError
 from unroll.train.trainer import TrainingDiverged
 
-__all__ = ["OneLineParser", "add_fetch", "app_parser", "data_options", "minutes", "model_options",
-           "non_negative_int", "output_options", "positive_int", "report_training", "run", "seed",
-           "training_options"]
+__all__ = ["OneLineParser", "add_fetch", "app_parser", "data_options", "device", "minutes",
+           "model_options", "non_negative_int", "output_options", "positive_int",
+           "positive_number", "report_training", "run", "seed", "training_options"]
 
 #: exit status of a command stopped by Ctrl-C (128 + SIGINT, what a shell reports)
 INTERRUPTED = 130
@@ -113,6 +113,39 @@ def minutes(text: str) -> float:
     return value
 
 
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number > 0 (a learning rate, say).
+
+    >>> positive_number("2e-3")
+    0.002
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, found {text!r}")
+    return value
+
+
+def device(text: str) -> str:
+    """An argparse type: ``cpu``, or ``gpu`` where CuPy finds a CUDA device (else the
+    command stops in one line before it starts, not at its first net).
+
+    >>> device("cpu")
+    'cpu'
+    """
+    from unroll.engine.backend import get_array_module
+
+    if text not in ("cpu", "gpu"):
+        raise argparse.ArgumentTypeError(f"expected cpu or gpu, found {text!r}")
+    try:
+        get_array_module(text)
+    except RuntimeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line on stderr (status 2), like every
     other error of a command: the usage is for ``--help``."""
@@ -135,7 +168,7 @@ def model_options(default_dir: str) -> argparse.ArgumentParser:
     group = argparse.ArgumentParser(add_help=False)
     group.add_argument("--model-dir", type=Path, default=Path(default_dir),
                        help=f"model folder (default: {default_dir})")
-    group.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    group.add_argument("--device", type=device, choices=["cpu", "gpu"], default="cpu")
     group.add_argument("--threads", type=positive_int, metavar="N",
                        help="BLAS threads (default: $UNROLL_NUM_THREADS, else the cores other "
                             "processes leave free, measured as it runs)")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -25,8 +26,8 @@ from conllu.parser import ParseException, parse_id_value
 
 from unroll.tools.output import write_output
 
-__all__ = ["UPOS_TAGS", "CoNLLUError", "fill_column", "fill_upos", "read_conllu", "read_lines",
-           "write_conllu"]
+__all__ = ["UPOS_TAGS", "CoNLLUError", "fill_column", "fill_upos", "parse_head", "read_conllu",
+           "read_lines", "write_conllu"]
 
 #: The 17 universal POS tags, in the order of the UD guidelines; a tag's index
 #: here is its label id.
@@ -36,6 +37,8 @@ UPOS_TAGS = (
 )  # fmt: skip
 _UPOS = frozenset(UPOS_TAGS)
 _NCOLS = 10
+#: a HEAD as UD's validator takes it: 0, or a word number in plain ASCII digits
+_HEAD = re.compile(r"0|[1-9][0-9]*")
 
 
 class CoNLLUError(ValueError):
@@ -175,6 +178,24 @@ def _finish(name, forms, upos, started, range_end, block_start, lineno, line):
             f"multiword range ends at word {range_end[0]} but the sentence has {len(forms)} words",
         )  # fmt: skip
     return forms, upos
+
+
+def parse_head(text: str) -> int:
+    """The HEAD of a word (column 7): its head's word number, 0 for the root.
+
+    Only plain ASCII digits are a HEAD, as only they are an ID: Python's ``int``
+    would also take ``"0_1"``, a fullwidth digit or one padded with spaces, which
+    no CoNLL-U tool writes. Anything else is a ValueError saying what was found.
+
+    >>> parse_head("12"), parse_head("0")
+    (12, 0)
+    >>> parse_head(" 1")
+    Traceback (most recent call last):
+    ValueError: HEAD (column 7) must be a word number or 0, found ' 1'
+    """
+    if not _HEAD.fullmatch(text):
+        raise ValueError(f"HEAD (column 7) must be a word number or 0, found {_shown(text)}")
+    return int(text)
 
 
 def fill_upos(source, tags: Iterable[Sequence[str]], file) -> None:

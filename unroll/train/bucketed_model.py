@@ -29,7 +29,10 @@ class BucketedModel:
     an (N,) label or a tagger's (C, columns) characters have none. Callers
     may declare them too, ``time_axes={"words": 0, "lengths": None}``, which
     wins. T is read only from the time-major inputs given, which must agree
-    on it; ``steps_from`` reads it from one input's axis 0. An input not
+    on it; ``steps_from`` reads it from one input's axis 0. Given ``steps_from``
+    or a declared time axis, the model builds only the nets of the T it is
+    asked for (none at construction: a template need not unroll to one step),
+    and the inputs it was not told about have no time axis. An input not
     given (an initial recurrent state) follows, axis by axis, the given
     inputs the net ties it to: a state's batch is its recurrence's cont's
     (through the Scale by cont, or the unit, that gates it), so a character
@@ -80,25 +83,42 @@ class BucketedModel:
         self.net_params: dict[int, bytes] = net_params if net_params is not None else {}
         self.nets: dict[int, Net] = {}
         self.active: Net | None = None
-        # the T = 1 net creates every param now, so learnable_params is complete
-        # before the first batch (a solver sizes its history from it)
-        self._canonical()
-        #: each input's time axis (None: it has none), declared or read off the nets
-        self.time_axes = self._time_axes()
+        #: T is set by steps_from or by a declared time axis: the nets at T = 1 and 2 are
+        #: not needed to find the time axes, so only the T asked for are built (a template
+        #: may not unroll to one step)
+        self.builds_only_asked = steps_from is not None or any(
+            axis is not None for axis in self._declared_time_axes.values())
+        self._axes: dict | None = None
+        if not self.builds_only_asked:
+            # the T = 1 net creates every param now, so learnable_params is complete
+            # before the first batch (a solver sizes its history from it)
+            self._canonical()
+            self._axes = self._time_axes()
+
+    @property
+    def time_axes(self) -> dict:
+        """Each input's time axis (None: it has none), declared or read off the nets; when
+        only the T asked for are built, the declared ones until the first net is built."""
+        return self._axes if self._axes is not None else dict(self._declared_time_axes)
 
     def net(self, steps: int) -> Net:
         """The net unrolled to ``steps``, built on first use and cached."""
         steps = int(steps)
         if steps not in self.nets:
+            # the params are filled from seed + 1 whichever T creates them (as the T = 1
+            # net always did), so ranks that build their first nets at different T agree
             net = Net(
                 self._net_param(steps), phase=self.phase, device=self.device,
-                dtype=self.dtype, seed=self._seed + steps, param_store=self.store,
+                dtype=self.dtype, seed=self._seed + 1, param_store=self.store,
                 plan_memory=self.plan_memory, max_bytes=self.max_bytes,
                 memory_budget=self.memory_budget,
             )
+            net.seed(self._seed + steps)
             self._built[steps] = {name: net.blobs[f"{name}@0"].shape for name in net.inputs}
             self._ties[steps] = _input_ties(self._net_param(steps), net)
             self.nets[steps] = net
+            if self._axes is None:
+                self._axes = self._time_axes(steps)
         return self.nets[steps]
 
     def _net_param(self, steps: int) -> NetParameter:
@@ -106,15 +126,17 @@ class BucketedModel:
             self.net_params[steps] = self.make_net_param(steps).SerializeToString()
         return NetParameter.FromString(self.net_params[steps])
 
-    def _time_axes(self) -> dict:
-        """Each input's time axis: declared, else the axis whose size is T at T = 1 and 2
-        (with ``steps_from``, which sets T, only those declared)."""
-        unknown = sorted(set(self._declared_time_axes) - set(self._built[1]))
+    def _time_axes(self, steps: int = 1) -> dict:
+        """Each input's time axis, read off the first net built (``steps``): declared, else
+        the axis whose size is T at T = 1 and 2 (when only the T asked for are built, or all
+        are declared, only those declared)."""
+        inputs = self._built[steps]
+        unknown = sorted(set(self._declared_time_axes) - set(inputs))
         if unknown:
             raise ValueError(f"time_axes names {unknown}, which are not inputs of the net; "
-                             f"inputs: {list(self._built[1])}")
-        if self.steps_from is not None or set(self._declared_time_axes) >= set(self._built[1]):
-            return {name: self._declared_time_axes.get(name) for name in self._built[1]}
+                             f"inputs: {list(inputs)}")
+        if self.builds_only_asked or set(self._declared_time_axes) >= set(inputs):
+            return {name: self._declared_time_axes.get(name) for name in inputs}
         two = {lp.top[k]: tuple(shape.dim) for lp in self._net_param(2).layer
                if lp.type == "Input" for k, shape in enumerate(lp.input_param.shape)}
         axes = {}
@@ -169,12 +191,10 @@ class BucketedModel:
         if not inputs:
             raise ValueError("BucketedModel.forward needs its inputs: forward(x=..., cont=...)")
         shapes = {name: np.shape(v) for name, v in inputs.items()}
-        unknown = sorted(set(shapes) - set(self.time_axes))
-        if unknown:
-            raise ValueError(f"'{unknown[0]}' is not an input of the net; inputs: "
-                             f"{list(self.time_axes)}")
+        self._check_known(shapes)
         net_steps = self._steps(shapes)
         net = self.net(net_steps)
+        self._check_known(shapes)
         built, ties = self._built[net_steps], self._ties[net_steps]
         for name in net.inputs:
             if name in inputs:
@@ -192,6 +212,15 @@ class BucketedModel:
             net.blobs[f"{name}@0"].reshape(tuple(shape))
         self.active = net
         return net.forward(blobs=blobs, **inputs)
+
+    def _check_known(self, shapes: dict) -> None:
+        """Every input given is one of the net's (once a net is built, its inputs are known)."""
+        if self._axes is None:
+            return
+        unknown = sorted(set(shapes) - set(self._axes))
+        if unknown:
+            raise ValueError(f"'{unknown[0]}' is not an input of the net; inputs: "
+                             f"{list(self._axes)}")
 
     def _steps(self, shapes: dict) -> int:
         """T: the time axis of the time-major inputs given (or axis 0 of ``steps_from``)."""
@@ -228,8 +257,16 @@ class BucketedModel:
 
     def _canonical(self) -> Net:
         # every bucket's net holds every param, but layer names carry t: files are
-        # always written and read through the T = 1 net, so any model loads them
-        return self.net(1)
+        # written and read through the T = 1 net, so any model loads them (step 0's layers
+        # are in every net); a model that builds only the T asked for uses its shortest
+        if not self.builds_only_asked:
+            return self.net(1)
+        if not self.nets:
+            raise RuntimeError(
+                "BucketedModel: no net is built yet (given steps_from or a time axis, it "
+                "builds only the T it is asked for); run a forward first, or build one with "
+                "model.net(T)")
+        return self.nets[min(self.nets)]
 
     def to_proto(self):
         """The params as a Caffe NetParameter (.caffemodel) of the net unrolled to T = 1."""

@@ -16,6 +16,7 @@ import numpy as np
 
 from unroll.core.errors import NetError
 from unroll.core.proto import NetParameter, read_message
+from unroll.engine.layer import LAYERS
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
 from unroll.train.bucketed_model import _input_ties
@@ -33,13 +34,16 @@ class Stepper:
     model whose weights it runs. Each call takes the other inputs of one step,
     shaped as the net's inputs at T = 1 (``x`` (1, N, D), ``cont`` (1, N)), and
     returns the outputs of that step (without the states, which :attr:`state`
-    holds). cont still gates the carried state as in the unrolled net: cont 0
-    starts a sequence from zeros.
+    holds). cont gates the carried state as in the unrolled net: cont 0 starts
+    a sequence from zeros.
 
     :meth:`reset` starts every sequence from zeros (sized by the batch of the next
     call), ``reset(state)`` from given states, ``{"h_0": (1, N, H), ...}``, as a
-    decoder starts from its encoder's final states; beam search reorders the
-    hypotheses with ``reset({k: v[:, order] for k, v in stepper.state.items()})``.
+    decoder starts from its encoder's final states. A given state is an initial
+    state, as ``initial_state=`` gives one to the unrolled net: it flows into
+    the next call's step whatever that call's cont says (docs/design.md, "State
+    from anywhere"), so a decoder steps as it was trained. Beam search reorders
+    the hypotheses with ``reset({k: v[:, order] for k, v in stepper.state.items()})``.
 
     >>> import numpy as np, unroll
     >>> make = lambda T: unroll.expand("lstm", steps=T, batch=2, input_dim=3, hidden=4,
@@ -68,8 +72,11 @@ class Stepper:
                 f"X_T); unroll it to one step with expose_hidden=True")
         self.inputs = [name for name in self.net.inputs if name not in self.pairs]
         self._ties = _input_ties(net_param, self.net)
+        #: {X_0: the inputs whose values gate it at the step (its recurrence's cont)}
+        self.gated_by = _gating_inputs(net_param, self.pairs, self.inputs)
         #: the states the next call starts from ({X_0: (1, N, size)}), None after reset()
         self.state: dict | None = None
+        self._given = False  # the held states were given, not carried: the rule applies
 
     @property
     def store(self) -> ParamStore:
@@ -79,7 +86,7 @@ class Stepper:
         """Start the next call from zeros, or from ``state`` ({X_0: (1, N, size)}, every
         state of the net; its values are copied)."""
         if state is None:
-            self.state = None
+            self.state, self._given = None, False
             return
         missing = sorted(set(self.pairs) - set(state))
         unknown = sorted(set(state) - set(self.pairs))
@@ -87,9 +94,17 @@ class Stepper:
             raise ValueError(
                 f"Stepper.reset: the states are {sorted(self.pairs)}; "
                 + (f"missing {missing}" if missing else f"not a state: {unknown}"))
+        ungated = sorted(name for name, conts in self.gated_by.items() if not conts)
+        if ungated:
+            raise NetError(
+                f"Stepper.reset: no input of net '{self.net.name}' is the cont that gates "
+                f"state(s) {ungated} (through Slice, Split, Reshape, Flatten or Concat into a "
+                f"Scale by cont, or a unit that takes cont), so the given state cannot be let "
+                f"into the first step whatever its cont")
         xp = self.net.xp
         self.state = {name: xp.array(value, dtype=self.net.dtype) for name, value in
                       state.items()}
+        self._given = True
 
     def __call__(self, blobs=(), **inputs) -> dict:
         """Run one step on ``inputs`` from the held states; returns {output: data} (and the
@@ -102,8 +117,11 @@ class Stepper:
         if missing:
             raise ValueError(f"Stepper: the step needs inputs {missing} (inputs: {self.inputs})")
         state = self.state if self.state is not None else self._zeros(inputs)
+        if self._given:
+            inputs = first_step_inputs(inputs, self.gated_by)
         out = self.net.forward(blobs=blobs, **inputs, **state)
         self.state = {initial: out[final].copy() for initial, final in self.pairs.items()}
+        self._given = False
         return {name: value.copy() for name, value in out.items()
                 if name not in self.pairs.values()}
 
@@ -124,3 +142,55 @@ class Stepper:
         held = "zeros" if self.state is None else {k: tuple(v.shape) for k, v in
                                                    self.state.items()}
         return f"Stepper(net {self.net.name!r}, states {sorted(self.pairs)}, holding {held})"
+
+
+def first_step_inputs(inputs: dict, gated_by: dict) -> dict:
+    """The rule for a step that starts from GIVEN states (docs/design.md, "State from
+    anywhere"): the given state flows into it whatever cont says there, so every cont that
+    gates a given state reads 1, as the unroller feeds such a step ``cont_ones``.
+
+    >>> first_step_inputs({"x": 1, "cont": np.zeros((1, 2))}, {"h_0": ["cont"]})["cont"]
+    array([[1., 1.]])
+    """
+    conts = {name for names in gated_by.values() for name in names}
+    return {name: np.ones_like(value) if name in conts else value
+            for name, value in inputs.items()}
+
+
+#: layers that move a cont's values without changing them: a gate's cont is traced back
+#: through these alone, so an input it is computed from (token ids, say) is never taken
+#: for a cont
+_MOVES_VALUES = frozenset({"Slice", "Split", "Reshape", "Flatten", "Concat"})
+
+
+def _gating_inputs(net_param: NetParameter, states, inputs: list) -> dict:
+    """{state: the inputs its gate's cont comes from}: the layers that read a state first
+    gate it (the unroller checks so), a Scale by its second bottom or a recurrent unit by
+    its last (its cont role); the cont is traced back to inputs through layers that only
+    move values (an empty list: it comes from no input as it is)."""
+    made_by = {}
+    for lp in net_param.layer:
+        for top in lp.top:
+            made_by.setdefault(top, lp)
+
+    def sources(blob, seen) -> set:
+        if blob in inputs:
+            return {blob}
+        lp = made_by.get(blob)
+        if lp is None or lp.type not in _MOVES_VALUES or id(lp) in seen:
+            return set()
+        seen.add(id(lp))
+        return set().union(*(sources(b, seen) for b in lp.bottom))
+
+    gated = {}
+    for state in states:
+        gates = []
+        for lp in net_param.layer:
+            if state not in lp.bottom or lp.type == "Input":
+                continue
+            if lp.type == "Scale" and len(lp.bottom) == 2 and lp.bottom[0] == state:
+                gates.append(lp.bottom[1])
+            elif getattr(LAYERS.get(lp.type), "roles", ()) and lp.bottom[-1] != state:
+                gates.append(lp.bottom[-1])
+        gated[state] = sorted(set().union(*(sources(g, set()) for g in gates)))
+    return gated

@@ -15,12 +15,13 @@ __all__ = ["net_param"]
 
 def _check_variables(template: str, variables: dict, search_path) -> None:
     """Refuse a --set key the template does not take (a typo would be silently ignored)."""
-    from unroll.frontend.unroller import NetBuilder, load_template
+    from unroll.frontend.recurrence import recurrent
+    from unroll.frontend.template import load_template
 
     loaded = load_template(template, search_path)
     known = {"batch", *loaded.interface.get("defaults", {})}
     if loaded.kind == "step":
-        options = inspect.signature(NetBuilder.recurrent).parameters.values()
+        options = inspect.signature(recurrent).parameters.values()
         known |= {"input_dim"} | {p.name for p in options if p.default is not p.empty}
     for key in variables:
         if key not in known:
@@ -43,9 +44,9 @@ def net_param(args) -> NetParameter:
         if not Path(folder).is_dir():
             raise CommandError(f"--template-dir {folder}: no such folder")
     if getattr(args, "tree", None) is not None:  # a tree-step template over level widths
-        from unroll.frontend.tree_unroller import expand_tree_command_net
+        from unroll.tools.tree_option import tree_net
 
-        return expand_tree_command_net(args, variables)
+        return tree_net(args.template, args.tree, variables, args.template_dir or ())
     caffe_net = args.template.endswith(".prototxt")  # a net, maybe with Caffe's LSTM/RNN
     if caffe_net and args.steps is None:
         return parse_text(read_prototxt(args.template), NetParameter(), args.template)

@@ -1,0 +1,143 @@
+"""Greedy decoding, sampling and beam search over a Stepper (docs/design.md, "Stepping")."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import unroll
+from unroll.train.decoding import StepperDecoder, TableDecoder, beam_search, greedy, sample
+from unroll.train.stepper import Stepper
+
+BOS, EOS, VOCAB, HIDDEN, MEMORY = 1, 0, 5, 3, 4
+
+#: a decoder with dot attention over a static memory (S, N, H), read after its LSTM
+ATTENDING = """\
+{% set interface = {"kind": "net", "defaults": {}} %}
+name: "attending_T{{ T }}"
+layer { name: "input" type: "Input" top: "tokens" top: "cont" top: "memory"
+  input_param { shape { dim: {{ T }} dim: {{ batch }} } shape { dim: {{ T }} dim: {{ batch }} }
+                shape { dim: @S@ dim: {{ batch }} dim: @H@ } } }
+layer { name: "embed" type: "Embed" bottom: "tokens" top: "x" param { name: "E" }
+  embed_param { input_dim: @V@ num_output: @H@ bias_term: false
+                weight_filler { type: "uniform" min: -1 max: 1 } } }
+{{ recurrent("lstm", "x", "h", cont="cont", expose_hidden=True, hidden=@H@) }}
+layer { name: "query" type: "Reshape" bottom: "h" top: "query"
+  reshape_param { shape { dim: -1 dim: @H@ } } }
+layer { name: "scores" type: "BatchMatMul" bottom: "memory" bottom: "query" top: "scores" }
+layer { name: "weights" type: "Softmax" bottom: "scores" top: "weights"
+  softmax_param { axis: 0 } }
+layer { name: "context" type: "BatchMatMul" bottom: "weights" bottom: "memory" top: "context" }
+layer { name: "both" type: "Concat" bottom: "query" bottom: "context" top: "both" }
+layer { name: "logits" type: "InnerProduct" bottom: "both" top: "logits"
+  inner_product_param { num_output: @V@ weight_filler { type: "uniform" min: -3 max: 3 } } }
+layer { name: "probs" type: "Softmax" bottom: "logits" top: "probs" }
+""".replace("@S@", str(MEMORY)).replace("@H@", str(HIDDEN)).replace("@V@", str(VOCAB))
+
+
+@pytest.fixture(scope="module")
+def attending(tmp_path_factory):
+    """(a StepperDecoder factory over the attending net, the states and memory of 4 sequences)."""
+    path = tmp_path_factory.mktemp("templates") / "attending.prototxt.j2"
+    path.write_text(ATTENDING)
+    stepper = Stepper(unroll.expand(str(path), steps=1, batch=2), dtype="float64")
+    rng = np.random.default_rng(3)
+    n = 4
+    states = {name: rng.normal(size=(1, n, HIDDEN)) for name in ("h_0", "c_0")}
+    memory = rng.normal(size=(MEMORY, n, HIDDEN))
+
+    def decoder(rows):
+        made = StepperDecoder(stepper, static={"memory": memory[:, rows]})
+        made.start({name: value[:, rows] for name, value in states.items()})
+        return made
+
+    return decoder, n
+
+
+def tables():
+    """Random next-token log probabilities over VOCAB tokens, one row per previous token."""
+    return st.integers(0, 2**32 - 1).map(lambda seed: np.log(np.random.default_rng(seed)
+                                                             .dirichlet(np.ones(VOCAB), VOCAB)))
+
+
+@settings(max_examples=30, deadline=None)
+@given(table=tables(), max_len=st.integers(1, 6))
+def test_greedy_is_a_beam_of_width_one(table, max_len):
+    want = greedy(TableDecoder(table), 3, BOS, EOS, max_len)
+    got = beam_search(TableDecoder(table), 3, BOS, EOS, max_len, beam=1)
+    assert [tokens for tokens, _ in got] == [tokens for tokens, _ in want]
+    np.testing.assert_allclose([s for _, s in got], [s for _, s in want], rtol=1e-12)
+
+
+def best_by_enumeration(table, max_len):
+    """The best (tokens, score) of every sequence that ends (eos) within max_len steps: with
+    every end probable, the search returns an ended one."""
+    found = ([], -np.inf)
+    for n in range(max_len):
+        for tokens in itertools.product(range(1, VOCAB), repeat=n):
+            path = [BOS, *tokens, EOS]
+            score = sum(table[a, b] for a, b in zip(path, path[1:]))
+            if score > found[1]:
+                found = (list(tokens), score)
+    return found
+
+
+@settings(max_examples=15, deadline=None)
+@given(table=tables(), max_len=st.integers(1, 3))
+def test_a_beam_wide_enough_finds_the_best_sequence_and_never_loses_to_greedy(table, max_len):
+    wide = VOCAB ** max_len
+    (tokens, score), = beam_search(TableDecoder(table), 1, BOS, EOS, max_len, beam=wide)
+    want_tokens, want_score = best_by_enumeration(table, max_len)
+    assert score == pytest.approx(want_score, rel=1e-12) and tokens == want_tokens
+    (greedy_tokens, greedy_score), = greedy(TableDecoder(table), 1, BOS, EOS, max_len)
+    if len(greedy_tokens) < max_len:  # greedy's ended too (a cut one is of another kind)
+        assert score >= greedy_score - 1e-12
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_decoding_a_batch_equals_decoding_each_sequence_alone(attending, search):
+    """Every live hypothesis of every sequence in one step call: the same tokens and scores
+    as one sequence at a time, the attention memory following each hypothesis."""
+    decoder, n = attending
+
+    def run(rows):
+        made = decoder(rows)
+        if search == "greedy":
+            return greedy(made, len(rows), BOS, EOS, max_len=8)
+        return beam_search(made, len(rows), BOS, EOS, max_len=8, beam=3)
+
+    together = run(np.arange(n))
+    alone = [run(np.array([i]))[0] for i in range(n)]
+    assert [tokens for tokens, _ in together] == [tokens for tokens, _ in alone]
+    np.testing.assert_allclose([s for _, s in together], [s for _, s in alone], rtol=1e-10)
+    assert len({tuple(tokens) for tokens, _ in together}) > 1  # the memories differ
+
+
+def test_greedy_is_a_beam_of_width_one_over_the_stepper(attending):
+    decoder, n = attending
+    rows = np.arange(n)
+    narrow = greedy(decoder(rows), n, BOS, EOS, max_len=8)
+    wide = beam_search(decoder(rows), n, BOS, EOS, max_len=8, beam=1)
+    assert [t for t, _ in wide] == [t for t, _ in narrow]
+
+
+def test_sampling_repeats_with_its_seed_and_sharpens_into_greedy(attending):
+    decoder, n = attending
+    rows = np.arange(n)
+    first = sample(decoder(rows), n, BOS, EOS, max_len=8, seed=5)
+    assert sample(decoder(rows), n, BOS, EOS, max_len=8, seed=5) == first
+    assert sample(decoder(rows), n, BOS, EOS, 8, seed=5, temperature=1e-6) == \
+        greedy(decoder(rows), n, BOS, EOS, 8)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        sample(decoder(rows), n, BOS, EOS, 8, temperature=0)
+
+
+def test_the_decoder_names_inputs_it_lacks_and_inputs_the_net_lacks(attending):
+    decoder, _ = attending
+    stepper = decoder(np.arange(2)).stepper
+    with pytest.raises(ValueError, match=r"also needs \['memory'\].*static=\{'memory': \.\.\.\}"):
+        StepperDecoder(stepper)
+    with pytest.raises(ValueError, match=r"\['target'\] are not inputs of the step net"):
+        StepperDecoder(stepper, token="target", static={"memory": np.zeros((MEMORY, 2, 3))})

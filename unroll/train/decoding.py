@@ -1,0 +1,237 @@
+"""Greedy decoding, sampling and beam search over a Stepper: one step of every live hypothesis
+a call.
+
+A decoder is anything with ``step(tokens)``, which takes the last token of each of M
+hypotheses, (M,) ints, advances their states one step and returns the log probabilities
+of the next token, (M, V), and ``reorder(rows)``, after which hypothesis i continues
+the state of hypothesis ``rows[i]`` (``rows`` may be shorter or longer than M: the
+batch shrinks as hypotheses end, and grows into a beam). :class:`StepperDecoder` is one
+over a :class:`~unroll.train.stepper.Stepper`, with static inputs such as an attention
+memory that every step reads (docs/design.md, "Stepping").
+
+A hypothesis ends when it emits ``eos`` (which it keeps out of its tokens) or reaches
+``max_len`` tokens; its score is the sum of its tokens' log probabilities (``eos``
+included). Each function returns one (tokens, score) per sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from unroll.train.stepper import Stepper
+
+__all__ = ["StepperDecoder", "beam_search", "greedy", "sample"]
+
+
+class StepperDecoder:
+    """A Stepper over a one-step decoder net, as :func:`greedy` and :func:`beam_search`
+    drive it: the tokens go in as input ``token`` (1, M) (or (1, M, 1), where the net's
+    input has three axes) with ``cont`` (1, M) ones, and output ``output`` (1, M, V) holds
+    the next token's probabilities (``log=True``: log probabilities).
+
+    ``static`` gives the inputs every step reads as they are, such as an attention memory
+    (S, N, H) or a per-sequence feature (N, ...): their batch axis (``batch_axes``, by
+    default 1 for an array of 3 or more axes, a time-major memory, else 0) follows the
+    hypotheses through every reorder. :meth:`start` begins each sequence from its states.
+
+    >>> import unroll
+    >>> make = lambda T: unroll.expand("gru", steps=T, batch=2, input_dim=1, hidden=3,
+    ...                                expose_hidden=True)
+    >>> stepper = unroll.Stepper(make(1))
+    >>> decoder = StepperDecoder(stepper, token="x", output="h", log=True)
+    >>> decoder.start({"h_0": np.zeros((1, 2, 3))})
+    >>> decoder.step(np.array([1, 2])).shape    # the net's "h" read as 3 log probabilities
+    (2, 3)
+    """
+
+    def __init__(self, stepper: Stepper, token: str = "tokens", cont: str = "cont",
+                 output: str = "probs", static: dict | None = None,
+                 batch_axes: dict | None = None, log: bool = False):
+        self.stepper, self.token, self.cont, self.output, self.log = (
+            stepper, token, cont, output, log)
+        needs = {token, cont, *(static or {})}
+        missing = sorted(needs - set(stepper.inputs))
+        if missing:
+            raise ValueError(f"StepperDecoder: {missing} are not inputs of the step net "
+                             f"'{stepper.net.name}' (inputs: {stepper.inputs})")
+        unread = sorted(set(stepper.inputs) - needs)
+        if unread:
+            raise ValueError(f"StepperDecoder: the step net also needs {unread}; give them "
+                             f"as static inputs: static={{{unread[0]!r}: ...}}")
+        self.static = {name: np.asarray(value) for name, value in (static or {}).items()}
+        axes = dict(batch_axes or {})
+        self.batch_axes = {name: axes.get(name, 1 if value.ndim >= 3 else 0)
+                           for name, value in self.static.items()}
+        self._rows_static = dict(self.static)
+
+    def start(self, state: dict) -> None:
+        """Begin every sequence from ``state`` ({X_0: (1, N, size)}, as :meth:`Stepper.reset`
+        takes it), one hypothesis per sequence, with the static inputs as given."""
+        self.stepper.reset(state)
+        self._rows_static = dict(self.static)
+
+    def step(self, tokens) -> np.ndarray:
+        """The log probabilities (M, V) of the next token after each hypothesis' ``tokens``."""
+        tokens = np.asarray(tokens, dtype=np.float64)[None]
+        ndim = self.stepper.net.blobs[self.token].ndim
+        out = self.stepper(**{self.token: tokens.reshape(*tokens.shape, *[1] * (ndim - 2)),
+                              self.cont: np.ones_like(tokens)}, **self._rows_static)[self.output]
+        values = np.asarray(out, dtype=np.float64).reshape(tokens.shape[1], -1)
+        return values if self.log else np.log(np.maximum(values, 1e-30))
+
+    def reorder(self, rows) -> None:
+        """Hypothesis i continues hypothesis ``rows[i]``: its states and its static inputs."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.stepper.state is not None:  # else zeros, sized by the next call's batch
+            self.stepper.reset({name: value[:, rows]
+                                for name, value in self.stepper.state.items()})
+        self._rows_static = {name: np.take(value, rows, axis=self.batch_axes[name])
+                             for name, value in self._rows_static.items()}
+
+
+def greedy(decoder, batch: int, bos: int, eos: int, max_len: int) -> list[tuple[list[int], float]]:
+    """The most probable token at every step, for ``batch`` sequences at once (the decoder
+    started with one hypothesis each); a hypothesis that ends leaves the batch.
+
+    >>> # p(next | previous) over eos, a, b (and bos, which only starts)
+    >>> p = [[1, 0, 0, 0], [.4, .3, .3, 0], [1, 0, 0, 0], [0, .6, .4, 0]]
+    >>> table = TableDecoder(np.log(np.array(p) + 1e-12))
+    >>> [(tokens, round(float(np.exp(score)), 3)) for tokens, score in
+    ...  greedy(table, batch=1, bos=3, eos=0, max_len=5)]
+    [([1], 0.24)]
+    """
+    return _one_best(decoder, batch, bos, eos, max_len, lambda logp: logp.argmax(axis=1))
+
+
+def sample(decoder, batch: int, bos: int, eos: int, max_len: int, seed: int = 0,
+           temperature: float = 1.0) -> list[tuple[list[int], float]]:
+    """Each next token drawn from the decoder's distribution (sharpened by ``temperature``
+    < 1), from a generator seeded with ``seed``, so a run repeats; the score is the
+    untempered log probability of what was drawn.
+
+    >>> p = [[1, 0, 0, 0], [.4, .3, .3, 0], [1, 0, 0, 0], [0, .6, .4, 0]]
+    >>> table = TableDecoder(np.log(np.array(p) + 1e-12))
+    >>> sample(table, 3, bos=3, eos=0, max_len=5, seed=1) == sample(table, 3, 3, 0, 5, seed=1)
+    True
+    """
+    if temperature <= 0:
+        raise ValueError(f"sample: temperature must be > 0, found {temperature}")
+    rng = np.random.default_rng(seed)
+
+    def draw(logp):
+        z = logp / temperature
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        return (rng.random((len(p), 1)) > p.cumsum(axis=1)).sum(axis=1).clip(0, p.shape[1] - 1)
+
+    return _one_best(decoder, batch, bos, eos, max_len, draw)
+
+
+def _one_best(decoder, batch: int, bos: int, eos: int, max_len: int,
+              pick: Callable) -> list[tuple[list[int], float]]:
+    """One hypothesis per sequence, extended by ``pick(logp)``; only the live ones step."""
+    out: list[list[int]] = [[] for _ in range(batch)]
+    scores = np.zeros(batch)
+    live = np.arange(batch)
+    tokens = np.full(batch, bos, dtype=np.int64)
+    for _ in range(max_len):
+        logp = decoder.step(tokens)
+        picked = np.asarray(pick(logp), dtype=np.int64)
+        scores[live] += logp[np.arange(len(live)), picked]
+        going = picked != eos
+        for i, token in zip(live[going], picked[going]):
+            out[i].append(int(token))
+        if not going.any():
+            break
+        if not going.all():
+            decoder.reorder(np.flatnonzero(going))
+        live, tokens = live[going], picked[going]
+    return list(zip(out, scores.tolist()))
+
+
+def beam_search(decoder, batch: int, bos: int, eos: int, max_len: int,
+                beam: int = 4) -> list[tuple[list[int], float]]:
+    """The highest-scoring hypothesis of a beam of ``beam`` for each of ``batch`` sequences
+    (the decoder started with one hypothesis each, which the search copies into its beam).
+
+    Each step ranks, per sequence, every extension of its live hypotheses: one that ends
+    in ``eos`` among the ``beam`` best is finished, and the ``beam`` best that do not end
+    make the next beam (so beam 1 is greedy decoding). The search of a sequence stops, and
+    its hypotheses leave the batch, once its best finished score is at least its best live
+    one (scores only fall), or at ``max_len``; a sequence with nothing finished then takes
+    its best live one. The rows of a sequence in the batch stay together.
+
+    >>> p = [[1, 0, 0, 0], [.4, .3, .3, 0], [1, 0, 0, 0], [0, .6, .4, 0]]
+    >>> table = TableDecoder(np.log(np.array(p) + 1e-12))
+    >>> [(tokens, round(float(np.exp(score)), 3)) for tokens, score in beam_search(
+    ...  table, 1, bos=3, eos=0, max_len=5, beam=2)]
+    [([2], 0.4)]
+    """
+    k = beam
+    if k < 1:
+        raise ValueError(f"beam_search: beam must be >= 1, found {beam}")
+    active = list(range(batch))  # the sequences still searched, k rows each, in order
+    decoder.reorder(np.repeat(np.arange(batch), k))
+    tokens = np.full(batch * k, bos, dtype=np.int64)
+    # every row of a sequence starts alike: only its first may extend at step one
+    scores = np.tile(np.r_[0.0, np.full(k - 1, -np.inf)], batch)
+    prefixes: list[list[int]] = [[] for _ in range(batch * k)]
+    best: list[tuple[list[int], float] | None] = [None] * batch
+    for _ in range(max_len):
+        logp = decoder.step(tokens)
+        vocab = logp.shape[1]
+        total = (scores[:, None] + logp).reshape(len(active), k * vocab)
+        rows, new_tokens, new_scores, new_prefixes, still = [], [], [], [], []
+        for j, b in enumerate(active):
+            beam_rows = []
+            # the 2k best extensions hold at least k that do not end (or the beam is spent)
+            for rank, flat in enumerate(np.argsort(-total[j], kind="stable")[:2 * k]):
+                value = total[j, flat]
+                if not np.isfinite(value):
+                    break
+                row, token = j * k + flat // vocab, int(flat % vocab)
+                if token == eos:  # an end counts where it is among the k best (fairseq's rule)
+                    if rank < k and (best[b] is None or value > best[b][1]):
+                        best[b] = (prefixes[row], float(value))
+                    continue
+                if len(beam_rows) < k:  # once the beam is full, only ends may still count
+                    beam_rows.append((row, token, value))
+            finished = best[b] is not None and best[b][1] >= max(
+                (v for _, _, v in beam_rows), default=-np.inf)
+            if finished or not beam_rows:
+                continue  # the sequence leaves the batch
+            beam_rows += [(beam_rows[0][0], eos, -np.inf)] * (k - len(beam_rows))  # dead rows
+            still.append(b)
+            for row, token, value in beam_rows:
+                rows.append(row)
+                new_tokens.append(token)
+                new_scores.append(value)
+                new_prefixes.append([*prefixes[row], token] if np.isfinite(value) else [])
+        if not still:
+            active = []
+            break
+        decoder.reorder(np.asarray(rows))
+        active, tokens = still, np.asarray(new_tokens, dtype=np.int64)
+        scores, prefixes = np.asarray(new_scores), new_prefixes
+    for j, b in enumerate(active):
+        if best[b] is None:
+            top = j * k + int(np.argmax(scores[j * k:(j + 1) * k]))
+            best[b] = (prefixes[top], float(scores[top]))
+    return [found if found is not None else ([], float("-inf")) for found in best]
+
+
+class TableDecoder:
+    """A decoder whose next-token log probabilities depend on the last token alone:
+    ``table[previous]`` (V, V); it holds no state, so a reorder changes nothing. For the
+    examples and tests of the search functions."""
+
+    def __init__(self, table):
+        self.table = np.asarray(table, dtype=np.float64)
+
+    def step(self, tokens) -> np.ndarray:
+        return self.table[np.asarray(tokens, dtype=np.int64)]
+
+    def reorder(self, rows) -> None:
+        """Nothing to reorder: the next token depends on the last one alone."""
