@@ -66,18 +66,13 @@ def _docstring_body(obj) -> str:
 
 
 def layers_page() -> str:
-    from unroll.tools.catalogue import README_BEGIN, README_END, markdown
+    """The Layers page: its prose as written, the table between its markers generated."""
+    from unroll.tools.catalogue import README_BEGIN, README_END, markdown, readme_table
 
-    return (GENERATED + "# Layers\n\n"
-            "Every layer type registered in unroll, as its class declares it (`unroll layers`, "
-            "`unroll layers --json` for tools, `unroll.tools.catalogue` in Python): whether "
-            "BVLC Caffe has it, its bottom and top counts, its learnable blobs in order, "
-            "whether it may run in place, what its backward reads besides the top diffs, and "
-            "the `LayerParameter` fields it takes. The unroll-only types are what "
-            "`unroll expand --caffe` lowers to Caffe's layers (see "
-            "[Run it in Caffe](../tutorials/caffe.md)). A layer you register appears in "
-            "`unroll layers` too ([Extending unroll](../guide/extending.md)).\n\n"
-            f"{README_BEGIN}\n{markdown()}{README_END}\n")
+    page = (DOCS / "reference" / "layers.md").read_text()
+    start = page.index(README_BEGIN) + len(README_BEGIN)
+    readme_table(page)  # the markers are there, in order
+    return page[:start] + "\n" + markdown() + page[page.index(README_END):]
 
 
 def _template_comment(path: Path) -> str:
