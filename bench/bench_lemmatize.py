@@ -129,15 +129,11 @@ def _unroll_side(job_path: str, out_path: str) -> None:
     solver = Solver(lemmatizer.train_model, type="Adam", base_lr=job["lr"], momentum=0.9,
                     momentum2=0.999, delta=1e-8, lr_policy="step", gamma=0.95,
                     stepsize=len(job["unroll_epochs"][0]), clip_gradients=5.0)
-    model = lemmatizer.train_model
     epochs = []
     for batches in job["unroll_epochs"]:
         words, start = 0, time.perf_counter()
-        for key, inputs in batches:
-            model.clear_param_diffs()
-            model.forward(widths=key, **inputs)
-            model.backward()
-            solver.update()
+        for key, inputs in batches:  # the step the Trainer takes
+            solver.step(1, feed=dict(widths=key, **inputs))
             words += inputs["src"].shape[1]
         epochs.append({"seconds": time.perf_counter() - start,
                        "words_per_s": words / (time.perf_counter() - start)})
@@ -165,8 +161,8 @@ def main(argv=None) -> int:
 
     from examples.lemmatize.conll import read_lemmas
     from examples.lemmatize.model import EDITS, Lemmatizer, LemmatizerConfig
-    from examples.lemmatize.train import DEV_FILE, TRAIN_FILE, words_of
-    from unroll.tools.ewt import data_dir
+    from examples.lemmatize.train import words_of
+    from unroll.tools.ewt import DEV_FILE, TRAIN_FILE, data_dir
 
     data = data_dir(args.data)
     train_words = words_of(read_lemmas(data / TRAIN_FILE))

@@ -32,10 +32,11 @@ from unroll.core.atomic import write_atomic
 from unroll.core.json_files import count, finite, ratio
 from unroll.tools.conllu import UPOS_TAGS
 from unroll.train import model_folder as folder
+from unroll.train.trainer import log_schema
 from unroll.train.tree_model import TreeModel
 
-__all__ = ["EDITS", "LEMMATIZER_FILES", "Dictionary", "Lemmatizer", "LemmatizerConfig",
-           "StepDecoder", "edit_of", "upos_symbol"]
+__all__ = ["EDITS", "LEMMATIZER_FILES", "Description", "Dictionary", "Lemmatizer",
+           "LemmatizerConfig", "StepDecoder", "edit_of", "upos_symbol"]
 
 TEMPLATE = Path(__file__).with_name("lemmatizer.prototxt.j2")
 BOS, EOS = "<s>", "</s>"
@@ -157,13 +158,59 @@ class StepDecoder:
         self.stepper.reset({k: v[:, rows] for k, v in self.stepper.state.items()})
 
 
+@dataclass(frozen=True)
+class Description:
+    """What a model folder says of a lemmatizer beside its weights: the character
+    vocabulary and the dictionary (features.json), the sizes (config.json).
+
+    >>> d = Description.build([("dogs", "NOUN", "dog")], LemmatizerConfig())
+    >>> d.dictionary.get("dogs", "NOUN"), d.chars.itos[2:4], len(d.chars)
+    ('dog', ['<s>', '</s>'], 25)
+    """
+
+    chars: Vocab
+    dictionary: Dictionary
+    config: LemmatizerConfig
+
+    @classmethod
+    def build(cls, triples, config: LemmatizerConfig) -> Description:
+        """The description of a new lemmatizer for the training (form, UPOS, lemma) triples."""
+        symbols = [BOS, EOS, *map(upos_symbol, UPOS_TAGS)]
+        chars = Vocab.build([c for f, _, lemma in triples for c in f + lemma])
+        chars = Vocab([*symbols, *chars.itos[2:]], [0] * len(symbols) + chars.counts[2:].tolist())
+        return cls(chars, Dictionary.build(triples), config)
+
+    def save(self, model_dir: Path) -> None:
+        folder.write_json(Path(model_dir) / folder.FEATURES,
+                          {"chars": self.chars.to_dict(),
+                           "dictionary": self.dictionary.to_list()})
+        self.config.save(Path(model_dir) / folder.CONFIG)
+
+    @classmethod
+    def read(cls, model_dir: Path, log: list[dict]) -> Description:
+        """The description in a model folder, its JSON schema-checked and checked against
+        the checksums of ``log`` (its log.json)."""
+        model_dir = Path(model_dir)
+        try:
+            features = folder.read_json(model_dir, LEMMATIZER_FILES, folder.FEATURES, log)
+            config = LemmatizerConfig(**folder.read_json(model_dir, LEMMATIZER_FILES,
+                                                         folder.CONFIG, log))
+        except FileNotFoundError as e:
+            raise folder.ModelFolderError(
+                f"{model_dir} holds no trained lemmatizer ({Path(e.filename).name} is "
+                f"missing); train one with `python -m examples.lemmatize train --model-dir "
+                f"{model_dir}`") from None
+        return cls(Vocab.from_dict(features["chars"]),
+                   Dictionary(map(tuple, features["dictionary"])), config)
+
+
 class Lemmatizer:
     """Characters and UPOS in, the lemma's characters out; the dictionary beside it."""
 
-    def __init__(self, chars: Vocab, dictionary: Dictionary, config: LemmatizerConfig,
-                 seed: int = 0):
-        self.chars, self.dictionary, self.config = chars, dictionary, config
-        self.bos, self.eos = chars[BOS], chars[EOS]
+    def __init__(self, description: Description, seed: int = 0):
+        self.chars, self.dictionary, self.config = (description.chars, description.dictionary,
+                                                    description.config)
+        self.bos, self.eos = self.chars[BOS], self.chars[EOS]
         self.train_model = TreeModel(lambda key: self._net("train", *key), (1, 1), seed=seed)
         self.encoders = TreeModel(lambda s: self._net("encoder", s, 1), 1, phase="test",
                                   store=self.train_model.store)
@@ -172,10 +219,7 @@ class Lemmatizer:
     @classmethod
     def build(cls, triples, config: LemmatizerConfig, seed: int = 0) -> Lemmatizer:
         """A new lemmatizer for the training (form, UPOS, lemma) triples."""
-        symbols = [BOS, EOS, *map(upos_symbol, UPOS_TAGS)]
-        chars = Vocab.build([c for f, _, lemma in triples for c in f + lemma])
-        chars = Vocab([*symbols, *chars.itos[2:]], [0] * len(symbols) + chars.counts[2:].tolist())
-        return cls(chars, Dictionary.build(triples), config, seed)
+        return cls(Description.build(triples, config), seed)
 
     def _net(self, part: str, src: int, tgt: int):
         return expand(TEMPLATE, steps=tgt, batch=self.config.batch, chars=len(self.chars),
@@ -284,30 +328,6 @@ class Lemmatizer:
         return known
 
     # -- files --------------------------------------------------------------------------
-    def save_description(self, model_dir: Path) -> None:
-        folder.write_json(Path(model_dir) / folder.FEATURES,
-                          {"chars": self.chars.to_dict(),
-                           "dictionary": self.dictionary.to_list()})
-        self.config.save(Path(model_dir) / folder.CONFIG)
-
-    @classmethod
-    def described(cls, model_dir: Path, log: list[dict], seed: int = 0) -> Lemmatizer:
-        """A lemmatizer of the vocabulary, dictionary and sizes of a model folder (its JSON
-        schema-checked, and checked against the checksums of ``log``, its log.json), with
-        new weights."""
-        model_dir = Path(model_dir)
-        try:
-            features = folder.read_json(model_dir, LEMMATIZER_FILES, folder.FEATURES, log)
-            config = LemmatizerConfig(**folder.read_json(model_dir, LEMMATIZER_FILES,
-                                                         folder.CONFIG, log))
-        except FileNotFoundError as e:
-            raise folder.ModelFolderError(
-                f"{model_dir} holds no trained lemmatizer ({Path(e.filename).name} is "
-                f"missing); train one with `python -m examples.lemmatize train --model-dir "
-                f"{model_dir}`") from None
-        return cls(Vocab.from_dict(features["chars"]),
-                   Dictionary(map(tuple, features["dictionary"])), config, seed)
-
     @classmethod
     def load(cls, model_dir: Path, checkpoint: str = "best") -> Lemmatizer:
         """The lemmatizer of a model folder: its JSON schema-checked, its weights checked
@@ -319,19 +339,16 @@ class Lemmatizer:
                 f"{model_dir} holds no trained lemmatizer ({folder.LOG} names no finished "
                 f"epoch); train one with `python -m examples.lemmatize train --model-dir "
                 f"{model_dir}`")
-        lemmatizer = cls.described(model_dir, log)
+        lemmatizer = cls(Description.read(model_dir, log))
         folder.load_checkpoint(lemmatizer.train_model, model_dir, log, checkpoint)
         return lemmatizer
 
 
-#: the lemmatizer's log.json: the library's model folder (unroll.train.model_folder), whose
-#: read_log checks the names and checksums further, without an average
-LOG_SCHEMA = folder.epoch_log_schema(
-    {"train_loss": finite(), "dev_accuracy": finite(1), "dev_combined": finite(1),
-     "dev_combined_lower": finite(1), "seconds": finite(), "words_per_s": finite()},
-    required=["train_loss", "dev_accuracy", "dev_combined", "dev_combined_lower", "seconds",
-              "seed"],
-)
+#: the lemmatizer's log.json: the Trainer's epoch records (no average: the params themselves
+#: are evaluated and saved) with its three dev accuracies
+LOG_SCHEMA = log_schema(
+    {"dev_accuracy": finite(1), "dev_combined": finite(1), "dev_combined_lower": finite(1)},
+    required=["dev_accuracy", "dev_combined", "dev_combined_lower"], averaged=False)
 
 #: the lemmatizer's model folder: its log and its two JSON files, which log.json checksums
 LEMMATIZER_FILES = folder.ModelFiles(LOG_SCHEMA, {folder.CONFIG: CONFIG_SCHEMA,

@@ -1,77 +1,79 @@
-"""Train a lemmatizer into a model folder, and score one on a split.
+"""Train a lemmatizer: the distinct (form, UPOS, lemma) triples of train, Adam, dev lemma
+accuracies per epoch; and score one on a split.
 
-The model folder is the tagger's (:mod:`unroll.train.model_folder`, which
-says the files, their order and the lock), every file written atomically:
-``features.json`` (the character vocabulary and the training dictionary) and
-``config.json`` first, then per epoch the solver's snapshot, ``log.json`` (the
-commit point, with the SHA-256 of every weight file, which loading and
-``--resume`` check), ``last.caffemodel`` and ``best.caffemodel`` (the epoch of
-the best combined dev accuracy). The JSON files are read back schema-checked
-(:mod:`unroll.core.json_files`). ``resume`` continues the last logged
-epoch with the folder's sizes and seed; since each epoch's shuffle and dropout
-masks are drawn from (seed, epoch) alone, it trains the model an uninterrupted
-run would have, bit for bit.
-
-The seq2seq trains on the distinct (form, UPOS, lemma) triples of the training
-split (the dictionary answers for the frequent words; the seq2seq is for the
-rest), with Adam and teacher forcing.
+The epoch loop, the model folder, seeding, the time limit, the non-finite
+policy and MPI ranks are the library's (:class:`unroll.train.trainer.Trainer`,
+docs/design.md, 10. Training); this module is the lemmatizer's part of it
+(:class:`LemmatizerTraining`): its data, its description (``features.json``:
+the character vocabulary and the training dictionary; ``config.json``: the
+sizes), its nets and batches, its Adam with teacher forcing, and its dev
+scores. The params themselves are evaluated and saved (no average), and
+``best.caffemodel`` is the epoch of the best combined dev accuracy.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from examples.lemmatize.conll import read_lemmas
-from examples.lemmatize.model import LEMMATIZER_FILES, Lemmatizer, LemmatizerConfig
-from unroll import Solver
+from examples.lemmatize.model import (
+    CONFIG_SCHEMA,
+    LEMMATIZER_FILES,
+    Description,
+    Lemmatizer,
+    LemmatizerConfig,
+)
+from unroll.core import json_files
 from unroll.core.errors import FileFormatError
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
 from unroll.train import model_folder as folder
-from unroll.train.solver import NonFiniteError
-from unroll.train.trainer import bad_batch, diverged
+from unroll.train.trainer import Metric, Trainer
 
-__all__ = ["TrainOptions", "dictionary_baseline", "scores", "train", "words_of"]
-
-
-
-#: the TrainOptions fields that are LemmatizerConfig sizes
-SIZES = ("embed", "hidden", "dropout", "batch")
+__all__ = ["LemmatizerTraining", "TrainOptions", "WordBatches", "dictionary_baseline",
+           "read_words", "scores", "train", "words_of"]
 
 
 @dataclass
 class TrainOptions:
-    """What to train on, where, and how. A size or ``seed`` left at None is the default
-    (:class:`LemmatizerConfig`'s; seed 0) in a new folder and the folder's own with
-    ``resume``, where one given that differs from the folder's is an error naming both."""
+    """What to train on, where, and how (the Trainer's options, then the lemmatizer's).
 
-    model_dir: Path
+    ``sizes`` are :class:`LemmatizerConfig` fields to set: a fresh run's config is
+    ``LemmatizerConfig(**sizes)``; a resumed run keeps the folder's, and a size given
+    here that differs from it is an error naming both (so is ``seed``).
+    """
+
     data: Path
+    model_dir: Path
     epochs: int = 40
-    lr: float = 3e-3
-    hidden: int | None = None
-    embed: int | None = None
-    dropout: float | None = None
-    batch: int | None = None
-    limit: int = 0
-    max_minutes: float | None = 20.0
-    seed: int | None = None
-    quiet: bool = False
+    max_minutes: float | None = None  # None: no time limit
+    seed: int | None = None  # None: 0, or on --resume the folder's
+    limit: int | None = None  # None: every sentence
     resume: bool = False
     overwrite: bool = False
-
-    def sizes(self) -> dict:
-        """The sizes given (not None)."""
-        return {k: getattr(self, k) for k in SIZES if getattr(self, k) is not None}
+    skip_bad_batches: int = 0
+    quiet: bool = False
+    lr: float = 3e-3
+    sizes: dict = field(default_factory=dict)
 
 
 def words_of(sentences) -> list[tuple[str, str, str]]:
     """The (form, UPOS, lemma) of every word of ``sentences`` (from :func:`read_lemmas`)."""
     return [t for forms, upos, lemmas in sentences for t in zip(forms, upos, lemmas)]
+
+
+def read_words(path: Path, limit: int | None = None) -> list[tuple[str, str, str]]:
+    """The (form, UPOS, lemma) words of the first ``limit`` sentences (None: all) of the
+    CoNLL-U file ``path``, which must hold one."""
+    if not Path(path).exists():
+        raise FileNotFoundError(f"{path} not found: expected a CoNLL-U file with lemmas "
+                                f"(--data DIR: a folder with {TRAIN_FILE} and {DEV_FILE})")
+    sentences = read_lemmas(path)
+    if not sentences:
+        raise FileFormatError(path, "holds no sentences")
+    return words_of(sentences[:limit])
 
 
 def _accuracy(gold, predicted) -> float:
@@ -86,132 +88,116 @@ def dictionary_baseline(lemmatizer: Lemmatizer, words) -> float:
 
 def scores(lemmatizer: Lemmatizer, words, beam: int = 1) -> dict:
     """Accuracies over ``words`` ((form, UPOS, lemma) tokens): the seq2seq alone (its
-    edit classifier and decoder; ``decoder``: the decoder alone), the dictionary for the
-    pairs it has and the seq2seq for the rest, the same with the lower-cased dictionary too;
-    and the decoding speed (distinct pairs decoded per second)."""
+    edit classifier and decoder), the dictionary for the pairs it has and the seq2seq for
+    the rest, the same with the lower-cased dictionary too, and the dictionary alone; and
+    how many distinct (form, UPOS) pairs were decoded."""
     pairs = sorted({(f, u) for f, u, _ in words})
-    start = time.perf_counter()
     decoded = dict(zip(pairs, lemmatizer.predict(pairs, beam=beam)))
-    seconds = time.perf_counter() - start
-    raw = dict(zip(pairs, lemmatizer.predict(pairs, beam=beam, edits=False)))
     gold = [lemma for _, _, lemma in words]
     seq2seq = [decoded[(f, u)] for f, u, _ in words]
 
     def combined(lower):
         return [lemmatizer.dictionary.get(f, u, lower) or s for (f, u, _), s in zip(words, seq2seq)]
 
-    return {"seq2seq": _accuracy(gold, seq2seq),
-            "decoder": _accuracy(gold, [raw[(f, u)] for f, u, _ in words]),
-            "combined": _accuracy(gold, combined(False)),
+    return {"seq2seq": _accuracy(gold, seq2seq), "combined": _accuracy(gold, combined(False)),
             "combined_lower": _accuracy(gold, combined(True)),
-            "dictionary": dictionary_baseline(lemmatizer, words),
-            "words_per_s": len(pairs) / max(seconds, 1e-9), "pairs": len(pairs)}
+            "dictionary": dictionary_baseline(lemmatizer, words), "pairs": len(pairs)}
 
 
-def _read(path: Path, limit: int):
-    sents = read_lemmas(path)
-    return sents[:limit] if limit else sents
+class WordBatches:
+    """The sampler of the training triples ``examples``: the lemmatizer's batches (one
+    source length each, :meth:`Lemmatizer.batches`), shuffled from ``(seed, epoch)``
+    alone, the same on every rank, each of ``size`` ranks taking every size-th batch
+    (the last few dropped, so every rank takes as many steps).
+
+    >>> words = [("dogs", "NOUN", "dog"), ("cats", "NOUN", "cat"), ("ran", "VERB", "run")]
+    >>> lemmatizer = Lemmatizer.build(words, LemmatizerConfig(embed=4, hidden=4, batch=2))
+    >>> batches = WordBatches(lemmatizer, words, seed=0)
+    >>> len(batches), [key for key, _ in batches.epoch_batches(0)]  # (source, target) steps
+    (2, [(4, 4), (5, 4)])
+    >>> [key for key, _ in WordBatches(lemmatizer, words, 0, rank=1, size=2).epoch_batches(0)]
+    [(5, 4)]
+    """
+
+    def __init__(self, lemmatizer: Lemmatizer, examples, seed: int, rank: int = 0,
+                 size: int = 1):
+        self.lemmatizer, self.examples = lemmatizer, examples
+        self.seed, self.rank, self.size = seed, rank, size
+        self.steps = len(lemmatizer.batches(examples)) // size
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def epoch_batches(self, epoch: int) -> list:
+        shuffle = np.random.default_rng(np.random.SeedSequence([self.seed, epoch]).spawn(1)[0])
+        batches = self.lemmatizer.batches(self.examples, shuffle)
+        return batches[self.rank::self.size][:self.steps]
 
 
-def train(opts: TrainOptions) -> list[dict]:
-    """Train (or, with ``resume``, continue) into the model folder; returns log.json's
-    entries."""
-    started = time.perf_counter()
-    train_words = words_of(_read(Path(opts.data) / TRAIN_FILE, opts.limit))
-    dev_words = words_of(_read(Path(opts.data) / DEV_FILE, opts.limit))
-    with folder.claimed(Path(opts.model_dir), opts.resume, opts.overwrite,
-                        LEMMATIZER_FILES) as model_dir:
-        lemmatizer, log = _described(opts, model_dir, train_words)
-        return _train(opts, model_dir, lemmatizer, log, train_words, dev_words, started)
+class LemmatizerTraining:
+    """The lemmatizer as a :class:`~unroll.train.trainer.Application`: EWT's train and dev
+    words, the description in the folder, the lemmatizer's nets and batches, and its dev
+    accuracies (seq2seq alone, combined with the dictionary, and with the lower-cased
+    dictionary too) in every epoch's record."""
 
+    files = LEMMATIZER_FILES
+    metric = Metric("dev_combined", "dev combined", percent=True)
+    curve_title = "unroll lemmatizer, UD English EWT"
 
-def _described(opts: TrainOptions, model_dir: Path, train_words):
-    """(lemmatizer, log): the folder's own when resuming, else a new one, its description
-    saved."""
-    log = folder.read_log(model_dir, LEMMATIZER_FILES) if opts.resume else []
-    if log:  # folder.claimed let only a complete, consistent folder through
+    def __init__(self, opts: TrainOptions):
+        # before the folder is claimed: a size the folder's config.json could not hold
+        wrong = json_files.problem(asdict(LemmatizerConfig(**opts.sizes)), CONFIG_SCHEMA)
+        if wrong is not None:
+            raise ValueError(f"--{wrong}")
+        self.opts = opts
+
+    def read_data(self) -> None:
+        self.train_words = read_words(Path(self.opts.data) / TRAIN_FILE, self.opts.limit)
+        self.dev_words = read_words(Path(self.opts.data) / DEV_FILE, self.opts.limit)
+
+    def create(self, model_dir: Path) -> None:
+        self.description = Description.build(self.train_words,
+                                             LemmatizerConfig(**self.opts.sizes))
+        self.description.save(model_dir)
+
+    def load(self, model_dir: Path, log: list[dict]) -> None:
         try:
-            lemmatizer = Lemmatizer.described(model_dir, log, seed=log[-1]["seed"])
+            self.description = Description.read(model_dir, log)
         except FileFormatError as e:
             raise folder.resume_error(model_dir, str(e)) from None
-        asked = dict(opts.sizes(), **({} if opts.seed is None else {"seed": opts.seed}))
-        folder.settings_differ(model_dir, asked,
-                               dict(asdict(lemmatizer.config), seed=log[-1]["seed"]))
-        return lemmatizer, log
-    lemmatizer = Lemmatizer.build(train_words, LemmatizerConfig(**opts.sizes()),
-                                  seed=opts.seed or 0)
-    lemmatizer.save_description(model_dir)
-    return lemmatizer, []
+        folder.settings_differ(model_dir, self.opts.sizes, asdict(self.description.config))
+
+    def model(self, model_dir: Path, seed: int):
+        self.lemmatizer = Lemmatizer(self.description, seed)
+        return self.lemmatizer.train_model
+
+    def sampler(self, seed: int, rank: int, size: int) -> WordBatches:
+        return WordBatches(self.lemmatizer, sorted(set(self.train_words)), seed, rank, size)
+
+    def solver_fields(self, steps_per_epoch: int) -> dict:
+        """Adam at ``lr``, decayed by 0.95 every epoch (Caffe's lr_policy "step"), gradients
+        clipped at norm 5."""
+        return dict(type="Adam", base_lr=self.opts.lr, momentum=0.9, momentum2=0.999,
+                    delta=1e-8, lr_policy="step", gamma=0.95, stepsize=steps_per_epoch,
+                    clip_gradients=5.0)
+
+    def seed_epoch(self, rng) -> None:
+        """Nothing: the lemmatizer's only draws are its shuffle and its dropout."""
+
+    def batch(self, batch) -> tuple[dict, int]:
+        key, inputs = batch
+        return dict(widths=key, **inputs), inputs["src"].shape[1]
+
+    def evaluate(self, epoch: int) -> dict:
+        dev = scores(self.lemmatizer, self.dev_words)
+        return {"dev_accuracy": dev["seq2seq"], "dev_combined": dev["combined"],
+                "dev_combined_lower": dev["combined_lower"]}
 
 
-def _seed_epoch(lemmatizer: Lemmatizer, seed: int, epoch: int) -> np.random.Generator:
-    """The epoch's shuffle, and its dropout masks, from streams of (seed, epoch) alone, so
-    that a resumed epoch draws what the uninterrupted one did."""
-    shuffle, dropout = np.random.SeedSequence([seed, epoch]).spawn(2)
-    lemmatizer.train_model.seed(int(dropout.generate_state(1)[0]))
-    return np.random.default_rng(shuffle)
-
-
-def _train(opts: TrainOptions, model_dir: Path, lemmatizer: Lemmatizer, log: list,
-           train_words, dev_words, started: float) -> list[dict]:
-    seed = log[-1]["seed"] if log else opts.seed or 0
-    examples = sorted(set(train_words))
-    steps_per_epoch = len(lemmatizer.batches(examples))
-    solver = Solver(lemmatizer.train_model, type="Adam", base_lr=opts.lr, momentum=0.9,
-                    momentum2=0.999, delta=1e-8, lr_policy="step", gamma=0.95,
-                    stepsize=steps_per_epoch, clip_gradients=5.0, nonfinite="stop")
-    if log:
-        folder.restore_solver(solver, model_dir, log[-1])
-    model = lemmatizer.train_model
-    best = max((e["dev_combined"] for e in log), default=-1.0)
-    earlier = sum(e["seconds"] for e in log)  # training time before a resume
-    last_seconds = log[-1]["seconds"] if log else 0.0
-    for epoch in range(len(log), opts.epochs):
-        elapsed = time.perf_counter() - started + earlier
-        if opts.max_minutes and log and elapsed + last_seconds > 60 * opts.max_minutes:
-            log[-1]["stopped"] = (f"stopped by --max-minutes after {len(log)} of "
-                                  f"{opts.epochs} epochs")
-            folder.write_json(model_dir / folder.LOG, log)
-            break
-        t0, losses, words, compute = time.perf_counter(), [], 0, 0.0
-        rng = _seed_epoch(lemmatizer, seed, epoch)
-        bar = tqdm(lemmatizer.batches(examples, rng), desc=f"epoch {epoch + 1}/{opts.epochs}",
-                   unit="batch", disable=opts.quiet, mininterval=1.0, dynamic_ncols=True)
-        for k, (key, inputs) in enumerate(bar):
-            c0 = time.perf_counter()
-            try:
-                losses.append(checked_step(model, solver, dict(widths=key, **inputs)))
-            except NonFiniteError as e:
-                raise diverged(bad_batch(epoch, k, e.step), model_dir, log, opts.lr) from None
-            compute += time.perf_counter() - c0
-            words += inputs["src"].shape[1]
-            bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}",
-                            words_s=f"{words / compute:.0f}")
-        dev = scores(lemmatizer, dev_words)
-        last_seconds = time.perf_counter() - t0
-        entry = {"epoch": epoch + 1, "iter": solver.iter,
-                 "train_loss": float(np.mean(losses)), "dev_accuracy": dev["seq2seq"],
-                 "dev_combined": dev["combined"], "dev_combined_lower": dev["combined_lower"],
-                 "seconds": last_seconds, "words_per_s": words / max(compute, 1e-9),
-                 "seed": seed}
-        folder.commit_epoch(model_dir, solver, log, entry, dev["combined"] > best,
-                            files=LEMMATIZER_FILES)
-        best = max(best, dev["combined"])
-        if not opts.quiet:
-            tqdm.write(f"epoch {epoch + 1}: loss {entry['train_loss']:.4f}  dev seq2seq "
-                       f"{100 * dev['seq2seq']:.2f}%  combined {100 * dev['combined']:.2f}% "
-                       f"(best {100 * best:.2f}%)  with lower-casing "
-                       f"{100 * dev['combined_lower']:.2f}%  {entry['words_per_s']:.0f} "
-                       f"words/s  {last_seconds:.0f} s")
-    return log
-
-
-def checked_step(model, solver, inputs: dict) -> float:
-    """One training step of ``model`` on ``inputs``: forward, backward and the ``solver``'s
-    update; returns the loss. A solver with ``nonfinite="stop"`` raises
-    :class:`~unroll.train.solver.NonFiniteError` before updating on a non-finite step."""
-    model.clear_param_diffs()
-    model.forward(**inputs)
-    model.backward()
-    solver.update()
-    return model.loss
+def train(opts: TrainOptions) -> dict:
+    """Train (or resume) and return the log of the last epoch (see
+    :meth:`unroll.train.trainer.Trainer.fit`)."""
+    return Trainer(LemmatizerTraining(opts), opts.model_dir, epochs=opts.epochs,
+                   seed=opts.seed, resume=opts.resume, overwrite=opts.overwrite,
+                   max_minutes=opts.max_minutes, skip_bad_batches=opts.skip_bad_batches,
+                   quiet=opts.quiet, average=None).fit()

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.examples.conftest import TINY_ARGS, write_corpus
+from tests.examples.test_lemmatize import write_lemma_corpus
 from tests.examples.trees import write_trees
 
 
@@ -56,5 +57,13 @@ DEPREL = App(
     evaluate=("evaluate", "--split", "dev"), files=("config.json", "features.json"),
 )
 
-#: the applications, each a row (lemmatizer and charlm join as they move onto the Trainer)
-APPS = [TAGGER, DEPREL]
+LEMMATIZER = App(
+    name="lemmatizer", module="examples.lemmatize",
+    corpus=lambda folder: write_lemma_corpus(folder, n_train=30),
+    train=("--hidden", "8", "--embed", "8", "--batch", "8", "--dropout", "0.2"),
+    predict=("lemmatize", "--conllu", "{input}"), evaluate=("evaluate", "--split", "dev"),
+    files=("config.json", "features.json"),
+)
+
+#: the applications, each a row (charlm joins as it moves onto the Trainer)
+APPS = [TAGGER, DEPREL, LEMMATIZER]

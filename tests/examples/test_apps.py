@@ -355,3 +355,26 @@ def test_cr_crlf_and_a_bom_are_read_and_written_back_as_they_came(app, end, tmp_
                                capsys)
     assert status == 0, err
     assert out.read_bytes() == ENDS[end](lf.encode())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("app", [a for a in APPS if "{input}" in a.predict],
+                         ids=lambda a: a.name)
+def test_a_device_as_the_input_is_refused_at_once(app, tmp_path, capsys):
+    """The file to label a device, or a link to /dev/zero (which would never end): one
+    line naming it, before anything is read."""
+    from unroll.tools.ewt import DEV_FILE
+
+    data = app.corpus(tmp_path / "data")
+    model_dir = tmp_path / "m"
+    main = importlib.import_module(f"{app.module}.__main__").main
+    assert main([*train_argv(app, data, model_dir), "--epochs", "1"]) == 0
+    for device in ("/dev/zero", "/dev/null"):
+        linked = tmp_path / device.replace("/", "_")
+        linked.mkdir()
+        (linked / DEV_FILE).symlink_to(device)
+        status, _, err = predicted(app, predict_argv(app, linked, model_dir), capsys)
+        assert status == 2, err
+        assert err.strip().splitlines() == [
+            f"python -m {app.module} {app.predict[0]}: error: {linked / DEV_FILE}: is a "
+            f"device; expected a CoNLL-U file"], err

@@ -13,8 +13,11 @@ import pytest
 from examples.lemmatize import __main__ as cli
 from examples.lemmatize.conll import fill_lemmas, read_lemmas
 from examples.lemmatize.decode import beam_search, greedy
-from examples.lemmatize.model import Lemmatizer, LemmatizerConfig, StepDecoder
-from examples.lemmatize.train import DEV_FILE, TRAIN_FILE, TrainOptions, scores, train, words_of
+from examples.lemmatize.model import LEMMATIZER_FILES, Lemmatizer, LemmatizerConfig, StepDecoder
+from examples.lemmatize.train import TrainOptions, scores, train, words_of
+from tests.cli_helpers import one_line_error
+from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
+from unroll.train import model_folder as folder
 
 EOS, BOS, VOCAB = 0, 3, 4
 
@@ -113,10 +116,11 @@ def _conllu(sentences, extras=False) -> str:
     return "".join(out)
 
 
-def _corpus(folder, seed=0):
+def write_lemma_corpus(folder, seed=0, n_train=TRAIN_SENTENCES):
+    """An EWT-like train and dev split of made-up regular inflections in ``folder``."""
     rng = np.random.default_rng(seed)
-    folder.mkdir(exist_ok=True)
-    train_sents = [[_word(rng) for _ in range(5)] for _ in range(TRAIN_SENTENCES)]
+    folder.mkdir(parents=True, exist_ok=True)
+    train_sents = [[_word(rng) for _ in range(5)] for _ in range(n_train)]
     dev_sents = [[_word(rng) for _ in range(5)] for _ in range(20)]
     (folder / TRAIN_FILE).write_text(_conllu(train_sents))
     (folder / DEV_FILE).write_text(_conllu(dev_sents, extras=True))
@@ -126,11 +130,11 @@ def _corpus(folder, seed=0):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("lemma")
-    data = _corpus(root / "data")
+    data = write_lemma_corpus(root / "data")
     model_dir = root / "model"
-    log = train(TrainOptions(model_dir=model_dir, data=data, epochs=60, lr=1e-2, hidden=32,
-                             embed=16, dropout=0.2, batch=16, max_minutes=None, quiet=True))
-    return data, model_dir, log
+    train(TrainOptions(model_dir=model_dir, data=data, epochs=60, lr=1e-2, quiet=True,
+                       sizes={"hidden": 32, "embed": 16, "dropout": 0.2, "batch": 16}))
+    return data, model_dir, folder.read_log(model_dir, LEMMATIZER_FILES)
 
 
 def test_the_reader_reads_lemmas_past_multiword_and_empty_node_lines(tmp_path):
@@ -224,7 +228,8 @@ def test_a_folder_with_a_model_is_refused_and_a_damaged_weight_file_is_an_error(
     kept = best.read_bytes()
     try:
         best.write_bytes(kept[:-1] + bytes([kept[-1] ^ 1]))
-        assert cli.main(["evaluate", "--model-dir", str(model_dir), "--data", str(data)]) == 2
+        assert cli.main(["evaluate", "--model-dir", str(model_dir), "--data", str(data),
+                         "--split", "dev"]) == 2
         assert "checksum" in capsys.readouterr().err
     finally:
         best.write_bytes(kept)
@@ -238,7 +243,7 @@ def test_the_config_is_schema_checked(tmp_path):
 
 
 def test_divergence_exits_1_with_one_line(tmp_path, capsys):
-    data = _corpus(tmp_path / "data")
+    data = write_lemma_corpus(tmp_path / "data")
     model_dir = tmp_path / "m"
     assert cli.main(["train", "--model-dir", str(model_dir), "--data", str(data),
                      "--epochs", "2", "--lr", "1e38", "--hidden", "8", "--embed", "4",
@@ -246,3 +251,23 @@ def test_divergence_exits_1_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert "training diverged at epoch " in err and "loss nan" in err and "Lower --lr" in err
+
+
+@pytest.mark.parametrize("option, value, part", [
+    ("--dropout", "nan", "argument --dropout: expected a number in [0, 1)"),
+    ("--dropout", "1", "argument --dropout: expected a number in [0, 1)"),
+    ("--dropout", "inf", "argument --dropout: expected a number in [0, 1)"),
+    ("--hidden", "9000", "--hidden must be at most 8192, found 9000"),
+])
+def test_a_size_config_json_could_not_hold_is_refused_before_the_folder(option, value, part,
+                                                                       tmp_path, capsys):
+    data = write_lemma_corpus(tmp_path / "data", n_train=4)
+    model_dir = tmp_path / "m"
+    try:
+        status = cli.main(["train", "--model-dir", str(model_dir), "--data", str(data),
+                           option, value, "--quiet"])
+    except SystemExit as stop:  # refused by the parser
+        status = stop.code
+    assert status == 2
+    one_line_error(capsys, "python -m examples.lemmatize train: error: ", part)
+    assert not model_dir.exists()

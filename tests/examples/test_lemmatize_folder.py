@@ -19,7 +19,7 @@ from examples.lemmatize.train import TrainOptions, train
 from examples.pos_tagging.__main__ import main as tagger_main
 from tests.cli_helpers import one_line_error
 from tests.examples.conftest import TINY_ARGS
-from tests.examples.test_lemmatize import _corpus
+from tests.examples.test_lemmatize import write_lemma_corpus
 from unroll.train import model_folder as folder
 
 pytestmark = pytest.mark.slow
@@ -28,18 +28,18 @@ pytestmark = pytest.mark.slow
 TINY = {"hidden": 8, "embed": 8, "dropout": 0.2, "batch": 8}
 TINY_OPTIONS = ["--hidden", "8", "--embed", "8", "--dropout", "0.2", "--batch", "8"]
 #: the log's fields that time the run, the only ones two runs may differ in
-TIMINGS = ("seconds", "words_per_s")
+TIMINGS = ("seconds", "tokens_per_s")
 
 
-def fresh(data, model_dir, epochs, **changes) -> list:
+def fresh(data, model_dir, epochs) -> dict:
     return train(TrainOptions(model_dir=model_dir, data=data, epochs=epochs, lr=1e-2, limit=30,
-                              max_minutes=None, quiet=True, **(TINY | changes)))
+                              quiet=True, sizes=TINY))
 
 
 def resume(data, model_dir, *options, epochs=3) -> int:
     return cli.main(["train", "--model-dir", str(model_dir), "--data", str(data), "--epochs",
-                     str(epochs), "--lr", "1e-2", "--limit", "30", "--max-minutes", "0",
-                     "--quiet", "--resume", *options])
+                     str(epochs), "--lr", "1e-2", "--limit", "30", "--quiet", "--resume",
+                     *options])
 
 
 def contents(root: Path) -> dict:
@@ -60,7 +60,7 @@ def trained(tmp_path_factory):
     """(corpus, folder, the first epoch's last.caffemodel) of a tiny lemmatizer trained two
     epochs: never changed, copy it."""
     root = tmp_path_factory.mktemp("lemma_folder")
-    data = _corpus(root / "data")
+    data = write_lemma_corpus(root / "data")
     fresh(data, root / "m", 1)
     first = (root / "m" / "last.caffemodel").read_bytes()
     assert resume(data, root / "m", epochs=2) == 0
@@ -76,7 +76,7 @@ def model(trained, tmp_path):
 def test_resume_trains_what_an_uninterrupted_run_trains_bit_for_bit(tmp_path, capsys):
     """With dropout, shuffles and the Adam history to carry over, and the best epoch an
     earlier one than the last; the resumed leg takes its sizes from the folder."""
-    data = _corpus(tmp_path / "data")
+    data = write_lemma_corpus(tmp_path / "data")
     fresh(data, tmp_path / "straight", 4)
     fresh(data, tmp_path / "split", 2)
     assert resume(data, tmp_path / "split", epochs=4) == 0
@@ -89,7 +89,7 @@ def test_resume_trains_what_an_uninterrupted_run_trains_bit_for_bit(tmp_path, ca
             (tmp_path / "straight" / name).read_bytes(), name
     # the previous snapshot went once the log committed the next
     assert set(contents(tmp_path / "split")) == {"config.json", "features.json", "log.json",
-                                                 *names}
+                                                 folder.CURVE, *names}
 
 
 def test_the_log_is_the_folders_and_names_the_snapshot(trained):

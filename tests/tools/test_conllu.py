@@ -2,11 +2,15 @@
 (LF, CRLF, CR) and byte-order mark read, and written back as they came."""
 
 import io
+import os
+import threading
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.hang import at_once
+from unroll.core.errors import FileFormatError
 from unroll.tools.conllu import (
     UPOS_TAGS,
     CoNLLUError,
@@ -253,3 +257,22 @@ def test_tag_conllu_keeps_line_ends_and_bom_through_a_text_stream(tmp_path_facto
     assert [line[len(line.rstrip(b"\r\n")):] for line in back.splitlines(keepends=True)] == [
         line[len(line.rstrip(b"\r\n")):] for line in data.splitlines(keepends=True)]
     assert back.count(b"\tX\t") == sum(words)
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/null"])
+def test_a_device_given_as_a_path_is_refused_at_once(device, tmp_path):
+    """/dev/zero would never end, and a link to it no sooner: neither is read at all."""
+    link = tmp_path / "link.conllu"
+    link.symlink_to(device)
+    for path in (device, link):
+        with pytest.raises(FileFormatError, match="is a device; expected a CoNLL-U file"):
+            at_once(lambda p: list(read_conllu(p)), path)
+
+
+def test_a_fifo_is_read_as_a_redirect_would(tmp_path):
+    fifo = tmp_path / "in.conllu"
+    os.mkfifo(fifo)
+    text = b"1\tHi\t_\tINTJ\t_\t_\t0\t_\t_\t_\r\n\r\n"
+    writer = threading.Thread(target=fifo.write_bytes, args=(text,), daemon=True)
+    writer.start()
+    assert at_once(lambda p: list(read_conllu(p)), fifo) == [(["Hi"], ["INTJ"])]

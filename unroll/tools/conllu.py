@@ -24,6 +24,7 @@ from pathlib import Path
 
 from conllu.parser import ParseException, parse_id_value
 
+from unroll.core.errors import FileFormatError
 from unroll.tools.output import write_output
 
 __all__ = ["UPOS_TAGS", "CoNLLUError", "fill_column", "fill_upos", "parse_head", "read_conllu",
@@ -39,6 +40,8 @@ _UPOS = frozenset(UPOS_TAGS)
 _NCOLS = 10
 #: a HEAD as UD's validator takes it: 0, or a word number in plain ASCII digits
 _HEAD = re.compile(r"0|[1-9][0-9]*")
+#: the most a CoNLL-U file given by path may hold (EWT's train split is 14 MB)
+_MAX_INPUT_BYTES = 1 << 30
 
 
 class CoNLLUError(ValueError):
@@ -291,10 +294,28 @@ def read_lines(source) -> tuple[list[bytes], str]:
     [b'\\xef\\xbb\\xbf# a\\r', b'1\\r\\n', b'\\n']
     """
     if isinstance(source, (str, os.PathLike)):
-        return Path(source).read_bytes().splitlines(keepends=True), os.fspath(source)
+        return _read_input(Path(source)).splitlines(keepends=True), os.fspath(source)
     data = source.read()
     data = data.encode("utf-8") if isinstance(data, str) else data
     return data.splitlines(keepends=True), str(getattr(source, "name", "<stream>"))
+
+
+def _read_input(path: Path) -> bytes:
+    """The bytes of the input file ``path``: a regular file, or a FIFO read as the shell's
+    ``<`` would; a device (/dev/zero would never end) is refused at once, and so is more
+    than 1 GiB.
+
+    >>> _read_input(Path("/dev/zero"))
+    Traceback (most recent call last):
+    unroll.core.errors.FileFormatError: /dev/zero: is a device; expected a CoNLL-U file
+    """
+    if path.is_char_device() or path.is_block_device():
+        raise FileFormatError(path, "is a device; expected a CoNLL-U file")
+    with path.open("rb") as f:
+        data = f.read(_MAX_INPUT_BYTES + 1)
+    if len(data) > _MAX_INPUT_BYTES:
+        raise FileFormatError(path, f"holds more than {_MAX_INPUT_BYTES} bytes")
+    return data
 
 
 def fill_column(source, values, column: int, file) -> None:
