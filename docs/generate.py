@@ -118,6 +118,8 @@ def _field_default(field) -> str:
         return f"`{field.enum_type.values_by_number[field.default_value].name}`"
     if field.type == field.TYPE_STRING:
         return f"`\"{field.default_value}\"`" if field.default_value else "unset"
+    if field.type == field.TYPE_FLOAT:  # a float32 default, as the proto file writes it
+        return f"`{field.default_value:.7g}`"
     return f"`{field.default_value!r}`".replace("`True`", "`true`").replace("`False`",
                                                                            "`false`")
 
@@ -150,11 +152,29 @@ def solver_page() -> str:
         own = ", ".join(f"`{k}`" for k in policy.own) or "none"
         parts.append(f"| `{name}` | {required} | {own} |\n")
     parts.append("\n## Solver fields\n\nThe fields of `SolverParameter` "
-                 "(`proto/unroll.proto`, Caffe's numbers), with their defaults:\n\n"
-                 "| field | number | default |\n|---|---|---|\n")
+                 "(`proto/unroll.proto`, Caffe's numbers), with their defaults, and which "
+                 "solver types and lr policies need one given (Caffe's default would "
+                 "silently change their method):\n\n"
+                 "| field | number | default | notes |\n|---|---|---|---|\n")
     for field in sorted(SolverParameter.DESCRIPTOR.fields, key=lambda f: f.number):
-        parts.append(f"| `{field.name}` | {field.number} | {_field_default(field)} |\n")
+        parts.append(f"| `{field.name}` | {field.number} | {_field_default(field)} | "
+                     f"{_field_notes(field.name)} |\n")
     return "".join(parts)
+
+
+def _field_notes(name: str) -> str:
+    from unroll.train import lr_policies, update_rules
+    from unroll.train.solver_param import IGNORED_FIELDS
+
+    if name in IGNORED_FIELDS:
+        return "ignored with a warning: the net, test nets and device are the caller's"
+    notes = [f"`type: {rule.name}` needs it (usually `{rule.required[name]}`)"
+             for rule in update_rules.SOLVERS.values() if name in rule.required]
+    notes += [f"`lr_policy: {p.name}` needs it (e.g. `{p.required[name]}`)"
+              for p in lr_policies.LR_POLICIES.values() if name in p.required]
+    notes += [f"only `lr_policy: {p.name}` reads it" for p in lr_policies.LR_POLICIES.values()
+              if name in p.own]
+    return "; ".join(notes)
 
 
 def _parser_help(parser: argparse.ArgumentParser) -> str:
