@@ -3,7 +3,7 @@
     python -m docs.generate            # rewrite the pages that differ
     python -m docs.generate --check    # exit 1, naming them, if any differs
 
-The pages are committed, and ``tests/test_docs.py`` holds each equal to what this
+The pages are committed, and ``tests/tools/test_docs.py`` holds each equal to what this
 module makes now, so the reference can never drift from the code: the layer
 catalogue (``unroll layers``), the built-in templates with the equation of their
 ``{# ... #}`` comment, the solver types, lr policies and SolverParameter fields,

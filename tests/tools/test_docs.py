@@ -27,7 +27,7 @@ import pytest
 from docs import generate
 from tests.hang import limit
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 RUN = {"python", "pycon", "bash"}
 DISPLAY = {"", "text", "jinja", "prototxt"}
