@@ -65,5 +65,12 @@ LEMMATIZER = App(
     files=("config.json", "features.json"),
 )
 
-#: the applications, each a row (charlm joins as it moves onto the Trainer)
-APPS = [TAGGER, DEPREL, LEMMATIZER]
+CHARLM = App(
+    name="charlm", module="examples.charlm", corpus=write_corpus,
+    train=("--steps", "5", "--batch", "3", "--hidden", "6", "--embed", "4"),
+    predict=("sample", "--prime", "the "), evaluate=("evaluate", "--split", "dev"),
+    files=("config.json", "features.json"),
+)
+
+#: the applications, each a row: every test of test_apps.py runs over all of them
+APPS = [TAGGER, DEPREL, LEMMATIZER, CHARLM]
