@@ -101,7 +101,8 @@ def templates_page() -> str:
             for key in ("inputs", "states", "outputs"):
                 if key in t.interface:
                     rows.append((key, ", ".join(f"`{k}`" for k in t.interface[key])))
-            defaults = ", ".join(f"`{k}`: `{v!r}`" for k, v in t.defaults.items())
+            defaults = ", ".join(f"`{k}`: " + ("required" if v is None else f"`{v!r}`")
+                                 for k, v in t.defaults.items())
             rows.append(("variables (defaults)", defaults or "none"))
             parts.append("\n| | |\n|---|---|\n" + "".join(f"| {k} | {v} |\n" for k, v in rows))
         else:
