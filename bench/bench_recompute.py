@@ -19,7 +19,8 @@ memory a training step adds: activations, diffs, scratch; inputs and params
 are there before), and the median time of a training step (forward and
 backward) after a first one. For unroll also the
 bytes planned (the workspace and kept blobs but the inputs), the workspace's
-high-water mark, the forward steps recomputed and how long planning took. A
+high-water mark, the forward steps recomputed and how long planning took (wall
+and CPU seconds; ``--plan-only`` builds and plans the nets and runs no step). A
 budget no plan fits is reported with the smallest that works. Ratios are to
 each side's own full run, in the same turn. A benchmark, not a test: on a
 shared machine quote the ratios.
@@ -135,18 +136,22 @@ def unroll_side(args) -> dict:
         return net, step
 
     make(WARM_UP, {"recompute": "sqrt"})[1]()  # compiled kernels, imports: not the plan's
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     try:
-        net, step = make(args.T, options)
+        if args.plan_only:  # the net is built and planned; its inputs are never filled
+            net = Net(lstm_net(args.T, N, H, per_step=args.loss == "per-step"), **options)
+        else:
+            net, step = make(args.T, options)
     except MemoryBudgetError as e:
         return {"refused": e.smallest}
-    planning = time.perf_counter() - start
-    seconds, rss = timed_steps(step, args.iters)
+    # CPU seconds beside wall seconds: on a shared machine the wall clock waits for others
+    planning, planning_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    seconds, rss = timed_steps(step, args.iters) if not args.plan_only else (1.0, 1)
     plan, rc = net.inspect().recompute, net.memory.liveness.recompute
     return {"seconds": seconds, "rss": rss, "planned": plan["planned_bytes"],
             "workspace": net.workspace.nbytes, "recomputed": plan["recomputed_steps"],
             "factor": plan["factor"], "checkpoints": len(plan["checkpoints"]),
-            "planning": planning, "policy": plan["policy"],
+            "planning": planning, "planning_cpu": planning_cpu, "policy": plan["policy"],
             "slots": rc.slots if rc is not None else None,
             "segment_runs": (len(rc.cuts) + 1 + sum(a >= 0 for a in rc.order)
                              if rc is not None else None)}
@@ -216,6 +221,8 @@ def run_side(side: str, python: str, args, T: int, config: str, full_bytes=None)
     command = [python, str(Path(__file__).resolve()), "--side", side, "--T", str(T),
                "--config", config, "--batch", str(args.batch), "--hidden", str(args.hidden),
                "--iters", str(args.iters), "--loss", args.loss, "--threads", str(args.threads)]
+    if args.plan_only:
+        command.append("--plan-only")
     if full_bytes is not None:
         command += ["--full-bytes", str(full_bytes)]
     done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True)
@@ -245,6 +252,9 @@ def main(argv=None) -> None:
     parser.add_argument("--configs", nargs="+", help="only these of sqrt and the budgets "
                         "(as given to --budgets), e.g. 0.02; default all")
     parser.add_argument("--torch-only", action="store_true", help="only the PyTorch side")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="only build and plan each net (planned bytes and planning "
+                             "seconds; no step is run, so RSS and step time are not measured)")
     parser.add_argument("--side", choices=["unroll", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--T", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -253,7 +263,7 @@ def main(argv=None) -> None:
     if args.side:
         print(json.dumps({"unroll": unroll_side, "torch": torch_side}[args.side](args)))
         return
-    from unroll.engine.memory_plan import bptt_hsm
+    from unroll.engine.memory import bptt_hsm
 
     print(f"LSTM layer H={args.hidden} N={args.batch}, float32, {args.threads} thread(s), "
           f"loss {args.loss}, median of {args.iters} step(s) after a first, "
@@ -266,9 +276,11 @@ def main(argv=None) -> None:
                 if args.torch_python:
                     torch_figures(args, T, None)
                 continue
-            print(f"T={T} (turn {turn + 1}) unroll full plan: planned {mib(full['planned'])}, "
-                  f"workspace {mib(full['workspace'])}, RSS +{mib(full['rss'])}, "
-                  f"{full['seconds']:.2f} s/step")
+            ran = ("" if args.plan_only else f", workspace {mib(full['workspace'])}, "
+                   f"RSS +{mib(full['rss'])}, {full['seconds']:.2f} s/step")
+            print(f"T={T} (turn {turn + 1}) unroll full plan: planned {mib(full['planned'])}"
+                  f"{ran}; planned in {full['planning']:.1f} s ({full['planning_cpu']:.1f} s "
+                  f"of CPU)")
             for config in args.configs or ["sqrt", "hsm", *map(str, args.budgets)]:
                 got = run_side("unroll", sys.executable, args, T, config, full["planned"])
                 if got is None:
@@ -279,13 +291,15 @@ def main(argv=None) -> None:
                           f"{mib(got['refused'])} ({got['refused'] / full['planned']:.3f} of "
                           f"the full plan)")
                     continue
-                print(f"  {label:>6}: planned {got['planned'] / full['planned']:.3f}, "
-                      f"workspace {got['workspace'] / full['workspace']:.3f}, "
-                      f"RSS +{got['rss'] / full['rss']:.3f} of full; "
-                      f"forward x {got['factor']:.2f} ({got['recomputed']} steps again, "
-                      f"{got['checkpoints']} checkpoints, {got['policy']}), step time "
-                      f"x {got['seconds'] / full['seconds']:.2f}; planned in "
-                      f"{got['planning']:.1f} s")
+                ran = ("" if args.plan_only else
+                       f", workspace {got['workspace'] / full['workspace']:.3f}, "
+                       f"RSS +{got['rss'] / full['rss']:.3f}")
+                step_time = ("" if args.plan_only else
+                             f", step time x {got['seconds'] / full['seconds']:.2f}")
+                print(f"  {label:>6}: planned {got['planned'] / full['planned']:.3f}{ran} of "
+                      f"full; forward x {got['factor']:.2f} ({got['recomputed']} steps again, "
+                      f"{got['checkpoints']} checkpoints, {got['policy']}){step_time}; "
+                      f"planned in {got['planning']:.1f} s ({got['planning_cpu']:.1f} s of CPU)")
                 if got["slots"]:  # its segments' forward runs against the dynamic program's
                     n = got["checkpoints"] + 1
                     print(f"          segments run forward {got['segment_runs'] / n:.3f} times "

@@ -1,4 +1,5 @@
-"""The import paths of the flat layout, kept for one release with a DeprecationWarning.
+"""The import paths of the flat layout (and of modules since split into packages), kept for
+one release with a DeprecationWarning.
 
 unroll's modules moved into sub-packages along the data flow (``unroll.net`` is
 now ``unroll.engine.net``, ``unroll.unroller`` is ``unroll.frontend.unroller``,
@@ -43,6 +44,7 @@ MOVED = {
     "unroll.distributed": "unroll.train.distributed",
     "unroll.cli": "unroll.tools.cli",
     "unroll.draw": "unroll.tools.draw",
+    "unroll.engine.memory_plan": "unroll.engine.memory",
 }
 
 

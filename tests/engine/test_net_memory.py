@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tests.net_helpers import T2, X, f64, host, inputs, ip, layer, loss, param_diffs, run
 from unroll import NetError, expand, testing
 from unroll.core.proto import NetParameter
-from unroll.engine.memory_plan import place
+from unroll.engine.memory import place
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
 from unroll.engine.workspace import Workspace

@@ -12,7 +12,7 @@ from tests.net_helpers import host
 from unroll import expand, testing, to_prototxt
 from unroll.core.errors import MemoryBudgetError, NetError
 from unroll.core.proto import LayerParameter
-from unroll.engine.memory_plan import GRADIENT_CHUNK, bptt_hsm, hsm_order
+from unroll.engine.memory import GRADIENT_CHUNK, Checkpoints, Policy, bptt_hsm, hsm_order
 from unroll.engine.net import Net
 from unroll.testing import builtin_templates
 from unroll.train.bucketing import cont_from_lengths
@@ -99,7 +99,8 @@ def test_a_budgeted_net_is_bit_identical_to_the_full_plan(cell, layers, T, lengt
     text, want, need = full_plan_step(cell, layers, T, lengths, direction, dropout, dtype)
     least = smallest_budget(text, dtype)
     budget = int(least + where * (need - least))
-    for kw in ({"memory_budget": budget}, {"recompute": "sqrt"}):
+    for kw in ({"memory_budget": budget}, {"recompute": "sqrt"}, {"recompute": "none"},
+               {"recompute": Checkpoints(lambda k, n: k % 2 == 1)}):
         net = Net(text, dtype=dtype, seed=3, **kw)
         assert_identical(train_step(net, feed_for(net, T, lengths)), want)
         assert_identical(train_step(net, feed_for(net, T, lengths)), want)  # a second step
@@ -223,13 +224,104 @@ def test_too_small_a_budget_names_the_smallest_that_works():
     assert net.workspace.nbytes <= least
 
 
+class EveryAllowedCut(Policy):
+    """A policy of the user's own, choosing through the interface: a checkpoint wherever a
+    segment may start, unless that is over the budget."""
+
+    def choose(self, chain, plans, budget):
+        got = plans.of(chain.allowed)
+        return got if budget is None or got.bytes <= budget else None
+
+
+class OutOfOrder(Policy):
+    def choose(self, chain, plans, budget):
+        return plans.of(tuple(reversed(chain.allowed)))
+
+
+@settings(max_examples=6, deadline=None)
+@given(**chains(st.integers(3 * GRADIENT_CHUNK, 5 * GRADIENT_CHUNK), 5 * GRADIENT_CHUNK),
+       every=st.integers(1, 2))
+def test_the_users_policies_are_bit_identical_and_held_to_the_budget(
+        cell, layers, T, lengths, direction, dropout, dtype, where, every):
+    lengths = [min(n, T) for n in lengths]
+    text, want, need = full_plan_step(cell, layers, T, lengths, direction, dropout, dtype)
+    places = Net(text, dtype=dtype, recompute=Checkpoints(lambda k, n: True)).memory.liveness\
+        .recompute.cuts  # where every chunk but the first starts
+    keep_every = Checkpoints(lambda k, n: k % every == 0)  # a checkpoint every k-th chunk
+    for policy, cuts in ((keep_every, places[every - 1::every]), (EveryAllowedCut(), None)):
+        alone = Net(text, dtype=dtype, seed=3, recompute=policy)
+        rc = alone.memory.liveness.recompute
+        assert rc.recomputed > 0 and (cuts is None or rc.cuts == cuts)
+        assert_identical(train_step(alone, feed_for(alone, T, lengths)), want)
+        planned = alone.inspect().recompute["planned_bytes"]
+        budget = int(planned + where * (need - planned))
+        net = Net(text, dtype=dtype, seed=3, recompute=policy, memory_budget=budget)
+        assert_identical(train_step(net, feed_for(net, T, lengths)), want)
+        assert net.workspace.nbytes <= budget  # the high-water mark after a real step
+
+
+def test_a_policy_is_held_to_the_budget_and_to_the_cuts_allowed():
+    T = 3 * GRADIENT_CHUNK
+    text = per_step_loss_net("gru", T, 2, 4, 4)
+    with pytest.raises(MemoryBudgetError, match="memory_budget 1,000 bytes is too small"):
+        Net(text, recompute=Checkpoints(lambda k, n: True), memory_budget=1000)
+    with pytest.raises(MemoryBudgetError, match="the smallest plan found needs"):
+        Net(text, recompute="none", memory_budget=1000)
+    with pytest.raises(ValueError, match=r"recompute policy OutOfOrder\(\) cuts at steps "
+                                         r"\[\d+, .*expected ascending steps"):
+        Net(text, recompute=OutOfOrder())
+
+
+def test_an_attempt_is_one_liveness_walk_and_one_layout(monkeypatch):
+    # planning cost, counted (bench/bench_recompute.py times it): what does not depend on
+    # the cuts is found once, the full plan's liveness once per net, whatever its shapes
+    from unroll.engine import memory
+    from unroll.engine.memory import budget as mechanism
+
+    counts: dict[str, int] = {}
+
+    def counted(name, fn, is_attempt):
+        def wrapper(*args, **kwargs):
+            key = f"{name} {'attempt' if is_attempt(args, kwargs) else 'full'}"
+            counts[key] = counts.get(key, 0) + 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(memory, "liveness", counted(
+        "liveness", memory.liveness, lambda a, kw: (a[8] if len(a) > 8 else
+                                                    kw.get("recompute")) is not None))
+    monkeypatch.setattr(memory, "layout", counted(
+        "layout", memory.layout, lambda a, kw: a[0].recompute is not None))
+    monkeypatch.setattr(mechanism, "recomputable", counted(
+        "recomputable", mechanism.recomputable, lambda a, kw: True))
+    T = 3 * GRADIENT_CHUNK
+    text = per_step_loss_net("gru", T, 2, 4, 4)
+    least = smallest_budget(text, "float64")
+    counts.clear()
+    net = Net(text, dtype="float64", seed=3, memory_budget=least)
+    assert net.memory.liveness.recompute.recomputed > 0
+    attempts = counts["layout attempt"]
+    assert attempts >= 2 and counts == {"liveness full": 1, "layout full": 1,
+                                        "liveness attempt": attempts,
+                                        "recomputable attempt": 1, "layout attempt": attempts}
+    rng = np.random.default_rng(0)  # a batch of 1, not 2 (axis 1 of every input)
+    feed = {name: rng.normal(size=(net.blobs[name].shape[0], 1, *net.blobs[name].shape[2:]))
+            for name in net.inputs}
+    feed["cont"] = cont_from_lengths([T], T)
+    net.forward(**feed)  # a new layout, and plan
+    assert counts["liveness full"] == 1 and counts["layout full"] == 2
+    assert counts["recomputable attempt"] == 2
+    assert counts["liveness attempt"] == counts["layout attempt"]
+
+
 def test_a_budget_is_refused_where_it_cannot_be_planned():
     text = recurrent_net("lstm", 4, 2, 1, "bidirectional", False)
     with pytest.raises(NetError, match="concurrent=True runs branches at once"):
         Net(text, concurrent=True, recompute="sqrt")
     with pytest.raises(NetError, match="plan_memory=False keeps every blob"):
         Net(text, plan_memory=False, memory_budget=10**6)
-    with pytest.raises(ValueError, match="recompute must be None, 'sqrt' or 'hsm'"):
+    with pytest.raises(ValueError, match=r"recompute must be None, one of \['hsm', 'none', "
+                                         r"'sqrt'\] or a unroll.engine.memory.Policy"):
         Net(text, recompute="log")
 
 

@@ -5,14 +5,14 @@ import json
 import pytest
 
 from examples.pos_tagging.__main__ import build_parser
-from unroll.engine import memory_plan
+from unroll.engine import memory
 
 
 def test_a_budget_trains_the_tagger_bit_identically(corpus, tmp_path, options, monkeypatch):
     from examples.pos_tagging.train import train
 
     plans = []
-    within_budget = memory_plan.within_budget
+    within_budget = memory.within_budget
 
     def recording(*args, **kwargs):
         result = within_budget(*args, **kwargs)
@@ -22,7 +22,7 @@ def test_a_budget_trains_the_tagger_bit_identically(corpus, tmp_path, options, m
     runs = {}
     for budget in (None, 72_000):  # between the smallest plan and the full one of a batch
         if budget is not None:
-            monkeypatch.setattr(memory_plan, "within_budget", recording)
+            monkeypatch.setattr(memory, "within_budget", recording)
         sizes = dict(options(corpus, tmp_path).sizes, layers=2)
         train(options(corpus, tmp_path / str(budget), epochs=1, sizes=sizes,
                       memory_budget=budget))

@@ -1,9 +1,9 @@
 """Running a net's steps: a layout bound to the workspace, then the steps, serial or at once.
 
 :func:`bind` gives every planned blob and scratch buffer the workspace memory
-a :class:`~unroll.engine.memory_plan.Layout` placed it at (and :func:`release` takes
+a :class:`~unroll.engine.memory.Layout` placed it at (and :func:`release` takes
 it back when the workspace moves). :func:`schedule` cuts the run order into
-serial runs and concurrent regions (:func:`unroll.engine.memory_plan.concurrent_regions`);
+serial runs and concurrent regions (:func:`unroll.engine.memory.concurrent_regions`);
 :func:`run_forward` and :func:`run_backward` run them. The serial loop is a
 bare call per layer: a layer's exception is named by the net afterwards
 (:meth:`unroll.engine.net.Net._running`), not by a ``try`` around each call.
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from unroll.core.errors import NetError
-from unroll.engine import memory_plan
+from unroll.engine import memory
 from unroll.engine.threads import num_threads, run_threads
 
 __all__ = ["NetMemory", "bind", "recompute_schedule", "release", "run_backward",
@@ -37,32 +37,38 @@ class NetMemory:
     ``limit`` (a :class:`~unroll.engine.memory_limit.MemoryLimit`) refuses a layout
     too big before any of it is allocated. ``gemms``, ``zero_before`` and
     ``segments`` are what :func:`run_backward` takes; ``bound_wholes`` the ids
-    of the blobs that other blobs are views into. ``budget`` (bytes) or
-    ``recompute="sqrt"`` plan recomputation (:func:`unroll.engine.memory_plan.within_budget`)
-    of ``fwd`` in backward (``bwd``); not with concurrent ``regions``.
+    of the blobs that other blobs are views into. ``budget`` (bytes) or a ``recompute``
+    policy (:func:`unroll.engine.memory.policy_named`) plan recomputation
+    (:func:`unroll.engine.memory.within_budget`) of ``fwd`` in backward (``bwd``); not
+    with concurrent ``regions``.
     """
 
     def __init__(self, blobs, graph, layers, bottom_need, workspace, dtype, limit, fwd=(),
                  bwd=(), budget=None, recompute=None, regions=()):
-        if recompute not in (None, "sqrt", "hsm"):
-            raise ValueError(f"recompute must be None, 'sqrt' or 'hsm', found {recompute!r}")
-        if (budget is not None or recompute) and regions:
+        recompute = memory.policy_named(recompute)
+        if self._recomputes(budget, recompute) and regions:
             raise NetError(f"net '{limit.name}': concurrent=True runs branches at once, and "
                            f"a memory budget recomputes segments in order; choose one")
         self.blobs, self.graph, self.layers, self.bottom_need = blobs, graph, layers, bottom_need
         self.workspace, self.dtype, self.limit = workspace, dtype, limit
         self.fwd, self.bwd, self.budget, self.recompute = fwd, bwd, budget, recompute
-        self.make, self.segments = None, None
+        self.make, self.base, self.segments = None, None, None
         self.liveness = self.layout = None
         self.layouts: dict = {}  # input shapes -> a recent layout
         self.bound, self.bound_wholes, self.gemms, self.zero_before = False, set(), {}, {}
         self.lives, self.in_backward = None, False
 
+    @staticmethod
+    def _recomputes(budget, policy) -> bool:
+        """Whether a plan may recompute: a budget or a policy, but "none"."""
+        return (budget is not None or policy is not None) and not isinstance(
+            policy, memory.NoRecompute)
+
     def plan(self, make, gate) -> None:
         """Take a new liveness, ``make(recompute)`` for a recomputation plan: the layouts of
         the old one are dropped, and every planned blob is readable only while ``gate`` is
         open (its memory is the net's only then)."""
-        liveness = make(None)
+        liveness = self.base = make(None)
         for b, blob in enumerate(self.blobs):
             planned = (liveness.data_root[b] not in liveness.private
                        or liveness.diff_root[b] not in liveness.private)
@@ -86,7 +92,7 @@ class NetMemory:
         check = functools.partial(self.limit.check_plan, self.liveness, blobs=self.blobs,
                                   steps=self.graph.steps, layers=self.layers)
         if not planned:
-            if self.budget is not None or self.recompute:
+            if self.budget is not None or self._recomputes(self.budget, self.recompute):
                 raise NetError(f"net '{self.limit.name}': plan_memory=False keeps every blob, "
                                f"so a memory budget cannot be planned")
             check(None)
@@ -97,13 +103,13 @@ class NetMemory:
         # took as long as a training step of the word-level tagger)
         if key not in self.layouts:
             shapes = [b.shape for b in self.blobs]
-            liveness, new = memory_plan.within_budget(
-                self.make, functools.partial(
-                    memory_plan.layout, steps=self.graph.steps, layers=self.layers,
+            liveness, new = memory.within_budget(
+                self.base, self.make, functools.partial(
+                    memory.layout, steps=self.graph.steps, layers=self.layers,
                     bottom_need=self.bottom_need, shapes=shapes,
                     rewritten=self.graph.rewritten, itemsize=self.dtype.itemsize),
-                self.graph.steps, self.layers, shapes, self.dtype.itemsize, self.budget,
-                self.recompute, self.limit.name)
+                self.graph.steps, self.layers, self.bottom_need, shapes, self.dtype.itemsize,
+                self.budget, self.recompute, self.limit.name)
             self._take(liveness)
             # before the layers hear of it, or memory is taken
             self.limit.check_plan(liveness, new, self.blobs, self.graph.steps, self.layers)
@@ -384,7 +390,7 @@ def run_forward(fwd, items) -> None:
 
 
 def recompute_schedule(fwd, bwd, recompute) -> list:
-    """Backward as the actions of a :class:`~unroll.engine.memory_plan.Recompute` plan:
+    """Backward as the actions of a :class:`~unroll.engine.memory.Recompute` plan:
     ``(action, fwd entries, None)`` for a forward run, ``(None, None, bwd entries)`` for
     a segment's backward."""
     bounds = [0, *recompute.cuts, len(fwd)]

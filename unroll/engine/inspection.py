@@ -129,7 +129,7 @@ def inspect_net(net) -> Inspection:
 
 
 def _recompute(net) -> dict | None:
-    from unroll.engine.memory_plan import input_roots, planned_bytes
+    from unroll.engine.memory import input_roots, planned_bytes
 
     plan, layout = net.memory.liveness, net.memory.layout
     if layout is None:

@@ -273,7 +273,7 @@ class Layer:
     #: a concurrent run draws what the serial one does
     draws_random = False
     #: forward may run again, from the same bottoms, to recompute its tops for backward (a
-    #: memory budget, :mod:`unroll.engine.memory_plan`): False for a layer whose forward changes
+    #: memory budget, :mod:`unroll.engine.memory`): False for a layer whose forward changes
     #: state (BatchNorm's statistics, a carried hidden state) or reads outside its bottoms;
     #: the plan then keeps its values. A layer that ``draws_random`` is never recomputed
     recomputable = True

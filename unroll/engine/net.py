@@ -1,7 +1,7 @@
 """Net: a Caffe NetParameter built into layers and blobs, run forward and backward.
 
 :mod:`unroll.graph` applies Caffe's rules (name resolution, in-place rules,
-splits, which layers run backward); :mod:`unroll.engine.memory_plan` plans the
+splits, which layers run backward); :mod:`unroll.engine.memory` plans the
 memory of that run order; ``Net`` builds the blobs and layers, applies the
 layout (:mod:`unroll.engine.executor` binds it) and runs them. ``param { name: "W" }``
 shares one weight between every layer that names it
@@ -28,7 +28,7 @@ import numpy as np
 
 from unroll.core.errors import NetError
 from unroll.core.proto import TEST, TRAIN, NetParameter, read_message
-from unroll.engine import executor, memory_plan, transfer, weights
+from unroll.engine import executor, memory, transfer, weights
 from unroll.engine.backend import get_array_module, make_rng
 from unroll.engine.blob import Blob
 from unroll.engine.executor import layer_kind
@@ -168,12 +168,15 @@ class Net:
     backward recompute segments of the forward, as few as fit, with the same
     results bit for bit: one level of Chen et al.'s segments, or in a chain of
     three weight-gradient chunks or more, for budgets one level cannot reach,
-    Gruslys et al.'s BPTT-HSM over the chunks. ``recompute="sqrt"`` takes
-    Chen's square-root segments, ``recompute="hsm"`` BPTT-HSM (without a
-    budget, in its fewest slots: the least memory).
+    Gruslys et al.'s BPTT-HSM over the chunks. ``recompute`` names a policy
+    (:mod:`unroll.engine.memory.policy`): ``"sqrt"`` takes Chen's square-root
+    segments, ``"hsm"`` BPTT-HSM (without a budget, in its fewest slots: the
+    least memory), ``"none"`` never recomputes; or it is a policy of the
+    user's own, such as ``Checkpoints(lambda k, n: k % 4 == 0)`` (a checkpoint
+    where every fourth weight-gradient chunk starts).
     ``net.memory`` is the memory plan applied (:class:`unroll.engine.executor.NetMemory`):
     its ``liveness``, and its ``layout`` for the current shapes (None with
-    ``plan_memory=False``), as :mod:`unroll.engine.memory_plan` documents them.
+    ``plan_memory=False``), as :mod:`unroll.engine.memory` documents them.
 
     >>> net = Net('''
     ...   layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
@@ -190,7 +193,7 @@ class Net:
                  allow_python_layers: bool = False, plan_memory: bool = True,
                  workspace: Workspace | None = None, concurrent: bool = False,
                  max_bytes: int | None = None, memory_budget: int | None = None,
-                 recompute: str | None = None):
+                 recompute: str | memory.Policy | None = None):
         if phase not in PHASES:
             raise ValueError(f"phase must be one of {list(PHASES)}, found {phase!r}")
         net_param = read_message(source, NetParameter)
@@ -274,7 +277,7 @@ class Net:
         self._loss_blobs = [b for b, _ in loss_tops]
         self._bwd = [(s, layer, t, prop, b) for s, ((layer, b, t), prop, need) in enumerate(
             zip(self._fwd, self._bottom_need, self.layer_need_backward)) if need][::-1]
-        self.regions = (memory_plan.concurrent_regions(g.steps, self.layers_run)
+        self.regions = (memory.concurrent_regions(g.steps, self.layers_run)
                         if self.concurrent else [])
         self.memory = executor.NetMemory(blob_list, g, self.layers_run, self._bottom_need,
                                           self.workspace, self.dtype, self._limit, self._fwd,
@@ -299,16 +302,16 @@ class Net:
     def _plan(self) -> None:
         g = self.graph
         private = (set(range(len(self._blob_list))) if not self.plan_memory else
-                   memory_plan.private_blobs(g.steps, self.layers_run, g.table,
-                                             set(self.outputs) | self.keep, self.phase,
-                                             self._loss_blobs) | self._kept_blobs)
+                   memory.private_blobs(g.steps, self.layers_run, g.table,
+                                        set(self.outputs) | self.keep, self.phase,
+                                        self._loss_blobs) | self._kept_blobs)
         # a test-phase net runs backward only when asked to (force_backward): inference
         # memory must not hold what only a backward would read
         self._plans_backward = self.phase == "train" or self._force_backward
         need = (self.layer_need_backward if self._plans_backward
                 else [False] * len(self.layer_need_backward))
         self.memory.plan(functools.partial(
-            memory_plan.liveness, g.steps, self.layers_run, len(self._blob_list), private, need,
+            memory.liveness, g.steps, self.layers_run, len(self._blob_list), private, need,
             self._bottom_need, self._loss_blobs, self.regions), self._gate)
         self._layout()
 
@@ -322,7 +325,7 @@ class Net:
     @property
     def batched_param_gradients(self) -> dict[str, int]:
         """Params whose gradient backward computes in GEMMs over the rows of several
-        layers sharing them (one per chunk of up to ``memory_plan.GRADIENT_CHUNK``
+        layers sharing them (one per chunk of up to ``memory.GRADIENT_CHUNK``
         timesteps), for the current shapes: param name -> how many layers they cover.
 
         >>> from unroll import expand

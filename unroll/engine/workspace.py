@@ -3,7 +3,7 @@
 Only one net of a model runs at a time, so all of them (every bucket, train
 and test phase) take their blobs from one byte arena, sized by the largest
 net that has run rather than the sum. Where each buffer sits in the arena is
-decided by the net's memory plan (:func:`unroll.engine.memory_plan.layout`).
+decided by the net's memory plan (:func:`unroll.engine.memory.layout`).
 """
 
 from __future__ import annotations

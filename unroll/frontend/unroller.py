@@ -28,7 +28,7 @@ from pathlib import Path
 from unroll.core.errors import TemplateError
 from unroll.core.proto import NetParameter, PrototxtError, parse_text, to_text
 from unroll.engine import hidden_nets
-from unroll.engine.memory_plan import GRADIENT_CHUNK
+from unroll.engine.memory import GRADIENT_CHUNK
 from unroll.frontend.builder import NetBuilder
 from unroll.frontend.checks import check_net
 from unroll.frontend.recurrence import ALIGNS, DIRECTIONS, LAYER_OPTIONS, recurrent
@@ -275,7 +275,7 @@ def expand(template, steps: int | None = None, search_path=(), hyper: dict | Non
     each step on its own runs over chunks of that many steps, each right
     before its steps, where T is over it (None: once over the whole
     sequence). The caller's engine picks it; the default is this engine's
-    weight-gradient chunk (``unroll.engine.memory_plan.GRADIENT_CHUNK``), so
+    weight-gradient chunk (``unroll.engine.memory.GRADIENT_CHUNK``), so
     that recomputed segments are cut between both (docs/design.md, 6. Memory).
 
     Shared modules (net templates): ``{{ shared(module, bottoms, tops,

@@ -4,7 +4,7 @@ Caffe's semantics, deliberately: a bottom names the most recent top of that
 name above it; a blob read by several layers gets a split so that each reader
 has its own diff; a top named like its bottom runs in place when that is safe;
 a layer runs backward when its tops reach a loss. Nothing here allocates or
-runs anything: :mod:`unroll.engine.memory_plan` plans the memory of the run order,
+runs anything: :mod:`unroll.engine.memory` plans the memory of the run order,
 and :class:`unroll.engine.net.Net` builds the blobs and layers and runs them.
 
 Blobs are numbered: a blob is the memory of one or more values (an in-place

@@ -137,7 +137,9 @@ def test_every_module_of_the_layers_package_registers_its_layers():
 
 # -- every hook the engine reads is declared on Layer ---------------------------------------
 #: the modules that read layers: the net, its plan and checks, inspection, graph capture
-ENGINE = ("engine.net", "graph.rules", "engine.memory_plan", "engine.executor",
+ENGINE = ("engine.net", "graph.rules", *(f"engine.memory.{m}" for m in (
+    "aliases", "budget", "layout", "liveness", "regions", "segments", "weight_gradients")),
+          "engine.executor",
           "engine.param_sharing", "engine.memory_limit", "engine.host_checks", "engine.workspace",
           "engine.inspection", "engine.cuda_graph")
 #: names that stand for a layer in those modules

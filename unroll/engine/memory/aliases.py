@@ -1,0 +1,136 @@
+"""Aliases: buffers that live inside others, so that a layer moves no memory (docs/design.md,
+6. Memory): the parts of a Concat or Slice inside their whole (:func:`group_parts`) and a
+diff passed through unchanged as its bottoms' diff too (:func:`alias_pass_through_diffs`).
+A placement is ``root -> (host root, element offset)``; :func:`resolve` follows the chain.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from unroll.engine.memory.lifetimes import Liveness
+    from unroll.graph import Step
+
+__all__ = ["alias_pass_through_diffs", "group_parts", "resolve"]
+
+
+def group_parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten) -> tuple:
+    """Concat bottoms and Slice tops placed inside their whole, so they move no memory.
+
+    Along axis 0 (or any axis with only 1s before it) the parts of a Concat
+    top or a Slice bottom are consecutive blocks of it: each part's root is
+    then hosted at its element offset in the whole's root, data and diff
+    alike, and the layer skips its copy. Not for memory written in place
+    (``rewritten``: a write through the whole would change a part a backward
+    still reads), nor for a part that keeps memory of its own (an input, say,
+    which the user may reshape and fill between runs). Where backward runs
+    forward again, a part and its whole with a life per run (:class:`Liveness`)
+    are hosted life by life, where the same runs write both.
+
+    Returns ``(data_host, diff_host, flags, data_re_host)``: root (life id, in
+    ``data_re_host``) -> (host root or life, element offset), and step -> (data
+    in whole, diff in whole) per part.
+    """
+    data_host: dict[int, tuple[int, int]] = {}
+    diff_host: dict[int, tuple[int, int]] = {}
+    data_re_host: dict[int, tuple[int, int]] = {}
+    flags: dict[int, tuple[list[bool], list[bool]]] = {}
+    written = {plan.data_root[b] for b in rewritten}
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        kind = layer.parts_of_whole
+        if kind is None:
+            continue
+        whole, parts = (step.tops[0], step.bottoms) if kind == "bottoms" else (
+            step.bottoms[0], step.tops)
+        shape = shapes[whole]
+        axis = getattr(layer, "axis", None)  # a parts layer's axis, None until set up
+        data_flags, diff_flags = [False] * len(parts), [False] * len(parts)
+        flags[s] = (data_flags, diff_flags)
+        if axis is None or any(d != 1 for d in shape[:axis]):
+            continue
+        offset = 0
+        for k, part in enumerate(parts):
+            for roots, host, fl, lives in ((plan.data_root, data_host, data_flags, True),
+                                           (plan.diff_root, diff_host, diff_flags, False)):
+                r, w = roots[part], roots[whole]
+                if (r == w or r in host or r in written or w in written
+                        or r in plan.private):
+                    continue
+                if lives and (plan.relived(r) or plan.relived(w)):
+                    pairs = _same_lives(plan, r, w)
+                    if pairs is None or any(j in data_re_host for j, _ in pairs):
+                        continue
+                    for j, i in pairs:
+                        data_re_host[j] = (i, offset)
+                else:
+                    host[r] = (w, offset)
+                fl[k] = True
+            offset += math.prod(shapes[part])
+    return data_host, diff_host, flags, data_re_host
+
+
+def _same_lives(plan, r: int, w: int) -> list[tuple[int, int]] | None:
+    """The lives of relived roots ``r`` and ``w`` paired, where the same runs write both
+    (None where not)."""
+    if not (plan.relived(r) and plan.relived(w)):
+        return None
+    a, b = range(plan.re_index[r], plan.re_index[r + 1]), range(plan.re_index[w],
+                                                                plan.re_index[w + 1])
+    if len(a) != len(b) or any(plan.re_born[j] != plan.re_born[i] for j, i in zip(a, b)):
+        return None
+    return list(zip(a, b))
+
+
+def resolve(host, r: int) -> tuple[int, int]:
+    """The whole that root ``r`` lives in and its element offset there ((r, 0) if none)."""
+    offset = 0
+    while r in host:
+        r, o = host[r]
+        offset += o
+    return r, offset
+
+
+def alias_pass_through_diffs(steps: list[Step], layers, plan: Liveness, bottom_need,
+                             diff_host: dict, rewritten) -> dict[int, list[bool]]:
+    """Bottom diffs equal to their top's diff (Eltwise SUM, coefficient 1) share its memory.
+
+    The top's diff and those bottoms' diffs become one buffer, placed where
+    one of them already lives (a Slice part of a time-major whole, say) or
+    else at the top's; ``diff_host`` gains the entries. Every value has one
+    reader (splits see to that), so nothing else writes that buffer between
+    the top's readers' backward and the bottoms' producers'. Not for memory
+    written in place or kept, nor for buffers already inside two wholes.
+    Returns step -> per-bottom flags: the layer writes no diff for those.
+    """
+    written = {plan.diff_root[b] for b in rewritten}
+    aliased: dict[int, list[bool]] = {}
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        passes = layer.passes_diff
+        if not layer.passes_diffs or not plan.layer_need[s]:
+            continue
+        top = plan.diff_root[step.tops[0]]
+        if top in plan.private or top in written:
+            continue
+        members = [(k, plan.diff_root[b]) for k, b in enumerate(step.bottoms)
+                   if bottom_need[s][k] and passes(k)]
+        members = [(k, r) for k, r in members if r != top and r not in plan.private
+                   and r not in written and sum(r == q for _, q in members) == 1]
+        if not members:
+            continue
+        home = top if top in diff_host else next(
+            (r for _, r in members if r in diff_host), top)
+        if resolve(diff_host, home)[0] == top and home != top:
+            continue  # the top's own buffer holds the bottom: not a pass-through
+        flags = [False] * len(step.bottoms)
+        for k, r in [(None, top)] + members:
+            if r != home:
+                if r in diff_host:
+                    continue  # inside another whole already
+                diff_host[r] = (home, 0)
+            if k is not None:
+                flags[k] = True
+        if any(flags):
+            aliased[s] = flags
+    return aliased

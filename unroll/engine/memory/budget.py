@@ -1,0 +1,127 @@
+"""Planning within a memory budget: the mechanism a recompute policy
+(:mod:`unroll.engine.memory.policy`) chooses over (docs/design.md, 6. Memory).
+
+:func:`within_budget` reads the net's :class:`~unroll.engine.memory.policy.Chain` once,
+hands the policy a :class:`Plans` that makes each plan it weighs (a liveness and a
+layout, each made once), and holds the one chosen to the budget.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import Counter
+
+from unroll.core.errors import MemoryBudgetError
+from unroll.engine.memory.hsm import hsm_units
+from unroll.engine.memory.layout import Layout, input_roots, planned_bytes
+from unroll.engine.memory.lifetimes import Liveness
+from unroll.engine.memory.liveness import forward_runs
+from unroll.engine.memory.policy import Chain, FewestRecomputed, Plan, Policy
+from unroll.engine.memory.segments import allowed_cuts, crossing_bytes, recomputable
+from unroll.engine.memory.weight_gradients import gradient_chunks
+
+__all__ = ["Plans", "within_budget"]
+
+
+class Plans:
+    """The plans a policy weighs, each made once: :attr:`full` without recomputation,
+    :meth:`of` with segments; :attr:`smallest` the fewest bytes of any made. What may run
+    again is found once, for all of them (``again``, a
+    :class:`~unroll.engine.memory.segments.Recomputable`): an attempt is one liveness walk
+    and one layout; :meth:`recomputed` is a plan's cost in forward steps without either
+    (``runs_of``: :func:`~unroll.engine.memory.liveness.forward_runs` of the net)."""
+
+    def __init__(self, make, lay_out, runs_of, chain: Chain, again, bytes_of, base,
+                 full_layout, policy):
+        self._make, self._lay_out, self._runs_of, self._again = make, lay_out, runs_of, again
+        self._bytes_of, self._policy, self._steps = bytes_of, policy, chain.steps
+        self._allowed = frozenset(chain.allowed)
+        self._made: dict[tuple, Plan] = {}
+        self._runs: dict[tuple, object] = {}
+        self.full = Plan(bytes_of(base, full_layout), 0, base, full_layout)
+        self.smallest = self.full.bytes
+
+    def recomputed(self, cuts, order=(), slots=None) -> int:
+        """The forward steps backward runs again in the plan :meth:`of` would make."""
+        return self._recompute(tuple(cuts), tuple(order), slots).recomputed
+
+    def _recompute(self, cuts: tuple, order: tuple, slots):
+        key = (cuts, order)
+        if key not in self._runs:
+            bad = [p for p in cuts if p not in self._allowed]
+            if bad or list(cuts) != sorted(set(cuts)):
+                raise ValueError(f"recompute policy {self._policy!r} cuts at steps "
+                                 f"{list(cuts)[:8]}: expected ascending steps a segment may "
+                                 f"start at (Chain.allowed), found {bad[:8] or 'an unsorted list'}")
+            self._runs[key] = self._runs_of(self._again.plan(self._steps, cuts, order, slots))
+        return self._runs[key]
+
+    def of(self, cuts, order=(), slots=None) -> Plan:
+        """The plan of segments starting at ``cuts`` (ascending steps of
+        :attr:`Chain.allowed`); backward runs ``order``'s actions
+        (:class:`~unroll.engine.memory.segments.Recompute`; empty: one level), BPTT-HSM's
+        in ``slots`` slots."""
+        cuts, order = tuple(cuts), tuple(order)
+        key = (cuts, order)
+        if key not in self._made:
+            liveness = self._make(self._recompute(cuts, order, slots))
+            layout = self._lay_out(liveness)
+            plan = Plan(self._bytes_of(liveness, layout), liveness.recompute.recomputed,
+                        liveness, layout)
+            self._made[key] = plan
+            self.smallest = min(self.smallest, plan.bytes)
+        return self._made[key]
+
+
+def chain_of(steps, layers, shapes, itemsize: int, base: Liveness) -> tuple[Chain, list]:
+    """The net's :class:`Chain` for ``shapes`` and its weight-gradient chunks."""
+    chunks = gradient_chunks(steps, layers, base.layer_need, shapes)
+    # a param with one chunk (T <= GRADIENT_CHUNK) may be cut inside it: its rows are then
+    # kept, as without chunks; segments of a longer chain start between chunks, where the
+    # fewest bytes cross
+    count = Counter(layers[c[0]].param_batch_key() for c in chunks)
+    between = [c for c in chunks if count[layers[c[0]].param_batch_key()] > 1]
+    allowed = allowed_cuts(steps, layers, base.data_root, between)
+    sizes = [sum(math.prod(shapes[b]) * itemsize for b in step.tops
+                 if base.data_root[b] == b and b not in base.private) for step in steps]
+    crossing = (crossing_bytes(steps, base.data_root, base.private,
+                               [math.prod(shape) * itemsize for shape in shapes])
+                if between else None)
+    units = hsm_units(between, allowed, crossing) if between else ()
+    return Chain(len(steps), tuple(allowed), units, tuple(sizes),
+                 tuple(crossing) if crossing is not None else None), chunks
+
+
+def within_budget(base: Liveness, make, lay_out, steps, layers, bottom_need, shapes,
+                  itemsize: int, budget=None, policy: Policy | None = None, name: str = ""
+                  ) -> tuple[Liveness, Layout]:
+    """The liveness and layout that ``policy`` chooses (None: :class:`FewestRecomputed`)
+    within ``budget`` bytes (:func:`~unroll.engine.memory.layout.planned_bytes`; None: no
+    budget, and without a policy the full plan).
+
+    ``base`` is the net's :class:`Liveness` without recomputation (made once per net: it
+    depends on the graph alone), ``make(recompute)`` its liveness for a
+    :class:`~unroll.engine.memory.segments.Recompute` plan, ``lay_out(liveness)`` a
+    layout for the current shapes. A budget the chosen plan does not fit is a
+    :class:`~unroll.core.errors.MemoryBudgetError` giving the smallest plan made.
+    """
+    full = lay_out(base)
+    if budget is None and policy is None:
+        return base, full
+    inputs = input_roots(steps, layers, base.data_root)
+    chain, chunks = chain_of(steps, layers, shapes, itemsize, base)
+    policy = FewestRecomputed() if policy is None else policy
+    runs_of = functools.partial(forward_runs, steps, layers, base.data_root, base.layer_need,
+                                bottom_need)
+    plans = Plans(make, lay_out, runs_of, chain,
+                  recomputable(steps, layers, base.data_root, base.private, chunks),
+                  lambda plan, layout_: planned_bytes(plan, layout_, shapes, itemsize, inputs),
+                  base, full, policy)
+    got = policy.choose(chain, plans, budget) or plans.full
+    if budget is not None and got.bytes > budget:
+        raise MemoryBudgetError(
+            f"net '{name}': memory_budget {budget:,} bytes is too small: the smallest plan "
+            f"found needs {plans.smallest:,} bytes (activations, diffs, scratch and kept "
+            f"blobs; params and inputs not counted)", plans.smallest)
+    return got.liveness, got.layout

@@ -1,0 +1,213 @@
+"""Layout: a :class:`~unroll.engine.memory.lifetimes.Liveness` and the blobs' shapes in, an
+immutable :class:`Layout` out (docs/design.md, 6. Memory): every buffer's offset in the
+workspace, what lives inside what, and the :class:`LayerFlags` each layer is told.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from unroll.engine.memory.aliases import alias_pass_through_diffs, group_parts, resolve
+from unroll.engine.memory.placement import place
+from unroll.engine.memory.weight_gradients import plan_weight_gradients
+
+if TYPE_CHECKING:
+    from unroll.engine.memory.lifetimes import Liveness
+
+__all__ = ["LayerFlags", "Layout", "input_roots", "layout", "planned_bytes"]
+
+
+class LayerFlags(NamedTuple):
+    """What a layout tells one layer (:meth:`~unroll.engine.layer.Layer.apply_layout`'s arguments):
+    which of its parts live inside the whole (data flags, diff flags), which bottom diffs are
+    the top's, and whether the net computes its param gradient for every sharer at once."""
+
+    parts_in_whole: tuple | None = None
+    diff_aliased: tuple = ()
+    param_diffs_batched: bool = False
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a net's planned buffers sit in the workspace, for one set of shapes.
+
+    Per kind ("data", "diff"), read-only arrays by root: ``offset`` the
+    workspace byte offset of its own buffer (-1: none), ``whole`` the root it
+    lives inside (-1: none) and ``within`` its element offset there;
+    ``offset["data_re"]`` places the lives of data that backward's forward runs
+    write again, by life id (:class:`Liveness`). ``scratch`` maps (step, name)
+    to offsets (``scratch_re``: (step, name, run) in a step's runs in backward);
+    ``total`` is the bytes the
+    workspace needs; ``groups`` are the weight-gradient groups and ``sizes``
+    the bytes of their buffers (roots numbered after the blobs); ``flags``
+    pairs steps with the :class:`LayerFlags` of every layer that takes part
+    in a layout (the others keep the defaults).
+    """
+
+    offset: Mapping
+    whole: Mapping
+    within: Mapping
+    scratch: Mapping
+    total: int
+    groups: tuple
+    sizes: Mapping
+    flags: tuple
+    scratch_re: Mapping = field(default_factory=dict)
+
+
+def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
+           itemsize: int) -> Layout:
+    """The layout of ``plan`` for blob shapes ``shapes`` (``itemsize`` bytes per element).
+
+    Besides each blob's own buffer: parts placed inside their whole (Concat,
+    Slice), diffs passed through unchanged (Eltwise SUM) sharing one buffer,
+    and the rows of layers that share a param placed back to back, so that its
+    gradient is one GEMM. ``rewritten`` lists the blobs written in place.
+    """
+    told = {s: {} for s, layer in enumerate(layers)
+            if layer.parts_of_whole or layer.passes_diffs or layer.batches_param_diffs}
+    data_host, diff_host, parts, data_re_host = group_parts(steps, layers, plan, shapes,
+                                                            rewritten)
+    skipped = {}
+    for s, (data_flags, diff_flags) in parts.items():
+        told[s]["parts_in_whole"] = (tuple(data_flags), tuple(diff_flags))
+        # a Slice writes its whole's diff unless every part is inside it
+        skipped[s] = diff_flags if layers[s].parts_of_whole == "bottoms" else [all(diff_flags)]
+    aliased = alias_pass_through_diffs(steps, layers, plan, bottom_need, diff_host, rewritten)
+    for s, fl in aliased.items():
+        told[s]["diff_aliased"] = skipped[s] = tuple(fl)
+    n_blobs = len(shapes)
+    groups, counts = plan_weight_gradients(steps, layers, plan, bottom_need, shapes, data_host,
+                                           diff_host, rewritten, skipped, n_blobs, data_re_host)
+    for group in groups:
+        for s in group.steps:
+            told[s]["param_diffs_batched"] = True
+    sizes = {key: n * itemsize for key, n in counts.items()}
+    # with recomputation, a whole's data may die part by part before its diff is written
+    # there (a time-major projection, re-read by the forward runs in backward): one buffer
+    shared = (_data_then_diff(plan, data_host, diff_host, shapes) if plan.recompute is not None
+              else set())
+    buffers, keys, spans_of = [], [], {}
+    lives = [("data", plan.data_life, data_host), ("diff", plan.diff_life, diff_host)]
+    if plan.data_re_life is not None:
+        # the lives of data written again in backward (a chunk's rows of a batched weight
+        # gradient back to back in a buffer of their own)
+        lives.append(("data_re", plan.data_re_life, data_re_host))
+    for kind, life, host in lives:
+        spans = dict(life.items())
+        for r in host:  # a buffer inside another lives as long as either
+            if r in life:
+                top = r
+                while top in host:
+                    top = host[top][0]
+                first, last = life[r]
+                a, b = spans.get(top, (first, last))
+                spans[top] = (min(a, first), max(b, last))
+        spans_of[kind] = spans
+        relives = kind == "data_re"  # keys are life ids, not roots
+        if kind == "diff":
+            data_at = {r: i for i, (_, r) in enumerate(keys)}  # every key so far is data's
+            for r in shared:
+                a, b = buffers[data_at[r]][:2]
+                c, d = spans.pop(r)
+                buffers[data_at[r]] = (min(a, c), max(b, d), math.prod(shapes[r]) * itemsize)
+        for r, (first, last) in spans.items():
+            if r not in host and (relives or r not in plan.private):
+                nbytes = (sizes[(kind, r)] if (kind, r) in sizes else
+                          math.prod(shapes[plan.re_root[r] if relives else r]) * itemsize)
+                buffers.append((first, last, nbytes))
+                keys.append((kind, r))
+    for s, layer in enumerate(layers):
+        for name, (shape, dtype, lives) in layer.scratch_specs.items():
+            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+            span = plan.scratch_life(s, lives)
+            if span is not None:
+                buffers.append((span[0], span[1], nbytes))
+                keys.append(("scratch", (s, name)))
+            for run in range(len(plan.re_time.get(s, ()))):
+                span = plan.scratch_re_life(s, lives, run)
+                if span is not None:
+                    buffers.append((span[0], span[1], nbytes))
+                    keys.append(("scratch_re", (s, name, run)))
+    offsets, total = place(buffers)
+    # kept per net, and a bucketed model keeps many nets: arrays by root, not dicts
+    # the groups' buffers are numbered after the blobs (after the lives, for "data_re")
+    n = max(n_blobs, len(plan.re_root)) + len(sizes)
+    offset = {kind: np.full(n, -1, np.int64) for kind in ("data", "diff", "data_re")}
+    scratch: dict = {"scratch": {}, "scratch_re": {}}
+    for (kind, r), at in zip(keys, offsets):
+        if kind in scratch:
+            scratch[kind][r] = at
+        else:
+            offset[kind][r] = at
+    for r in shared:
+        offset["diff"][r] = offset["data"][r]
+    whole, within = {}, {}
+    for kind, host in (("data", data_host), ("diff", diff_host), ("data_re", data_re_host)):
+        whole[kind], within[kind] = np.full(n, -1, np.int32), np.zeros(n, np.int64)
+        if host:
+            roots = np.fromiter(host, np.int64, len(host))
+            whole[kind][roots], within[kind][roots] = zip(*host.values())
+    for arrays in (offset, whole, within):
+        for a in arrays.values():
+            a.flags.writeable = False
+    return Layout(MappingProxyType(offset), MappingProxyType(whole), MappingProxyType(within),
+                  MappingProxyType(scratch["scratch"]), total, tuple(groups),
+                  MappingProxyType(sizes),
+                  tuple((s, LayerFlags(**flags)) for s, flags in told.items()),
+                  MappingProxyType(scratch["scratch_re"]))
+
+
+def planned_bytes(plan: Liveness, layout: Layout, shapes, itemsize: int,
+                  inputs=frozenset()) -> int:
+    """The bytes a net plans besides its params and its inputs: the workspace of ``layout``
+    (every planned activation, diff and scratch buffer) and the data of the blobs it keeps
+    (outputs, losses, ``keep=``) other than the ``inputs`` (:func:`input_roots`), which
+    hold the caller's batch whatever the plan."""
+    kept = sum(math.prod(shapes[r]) for r in set(plan.data_root)
+               if r in plan.private and r not in inputs)
+    return layout.total + kept * itemsize
+
+
+def input_roots(steps, layers, data_root) -> set[int]:
+    """The data roots of the tops of a net's Input layers."""
+    return {data_root[t] for step, layer in zip(steps, layers) if layer.type == "Input"
+            for t in step.tops}
+
+
+def _data_then_diff(plan, data_host, diff_host, shapes) -> set[int]:
+    """Roots whose data and diff may be one buffer: every element's data is last read
+    before its diff is first written, for every value placed inside the root's data (by
+    its data life) and diff (by its diff life)."""
+    inside: dict[tuple, list] = {}
+    for kind, host, life in (("data", data_host, plan.data_life),
+                             ("diff", diff_host, plan.diff_life)):
+        for r in host:
+            if r in life:
+                whole, first = resolve(host, r)
+                inside.setdefault((kind, whole), []).append((first, math.prod(shapes[r]), life[r]))
+    out = set()
+    for (kind, r), items in inside.items():
+        if (kind != "data" or r in plan.private or r in data_host or r in diff_host
+                or r not in plan.data_life or r not in plan.diff_life):
+            continue
+        n = math.prod(shapes[r])
+        data = [(0, n, plan.data_life[r]), *items]
+        diff = [(0, n, plan.diff_life[r]), *inside.get(("diff", r), ())]
+        cuts = sorted({a for a, _, _ in data + diff} | {a + c for a, c, _ in data + diff})
+        last = [-1] * len(cuts)  # per piece between two cuts: the latest data read ...
+        first = [1 << 62] * len(cuts)  # ... and the earliest diff write
+        for items_, table, pick, better in ((data, last, 1, max), (diff, first, 0, min)):
+            for a, c, span in items_:
+                for i in range(bisect.bisect_left(cuts, a), bisect.bisect_left(cuts, a + c)):
+                    table[i] = better(table[i], span[pick])
+        if all(d < g for d, g in zip(last, first)):
+            out.add(r)
+    return out

@@ -1,0 +1,271 @@
+"""Liveness: a net's run order in, every buffer's lifetime out (a
+:class:`~unroll.engine.memory.lifetimes.Liveness`), from the graph alone (docs/design.md,
+6. Memory). A walk over the forward pass and backward, or, with a
+:class:`~unroll.engine.memory.segments.Recompute` plan, over the forward pass and
+backward's actions, in which a value run again has a life per run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from array import array
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from unroll.engine.memory.lifetimes import Lifetimes, Liveness
+from unroll.engine.memory.regions import widened
+from unroll.engine.memory.segments import one_level_order
+
+if TYPE_CHECKING:
+    from unroll.engine.memory.segments import Recompute
+    from unroll.graph import Step
+
+__all__ = ["forward_runs", "liveness", "private_blobs"]
+
+
+def private_blobs(steps, layers, table, named, phase: str, loss_blobs) -> set[int]:
+    """Blobs readable after a run, which keep memory of their own: inputs, those ``named``
+    (outputs, ``keep=``; ``table`` pairs names with blobs), losses, and in the test phase
+    what losses and accuracies read (the predictions, as pycaffe users read them)."""
+    private = {b for name, b in table if name in named}
+    for step, layer in zip(steps, layers):
+        if layer.type == "Input":
+            private.update(step.tops)
+        elif phase == "test" and (layer.is_loss or layer.type == "Accuracy"):
+            private.update(step.bottoms)
+    private.update(loss_blobs)
+    return private
+
+
+def _roots(steps, layers, n_blobs: int, what: str) -> list[int]:
+    root = list(range(n_blobs))
+    for step, layer in zip(steps, layers):
+        if what in layer.shares_bottom:
+            for t in step.tops:
+                root[t] = root[step.bottoms[0]]
+    return root
+
+
+def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
+             bottom_need, loss_blobs, regions=(), recompute: Recompute | None = None
+             ) -> Liveness:
+    """The lifetime of every buffer of the net, from the graph alone.
+
+    A value's data lives from its producer's forward until its last reader:
+    forward readers, and backward readers as the layers' ``backward_reads``
+    declare (``"bottom"``: a reader's backward, of the bottoms its
+    :meth:`~unroll.engine.layer.Layer.reads_in_backward` names; ``"top"``: the
+    producer's). A
+    diff lives from the first backward that writes it to the backward of its
+    producer, which consumes it. Within a :class:`Region` whose branches run at
+    once, forward or backward, every buffer the region touches lives through
+    all of it: the branches' order is not known in advance.
+
+    With a :class:`Recompute` plan, backward runs the plan's actions in order,
+    each the forward of a segment's steps again or a segment's backward. A
+    value those runs write again has a life per run that writes it, each a
+    buffer of its own, from its writing to its last reader before the next
+    (``data_re_life``); a run writes only what something reads before the next
+    run does (or what its backward reads, in the run right before it).
+    """
+    data_root = _roots(steps, layers, n_blobs, "data")
+    diff_root = _roots(steps, layers, n_blobs, "diff")
+    private = {data_root[b] for b in private_blobs} | {diff_root[b] for b in private_blobs}
+    if recompute is not None:
+        return _liveness_recomputed(steps, layers, n_blobs, data_root, diff_root, private,
+                                    layer_need, bottom_need, loss_blobs, recompute)
+    S = len(steps)
+    data_life: dict[int, list[int]] = {}
+    diffs = _Diffs(diff_root)
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        back = 2 * S - s
+        runs_backward = layer_need[s]
+        for b in step.tops:
+            r = data_root[b]
+            _touch(data_life, r, s)
+            if runs_backward and "top" in layer.backward_reads:
+                _touch(data_life, r, back)
+        for k, b in enumerate(step.bottoms):
+            r = data_root[b]
+            _touch(data_life, r, s)
+            if runs_backward and layer.reads_in_backward(k, bottom_need[s]):
+                _touch(data_life, r, back)
+        if runs_backward:
+            diffs.backward(step, layer, back, bottom_need[s])
+    windows = [w for r in regions
+               for w in ((r.start, r.stop - 1), (2 * S - r.stop + 1, 2 * S - r.start))]
+    return Liveness(
+        S, array("i", data_root), array("i", diff_root), private,
+        Lifetimes({r: widened(v, windows) for r, v in data_life.items() if r not in private},
+                  n_blobs),
+        Lifetimes({r: widened(v, windows) for r, v in diffs.life.items()
+                   if r not in private}, n_blobs),
+        diffs.zero_before(loss_blobs, private, S, lambda t: 2 * S - t), list(layer_need),
+        windows)
+
+
+def _touch(life, root, t) -> None:
+    span = life.get(root)
+    if span is None:
+        life[root] = [t, t]
+    elif t < span[0]:
+        span[0] = t
+    elif t > span[1]:
+        span[1] = t
+
+
+class _Diffs:
+    """Diff lifetimes as backward runs: from the first backward writing a diff to the
+    backward of its producer; and which diffs backward reads before anything writes them."""
+
+    def __init__(self, diff_root):
+        self.diff_root, self.life, self.reads, self.writes = diff_root, {}, {}, {}
+
+    def backward(self, step, layer, back: int, need) -> None:
+        if "diff" in layer.shares_bottom:
+            return  # a view's diff is its bottom's: its backward moves nothing
+        root = self.diff_root
+        for b in step.tops:
+            r = root[b]
+            _touch(self.life, r, back)
+            self.reads[r] = min(self.reads.get(r, back), back)
+        for b, down in zip(step.bottoms, need):
+            if down:
+                r = root[b]
+                _touch(self.life, r, back)
+                self.writes[r] = min(self.writes.get(r, back), back)
+
+    def zero_before(self, loss_blobs, private, S: int, step_at) -> dict[int, list[int]]:
+        """Step -> the diff roots zeroed right before its backward (``step_at``: the step
+        whose backward runs at a time)."""
+        for b in loss_blobs:
+            self.writes[self.diff_root[b]] = S
+        out: dict[int, list[int]] = {}
+        for r, first_read in self.reads.items():
+            if r not in private and self.writes.get(r, first_read) >= first_read:
+                out.setdefault(step_at(first_read), []).append(r)
+        return out
+
+
+def forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute: Recompute
+                 ) -> Recompute:
+    """``recompute`` with its ``order`` (one level where empty) and its ``runs``: per
+    action, the steps a forward action runs, those whose values something reads before
+    they are written again and the steps they read from (found walking backward in time),
+    and in the run right before a segment's backward the steps that save scratch for it.
+    The runs give :attr:`~unroll.engine.memory.segments.Recompute.recomputed` without
+    the rest of a liveness walk."""
+    bounds = [0, *recompute.cuts, len(steps)]
+    order = recompute.order or one_level_order(len(bounds) - 1)
+    again = recompute.relived
+    # the forward run right before a segment's backward is its last: what backward reads
+    final = {~a: i - 1 for i, a in enumerate(order) if a < 0 and i and order[i - 1] == ~a}
+    # which steps each forward run needs, walking backward in time: a run writing what
+    # something reads before the next write runs, and so do the steps it reads from
+    pending = bytearray(len(data_root))
+    runs: list = [None] * len(order)
+    for i in reversed(range(len(order))):
+        a = order[i]
+        if a < 0:
+            for s in range(bounds[~a], bounds[~a + 1]):
+                if layer_need[s]:
+                    for r in _backward_reads(steps[s], layers[s], data_root, bottom_need[s]):
+                        pending[r] = 1
+            continue
+        ran = []
+        for s in reversed(recompute.steps[a]):
+            step, layer = steps[s], layers[s]
+            if "data" in layer.shares_bottom:
+                continue  # a view writes nothing
+            if any(pending[data_root[b]] and again[data_root[b]] for b in step.tops) or (
+                    final.get(a) == i and _saves_scratch(layer, layer_need[s])):
+                for b in step.tops:
+                    pending[data_root[b]] = 0
+                for b in step.bottoms:
+                    pending[data_root[b]] = 1
+                ran.append(s)
+        runs[i] = array("i", reversed(ran))
+    return dataclasses.replace(recompute, order=tuple(order), runs=tuple(runs))
+
+
+def _liveness_recomputed(steps, layers, n_blobs, data_root, diff_root, private, layer_need,
+                         bottom_need, loss_blobs, recompute) -> Liveness:
+    S = len(steps)
+    bounds = [0, *recompute.cuts, S]
+    if not recompute.runs:
+        recompute = forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute)
+    order, runs, again = recompute.order, recompute.runs, recompute.relived
+    # lives, walking forward in time: the forward pass, the loss at S, then the actions
+    data_life: dict[int, list[int]] = {}
+    lives: list[list[int]] = []  # [root, first, last, action]
+    current = [-1] * n_blobs  # root -> its life now
+    born = [-2] * n_blobs  # root -> the action whose run wrote its current life
+    re_time: dict[int, list[int]] = {}
+
+    def touch(r, t) -> None:  # root r's current life is used at time t
+        if current[r] >= 0:
+            lives[current[r]][2] = t
+        else:
+            _touch(data_life, r, t)
+
+    def run(run_steps, action: int, t: int) -> int:
+        # a forward run (action -1: the forward pass) from time t; the time after it
+        for s in run_steps:
+            step = steps[s]
+            for b in step.tops:
+                r = data_root[b]
+                if again[r] and born[r] != action:
+                    born[r], current[r] = action, len(lives)
+                    lives.append([r, t, t, action])
+            for b in step.tops + step.bottoms:
+                touch(data_root[b], t)
+            if action >= 0 and layers[s].scratch_specs:
+                re_time.setdefault(s, []).append(t)
+            t += 1
+        return t
+
+    run(range(S), -1, 0)
+    back = [0] * S
+    diffs = _Diffs(diff_root)
+    t = S + 1
+    for i, a in enumerate(order):
+        if a >= 0:
+            t = run(runs[i], i, t)
+            continue
+        for s in reversed(range(bounds[~a], bounds[~a + 1])):
+            back[s] = t
+            if layer_need[s]:
+                for r in _backward_reads(steps[s], layers[s], data_root, bottom_need[s]):
+                    touch(r, t)
+                diffs.backward(steps[s], layers[s], t, bottom_need[s])
+            t += 1
+    # lives numbered by root, then time: a root's lives are consecutive ids
+    lives.sort(key=lambda life: (life[0], life[1]))
+    roots = np.fromiter((life[0] for life in lives), np.int64, len(lives))
+    step_at = dict(zip(back, range(S)))
+    return Liveness(
+        S, array("i", data_root), array("i", diff_root), private,
+        Lifetimes({r: tuple(v) for r, v in data_life.items() if r not in private}, n_blobs),
+        Lifetimes({r: tuple(v) for r, v in diffs.life.items() if r not in private}, n_blobs),
+        diffs.zero_before(loss_blobs, private, S, step_at.__getitem__), list(layer_need), [],
+        tuple(back), MappingProxyType({s: tuple(v) for s, v in re_time.items()}),
+        Lifetimes({j: (life[1], life[2]) for j, life in enumerate(lives)}, len(lives)),
+        array("i", roots.tolist()), np.searchsorted(roots, np.arange(n_blobs + 1)),
+        array("i", (life[3] for life in lives)),
+        recompute)
+
+
+def _backward_reads(step, layer, data_root, need):
+    """The data roots a step's backward reads."""
+    if "top" in layer.backward_reads:
+        yield from (data_root[b] for b in step.tops)
+    for k, b in enumerate(step.bottoms):
+        if layer.reads_in_backward(k, need):
+            yield data_root[b]
+
+
+def _saves_scratch(layer, runs_backward) -> bool:
+    """Whether a layer keeps scratch from its forward to its backward."""
+    return runs_backward and any(lives == "both" for _, _, lives in layer.scratch_specs.values())

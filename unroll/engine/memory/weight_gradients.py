@@ -1,0 +1,206 @@
+"""One weight-gradient GEMM per chunk of a shared param's sharers (docs/design.md, 6. Memory,
+chunks of time): the chunks, from shapes only (:func:`gradient_chunks`), and the rows of each
+placed back to back (:func:`plan_weight_gradients`).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from unroll.engine.memory.aliases import resolve
+
+if TYPE_CHECKING:
+    from unroll.engine.memory.lifetimes import Liveness
+    from unroll.graph import Step
+
+__all__ = ["GRADIENT_CHUNK", "WeightGradGroup", "gradient_chunks", "plan_weight_gradients"]
+
+
+#: a weight-gradient GEMM covers sharers spanning at most this much of their bottoms' axis 0
+#: (timesteps, in an unrolled net): its chunks' rows then die chunk by chunk, and the
+#: chunks do not depend on the memory budget, so every plan runs the same GEMMs
+GRADIENT_CHUNK = 32
+
+
+@dataclass
+class WeightGradGroup:
+    """Layers sharing one param whose weight gradient is ONE GEMM over all their rows.
+
+    ``steps`` are the members in row order; after the backward of step
+    ``after`` (the last member backward reaches) the net runs the GEMM over
+    ``x`` (data, of ``x_kind``) and ``gy`` (diff), each ``(root, first element)`` of a
+    buffer holding every member's rows back to back, ``rows`` of them.
+    """
+
+    steps: list[int]
+    after: int
+    x: tuple[int, int]
+    gy: tuple[int, int]
+    rows: int
+    x_kind: str = "data"  # "data_re": a relived chunk's x rows, in their lives at the GEMM
+
+
+def _tiling(roots, host, counts):
+    """How ``roots`` sit in other buffers: None if in none, ``(whole, first element,
+    order)`` if back to back in one whole (in that order), False otherwise."""
+    if all(r not in host for r in roots):
+        return None
+    placed = [resolve(host, r) for r in roots]
+    if len({whole for whole, _ in placed}) != 1:
+        return False
+    order = sorted(range(len(roots)), key=lambda i: placed[i][1])
+    ends = [placed[i][1] + counts[i] for i in order]
+    if [placed[i][1] for i in order[1:]] != ends[:-1]:
+        return False
+    return placed[0][0], placed[order[0]][1], order
+
+
+def gradient_chunks(steps: list[Step], layers, layer_need, shapes) -> list[tuple[int, ...]]:
+    """The sharers of one param whose weight gradient may be one GEMM, in chunks.
+
+    Layers declaring ``batches_param_diffs`` with one ``param_batch_key()``
+    share a param the same way; in run order, consecutive ones form a chunk
+    while their bottoms span at most :data:`GRADIENT_CHUNK` along axis 0 (a
+    bottom longer than that is a chunk alone). The chunks depend on shapes
+    only, never on a memory budget: the full plan and every budgeted plan
+    accumulate the same GEMMs in the same order, and segments of a
+    recomputation plan are cut between chunks (:func:`allowed_cuts`).
+    Returns the chunks of two members or more, each in run order.
+    """
+    by_param: dict[tuple, list[int]] = {}
+    for s, layer in enumerate(layers):
+        if layer_need[s] and layer.batches_param_diffs and layer.blobs:
+            by_param.setdefault(layer.param_batch_key(), []).append(s)
+    chunks = []
+    for members in by_param.values():
+        chunk: list[int] = []
+        span = 0
+        for s in members:
+            shape = shapes[steps[s].bottoms[0]]
+            extent = shape[0] if shape else 1
+            if chunk and span + extent > GRADIENT_CHUNK:
+                chunks.append(tuple(chunk))
+                chunk, span = [], 0
+            chunk.append(s)
+            span += extent
+        chunks.append(tuple(chunk))
+    return [c for c in chunks if len(c) > 1]
+
+
+def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need, shapes,
+                          data_host: dict, diff_host: dict, rewritten, skipped,
+                          n_roots: int, data_re_host: dict | None = None
+                          ) -> tuple[list[WeightGradGroup], dict]:
+    """Group the layers that share a param, so that its gradient is one GEMM per chunk.
+
+    A layer declaring ``batches_param_diffs`` computes its param gradient as
+    a GEMM over rows of its bottom (x) and of its top's diff (gy), in
+    ``param_backward(x, gy)``; the layers of one chunk (:func:`gradient_chunks`)
+    form a group. The members' rows go
+    back to back, time-major: where they already tile one block of a whole
+    (the time-major diff of a shared input projection, reached through
+    pass-through diffs; the Slice parts of an input) they stay, otherwise
+    they get a new buffer, x and gy in one order. Both stay live until the
+    group's GEMM. A group needs every member's x and gy planned (not kept),
+    written nowhere in place, and no backward write landing in a member's gy
+    rows between its backward and the GEMM. Where a recomputation plan runs
+    a chunk's x rows again, their lives at the GEMM (the run's right before
+    it) go back to back in a buffer (``data_re_host``) and the GEMM reads
+    them there.
+
+    ``n_roots`` numbers the new buffers (roots ``n_roots, n_roots + 1, ...``).
+    Returns the groups and ``{(kind, root): elements}`` of the new buffers;
+    ``data_host``/``diff_host``/``data_re_host`` gain the placements.
+    """
+    # a recomputation plan carries the chunks of these shapes, found once for every attempt
+    groups = (plan.recompute.chunks if plan.recompute is not None else
+              gradient_chunks(steps, layers, plan.layer_need, shapes))
+    if not groups:
+        return [], {}
+    n_lives = len(plan.re_root)
+    data_re_host = {} if data_re_host is None else data_re_host
+    written = {plan.data_root[b] for b in rewritten} | {plan.diff_root[b] for b in rewritten}
+    at = plan.backward_time
+    writes: dict[int, list] = {}
+
+    def write(root, time, count):
+        whole, first = resolve(diff_host, root)
+        writes.setdefault(whole, []).append((time, first, first + count))
+
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        if not plan.layer_need[s] or "diff" in layer.shares_bottom:
+            continue
+        flags = skipped.get(s, ())
+        for k, b in enumerate(step.bottoms):
+            if bottom_need[s][k] and not (k < len(flags) and flags[k]):
+                write(plan.diff_root[b], at(s), math.prod(shapes[b]))
+    for s, roots in plan.zero_before.items():
+        for r in roots:
+            write(r, at(s) - 0.5, math.prod(shapes[r]))
+
+    def untouched(members, whole, regions) -> bool:
+        """No backward write lands in member i's rows from its backward to the GEMM."""
+        gemm = at(members[0])
+        spans = sorted((first, end, at(s)) for s, (first, end) in zip(members, regions))
+        firsts = [first for first, _, _ in spans]
+        for t, a, b in writes.get(whole, ()):
+            k = max(bisect_right(firsts, a) - 1, 0)
+            while k < len(spans) and spans[k][0] < b:  # every member block the write meets
+                first, end, since = spans[k]
+                if a < end and since <= t <= gemm:
+                    return False
+                k += 1
+        return True
+
+    out, sizes = [], {}
+    for members in groups:
+        layer = layers[members[0]]
+        x_roots = [plan.data_root[steps[s].bottoms[0]] for s in members]
+        gy_roots = [plan.diff_root[steps[s].tops[0]] for s in members]
+        x_counts = [math.prod(shapes[steps[s].bottoms[0]]) for s in members]
+        gy_counts = [math.prod(shapes[steps[s].tops[0]]) for s in members]
+        again = [plan.relived(r) for r in x_roots]
+        if any(r in plan.private or r in written for r in x_roots + gy_roots) or (
+                any(again) and not all(again)):
+            continue
+        if all(again):  # the GEMM reads each row's life of the run right before it
+            x_roots = [plan.life_at(r, at(members[0])) for r in x_roots]
+        if len(set(x_roots)) < len(members) or len(set(gy_roots)) < len(members):
+            continue
+        x_tiles = _tiling(x_roots, data_re_host if all(again) else data_host, x_counts)
+        gy_tiles = _tiling(gy_roots, diff_host, gy_counts)
+        if x_tiles is False or gy_tiles is False:
+            continue  # some rows live inside other buffers, but not as one block
+        orders = [t[2] for t in (x_tiles, gy_tiles) if t is not None]
+        if len(orders) == 2 and orders[0] != orders[1]:
+            continue
+        order = orders[0] if orders else list(range(len(members)))
+        if gy_tiles is not None and not untouched(
+                members, gy_tiles[0],
+                [(first, first + n) for (_, first), n in
+                 zip((resolve(diff_host, r) for r in gy_roots), gy_counts)]):
+            continue
+        blocks = []
+        x_kind, x_host = ("data_re", data_re_host) if all(again) else ("data", data_host)
+        for kind, tiles, roots, counts, host in ((x_kind, x_tiles, x_roots, x_counts, x_host),
+                                                 ("diff", gy_tiles, gy_roots, gy_counts,
+                                                  diff_host)):
+            if tiles is not None:
+                blocks.append(tiles[:2])
+                continue
+            if kind == "data_re":  # numbered after the lives
+                whole, n_lives, offset = n_lives, n_lives + 1, 0
+            else:
+                whole, n_roots, offset = n_roots, n_roots + 1, 0
+            for i in order:
+                host[roots[i]] = (whole, offset)
+                offset += counts[i]
+            sizes[(kind, whole)] = offset
+            blocks.append((whole, 0))
+        out.append(WeightGradGroup([members[i] for i in order], members[0], blocks[0],
+                                   blocks[1], sum(gy_counts) // layer.param_row_widths()[1],
+                                   x_kind))
+    return out, sizes
