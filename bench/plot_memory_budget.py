@@ -80,7 +80,8 @@ def main(argv=None) -> int:
               + " ".join(f"{b / 1024:9.1f}" for b in rows["planned_bytes"])
               + "   forward x " + " ".join(f"{f:.2f}" for f in rows["forward_factor"]))
     draw(figures, PLOT)
-    print(f"T = {figures['steps']}; wrote {FIGURES.relative_to(ROOT)} and {PLOT.relative_to(ROOT)}")
+    wrote = [PLOT] if args.plot_only else [FIGURES, PLOT]
+    print(f"T = {figures['steps']}; wrote " + " and ".join(str(p.relative_to(ROOT)) for p in wrote))
     return 0
 
 
