@@ -90,6 +90,19 @@ def test_the_runner_reads_its_markers(tmp_path, monkeypatch):
         "<!-- not run: it trains for an hour -->", 2, "", "x = 1\n")
 
 
+def test_the_readmes_code_is_run_by_the_site():
+    """The README is the front page: each of its code blocks is one of a page's, which runs
+    (or says why not) there; its output blocks are not code."""
+    readme = ROOT / "README.md"
+    in_pages = {(b.language, b.code) for page in PAGES for b in blocks(page)}
+    for match in FENCE.finditer(readme.read_text()):
+        if match.group(1) not in RUN:
+            continue
+        assert (match.group(1), match.group(2)) in in_pages, (
+            f"README.md's ```{match.group(1)} block starting {match.group(2)[:60]!r} is on no "
+            f"page of docs/: put it on one, where it runs")
+
+
 def _environment(scratch: Path) -> dict:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
