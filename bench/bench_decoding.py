@@ -60,10 +60,11 @@ def main(argv=None) -> int:
     parser.add_argument("--pairs", type=int, default=2000, help="dev pairs decoded")
     args = parser.parse_args(argv)
 
+    from examples.pos_tagging.data import data_dir
+
     from examples.lemmatize.conll import read_lemmas
     from examples.lemmatize.model import Lemmatizer, LemmatizerConfig
     from examples.lemmatize.train import DEV_FILE, TRAIN_FILE, words_of
-    from examples.pos_tagging.data import data_dir
     from unroll import Solver
 
     data = data_dir(args.data)

@@ -98,7 +98,7 @@ def templates_page() -> str:
         if path.name.endswith(".prototxt.j2"):
             t = load_template(name)
             rows = [("kind", t.kind)]
-            for key in ("inputs", "states", "outputs"):
+            for key in ("inputs", "static", "states", "outputs"):
                 if key in t.interface:
                     rows.append((key, ", ".join(f"`{k}`" for k in t.interface[key])))
             defaults = ", ".join(f"`{k}`: " + ("required" if v is None else f"`{v!r}`")

@@ -1,4 +1,4 @@
-"""Small prototxt builders and run helpers shared by the tests/graph/ and tests/engine/ test_net_*.py files."""
+"""Prototxt builders and run helpers for the test_net_*.py files (tests/graph, tests/engine)."""
 
 import numpy as np
 

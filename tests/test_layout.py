@@ -53,13 +53,18 @@ def imports(path: Path, name: str):
 
 def module_level_imports(path: Path, name: str):
     """The modules ``path`` imports when it is itself imported: (line, module), leaving out
-    imports inside functions and classes, which run only when called."""
+    imports inside functions and classes, which run only when called, and those under
+    ``if TYPE_CHECKING:``, which never run."""
     tree = ast.parse(path.read_text())
     top = []
     stack = list(tree.body)
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING",
+                                                                  "typing.TYPE_CHECKING"):
+            stack.extend(node.orelse)
             continue
         top.append(node)
         for field in ("body", "orelse", "finalbody", "handlers"):
@@ -96,6 +101,15 @@ def import_cycle(graph: dict) -> list:
         if found:
             return found
     return []
+
+
+def test_imports_for_type_checking_alone_are_no_cycle(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from typing import TYPE_CHECKING\nimport os\nif TYPE_CHECKING:\n"
+                      "    import json\n")
+    assert [target for _, target in module_level_imports(module, "m")] == ["typing",
+                                                                           "typing.TYPE_CHECKING",
+                                                                           "os"]
 
 
 def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle():

@@ -20,7 +20,8 @@ from unroll.testing import builtin_templates
 
 CELLS = builtin_templates("step")
 RECURRENT_WEIGHT = {"rnn": "W_hh", "lstm": "W_hc", "lstm_primitive": "W_hc", "gru": "W_h",
-                    "gru_primitive": "W_h"}
+                    "gru_primitive": "W_h", "lstm_attention": "W_hc",
+                    "lstm_attention_feed": "W_hc"}
 
 
 def run(text: str, plan: bool, feed: dict, seed: int = 2) -> dict:

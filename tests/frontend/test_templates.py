@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from unroll.engine.net import Net
 from unroll.frontend.unroller import expand
-from unroll.testing import builtin_templates, numeric_gradient
+from unroll.testing import builtin_templates, numeric_gradient, static_inputs
 from unroll.train.bucketing import cont_from_lengths
 
 KINDS = builtin_templates("step")  # each needs its entry in PARAMS, STATES and STEPS
@@ -24,9 +24,12 @@ PARAMS = {  # learnable param names of a single unscoped layer, in creation orde
     "lstm_primitive": ["W_xc", "b_c", "W_hc"],
     "gru": ["W_x", "b_x", "W_h", "b_h"],
     "gru_primitive": ["W_x", "b_x", "W_h", "b_h"],
+    "lstm_attention": ["W_xc", "b_c", "W_hc", "W_c"],
+    "lstm_attention_feed": ["W_xc", "b_c", "W_hc", "W_fc", "W_c"],
 }
 STATES = {"rnn": ["h"], "lstm": ["h", "c"], "lstm_primitive": ["h", "c"], "gru": ["h"],
-          "gru_primitive": ["h"]}
+          "gru_primitive": ["h"], "lstm_attention": ["h", "c"],
+          "lstm_attention_feed": ["h", "c", "a"]}
 
 
 # -- the NumPy references --------------------------------------------------------
@@ -65,11 +68,41 @@ def gru_step(p, x, s):
     return {"h": (1 - z) * n + z * s["h"]}
 
 
+def attend(p, h, static):
+    """Luong dot attention: a = tanh(W_c [sum_s softmax_s(m_s . h + mask_s) m_s ; h])."""
+    m = static["memory"]
+    scores = (m * h[None]).sum(axis=2) + static["memory_mask"]
+    w = np.exp(scores - scores.max(axis=0))
+    w /= w.sum(axis=0)
+    context = (w[:, :, None] * m).sum(axis=0)
+    return np.tanh(linear(np.concatenate([context, h], axis=1), p["W_c"]))
+
+
+def lstm_attention_step(p, x, s, static):
+    """The lstm step, then the attentional vector of its h (the output, called h here)."""
+    new = lstm_step(p, x, {"h": s["h_lstm"], "c": s["c"]})
+    return {"c": new["c"], "h_lstm": new["h"], "h": attend(p, new["h"], static)}
+
+
+def lstm_attention_feed_step(p, x, s, static):
+    """Input feeding: W_fc a_{t-1} joins the gates; a_t is a state and the output."""
+    a = linear(x, p["W_xc"], p["b_c"]) + linear(s["h_lstm"], p["W_hc"]) + linear(s["h"],
+                                                                                 p["W_fc"])
+    i, f, o, g = np.split(a, 4, axis=-1)
+    c = sigmoid(f) * s["c"] + sigmoid(i) * np.tanh(g)
+    h = sigmoid(o) * np.tanh(c)
+    return {"c": c, "h_lstm": h, "h": attend(p, h, static)}
+
+
 STEPS = {"rnn": rnn_step, "lstm": lstm_step, "lstm_primitive": lstm_step, "gru": gru_step,
-         "gru_primitive": gru_step}
+         "gru_primitive": gru_step, "lstm_attention": lstm_attention_step,
+         "lstm_attention_feed": lstm_attention_feed_step}
+#: the states a step reads, under this file's names: the attention steps output their
+#: attentional vector as h and keep the LSTM's own as h_lstm
+READS = {"lstm_attention": ["h_lstm", "c"], "lstm_attention_feed": ["h_lstm", "c", "h"]}
 
 
-def reference(kind, p, x, cont, reverse=False):
+def reference(kind, p, x, cont, reverse=False, static=None):
     """h (T, N, H) of the recurrence; every state entering a step is multiplied by its cont.
 
     Forward: step t reads cont[t]. Reverse (t = T-1..0): step t reads cont[t+1], so it
@@ -77,15 +110,18 @@ def reference(kind, p, x, cont, reverse=False):
     """
     T, N, _ = x.shape
     H = p[{"rnn": "W_hh", "gru": "W_h", "gru_primitive": "W_h"}.get(kind, "W_hc")].shape[1]
-    state = {name: np.zeros((N, H)) for name in STATES[kind]}
+    state = {name: np.zeros((N, H)) for name in READS.get(kind, STATES[kind])}
     h = np.zeros((T, N, H))
     for t in (range(T - 1, -1, -1) if reverse else range(T)):
         if reverse:
             keep = cont[t + 1] if t + 1 < T else np.zeros(N)
         else:
             keep = cont[t]
-        state = STEPS[kind](p, x[t], {k: v * keep[:, None] for k, v in state.items()})
+        gated = {k: v * keep[:, None] for k, v in state.items()}
+        state = (STEPS[kind](p, x[t], gated) if static is None
+                 else STEPS[kind](p, x[t], gated, static))
         h[t] = state["h"]
+        state = {k: state[k] for k in gated}
     return h
 
 
@@ -117,14 +153,17 @@ def copy_params(src, dst, rename=lambda name: name):
             by_name[rename(p.name)].blob.data[...] = p.blob.data
 
 
-def forward_backward(net, x, cont, R):
-    """h and the gradients of sum(h * R) w.r.t. x and every learnable param."""
-    h = net.forward(x=x, cont=cont)["h"].copy()
+def forward_backward(net, x, cont, R, static=None):
+    """h and the gradients of sum(h * R) w.r.t. x, the static inputs and every learnable
+    param."""
+    static = static or {}
+    h = net.forward(x=x, cont=cont, **static)["h"].copy()
     net.clear_param_diffs()
     net.blobs["h"].diff[...] = R
     net.backward()
     grads = {p.name: p.blob.diff.copy() for p in net.learnable_params}
-    grads["x"] = net.blobs["x"].diff.copy()
+    for name in ("x", *static):
+        grads[name] = net.blobs[name].diff.copy()
     return h, grads
 
 
@@ -155,15 +194,18 @@ def test_unrolled_net_equals_numpy_recurrence(kind, case, direction):
     cont = cont_from_lengths(case["lengths"], T)
     R = rng.uniform(-1, 1, (T, N, H))
     reverse = direction == "reverse"
+    static = static_inputs(kind, N, case["seed"] % 1000, hidden=H) or None
 
-    h, grads = forward_backward(net, x, cont, R)
+    h, grads = forward_backward(net, x, cont, R, static)
 
-    np.testing.assert_allclose(h, reference(kind, p, x, cont, reverse), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(h, reference(kind, p, x, cont, reverse, static), rtol=1e-10,
+                               atol=1e-12)
 
     def loss():
-        return float((reference(kind, p, x, cont, reverse) * R).sum())
+        return float((reference(kind, p, x, cont, reverse, static) * R).sum())
 
-    for name, value in [("x", x), *p.items()]:
+    # a static input's gradient is the sum of every step's
+    for name, value in [("x", x), *(static or {}).items(), *p.items()]:
         np.testing.assert_allclose(grads[name], numeric_gradient(loss, value), rtol=1e-5, atol=1e-7,
                                    err_msg=f"{kind} {direction}: gradient w.r.t. {name}")
 

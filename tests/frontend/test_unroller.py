@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from unroll.core.errors import NetError, TemplateError
 from unroll.core.proto import LayerParameter, NetParameter, parse_text
 from unroll.engine.net import Net
-from unroll.frontend.unroller import builtin_template_dir, expand, to_prototxt
+from unroll.frontend.unroller import builtin_template_dir, expand, load_template, to_prototxt
 from unroll.testing import builtin_templates, check_net_gradient
 from unroll.train.bucketed_model import BucketedModel
 from unroll.train.bucketing import cont_from_lengths, time_major
@@ -24,7 +24,9 @@ from unroll.train.carry import carry_hidden
 KINDS = builtin_templates("step")  # each needs its entry in PARAMS
 PARAMS = {"rnn": ["W_xh", "b_h", "W_hh"], "lstm": ["W_xc", "b_c", "W_hc"],
           "lstm_primitive": ["W_xc", "b_c", "W_hc"], "gru": ["W_x", "b_x", "W_h", "b_h"],
-          "gru_primitive": ["W_x", "b_x", "W_h", "b_h"]}
+          "gru_primitive": ["W_x", "b_x", "W_h", "b_h"],
+          "lstm_attention": ["W_xc", "b_c", "W_hc", "W_c"],
+          "lstm_attention_feed": ["W_xc", "b_c", "W_hc", "W_fc", "W_c"]}
 BUILTINS = builtin_templates()
 
 
@@ -204,7 +206,7 @@ def test_two_halves_with_carry_hidden_equal_the_whole(kind):
     randomize(whole, rng)
     half = build(kind, T // 2, N, D, H, layers=layers, expose_hidden=True)
     copy_params(whole, half)
-    states = ["h", "c"] if kind.startswith("lstm") else ["h"]
+    states = list(load_template(kind).interface["states"])
     exposed = [(f"l{k}_{s}_T", f"l{k}_{s}_0") for k in range(layers) for s in states]
     assert set(half.outputs) == {"h"} | {final for final, _ in exposed}
     assert set(half.inputs) >= {initial for _, initial in exposed}

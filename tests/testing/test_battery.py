@@ -215,3 +215,29 @@ def test_unroll_check_refuses_bad_arguments_with_exit_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("unroll check: error: ") and message in err
+
+
+# -- attention: static inputs in the battery --------------------------------------------------
+
+
+@pytest.mark.parametrize("score", ["general", "concat"])
+@pytest.mark.parametrize("name", ["lstm_attention", "lstm_attention_feed"])
+def test_attention_steps_pass_their_battery_for_every_score(name, score):
+    report = testing.check_template(name, STEP_REFERENCES[name], hidden=3, steps=4, batch=2,
+                                    score=score, configs=["forward", "stacked"],
+                                    devices=["cpu"])
+    checked = {c.subject.split(" (")[0] for c in report.checks
+               if c.name == "backward vs central differences"}
+    assert {"memory", "memory_mask", "x"} <= checked  # a static input's diff sums the steps'
+    assert {"W_c", "W_a" if score == "general" else "v_a"} <= checked
+
+
+def test_the_battery_catches_an_attention_that_ignores_the_mask():
+    def unmasked(x, states, params, static):
+        return STEP_REFERENCES["lstm_attention"](
+            x, states, params, {**static, "memory_mask": 0 * static["memory_mask"]})
+
+    report = testing.check_template("lstm_attention", unmasked, hidden=3, steps=3, batch=2,
+                                    configs=["forward"], devices=["cpu"], strict=False)
+    failed = {c.name for c in report.checks if not c.passed}
+    assert failed == {"forward vs reference"}

@@ -13,7 +13,7 @@ import pytest
 import unroll
 from unroll.core.errors import NetError
 from unroll.frontend.template import load_template
-from unroll.testing import builtin_templates
+from unroll.testing import builtin_templates, static_inputs
 from unroll.train.stepper import Stepper
 
 CELLS = builtin_templates("step")
@@ -36,9 +36,10 @@ def test_stepping_equals_the_unrolled_net_from_given_states(cell, layers):
     cont = np.ones((T, N))
     cont[3, 1] = 0  # a sequence that starts inside the chunk: cont restarts it in both
     initial = {name: rng.normal(size=(1, N, H)) for name in stepper.pairs}
-    out = whole.forward(x=x, cont=cont, **initial)
+    static = static_inputs(cell, N, hidden=H)  # an attention memory every step reads
+    out = whole.forward(x=x, cont=cont, **initial, **static)
     stepper.reset(initial)
-    steps = [stepper(x=x[t:t + 1], cont=cont[t:t + 1]) for t in range(T)]
+    steps = [stepper(x=x[t:t + 1], cont=cont[t:t + 1], **static) for t in range(T)]
     np.testing.assert_allclose(np.concatenate([s["h"] for s in steps]), out["h"], atol=1e-12)
     for name, final in stepper.pairs.items():
         np.testing.assert_allclose(stepper.state[name], out[final], atol=1e-12)
@@ -57,12 +58,14 @@ def test_stepping_from_given_states_follows_the_first_step_rule_at_every_cont(ce
     rng = np.random.default_rng(2)
     x = rng.normal(size=(T, N, D))
     initial = {state: rng.normal(size=(1, N, H)) for state in states}
+    static = static_inputs(cell, N, hidden=H)
     for first in itertools.product([0.0, 1.0], repeat=N):
         cont = np.ones((T, N))
         cont[0] = first
-        want = whole.forward(x=x, cont=cont, **{given[s]: v for s, v in initial.items()})["h"]
+        want = whole.forward(x=x, cont=cont, **{given[s]: v for s, v in initial.items()},
+                             **static)["h"]
         stepper.reset({f"{s}_0": v for s, v in initial.items()})
-        got = [stepper(x=x[t:t + 1], cont=cont[t:t + 1])["h"] for t in range(T)]
+        got = [stepper(x=x[t:t + 1], cont=cont[t:t + 1], **static)["h"] for t in range(T)]
         np.testing.assert_allclose(np.concatenate(got), want, atol=1e-12,
                                    err_msg=f"first-step cont {first}")
     assert stepper.gated_by == {f"{s}_0": ["cont"] for s in states}
@@ -76,10 +79,11 @@ def test_reset_starts_from_zeros_sized_by_the_batch_of_the_next_call(cell):
     rng = np.random.default_rng(1)
     x = rng.normal(size=(T, 2, D))  # a batch of 2, not the N the nets were built with
     zeros = {name: np.zeros((1, 2, H)) for name in stepper.pairs}
-    expected = whole.forward(x=x, cont=np.ones((T, 2)), **zeros)["h"]
-    stepper(x=x[:1], cont=np.ones((1, 2)))  # some state, then forgotten
+    static = static_inputs(cell, 2, hidden=H)
+    expected = whole.forward(x=x, cont=np.ones((T, 2)), **zeros, **static)["h"]
+    stepper(x=x[:1], cont=np.ones((1, 2)), **static)  # some state, then forgotten
     stepper.reset()
-    got = [stepper(x=x[t:t + 1], cont=np.ones((1, 2)))["h"] for t in range(T)]
+    got = [stepper(x=x[t:t + 1], cont=np.ones((1, 2)), **static)["h"] for t in range(T)]
     np.testing.assert_allclose(np.concatenate(got), expected, atol=1e-12)
 
 

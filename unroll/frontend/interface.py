@@ -51,6 +51,24 @@ def _names_list(interface: dict, key: str, path: Path) -> None:
                             f"found {names!r}")
 
 
+def _check_static(interface: dict, path: Path) -> None:
+    """A step's static inputs: each name -> its dims, each an int, a hyper-parameter or "N"."""
+    static = interface.get("static", {})
+    defaults = interface.get("defaults", {})
+    if not isinstance(static, dict) or not all(
+            isinstance(name, str) and isinstance(dims, list) and dims and all(
+                (isinstance(d, int) and not isinstance(d, bool)) or d == "N" or d in defaults
+                for d in dims) for name, dims in static.items()):
+        raise TemplateError(
+            f"{path.name}: interface 'static' must map each static input to its dims, each an "
+            f"integer, a hyper-parameter (a key of 'defaults') or \"N\" (the batch), e.g. "
+            f"{{\"memory\": [\"source_steps\", \"N\", \"hidden\"]}}, found {static!r}")
+    both = sorted(set(static) & set(interface["inputs"]))
+    if both:
+        raise TemplateError(f"{path.name}: '{both[0]}' is declared both as a per-step input "
+                            f"and as a static one")
+
+
 def _check_step(interface: dict, path: Path, macros: frozenset) -> None:
     for key in ("inputs", "states", "outputs"):
         if key not in interface:
@@ -64,6 +82,7 @@ def _check_step(interface: dict, path: Path, macros: frozenset) -> None:
             f"{path.name}: interface 'states' must map each state to the hyper-parameter "
             f"giving its size, e.g. {{\"h\": \"hidden\"}}, found {states!r}"
         )
+    _check_static(interface, path)
     for state, size_var in states.items():
         if size_var not in interface.get("defaults", {}):
             raise TemplateError(

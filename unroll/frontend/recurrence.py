@@ -56,7 +56,7 @@ class Recurrence:
     builder: NetBuilder
     template: Template
     hyper: dict
-    bottom: str
+    bottoms: dict  # each declared per-step input -> the (T, N, ...) blob cut into its steps
     top: str
     cont: str
     reverse: bool
@@ -68,6 +68,7 @@ class Recurrence:
     align: str
     learned_init: bool
     given_init: dict = field(default_factory=dict)  # state -> the blob it starts from
+    static: dict = field(default_factory=dict)  # static input -> the blob every step reads
     states: dict = field(default_factory=dict)  # state -> size
     module: object = None  # the template run with hyper
     parses: ParseCache = field(default_factory=ParseCache)
@@ -112,10 +113,12 @@ class Recurrence:
 
     def input_names(self) -> dict[str, list[str]]:
         """Each declared input cut into steps, after the sequence macro if there is one."""
-        inputs = {name: self.bottom for name in self.template.interface["inputs"]}
+        inputs = dict(self.bottoms)
+        self.builder.consumed.update(self.static.values())
         if "sequence" in self.template.macros:
             seq_out = {name: f"{self.scope}{name}_seq" for name in inputs}
-            s = Step(self.scope, None, self.T, self.reverse, input=inputs, output=seq_out)
+            s = Step(self.scope, None, self.T, self.reverse, input=inputs, output=seq_out,
+                     static=self.static)
             layers = render_macro(self.template, self.module, "sequence", s)
             require(self.template.name, seq_out, {top for lp in layers for top in lp.top},
                     lambda local, blob: (f"the sequence macro must produce s.output.{local} "
@@ -171,7 +174,8 @@ class Recurrence:
         for c, (a, b) in enumerate(spans):
             out = {name: f"{blob}_c{c}" for name, blob in seq_out.items()}
             s = Step(self.scope, None, b - a, self.reverse,
-                     input={n: p[c] for n, p in parts.items()}, output=out, chunk=c)
+                     input={n: p[c] for n, p in parts.items()}, output=out, chunk=c,
+                     static=self.static)
             layers = render_macro(self.template, self.module, "sequence", s)
             for name, blob in out.items():
                 lp = LayerParameter(name=f"{blob}_slice", type="Slice", bottom=[blob],
@@ -216,7 +220,7 @@ class Recurrence:
             extra = {o: f"{sc}{o}_t{t}" for o in iface["outputs"] if o not in self.states}
             s = Step(sc, t, self.T, self.reverse, cont=cont_t,
                      input={n: v[t] for n, v in per_step.items()}, prev=prev, state=state,
-                     output=extra)
+                     output=extra, static=self.static)
             self.fill_step(t, s, prev, state, extra)
             for name in outputs:
                 outputs[name][t] = state[name] if name in self.states else extra[name]
@@ -325,7 +329,41 @@ def _given_states(what: str, template: Template, initial_state, direction: str,
     return dict(initial_state)
 
 
-def recurrent(builder: NetBuilder, step, bottom: str, top: str, cont: str = "cont", *,
+def _bottoms(what: str, template: Template, bottom) -> tuple[dict, dict]:
+    """({per-step input: blob}, {static input: blob}) from recurrent()'s ``bottom``: one
+    blob name where the template reads one input, else a list in the declared order (the
+    inputs, then the static ones) or a dict by name; each declared one given, nothing else."""
+    inputs = list(template.interface["inputs"])
+    static = list(template.interface.get("static", {}))
+    names = inputs + static
+    declared = (f"{template.name} reads inputs {inputs}"
+                + (f" and static inputs {static}" if static else ""))
+    if isinstance(bottom, str):  # the first input's: any other is missing
+        given = {names[0]: bottom} if names else {}
+    elif isinstance(bottom, (list, tuple)):
+        if len(bottom) != len(names):
+            raise TemplateError(f"{what}: {declared}: give one blob for each, in that order, "
+                                f"found {len(bottom)}: {list(bottom)!r}")
+        given = dict(zip(names, bottom))
+    elif isinstance(bottom, dict):
+        given = dict(bottom)
+    else:
+        raise TemplateError(f"{what}: the bottom must be a blob name, a list or a dict of "
+                            f"them; {declared}; found {bottom!r}")
+    missing = [n for n in names if n not in given]
+    unknown = sorted(set(given) - set(names), key=str)
+    if missing or unknown:
+        problem = (f"gives no blob for '{missing[0]}'" if missing
+                   else f"names {unknown[0]!r}, which it does not read")
+        raise TemplateError(f"{what}: the bottom {problem}; {declared}: bottom="
+                            f"{{{', '.join(f'{n!r}: ...' for n in names)}}}")
+    bad = {n: b for n, b in given.items() if not isinstance(b, str) or not b}
+    if bad:
+        raise TemplateError(f"{what}: each bottom must be a blob name, found {bad}")
+    return {n: given[n] for n in inputs}, {n: given[n] for n in static}
+
+
+def recurrent(builder: NetBuilder, step, bottom, top: str, cont: str = "cont", *,
               direction: str = "forward", layers: int = 1, scope: str = "",
               expose_hidden: bool = False, sequence_output: bool = True,
               align: str = "right", initial_state="zeros", batch: int | None = None,
@@ -333,6 +371,11 @@ def recurrent(builder: NetBuilder, step, bottom: str, top: str, cont: str = "con
     """Unroll step template ``step`` over ``bottom`` (T, N, D) into ``top`` (T, N, ...).
 
     Called from net templates as ``{{ recurrent("lstm", "emb", "h", hidden=128) }}``;
+    a template with several inputs, or static ones, takes a list of blobs in the
+    declared order (its inputs, then its static inputs) or a dict by name,
+    ``recurrent("lstm_attention", {"x": "emb", "memory": "enc", "memory_mask": "pad"},
+    "a", ...)``; each layer of a stack reads the one below as its first input and the
+    same blobs as the others;
     returns a marker that :func:`~unroll.frontend.unroller.expand` replaces with the
     unrolled layers, so they go where the call is printed. ``cont`` names the
     (T, N) cont blob; ``batch`` and ``steps`` are N and T of ``bottom``
@@ -351,8 +394,9 @@ def recurrent(builder: NetBuilder, step, bottom: str, top: str, cont: str = "con
     hyper = hyper_parameters(template, merge_hyper(what, more_hyper, hyper),
                              also=RECURRENT_OPTIONS)
     given = _given_states(what, template, initial_state, direction, layers, hyper)
+    inputs, static = _bottoms(what, template, bottom)
     first = len(builder.layers)
-    x = bottom
+    first_input = next(iter(inputs), None)  # what a stack's upper layers read from below
     for k in range(layers):
         out = top if k == layers - 1 else f"{scope}l{k}_out"
         sc = f"{scope}l{k}_" if layers > 1 else scope
@@ -360,11 +404,13 @@ def recurrent(builder: NetBuilder, step, bottom: str, top: str, cont: str = "con
             ("", direction == "reverse")]
         for side, reverse in sides:
             Recurrence(
-                builder, template, hyper, x, f"{out}_{side[:-1]}" if side else out, cont,
+                builder, template, hyper, dict(inputs), f"{out}_{side[:-1]}" if side else out,
+                cont,
                 reverse, sc + side, builder.T if steps is None else int(steps),
                 builder.batch if batch is None else int(batch), expose_hidden,
-                sequence_output, align, initial_state == "learned", given).unroll()
+                sequence_output, align, initial_state == "learned", given, static).unroll()
         if direction == "bidirectional":
             builder.concat(f"{sc}bi_concat", [f"{out}_fw", f"{out}_bw"], out, axis=2)
-        x = out
+        if first_input is not None:
+            inputs[first_input] = out
     return builder.block(first)

@@ -86,6 +86,8 @@ class Step:
         {% set interface = {
             "kind": "step",
             "inputs": ["x"],                    # per-step inputs, cut from (T, N, ...) blobs
+            "static": {"memory": ["source_steps", "N", "hidden"]},  # optional: read by every
+                                                # step whole; its dims (hyper-parameters, ints, N)
             "states": {"h": "hidden"},          # recurrent state -> hyper-parameter giving its size
             "outputs": ["h"],                   # per-step outputs: a state, or s.output.NAME
             "defaults": {"hidden": none},       # every hyper-parameter; none means required
@@ -106,6 +108,9 @@ class Step:
     - ``input.NAME``: the step's (1, N, ...) slice of input NAME (in the sequence
       macro: the whole (T, N, ...) input); with a sequence macro, the slice of
       what it produced.
+    - ``static.NAME``: static input NAME, the same whole blob at every step (and in the
+      sequence macro), as Caffe's RecurrentLayer ``x_static``: an (N, ...) or (S, N, ...)
+      blob such as an attention memory; its diff sums every step's gradient.
     - ``output.NAME``: the sequence macro must produce (T, N, ...) ``output.NAME``
       for every input; the step macro must produce every declared output that
       is not a state.
@@ -129,7 +134,7 @@ class Step:
 
     def __init__(self, scope: str, t: int | None, T: int, reverse: bool = False,
                  cont: str | None = None, input=None, prev=None, state=None, output=None,
-                 chunk: int | None = None):
+                 chunk: int | None = None, static=None):
         self.t = t
         self.T = T
         self.reverse = reverse
@@ -142,11 +147,12 @@ class Step:
         # unroller parse a step's text once and give later steps their own names
         self.roles: dict[str, str] = {} if cont is None else {cont: "cont"}
         self.ambiguous = False
-        named = {"input": input, "prev": prev, "state": state, "output": output}
+        named = {"input": input, "prev": prev, "state": state, "output": output,
+                 "static": static}
         for kind, names in named.items():
             for local, blob in (names or {}).items():
                 self._role(blob, f"{kind}:{local}")
-        self.input, self.prev, self.state, self.output = (
+        self.input, self.prev, self.state, self.output, self.static = (
             BlobNames(kind, names or {}) for kind, names in named.items())
 
     def _role(self, name: str, role: str) -> str:
@@ -202,7 +208,7 @@ class Application(Step):
         super().__init__(scope, None, count, input=input, output=output)
         # removed, not left None: a module template reading them is wrong, and would render
         # None into a blob name
-        del self.t, self.T, self.reverse, self.cont, self.prev, self.state
+        del self.t, self.T, self.reverse, self.cont, self.prev, self.state, self.static
         self.index = index
         self.count = count
         self._suffix = f"_{index}"

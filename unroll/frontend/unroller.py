@@ -90,6 +90,27 @@ class _Calls:
         return tree(self._builder, *args, **kwargs)
 
 
+def _step_inputs(template: Template, steps: int, batch: int, input_dim, sizes: dict) -> dict:
+    """The Input tops of a step template expanded on its own: each per-step input
+    (T, N, its input_dim: one for all, or a dict by input), each static input in its
+    declared dims, and cont (T, N)."""
+    inputs = template.interface["inputs"]
+    dims = input_dim if isinstance(input_dim, dict) else dict.fromkeys(inputs, input_dim)
+    unknown = sorted(set(dims) - set(inputs))
+    missing = [n for n in inputs if n not in dims]
+    if unknown or missing:
+        raise TemplateError(
+            f"{template.name}: input_dim= must give the size of each input {inputs}, "
+            + (f"found no size for '{missing[0]}'" if missing else
+               f"found '{unknown[0]}', which it does not read"))
+    tops = {name: (steps, batch, int(dims[name])) for name in inputs}
+    for name, spec in template.interface.get("static", {}).items():
+        tops[name] = tuple(batch if d == "N" else int(sizes[d] if isinstance(d, str) else d)
+                           for d in spec)
+    tops["cont"] = (steps, batch)
+    return tops
+
+
 def _build(template: Template, steps: int, batch: int, search_path, variables: dict,
            hyper: dict | None, chunk: int | None) -> tuple[NetParameter, NetBuilder]:
     """The unrolled NetParameter of ``template`` and the builder that made it."""
@@ -111,17 +132,18 @@ def _build(template: Template, steps: int, batch: int, search_path, variables: d
                 f"as the batches are padded (time_major(..., align=...)): it finds each "
                 f"sequence's last step from cont and refuses batches padded otherwise"
             )
-        tops = {"x": (steps, batch, int(input_dim)), "cont": (steps, batch)}
+        sizes = hyper_parameters(template, merge_hyper(template.name, variables, hyper))
+        tops = _step_inputs(template, steps, batch, input_dim, sizes)
         given = options.get("initial_state")
         if isinstance(given, dict):  # the blobs the states start from are inputs here
-            sizes = hyper_parameters(template, merge_hyper(template.name, variables, hyper))
             states = template.interface["states"]
             tops.update((blob, (1, batch, int(sizes[states[state]])))
                         for state, blob in given.items()
                         if state in states and isinstance(blob, str) and blob not in tops)
         builder.input("input", tops)
-        recurrent(builder, str(template.path), "x", "h", "cont", hyper=hyper, **options,
-                  **variables)
+        names = [*template.interface["inputs"], *template.interface.get("static", {})]
+        recurrent(builder, str(template.path), {n: n for n in names}, "h", "cont", hyper=hyper,
+                  **options, **variables)
         return builder.net_param(f"{template.name[: -len(SUFFIX)]}_T{steps}"), builder
     merged = hyper_parameters(template, merge_hyper(template.name, variables, hyper),
                               also=["batch"])
@@ -217,6 +239,9 @@ def expand(template, steps: int | None = None, search_path=(), hyper: dict | Non
     ``x`` (T, N, input_dim) and ``cont`` (T, N), the unrolled recurrence, and
     its output ``h`` (T, N, hidden). Variables: ``batch`` (N, default 1),
     ``input_dim``, the template's hyper-parameters, and the options below.
+    A template declaring several inputs reads each from the input of its name,
+    (T, N, its ``input_dim``: one size for all, or a dict by input); each static
+    input is an input of its name in the dims the interface declares.
     For a **net template**, ``variables`` are ``batch`` and its
     hyper-parameters; it places unrolled layers with ``{{ recurrent(step,
     bottom, top, cont="cont", ...options, **hyper) }}``. A hyper-parameter

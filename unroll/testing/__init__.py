@@ -66,7 +66,7 @@ from unroll.testing.strategies import (
     shapes,
     step_variables,
 )
-from unroll.testing.template_battery import check_template, unrolled_reference
+from unroll.testing.template_battery import check_template, static_inputs, unrolled_reference
 
 __all__ = [
     "BatteryFailure",
@@ -90,6 +90,7 @@ __all__ = [
     "random_nets",
     "run_layer",
     "shapes",
+    "static_inputs",
     "step_variables",
     "unrolled_reference",
 ]

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["LAYER_CASES", "LayerCase", "STEP_REFERENCES", "gru_step", "lstm_step", "rnn_step",
-           "sigmoid"]
+__all__ = ["LAYER_CASES", "LayerCase", "STEP_REFERENCES", "gru_step", "lstm_attention_feed_step",
+           "lstm_attention_step", "lstm_step", "luong_attention", "rnn_step", "sigmoid"]
 
 _rng = np.random.default_rng(20)
 FILL = 'weight_filler { type: "uniform" min: -0.8 max: 0.8 } ' \
@@ -96,9 +96,45 @@ def gru_step(x, states, params):
     return {"h": h}, {"h": h}
 
 
+def luong_attention(h, memory, mask, params):
+    """attention.j2: alpha = softmax_s(score(h, m_s) + mask_s), c = sum_s alpha_s m_s,
+    a = tanh(W_c [c ; h]); h (N, H), memory (S, N, M), mask (S, N). The score is the one
+    whose params the net holds: "general" W_a, "concat" W_q, W_m and v_a, "dot" none."""
+    p = params
+    score = "general" if "W_a" in p else "concat" if "v_a" in p else "dot"
+    if score == "dot":
+        scores = np.einsum("snm,nm->sn", memory, h)
+    elif score == "general":
+        scores = np.einsum("snm,nm->sn", memory, h @ p["W_a"].T)
+    else:  # concat: v_a . tanh(W_q h + W_m m_s)
+        joined = np.tanh((h @ p["W_q"].T)[None] + memory @ p["W_m"].T)
+        scores = (joined @ p["v_a"].T)[..., 0]
+    alpha = _softmax(scores + mask, axis=0)
+    context = np.einsum("sn,snm->nm", alpha, memory)
+    return np.tanh(np.concatenate([context, h], axis=1) @ p["W_c"].T)
+
+
+def lstm_attention_step(x, states, params, static):
+    """The lstm_attention template: the lstm step, then a_t = luong_attention(h_t)."""
+    (out, new) = lstm_step(x, states, params)
+    a = luong_attention(new["h"], static["memory"], static["memory_mask"], params)
+    return {"a": a}, new
+
+
+def lstm_attention_feed_step(x, states, params, static):
+    """The lstm_attention_feed template: input feeding, [i f o g] gains W_fc a_{t-1}."""
+    p = params
+    a = x @ p["W_xc"].T + p["b_c"] + states["h"] @ p["W_hc"].T + states["a"] @ p["W_fc"].T
+    c, h = lstm_gates(a, states["c"])
+    a = luong_attention(h, static["memory"], static["memory_mask"], params)
+    return {"a": a}, {"h": h, "c": c, "a": a}
+
+
 #: the reference step of every built-in step template, by template name
 STEP_REFERENCES = {"rnn": rnn_step, "lstm": lstm_step, "lstm_primitive": lstm_step,
-                   "gru": gru_step, "gru_primitive": gru_step}
+                   "gru": gru_step, "gru_primitive": gru_step,
+                   "lstm_attention": lstm_attention_step,
+                   "lstm_attention_feed": lstm_attention_feed_step}
 
 
 def _caffe_lstm(x, cont, W_xc, b_c, W_hc):

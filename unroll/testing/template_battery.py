@@ -19,7 +19,7 @@ from unroll.testing.layer_battery import _mismatch, available_devices, central_d
 from unroll.testing.report import Check, Report
 from unroll.testing.strategies import CONT_KINDS, cont_pattern
 
-__all__ = ["LIMITS", "check_template", "unrolled_reference"]
+__all__ = ["LIMITS", "check_template", "static_inputs", "unrolled_reference"]
 
 FLOAT = np.float64
 
@@ -88,15 +88,18 @@ def _check_sizes(sizes: dict, states: dict, values: dict, seed) -> None:
 
 
 def unrolled_reference(reference_step: Callable, x, cont, params: dict, sizes: dict, *,
-                       direction: str = "forward", layers: int = 1, initial=None) -> dict:
+                       direction: str = "forward", layers: int = 1, initial=None,
+                       static: dict | None = None) -> dict:
     """The unrolled net's outputs by ``reference_step``, run step by step in NumPy.
 
     ``params`` maps the net's param names (``l0_fw_W_xc``, ...) to values;
     each direction and layer's step gets its own, without their scope
     prefix. Every state entering a step is multiplied by its cont (forward:
     cont[t]; reverse, t = T-1..0: cont[t+1], and cont[T-1] at the first
-    step). Returns ``{output name: (T, N, size)}`` with the net's names
-    (``h``, ``h_<output>``); bidirectional and stacked runs give ``h`` only.
+    step). A template's static inputs, ``static`` (``{name: array}``), go to every
+    step as the reference's fourth argument. Returns ``{output name: (T, N, size)}``
+    with the net's names (``h``, ``h_<output>``); bidirectional and stacked runs give
+    ``h`` only.
     """
     T, N = cont.shape
     inp = np.asarray(x, FLOAT)
@@ -115,7 +118,8 @@ def unrolled_reference(reference_step: Callable, x, cont, params: dict, sizes: d
             for t in (range(T - 1, -1, -1) if reverse else range(T)):
                 keep = cont[t + 1] if reverse and t + 1 < T else cont[t]
                 gated = {s: v * keep[:, None] for s, v in states.items()}
-                returned = reference_step(inp[t], gated, mine)
+                returned = (reference_step(inp[t], gated, mine) if static is None
+                            else reference_step(inp[t], gated, mine, static))
                 if not (isinstance(returned, tuple) and len(returned) == 2
                         and all(isinstance(d, dict) for d in returned)):
                     raise TypeError(f"reference_step returned {_shown(returned)}; expected "
@@ -137,7 +141,8 @@ def unrolled_reference(reference_step: Callable, x, cont, params: dict, sizes: d
 class _Unrolled:
     """A step template unrolled to T steps on one device and dtype, with force_backward."""
 
-    def __init__(self, template, T, N, D, dtype, device, search_path, variables, options):
+    def __init__(self, template, T, N, D, dtype, device, search_path, variables, options,
+                 static):
         from unroll.engine.net import Net
         from unroll.frontend.unroller import expand
 
@@ -146,6 +151,7 @@ class _Unrolled:
         net_param.force_backward = True  # no loss layer: the battery sets the outputs' diffs
         self.net = Net(net_param, dtype=dtype, device=device)
         self.T, self.N, self.D = T, N, D
+        self.static = static  # {name: array}, fed at every forward; FD moves them in place
 
     @property
     def params(self) -> dict:
@@ -160,7 +166,7 @@ class _Unrolled:
         self.set_params({**self.params, name: value})
 
     def forward(self, x, cont, initial=None) -> dict:
-        feeds = {"x": x, "cont": cont}
+        feeds = {"x": x, "cont": cont, **self.static}
         for name in self.net.inputs:
             if name not in feeds:
                 base = name[:-2] if name.endswith("_0") else name
@@ -183,7 +189,8 @@ class _Unrolled:
             self.net.blobs[name].diff[...] = xp.asarray(r.astype(dtype))
         self.net.backward()
         grads = {p.name: _host(p.blob.diff) for p in self.net.learnable_params}
-        grads["x"] = _host(self.net.blobs["x@0"].diff)
+        for name in ("x", *self.static):
+            grads[name] = _host(self.net.blobs[f"{name}@0"].diff)
         return out, grads
 
 
@@ -204,9 +211,14 @@ class _TemplateBattery:
             self.report.add(Check.raised(name, self.device, subject, e))
 
     def build(self, config="forward", T=None, N=None, dtype="float64") -> _Unrolled:
+        """The template unrolled, fed the battery's static inputs (of its first N columns)."""
         o = self.o
-        return _Unrolled(self.template, T or o["steps"], N or o["batch"], o["input_dim"], dtype,
-                         self.device, o["search_path"], o["variables"], CONFIGS[config])
+        N = N or o["batch"]
+        static = {name: value.copy() if axis is None else np.take(value, range(N), axis=axis)
+                  for name, value in o["static"].items()
+                  for axis in [o["static_axes"][name]]}
+        return _Unrolled(self.template, T or o["steps"], N, o["input_dim"], dtype,
+                         self.device, o["search_path"], o["variables"], CONFIGS[config], static)
 
     def random_params(self, net: _Unrolled) -> dict:
         rng = np.random.default_rng(self.o["seed"])
@@ -241,7 +253,8 @@ class _TemplateBattery:
             if self.reference_step is not None:
                 try:
                     want = unrolled_reference(self.reference_step, x, cont, params,
-                                              o["sizes"], **CONFIGS[config])
+                                              o["sizes"], **CONFIGS[config],
+                                              static=net.static or None)
                 except Exception as e:  # a reference that cannot run proves nothing: fail
                     self.report.add(Check.raised("forward vs reference", self.device,
                                                  f"the reference ({label})", e))
@@ -265,11 +278,13 @@ class _TemplateBattery:
     def gradient(self, net, x, cont, R, grads, label) -> None:
         o = self.o
         rng = np.random.default_rng(o["seed"] + 2)
-        subjects = [("x", x.copy(), None)] + [(n, v, n) for n, v in net.params.items()]
+        # a static input's diff is the sum of every step's: central differences of L prove it
+        subjects = ([("x", x.copy(), x)] + [(n, v.copy(), v) for n, v in net.static.items()]
+                    + [(n, v, n) for n, v in net.params.items()])
         for name, value, param in subjects:
-            if param is None:
-                def set_value(v):
-                    x[...] = v
+            if not isinstance(param, str):
+                def set_value(v, held=param):
+                    held[...] = v
             else:
                 def set_value(v, param=param):
                     net.set_param(param, v)
@@ -285,7 +300,7 @@ class _TemplateBattery:
         _, once = net.gradients(x, cont, R)
         _, twice = net.gradients(x, cont, R, clear=False)
         for name, g in once.items():
-            if name == "x":
+            if name == "x" or name in net.static:
                 continue
             worst, detail, ok = _mismatch(f"{name} diff after two forward-backwards",
                                           twice[name], 2 * g, 1e-9, 1e-12)
@@ -381,6 +396,26 @@ def _first_mismatch(comparisons) -> tuple[float, str, bool]:
     return 0.0, "", True
 
 
+def static_inputs(template, batch: int, seed: int = 0, search_path=(), **variables) -> dict:
+    """Random (seeded) values of a step template's static inputs, in the dims its interface
+    declares, for ``batch`` columns and its hyper-parameters (``variables`` over defaults):
+    what a test feeds a template whose every step reads a memory.
+
+    >>> {k: v.shape for k, v in static_inputs("lstm_attention", 2, hidden=3).items()}
+    {'memory': (4, 2, 3), 'memory_mask': (4, 2)}
+    >>> static_inputs("lstm", 2, hidden=3)
+    {}
+    """
+    from unroll.frontend.unroller import load_template
+
+    loaded = load_template(template, search_path)
+    values = {**loaded.defaults, **variables}
+    rng = np.random.default_rng(seed + 20)
+    return {name: rng.uniform(-1, 1, tuple(
+        batch if d == "N" else int(values[d] if isinstance(d, str) else d) for d in dims))
+        for name, dims in loaded.interface.get("static", {}).items()}
+
+
 def check_template(
     template,
     reference_step: Callable | None = None,
@@ -420,7 +455,11 @@ def check_template(
     (N, D), before any shared input projection; ``states`` maps each state to
     its previous value (N, size), already multiplied by cont_t; ``params`` maps
     each param name (``W_xc``, ``b_c``, ``W_hc``, ...) to its array in Caffe's
-    layout. It returns dicts of the step's outputs and new states.
+    layout. It returns dicts of the step's outputs and new states. A template with
+    static inputs (an attention memory) is fed them at random (seeded, in the dims its
+    interface declares; :func:`static_inputs`), and its reference takes them as a fourth
+    argument, ``{name: array}``; their diffs, summed over the steps, are checked by
+    central differences like x's.
 
     Checks: the unrolled forward against the reference, step by step; cont
     gating (each state reset where cont is 0, packed sequences equal to their
@@ -482,7 +521,11 @@ def check_template(
                 configs=list(configs), directions=directions, per_entry=per_entry,
                 search_path=search_path, seed=seed, eps=eps, rtol=rtol, atol=atol,
                 ref_rtol=ref_rtol, ref_atol=ref_atol, float32_tol=float32_tol,
-                variables=variables, sizes=sizes)
+                variables=variables, sizes=sizes,
+                static=static_inputs(loaded.path, batch, seed, **variables),
+                # a run over fewer columns takes the first ones, along each one's N axis
+                static_axes={name: dims.index("N") if "N" in dims else None
+                             for name, dims in loaded.interface.get("static", {}).items()})
     start = time.perf_counter()
     for device in devices or available_devices():
         _TemplateBattery(str(loaded.path), reference_step, device, report, opts).run()
