@@ -21,12 +21,13 @@ from unroll.tools import app_cli as cli
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE, fetched_data_dir, split_file
 from unroll.tools.output import write_output
 from unroll.train import model_folder as folder
-from unroll.train.trainer import Metric, Trainer, log_schema
+from unroll.train.trainer import Batches, Metric, Trainer, log_schema
 
-SIZES = tuple(CharLMConfig.__dataclass_fields__)
-CONFIG = {"type": "object", "description": "an object {embed, hidden, batch, steps}",
-          "required": list(SIZES), "additionalProperties": False,
-          "properties": {k: json_files.count(1 << 16) for k in SIZES}}
+SIZES = ("embed", "hidden", "batch", "steps")
+CONFIG = {"type": "object", "description": "an object {embed, hidden, batch, steps, lr}",
+          "required": [*SIZES, "lr"], "additionalProperties": False,
+          "properties": {"lr": json_files.finite(), **{k: json_files.count(1 << 16)
+                                                        for k in SIZES}}}
 SYMBOLS = {"type": "array", "maxItems": 1 << 16, "uniqueItems": True, "minItems": 2,
            "description": "a list of distinct symbols: <unk>, a line end, then characters",
            "prefixItems": [{"const": UNK}, {"const": BOUNDARY}],
@@ -34,8 +35,8 @@ SYMBOLS = {"type": "array", "maxItems": 1 << 16, "uniqueItems": True, "minItems"
 
 
 class App:
-    """charlm for :class:`unroll.train.trainer.Trainer`, and its sampler: the windows in the
-    stream's order, each carrying on from the one before, across epochs too."""
+    """charlm for :class:`unroll.train.trainer.Trainer`: the windows in the stream's order,
+    each carrying on from the one before, across epochs too."""
 
     files = folder.ModelFiles(log_schema({"dev_bpc": json_files.finite()}, ["dev_bpc"],
                                          carried=True), {folder.CONFIG: CONFIG,
@@ -45,7 +46,8 @@ class App:
 
     def __init__(self, args):
         self.args, self.ran = args, False
-        self.sizes = {k: getattr(args, k) for k in SIZES if getattr(args, k) is not None}
+        self.sizes = {k: getattr(args, k) for k in (*SIZES, "lr")
+                      if getattr(args, k) is not None}
 
     def read_data(self):
         data = fetched_data_dir(self.args.data, self.args.quiet)
@@ -70,23 +72,14 @@ class App:
         n = self.config.batch  # rank r reads rows r*n..(r+1)*n-1 of size*n
         cut = windows(self.symbols.stream(self.texts[0]), n * size, self.config.steps)
         self.windows = [(x[:, rank * n:][:, :n], y[:, rank * n:][:, :n]) for x, y in cut]
-        return self
-
-    def __len__(self):
-        return len(self.windows)
-
-    def epoch_batches(self, epoch):
-        return range(len(self.windows))
+        return Batches(len(self.windows), shuffle=False)
 
     def solver_fields(self, steps_per_epoch):
-        return dict(SOLVER, base_lr=self.args.lr)
+        return dict(SOLVER, base_lr=self.config.lr)
 
-    def seed_epoch(self, rng):
-        pass  # nothing random: the windows come in order, and the net has no dropout
-
-    def batch(self, k):
+    def batch(self, rows):
         self.carried_state()
-        self.ran, (x, y) = True, self.windows[k]
+        self.ran, (x, y) = True, self.windows[rows[0]]
         return self.lm.inputs((x, y), self.state), int(np.sum(y != IGNORE))
 
     def carried_state(self):
@@ -146,9 +139,10 @@ def build_parser():
     parser, sub = cli.app_parser("python -m examples.charlm", __doc__)
     model, data = cli.model_options("runs/charlm"), cli.data_options()
     t = sub.add_parser("train", parents=[model, data, cli.training_options(10)])
-    for size, default in asdict(CharLMConfig()).items():
-        t.add_argument(f"--{size}", type=cli.positive_int, help=f"(default {default})")
-    t.add_argument("--lr", type=float, default=SOLVER["base_lr"])
+    for size in SIZES:
+        t.add_argument(f"--{size}", type=cli.positive_int,
+                       help=f"(default {getattr(CharLMConfig, size)})")
+    t.add_argument("--lr", type=cli.positive_number, help=f"Adam (default {SOLVER['base_lr']})")
     t.add_argument("--memory-budget", type=parse_bytes, metavar="BYTES",
                    help="bytes a training net may plan (recomputing in backward)")
     t.set_defaults(run=train, interrupted="resume with --resume")
@@ -157,7 +151,7 @@ def build_parser():
     s = sub.add_parser("sample", parents=[model, cli.output_options()])
     s.add_argument("--prime", default="", help="the text to continue")
     s.add_argument("--length", type=cli.positive_int, default=200)
-    s.add_argument("--temperature", type=float, default=1.0)
+    s.add_argument("--temperature", type=cli.positive_number, default=1.0)
     s.add_argument("--seed", type=cli.seed, default=0)
     e.set_defaults(run=evaluate), s.set_defaults(run=sample)
     cli.add_fetch(sub)

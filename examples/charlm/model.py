@@ -29,12 +29,14 @@ SOLVER = {"type": "Adam", "base_lr": 2e-3, "momentum": 0.9, "momentum2": 0.999, 
 
 @dataclass
 class CharLMConfig:
-    """Sizes: the embedding, the LSTM, N rows (streams) and T steps a window."""
+    """Sizes: the embedding, the LSTM, N rows (streams) and T steps a window; and the
+    learning rate the model is trained with."""
 
     embed: int = 64
     hidden: int = 256
     batch: int = 32
     steps: int = 100
+    lr: float = SOLVER["base_lr"]
 
 
 class CharLM:

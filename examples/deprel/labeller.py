@@ -168,19 +168,25 @@ class Labeller:
                         "n": len(s.forms)})
         return out
 
-    def sampler(self, encoded, shuffle: bool = True, seed: int = 0):
+    def sampler(self, encoded, shuffle: bool = True, seed: int = 0, rank: int = 0,
+                size: int = 1):
+        """The batches of ``encoded``: this rank's share of each epoch (of ``size``)."""
         c = self.config
         if c.model == "tree":
             return TreeBucketSampler([e["tree"] for e in encoded], c.batch, "bidirectional",
-                                     seed=seed, shuffle=shuffle, group=c.group)
-        return BucketSampler([e["n"] for e in encoded], c.batch, seed=seed, shuffle=shuffle)
+                                     seed=seed, shuffle=shuffle, group=c.group, rank=rank,
+                                     size=size)
+        return BucketSampler([e["n"] for e in encoded], c.batch, seed=seed, shuffle=shuffle,
+                             rank=rank, size=size)
+
+    def key(self, sampler, batch) -> tuple:
+        """The key of the net that runs ``batch`` of ``sampler``."""
+        return batch.key if self.config.model == "tree" else (sampler.bucket_length(batch),
+                                                              len(batch))
 
     def epoch_plan(self, sampler, epoch: int = 0) -> list[tuple[list, tuple]]:
         """(sentence indices, the key of its net) of every batch of ``epoch`` of ``sampler``."""
-        batches = sampler.epoch_batches(epoch)
-        keys = (sampler.epoch_keys(epoch) if self.config.model == "tree" else
-                [(sampler.bucket_length(b), len(b)) for b in batches])
-        return list(zip(batches, keys))
+        return [(b, self.key(sampler, b)) for b in sampler.epoch_batches(epoch)]
 
     def inputs(self, group: list[dict], key) -> tuple[dict, list]:
         names = [*FEATURES, "upos", "distance"]

@@ -130,8 +130,8 @@ class DeprelTraining:
         return self.labeller.train_model
 
     def sampler(self, seed: int, rank: int, size: int):
-        self.batches = RankShare(self.labeller, self.labeller.sampler(self.encoded, seed=seed),
-                                 rank, size)
+        self.batches = self.labeller.sampler(self.encoded, seed=seed, rank=rank, size=size)
+        self.seen: list[set] = []  # the keys of epochs 0, 1, ...
         return self.batches
 
     def solver_fields(self, steps_per_epoch: int) -> dict:
@@ -145,8 +145,8 @@ class DeprelTraining:
         self.rng = rng  # word dropout
 
     def batch(self, batch) -> tuple[dict, int]:
-        indices, key = batch
-        inputs, where = self.labeller.inputs([self.encoded[i] for i in indices], key)
+        key = self.labeller.key(self.batches, batch)
+        inputs, where = self.labeller.inputs([self.encoded[i] for i in batch], key)
         # unknown words are learned from rare ones, as the tagger does
         inputs["word"] = word_dropout(inputs["word"].astype(np.int64),
                                       self.featurizer.vocabs["word"], self.rng).astype(float)
@@ -155,44 +155,16 @@ class DeprelTraining:
     def evaluate(self, epoch: int) -> dict:
         predicted = self.labeller.predict(self.dev)
         return {"dev_accuracy": accuracy([s.deprels for s in self.dev_sents], predicted),
-                "nets_built": self.batches.new_keys(epoch),
-                "padding_fraction": self.batches.sampler.padding_fraction(epoch)}
-
-
-class RankShare:
-    """One rank's share of every epoch of a labeller's sampler: each ``size``-th batch, as
-    ``(sentence indices, key of its net)``, every rank taking as many (the last ones dropped).
-
-    >>> from examples.pos_tagging.features import Featurizer
-    >>> from unroll.frontend.tree import Tree
-    >>> from examples.deprel.conll import Sentence
-    >>> sents = [Sentence(["a", "b"], ["DET", "NOUN"], [2, 0], ["det", "root"],
-    ...                   Tree.from_heads([2, 0]))] * 5
-    >>> labeller = Labeller(Featurizer.build([["a", "b"]]),
-    ...                     DeprelConfig(model="baseline", labels=["det", "root"], batch=2))
-    >>> share = RankShare(labeller, labeller.sampler(labeller.encode(sents)), rank=1, size=2)
-    >>> len(share), [(len(batch), key) for batch, key in share.epoch_batches(0)]
-    (1, [(2, (2, 2))])
-    """
-
-    def __init__(self, labeller: Labeller, sampler, rank: int = 0, size: int = 1):
-        self.labeller, self.sampler, self.rank, self.size = labeller, sampler, rank, size
-        self._seen: list[set] = []  # the keys of epochs 0, 1, ... (of every rank)
-
-    def __len__(self) -> int:
-        return len(self.sampler) // self.size
-
-    def epoch_batches(self, epoch: int) -> list[tuple[list, tuple]]:
-        plan = self.labeller.epoch_plan(self.sampler, epoch)
-        return plan[self.rank:len(self) * self.size:self.size]
+                "nets_built": self.new_keys(epoch),
+                "padding_fraction": self.batches.padding_fraction(epoch)}
 
     def new_keys(self, epoch: int) -> int:
         """How many nets epoch ``epoch`` adds to those of the epochs before it: a function of
         the sampler alone, so that a resumed run logs what the uninterrupted one did."""
-        while len(self._seen) <= epoch:
-            self._seen.append({key for _, key in self.labeller.epoch_plan(self.sampler,
-                                                                          len(self._seen))})
-        return len(self._seen[epoch].difference(*self._seen[:epoch]))
+        while len(self.seen) <= epoch:
+            self.seen.append({k for _, k in self.labeller.epoch_plan(self.batches,
+                                                                     len(self.seen))})
+        return len(self.seen[epoch].difference(*self.seen[:epoch]))
 
 
 def train(opts: TrainOptions) -> dict:

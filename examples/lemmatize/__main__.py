@@ -32,17 +32,6 @@ PROG = "python -m examples.lemmatize"
 SIZE_OPTIONS = ("embed", "hidden", "dropout", "batch")
 
 
-def _ratio(text: str) -> float:
-    """An argparse type: a dropout ratio, a number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1:  # NaN too
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), found {text!r}")
-    return value
-
-
 def _on_cpu(args) -> None:
     if args.device != "cpu":
         raise ValueError(f"--device {args.device}: the lemmatizer runs on the CPU only")
@@ -110,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     model, data = app_cli.model_options("runs/lemma"), app_cli.data_options()
     t = sub.add_parser("train", parents=[model, data, app_cli.training_options(
         TrainOptions.epochs)], help="train on EWT train, tune on dev")
-    t.add_argument("--lr", type=float, default=TrainOptions.lr,
+    t.add_argument("--lr", type=app_cli.positive_number, default=TrainOptions.lr,
                    help=f"Adam learning rate, times 0.95 after each epoch (default "
                         f"{TrainOptions.lr:g})")
     d = LemmatizerConfig()
@@ -120,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                             f"default {d.hidden})")
     sizes.add_argument("--embed", type=app_cli.positive_int,
                        help=f"character embedding size (default {d.embed})")
-    sizes.add_argument("--dropout", type=_ratio, help=f"default {d.dropout}")
+    sizes.add_argument("--dropout", type=app_cli.ratio, help=f"default {d.dropout}")
     sizes.add_argument("--batch", type=app_cli.positive_int,
                        help=f"words per batch (default {d.batch})")
     t.set_defaults(run=_train, interrupted="resume with --resume")

@@ -127,9 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     model, data = app_cli.model_options("runs/ewt"), app_cli.data_options()
     t = sub.add_parser("train", parents=[model, data, app_cli.training_options(
         TrainOptions.epochs)], help="train on EWT train, tune on dev")
-    t.add_argument("--lr", type=float, help=f"Adam learning rate (default {PACKED_LR:g}, "
-                                             f"with --no-pack {BUCKETED_LR:g})")
-    t.add_argument("--lr-decay", type=float, default=TrainOptions.lr_gamma,
+    t.add_argument("--lr", type=app_cli.positive_number,
+                   help=f"Adam learning rate (default {PACKED_LR:g}, with --no-pack "
+                        f"{BUCKETED_LR:g})")
+    t.add_argument("--lr-decay", type=app_cli.positive_number, default=TrainOptions.lr_gamma,
                    help="learning rate factor after each epoch (Caffe lr_policy step)")
     d = TaggerConfig()
     sizes = t.add_argument_group("model sizes (with --resume: only to check the folder's)")
@@ -138,8 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     sizes.add_argument("--layers", type=int, help=f"stacked BiLSTM layers (default {d.layers})")
     sizes.add_argument("--cell", help=f"step template of the recurrent layers: lstm, gru, rnn, "
                                       f"or a path (default {d.cell})")
-    sizes.add_argument("--dropout", type=float, help=f"default {d.dropout}")
-    sizes.add_argument("--word-dropout", type=float,
+    sizes.add_argument("--dropout", type=app_cli.ratio, help=f"default {d.dropout}")
+    sizes.add_argument("--word-dropout", type=app_cli.ratio,
                        help=f"chance that a word seen once in training becomes <unk> "
                             f"(default {d.word_dropout})")
     sizes.add_argument("--batch-size", type=int,

@@ -29,7 +29,9 @@ class App:
     (``{input}``: the corpus' dev split) and ``evaluate`` the one that scores the
     dev split; both take ``--model-dir``, ``--data`` where they read a split, and
     ``-o OUT``. ``files`` are the
-    application's own files in the model folder.
+    application's own files in the model folder. ``rates`` are its ``train`` options
+    that take a number > 0 (learning rates) and ``ratios`` those that take a number in
+    [0, 1) (dropout).
     """
 
     name: str
@@ -39,6 +41,8 @@ class App:
     predict: tuple[str, ...]
     evaluate: tuple[str, ...]
     files: tuple[str, ...]
+    rates: tuple[str, ...] = ("--lr",)
+    ratios: tuple[str, ...] = ()
 
     def command(self, *args: str) -> list[str]:
         """``python -m <module> args...`` as an argv."""
@@ -49,6 +53,7 @@ TAGGER = App(
     name="tagger", module="examples.pos_tagging", corpus=write_corpus,
     train=tuple(TINY_ARGS), predict=("tag", "--conllu", "{input}"),
     evaluate=("evaluate", "--split", "dev"), files=("config.json", "features.json"),
+    rates=("--lr", "--lr-decay"), ratios=("--dropout", "--word-dropout"),
 )
 
 DEPREL = App(
@@ -62,7 +67,7 @@ LEMMATIZER = App(
     corpus=lambda folder: write_lemma_corpus(folder, n_train=30),
     train=("--hidden", "8", "--embed", "8", "--batch", "8", "--dropout", "0.2"),
     predict=("lemmatize", "--conllu", "{input}"), evaluate=("evaluate", "--split", "dev"),
-    files=("config.json", "features.json"),
+    files=("config.json", "features.json"), ratios=("--dropout",),
 )
 
 CHARLM = App(

@@ -70,6 +70,21 @@ def test_a_bad_count_is_refused_in_one_line_and_leaves_no_folder(app, option, va
     assert not model_dir.exists()
 
 
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_a_bad_rate_or_ratio_is_refused_in_one_line_and_leaves_no_folder(app, tmp_path, capsys):
+    data, model_dir = app.corpus(tmp_path / "data"), tmp_path / "m"
+    main = importlib.import_module(f"{app.module}.__main__").main
+    bad = [(o, v) for o in app.rates for v in ("nan", "inf", "-1", "0", "x")]
+    bad += [(o, v) for o in app.ratios for v in ("nan", "-0.1", "1", "x")]
+    for option, value in bad:
+        with pytest.raises(SystemExit) as stop:
+            main(train_argv(app, data, model_dir, option, value))
+        assert stop.value.code == 2, (option, value)
+        one_line_error(capsys, f"python -m {app.module} train: error: argument {option}: "
+                               f"expected")
+        assert not model_dir.exists()
+
+
 def committed(model_dir: Path) -> int:
     try:
         return len(json.loads((model_dir / folder.LOG).read_text()))
@@ -104,6 +119,18 @@ def wait_for(event: str, n: int, run: subprocess.Popen, model_dir: Path) -> bool
         ):
             return True
         time.sleep(0.001)
+
+
+def wait_for_own_files(app, run: subprocess.Popen, model_dir: Path) -> bool:
+    """Poll until the application's own files are in the folder (written before any epoch
+    runs); False if the run ended first."""
+    started = time.monotonic()
+    while not all((model_dir / name).exists() for name in app.files):
+        if run.poll() is not None:
+            return False
+        assert time.monotonic() - started < limit(200), f"no {app.files} in {model_dir}"
+        time.sleep(0.001)
+    return True
 
 
 def final_files(model_dir: Path) -> dict:
@@ -153,20 +180,53 @@ def test_a_folder_killed_before_its_first_epoch_is_trained_without_overwrite(app
     data, model_dir = app.corpus(tmp_path / "data"), tmp_path / "m"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get(
         "PYTHONPATH", "")]), MPLBACKEND="Agg")
-    run = subprocess.Popen([sys.executable, *app.command(*train_argv(app, data, model_dir))],
-                           cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        assert wait_for("writing", 0, run, model_dir), run.communicate()[1].decode()
-        run.kill()
-        run.communicate(timeout=limit(200))
-    finally:
-        run.kill()
+    for _ in range(5):  # a run whose first epoch commits before it is stopped is run again
+        shutil.rmtree(model_dir, ignore_errors=True)
+        run = subprocess.Popen([sys.executable, *app.command(*train_argv(app, data, model_dir))],
+                               cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+        try:
+            # the application's files precede the first commit; stopped, the run cannot
+            # commit between the look at log.json and the kill
+            assert wait_for_own_files(app, run, model_dir), run.communicate()[1].decode()
+            run.send_signal(signal.SIGSTOP)
+            before_first_commit = not (model_dir / folder.LOG).exists()
+            run.kill()
+            run.communicate(timeout=limit(200))
+        finally:
+            run.kill()
+        if before_first_commit:
+            break
+    assert before_first_commit, "every run committed its first epoch before it was stopped"
     assert committed(model_dir) == 0
     again = python(app, *train_argv(app, data, model_dir))
     assert again.returncode == 0, again.stderr.decode()
     whole = tmp_path / "whole"
     assert python(app, *train_argv(app, data, whole)).returncode == 0
     assert final_files(model_dir) == final_files(whole)
+
+
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_a_diverged_training_is_one_line_on_stderr_and_status_1(app, tmp_path):
+    # subprocesses: pytest would catch NumPy's RuntimeWarnings before they reach stderr
+    data = app.corpus(tmp_path / "data")
+    run = python(app, *train_argv(app, data, tmp_path / "nan", "--lr", "1e38"))
+    assert run.returncode == 1, run.stderr.decode()
+    lines = run.stderr.decode().splitlines()
+    assert len(lines) == 1 and "training diverged at " in lines[0], lines
+    # weights that grow huge but stay finite overflow in evaluation and prediction
+    huge = tmp_path / "huge"
+    run = python(app, *train_argv(app, data, huge, "--lr", "1e20"))
+    lines = run.stderr.decode().splitlines()
+    if run.returncode:
+        assert len(lines) == 1 and "training diverged at " in lines[0], lines
+    else:
+        assert lines == []
+        for command in (app.evaluate, app.predict):
+            argv = [a.replace("{input}", str(data / "en_ewt-ud-dev.conllu")) for a in command]
+            extra = ("--data", str(data)) if "--split" in argv else ()
+            err = python(app, *argv, "--model-dir", str(huge), *extra).stderr.decode()
+            assert "Warning" not in err and len(err.splitlines()) <= 1, err
 
 
 @pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from examples.charlm.__main__ import main
 from examples.charlm.model import CharLM, CharLMConfig
 from examples.charlm.text import BOUNDARY, IGNORE, Symbols, read_texts, windows
+from tests.cli_helpers import one_line_error
 from tests.hang import limit
 from unroll import carry_hidden
 from unroll.core.errors import FileFormatError, MemoryBudgetError
@@ -177,6 +178,16 @@ def test_a_run_resumed_with_its_carried_state_equals_the_uninterrupted_run(corpu
             assert whole.read_bytes() == resumed.read_bytes()
 
 
+def test_the_learning_rate_is_recorded_and_another_is_refused_on_resume(corpus, tmp_path,
+                                                                        capsys):
+    assert train(corpus, tmp_path / "m", "--epochs", "1", "--lr", "0.01", *TINY) == 0
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["lr"] == 0.01
+    capsys.readouterr()
+    assert train(corpus, tmp_path / "m", "--epochs", "2", "--resume", "--lr", "0.02") == 2
+    one_line_error(capsys, "--resume", "lr 0.02 (the folder has 0.01)")
+    assert train(corpus, tmp_path / "m", "--epochs", "2", "--resume", "--lr", "0.01") == 0
+
+
 @pytest.mark.slow
 def test_evaluate_scores_the_best_weights_and_sample_writes_its_text(corpus, tmp_path, capsys):
     assert train(corpus, tmp_path / "m", "--epochs", "2", *TINY) == 0
@@ -189,8 +200,9 @@ def test_evaluate_scores_the_best_weights_and_sample_writes_its_text(corpus, tmp
     command = ["sample", "--model-dir", str(tmp_path / "m"), "--prime", "the ", "--seed", "2"]
     assert main([*command, "-o", str(out)]) == 0
     assert out.read_text().startswith("the ") and out.read_text().endswith("\n")
-    assert main([*command, "--temperature", "0"]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+    with pytest.raises(SystemExit) as refused:  # checked when parsed
+        main([*command, "--temperature", "0"])
+    assert refused.value.code == 2 and capsys.readouterr().err.count("\n") == 1
     symbols = tmp_path / "m" / "features.json"
     swapped = json.loads(symbols.read_text())
     swapped[2:4] = swapped[3:1:-1]  # two characters trade ids: every prediction would change

@@ -14,7 +14,6 @@ import pytest
 from examples.deprel import __main__ as cli
 from examples.deprel.conll import fill_deprel, read_deprel
 from examples.deprel.labeller import DeprelConfig, Labeller
-from examples.deprel.train import RankShare
 from examples.pos_tagging.features import Featurizer
 from tests.examples.trees import conllu, sentence, write_trees
 from tests.hang import limit
@@ -157,9 +156,10 @@ def test_ranks_share_every_epoch_in_equal_disjoint_parts(tmp_path, model):
     labels = sorted({d for s in sents for d in s.deprels})
     labeller = Labeller(Featurizer.build([s.forms for s in sents]),
                         DeprelConfig(model=model, labels=labels, batch=4, hidden=4))
-    sampler = labeller.sampler(labeller.encode(sents), seed=3)
-    whole = RankShare(labeller, sampler).epoch_batches(1)
-    shares = [RankShare(labeller, sampler, rank, 3).epoch_batches(1) for rank in range(3)]
+    encoded = labeller.encode(sents)
+    whole = labeller.epoch_plan(labeller.sampler(encoded, seed=3), 1)
+    shares = [labeller.epoch_plan(labeller.sampler(encoded, seed=3, rank=rank, size=3), 1)
+              for rank in range(3)]
     assert len({len(share) for share in shares}) == 1 and len(shares[0]) == len(whole) // 3
     dealt = [b for k in range(len(shares[0])) for b in (s[k] for s in shares)]
     assert dealt == whole[:len(dealt)]  # each batch with the key of its net

@@ -273,3 +273,16 @@ def test_a_different_seed_is_refused_on_resume(tmp_path):
     fit(Regression(), tmp_path, epochs=1)
     with pytest.raises(folder.ModelFolderError, match=r"seed 4 \(the folder has 0\)"):
         fit(Regression(), tmp_path, resume=True, seed=4)
+
+
+@given(n=st.integers(1, 40), batch_size=st.integers(1, 5), size=st.integers(1, 4),
+       epoch=st.integers(0, 5))
+def test_unshuffled_batches_deal_the_items_in_order_to_every_rank_alike_each_epoch(
+        n, batch_size, size, epoch):
+    shares = [Batches(n, 3, rank, size, batch_size, shuffle=False).epoch_batches(epoch)
+              for rank in range(size)]
+    steps = n // batch_size // size
+    assert all(len(share) == steps for share in shares)
+    dealt = [rows for k in range(steps) for rows in (share[k] for share in shares)]
+    assert dealt == [list(range(k * batch_size, (k + 1) * batch_size))
+                     for k in range(steps * size)]

@@ -44,6 +44,25 @@ def test_every_tree_once_in_a_batch_of_one_height_whose_key_holds_it(batch, size
     assert np.isclose(s.padding_fraction(epoch), 1 - real / slots)
 
 
+@settings(max_examples=20, deadline=None)
+@given(forest=st.lists(trees(max_height=4, max_extra=3), min_size=1, max_size=20),
+       batch_size=st.integers(1, 4), size=st.integers(1, 4), epoch=st.integers(0, 2),
+       shuffle=st.booleans())
+def test_ranks_take_equal_shares_dealt_from_one_epoch(forest, batch_size, size, epoch,
+                                                        shuffle):
+    def sampler(rank=0, size=1):
+        return TreeBucketSampler(forest, batch_size, "bidirectional", seed=5, shuffle=shuffle,
+                                 group=2, rank=rank, size=size)
+
+    whole = sampler()
+    shares = [sampler(rank, size) for rank in range(size)]
+    assert {len(s) for s in shares} == {len(whole) // size}
+    dealt = [(b, b.key) for k in range(len(shares[0]))
+             for b in (s.epoch_batches(epoch)[k] for s in shares)]
+    assert dealt == [(b, b.key) for b in whole.epoch_batches(epoch)][:len(dealt)]
+    assert all(s.epoch_keys(epoch) == [b.key for b in s.epoch_batches(epoch)] for s in shares)
+
+
 def test_a_model_runs_every_bucket_over_one_store_and_workspace():
     rng = np.random.default_rng(0)
     # node i > 0 hangs below a node before it: random shapes, heights 0..5

@@ -11,14 +11,15 @@ its own options (model sizes, its learning rate, its commands)::
     add_fetch(sub)
     sys.exit(run(parser, argv))
 
-Every value is checked where it is parsed, so a bad one is one line and status
-2 before anything runs: ``--epochs`` and ``--limit`` are at least 1,
-``--threads`` too, ``--max-minutes`` a finite number >= 0, ``--seed`` in
-[0, 2**63), ``--skip-bad-batches`` >= 0. :func:`run` maps a user's mistake
-to one line and status 2, a failure while running (a full disk, a diverged
-training) to one line and status 1, Ctrl-C to one line and status 130 (the
-model folder keeps its last epoch; every file is written atomically, so there
-is nothing to undo), and a closed standard output (``| head``) to 141
+Every value is checked where it is parsed, so a bad one is one line and status 2
+before anything runs: ``--epochs`` and ``--limit`` are at least 1, ``--threads``
+too, ``--max-minutes`` a finite number >= 0, ``--seed`` in [0, 2**63),
+``--skip-bad-batches`` >= 0; an application's own numbers with
+:func:`positive_number` (a learning rate) and :func:`ratio` (a dropout rate).
+:func:`run` maps a user's mistake to one line and status 2, a failure while running
+(a full disk, a diverged training) to one line and status 1, Ctrl-C to one line and
+status 130 (the model folder keeps its last epoch; every file is written atomically,
+so there is nothing to undo), and a closed standard output (``| head``) to 141
 (:func:`unroll.tools.cli.run_command`);
 ``--debug`` shows the traceback instead.
 
@@ -37,6 +38,8 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from unroll.core.errors import FileFormatError
 from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
 from unroll.tools.conllu import CoNLLUError
@@ -47,7 +50,7 @@ from unroll.train.trainer import TrainingDiverged
 
 __all__ = ["OneLineParser", "add_fetch", "app_parser", "data_options", "device", "minutes",
            "model_options", "non_negative_int", "output_options", "positive_int",
-           "positive_number", "report_training", "run", "seed", "training_options"]
+           "positive_number", "ratio", "report_training", "run", "seed", "training_options"]
 
 #: exit status of a command stopped by Ctrl-C (128 + SIGINT, what a shell reports)
 INTERRUPTED = 130
@@ -125,6 +128,21 @@ def positive_number(text: str) -> float:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a finite number > 0, found {text!r}")
+    return value
+
+
+def ratio(text: str) -> float:
+    """An argparse type: a ratio in [0, 1) (a dropout rate, say).
+
+    >>> ratio("0.25")
+    0.25
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 1:  # NaN too
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), found {text!r}")
     return value
 
 
@@ -275,10 +293,13 @@ def run(parser: argparse.ArgumentParser, argv=None, user_errors: tuple = ()) -> 
     if getattr(args, "threads", None):
         set_num_threads(args.threads)
     try:
-        return run_command(prog, args.run, args,
-                           (*USER_ERRORS, CoNLLUError, FileFormatError, ModelFolderError,
-                            FetchError, ValueError, *user_errors),
-                           (*FAILURES, TrainingDiverged))
+        # a diverging model's nets overflow: the one-line error, or the scores and labels,
+        # say so, where NumPy's RuntimeWarnings would come before them
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return run_command(prog, args.run, args,
+                               (*USER_ERRORS, CoNLLUError, FileFormatError,
+                                ModelFolderError, FetchError, ValueError, *user_errors),
+                               (*FAILURES, TrainingDiverged))
     except KeyboardInterrupt:
         if getattr(args, "debug", False):
             raise

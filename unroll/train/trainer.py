@@ -8,7 +8,7 @@ does the rest, the same way for every application (docs/design.md,
 - **Seeding.** Every epoch's draws come from ``(seed, rank, epoch)`` alone:
   the sampler's shuffles (``sampler.epoch_batches(epoch)``), the nets' dropout
   (``model.seed``) and the application's own draws (word dropout, through
-  :meth:`Application.seed_epoch`). So an epoch run again after a resume
+  its optional ``seed_epoch``). So an epoch run again after a resume
   draws what the uninterrupted run drew.
 - **The model folder** (:mod:`unroll.train.model_folder`): claimed and locked
   for the run; each epoch is evaluated, then committed (snapshot, averaged
@@ -27,7 +27,9 @@ does the rest, the same way for every application (docs/design.md,
 - **Non-finite batches.** The solver's ``nonfinite="skip"`` policy: up to
   ``skip_bad_batches`` batches whose loss or gradient is not finite are
   dropped (said on one line); one more stops training with
-  :class:`TrainingDiverged` before anything of it is saved.
+  :class:`TrainingDiverged` before anything of it is saved, as do weights or a dev
+  score that are not finite after an epoch. Overflow in the passes and in
+  evaluation warns nothing: the one-line error, or the score, says so.
 - **Ranks.** Under ``mpirun -n N`` (:mod:`unroll.train.distributed`) each
   rank trains on its share of every epoch; rank 0 evaluates, prints and
   writes, and all ranks snapshot together.
@@ -55,7 +57,6 @@ A tiny application (``tests/train/test_trainer.py`` has a complete one):
 ...         return self.net
 ...     def sampler(self, seed, rank, size): return Batches(8, seed, rank, size, 2)
 ...     def solver_fields(self, steps_per_epoch): return {"type": "SGD", "base_lr": 0.5}
-...     def seed_epoch(self, rng): pass
 ...     def batch(self, rows):
 ...         x = self.x[rows].reshape(-1, 1)
 ...         return {"x": x, "y": 2 * x}, len(x)
@@ -149,6 +150,11 @@ class Application(Protocol):
     ``metric`` (a :class:`Metric`, whose key :meth:`evaluate` returns) and
     ``curve_title`` (the title of ``curve.png``).
 
+    Optional: ``seed_epoch(rng)``, where the application draws randomness of its own
+    each epoch (word dropout), from ``rng``, a :class:`numpy.random.Generator` of
+    (seed, rank, epoch) alone (:func:`epoch_streams`); called on every rank before the
+    epoch's first batch.
+
     Optional, for truncated BPTT: ``carried_state() -> {name: array}`` (the recurrent
     state the training nets carry into the next batch, as it is after an epoch; called
     on every rank after the epoch's last batch, before :meth:`evaluate`) and
@@ -189,9 +195,6 @@ class Application(Protocol):
     def solver_fields(self, steps_per_epoch: int) -> dict:
         """The SolverParameter fields (type, base_lr, lr_policy, clip_gradients, ...)."""
 
-    def seed_epoch(self, rng: np.random.Generator) -> None:
-        """Draw this epoch's own randomness (word dropout) from ``rng`` (see the module)."""
-
     def batch(self, batch) -> tuple[dict, int]:
         """``(inputs of the net, tokens in them)`` of one batch of the sampler."""
 
@@ -202,25 +205,30 @@ class Application(Protocol):
 
 class Batches:
     """The simplest sampler: ``n`` items in batches of ``batch_size``, shuffled per epoch
-    from ``(seed, epoch)``, each of ``size`` ranks taking every size-th batch (the last
-    incomplete batches dropped, so every rank takes as many steps).
+    from ``(seed, epoch)`` (``shuffle=False``: in order, every epoch alike), each of
+    ``size`` ranks taking every size-th batch (the last incomplete batches dropped, so
+    every rank takes as many steps).
 
     >>> b = Batches(10, seed=0, batch_size=3)
     >>> len(b), [len(rows) for rows in b.epoch_batches(0)]
     (3, [3, 3, 3])
     >>> b.epoch_batches(1) == Batches(10, seed=0, batch_size=3).epoch_batches(1)
     True
+    >>> Batches(5, batch_size=2, shuffle=False).epoch_batches(7)
+    [[0, 1], [2, 3]]
     """
 
     def __init__(self, n: int, seed: int = 0, rank: int = 0, size: int = 1,
-                 batch_size: int = 1):
+                 batch_size: int = 1, shuffle: bool = True):
         self.n, self.seed, self.rank, self.size, self.batch_size = n, seed, rank, size, batch_size
+        self.shuffle = shuffle
 
     def __len__(self) -> int:
         return self.n // self.batch_size // self.size
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
-        order = np.random.default_rng([self.seed, epoch]).permutation(self.n).tolist()
+        order = (np.random.default_rng([self.seed, epoch]).permutation(self.n).tolist()
+                 if self.shuffle else list(range(self.n)))
         batches = [order[k * self.batch_size:(k + 1) * self.batch_size]
                    for k in range(len(self) * self.size)]
         return batches[self.rank::self.size]
@@ -434,7 +442,8 @@ class Trainer:
             epoch_start = self.clock()
             dropout_seed, own = epoch_streams(seed, comm.rank, epoch)
             model.seed(dropout_seed)
-            app.seed_epoch(own)
+            if hasattr(app, "seed_epoch"):
+                app.seed_epoch(own)
             tokens, losses, compute = 0, [], 0.0
             bar = tqdm(sampler.epoch_batches(epoch), desc=f"epoch {epoch + 1}/{self.epochs}",
                        unit="batch", disable=self.quiet or not lead, dynamic_ncols=True,
@@ -471,8 +480,15 @@ class Trainer:
                 raise diverged(f"the end of epoch {epoch + 1}: weights are not finite",
                                model_dir, log, lr, skip_option="--skip-bad-batches")
             with average.applied() if average else contextlib.nullcontext():
-                scores = app.evaluate(epoch)
+                # finite weights that grew huge overflow in the dev nets: the score says so,
+                # or the one-line error below, not NumPy's warnings before it
+                with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                    scores = app.evaluate(epoch)
                 averaged = (model.to_proto().SerializeToString() if average else None)
+            if not math.isfinite(scores[metric.key]):
+                raise diverged(f"the evaluation of epoch {epoch + 1}: {metric.label} is "
+                               f"{scores[metric.key]:g}", model_dir, log, lr,
+                               skip_option="--skip-bad-batches")
             result = {
                 "epoch": epoch + 1, "iter": solver.iter,
                 "train_loss": float(np.mean(losses)) if losses else None,  # JSON has no NaN

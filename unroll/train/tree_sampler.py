@@ -23,7 +23,7 @@ import numpy as np
 from unroll.frontend.tree import DIRECTIONS, Tree, levels_of
 from unroll.frontend.tree_unroller import TREE_DIRECTIONS
 
-__all__ = ["TreeBucketSampler", "round_width"]
+__all__ = ["TreeBatch", "TreeBucketSampler", "round_width"]
 
 
 def round_width(width: int, ratio: float = 1.25) -> int:
@@ -41,6 +41,13 @@ def round_width(width: int, ratio: float = 1.25) -> int:
     return int(math.ceil(8 * ratio ** k))
 
 
+class TreeBatch(list):
+    """One batch: its tree indices (a list), and ``key``, the level widths of the net that
+    runs it (those that hold its group's batches: :meth:`TreeBucketSampler.epoch_keys`)."""
+
+    key: tuple
+
+
 class TreeBucketSampler:
     """Batches of tree indices, each from one height, with its widths rounded to a grid.
 
@@ -55,12 +62,19 @@ class TreeBucketSampler:
     epoch shuffles the trees of equal size within a height first (so batches
     mix differently), and the order of the batches, from ``(seed, epoch)``.
 
+    Data-parallel sharding, as :class:`~unroll.train.bucketing.BucketSampler` shards
+    (docs/design.md 7): with ``size`` ranks, rank ``rank`` takes every ``size``-th batch
+    of the epoch from position ``rank`` on, ``len(self)`` of them on every rank (the last
+    ones, fewer than ``size``, left out), so no rank waits for a step the others never
+    take. Each batch is a :class:`TreeBatch`, which knows its key.
+
     :meth:`padding_fraction` is the share of padded slots over an epoch;
     :meth:`keys` the distinct nets an epoch needs.
     """
 
     def __init__(self, trees: Sequence[Tree], batch_size: int = 32, direction: str = "up",
-                 seed: int = 0, shuffle: bool = True, ratio: float = 1.25, group: int = 1):
+                 seed: int = 0, shuffle: bool = True, ratio: float = 1.25, group: int = 1,
+                 rank: int = 0, size: int = 1):
         if direction not in TREE_DIRECTIONS:
             raise ValueError(f"direction must be one of {TREE_DIRECTIONS}, found {direction!r}")
         if not trees:
@@ -73,6 +87,9 @@ class TreeBucketSampler:
         if group < 1:
             raise ValueError(f"group must be >= 1, found {group}")
         self.group = int(group)
+        if not 0 <= rank < size:
+            raise ValueError(f"rank must be in [0, size={size}), found {rank}")
+        self.rank, self.size = int(rank), int(size)
         self.sizes = np.array([len(t) for t in self.trees])
         self.heights = np.array([int(t.heights().max()) for t in self.trees])
         #: each tree's nodes per level, by direction (heights and depths cost a pass a tree)
@@ -83,20 +100,25 @@ class TreeBucketSampler:
         self._profiles: dict = {}
         self._profiles = {h: [k for _, k in plan] for h, plan in self._by_height(None)}
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
-        """The batches of epoch ``epoch`` (lists of tree indices)."""
-        return [batch for batch, _ in self._plan(int(epoch))]
+    def epoch_batches(self, epoch: int) -> list[TreeBatch]:
+        """This rank's batches of epoch ``epoch`` (lists of tree indices, with their key)."""
+        batches = []
+        for ids, key in self._plan(int(epoch)):
+            batches.append(TreeBatch(ids))
+            batches[-1].key = key
+        return batches
 
     def epoch_keys(self, epoch: int) -> list[tuple]:
         """The key of each batch of :meth:`epoch_batches` (``group`` batches share one)."""
         return [key for _, key in self._plan(int(epoch))]
 
     def _plan(self, epoch: int) -> list[tuple[list[int], tuple]]:
+        """This rank's (batch, key) pairs of ``epoch``."""
         rng = np.random.default_rng([self.seed, epoch])
         planned = [p for _, plan in self._by_height(rng if self.shuffle else None) for p in plan]
         if self.shuffle:
             planned = [planned[k] for k in rng.permutation(len(planned)).tolist()]
-        return planned
+        return planned[self.rank:len(self) * self.size:self.size]
 
     def _by_height(self, rng):
         """(height, [(batch, key)]) for each height; trees of equal size shuffled by ``rng``."""
@@ -129,8 +151,9 @@ class TreeBucketSampler:
         return iter(self.epoch_batches(epoch))
 
     def __len__(self) -> int:
+        """Steps of an epoch: this rank's batches."""
         return sum(math.ceil(int((self.heights == h).sum()) / self.batch_size)
-                   for h in np.unique(self.heights).tolist())
+                   for h in np.unique(self.heights).tolist()) // self.size
 
     def _widths(self, batch, direction: str) -> tuple:
         counts = [self._counts[direction][i] for i in batch]
@@ -146,11 +169,12 @@ class TreeBucketSampler:
         return self._widths(batch, self.direction)
 
     def keys(self, epoch: int | None = None) -> set:
-        """The distinct keys (nets) of an epoch."""
+        """The distinct keys (nets) of this rank's share of an epoch."""
         return set(self.epoch_keys(self.epoch if epoch is None else epoch))
 
     def padding_fraction(self, epoch: int | None = None) -> float:
-        """Padded slots / all slots over an epoch's batches (both directions counted)."""
+        """Padded slots / all slots over this rank's batches of an epoch (both directions
+        counted)."""
         slots = real = 0
         dirs = 2 if self.direction == "bidirectional" else 1
         for batch, key in self._plan(self.epoch if epoch is None else epoch):
@@ -159,5 +183,6 @@ class TreeBucketSampler:
         return 1.0 - real / slots
 
     def __repr__(self) -> str:
+        share = f", rank {self.rank} of {self.size}" if self.size > 1 else ""
         return (f"TreeBucketSampler({len(self.trees)} trees, batch_size={self.batch_size}, "
-                f"direction={self.direction!r}, {len(self)} batches)")
+                f"direction={self.direction!r}, {len(self)} batches{share})")
