@@ -133,7 +133,9 @@ def sample(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser():
+    """The parser of ``python -m examples.charlm`` and its subcommands (the site's command-line
+    reference is generated from it)."""
     parser, sub = cli.app_parser("python -m examples.charlm", __doc__)
     model, data = cli.model_options("runs/charlm"), cli.data_options()
     t = sub.add_parser("train", parents=[model, data, cli.training_options(10)])
@@ -153,7 +155,11 @@ def main(argv=None) -> int:
     s.add_argument("--seed", type=cli.seed, default=0)
     e.set_defaults(run=evaluate), s.set_defaults(run=sample)
     cli.add_fetch(sub)
-    return cli.run(parser, argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    return cli.run(build_parser(), argv)
 
 
 if __name__ == "__main__":

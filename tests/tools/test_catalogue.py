@@ -1,4 +1,4 @@
-"""The layer catalogue: read off the layer classes, the README's table equal to it."""
+"""The layer catalogue: read off the layer classes, the site's Layers page equal to it."""
 
 import json
 from pathlib import Path
@@ -12,20 +12,21 @@ from unroll.frontend.caffe_export import caffe_layer_types
 from unroll.tools import cli
 from unroll.tools.catalogue import catalogue, markdown, readme_table, update_readme
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+#: the page that holds the generated layer table (written by `python -m docs.generate`)
+LAYERS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "layers.md"
 
 
-def test_the_readme_table_is_the_catalogue():
-    assert readme_table(README.read_text()) == markdown(), (
-        "the README's layer table differs from the layer classes; run "
-        "`python -m unroll.tools.catalogue --readme README.md`")
+def test_the_layers_page_table_is_the_catalogue():
+    assert readme_table(LAYERS_PAGE.read_text()) == markdown(), (
+        "the layer table of docs/reference/layers.md differs from the layer classes; run "
+        "`python -m docs.generate`")
 
 
 def test_update_readme_writes_the_table_between_its_markers(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(README.read_text().replace("| `Scale` |", "| `Scaled` |"))
+    readme = tmp_path / "layers.md"
+    readme.write_text(LAYERS_PAGE.read_text().replace("| `Scale` |", "| `Scaled` |"))
     assert update_readme(readme)
-    assert readme.read_text() == README.read_text()
+    assert readme.read_text() == LAYERS_PAGE.read_text()
     assert not update_readme(readme)
     (tmp_path / "bare.md").write_text("# no table\n")
     with pytest.raises(ValueError, match="the README has no layer table"):
