@@ -14,6 +14,7 @@ and diagrams) are not code.
 from __future__ import annotations
 
 import doctest
+import importlib
 import os
 import re
 import shutil
@@ -119,10 +120,21 @@ def _has_ewt_data() -> bool:
     return any(data_dir().glob("*train*.conllu"))
 
 
+def _forget_modules_made_under(root: Path) -> None:
+    """Drop modules that tests wrote under ``root`` from the import cache: a page's
+    ``mycells.py`` must be the one its own blocks wrote, not another test's of that name."""
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file and Path(file).resolve().is_relative_to(root):
+            del sys.modules[name]
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if any(
     b.language in RUN for b in blocks(p))], ids=lambda p: str(p.relative_to(DOCS)))
 def test_every_code_block_runs(page, tmp_path, monkeypatch):
     env = _environment(tmp_path)
+    _forget_modules_made_under(tmp_path.resolve().parent)  # pytest's base temp folder
+    importlib.invalidate_caches()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MPLBACKEND", "Agg")
     namespace = {"__name__": "__docs__"}
