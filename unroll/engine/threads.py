@@ -7,7 +7,8 @@ waits for a descheduled partner burns its time slice: a small GEMM went from
 1 ms to 53 ms, a tagger epoch from 80 s to over 800 s. So every net run asks
 :func:`run_threads` how many BLAS threads it may use, and the answer is the
 cores this process may run on, less the cores other processes kept busy over
-the last second (``psutil``'s counters: the machine's busy time less our own).
+the last second (``psutil``'s counters: the machine's busy time less our own, less
+the counters' own rounding, so a free core is never given up for it).
 
 ``UNROLL_NUM_THREADS=N`` or :func:`set_num_threads` fixes the count instead
 (the tagger's ``--threads``). The pool is set for the run and restored after,
@@ -27,11 +28,21 @@ import os
 import threading
 import time
 
-__all__ = ["ENV", "cores", "num_threads", "others_busy", "run_threads", "set_num_threads"]
+__all__ = ["ENV", "SPLIT", "cores", "num_threads", "others_busy", "run_threads",
+           "set_num_threads", "split_rows", "split_ways"]
 
 ENV = "UNROLL_NUM_THREADS"
+#: "1": the recurrent units' kernels split their rows over the run's pool (see
+#: :func:`split_ways`); off by default, as it did not pay where it was measured
+SPLIT = "UNROLL_SPLIT_ROWS"
+#: the fewest entries of a kernel's state a block takes: below, handing a block to a
+#: worker costs more than the block
+SPLIT_MIN = 8192
 #: how long a measurement of the other processes' load stands before it is taken again
 MEASURE_EVERY = 1.0
+
+#: the seconds of one tick of the kernel's CPU-time counters (Linux's USER_HZ, else 100 Hz)
+TICK = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
 _fixed: int | None = None
 
@@ -86,7 +97,13 @@ class _Load:
     def _measure(self, now: float) -> None:
         at, busy, own = self._sample()
         if at > self._at:
-            self._others = max(0.0, (busy - self._busy) - (own - self._own)) / (at - self._at)
+            # the counters tick in whole clock ticks: each core's busy time and our own are
+            # off by up to a tick at either end, which over the first 50 ms interval is most
+            # of a core; that much is not taken for another process's load, so a free core
+            # is never given up for a rounding of the counters
+            error = (len(self._cpus) + 1) * TICK
+            taken = (busy - self._busy) - (own - self._own) - error
+            self._others = max(0.0, taken) / (at - self._at)
         self._at, self._busy, self._own = at, busy, own
         allowed = set(_allowed())
         if allowed != self._cpus:  # the next interval counts the new cores from now
@@ -157,14 +174,65 @@ class run_threads:
     def __init__(self, n: int | None = None):
         self.n = num_threads() if n is None else n
         self._changed: list = []
+        self._outer = 1
 
     def __enter__(self) -> int:
         n = self.n
         self._changed = [(lib, old) for lib in _blas() if (old := lib.num_threads) != n]
         for lib, _ in self._changed:
             lib.set_num_threads(n)
+        self._outer, _run.threads = getattr(_run, "threads", 1), n
         return n
 
     def __exit__(self, *exc) -> None:
+        _run.threads = self._outer
         for lib, old in self._changed:
             lib.set_num_threads(old)
+
+
+#: the pool size of the net run in progress on each Python thread (1 outside a run, and on
+#: the branch threads of a concurrent region, which run their own work at once)
+_run = threading.local()
+
+
+def split_ways(elements: int) -> int:
+    """How many row blocks an element-wise kernel over ``elements`` entries splits into:
+    the pool size of this thread's net run where :data:`SPLIT` is "1" and the work is at
+    least :data:`SPLIT_MIN` entries a block, else 1 (one call, on this thread).
+
+    >>> split_ways(10**6)  # outside a net run
+    1
+    """
+    n = getattr(_run, "threads", 1)
+    if n == 1 or os.environ.get(SPLIT, "0") != "1":
+        return 1
+    return max(1, min(n, elements // SPLIT_MIN))
+
+
+def split_rows(run, rows: int, ways: int) -> None:
+    """``run(start, stop)`` over ``ways`` blocks of the ``rows`` at once: the first on this
+    thread, the others on the pool's workers (the kernels release the GIL); returns when
+    all are done, raising the first block's error. The blocks are fixed by ``rows`` and
+    ``ways`` only, and each row is computed as one call would, so the result is the same
+    bit for bit at any ``ways``.
+
+    >>> out = [0] * 6
+    >>> def fill(start, stop):
+    ...     out[start:stop] = [start] * (stop - start)
+    >>> split_rows(fill, 6, 2); out
+    [0, 0, 0, 3, 3, 3]
+    """
+    bounds = [rows * k // ways for k in range(ways + 1)]
+    others = [_pool().submit(run, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
+    try:
+        run(bounds[0], bounds[1])
+    finally:
+        for future in others:
+            future.result()
+
+
+@functools.cache
+def _pool():
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max(1, len(_allowed()) - 1), thread_name_prefix="unroll-rows")
