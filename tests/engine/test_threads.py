@@ -154,3 +154,48 @@ def run_both(net) -> list:
 def test_a_bad_count_is_refused(policy, bad):
     with pytest.raises(ValueError, match="integer >= 1"):
         policy.set_num_threads(bad)
+
+
+class Counters:
+    """psutil as _Load reads it: per-core busy seconds and this process's own, scripted."""
+
+    def __init__(self, cores: int):
+        self.busy = [0.0] * cores
+        self.own = 0.0
+
+    def cpu_times(self, percpu):
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(user=b, system=0.0) for b in self.busy]
+
+    def Process(self):  # noqa: N802  (psutil's name)
+        from types import SimpleNamespace
+
+        return SimpleNamespace(cpu_times=lambda: SimpleNamespace(user=self.own, system=0.0))
+
+
+@pytest.mark.parametrize(("busy", "own", "want"),
+                         # one tick (10 ms) of rounding on each core and on our own count
+                         # over the first 50 ms: 0.6 cores' worth that nobody used
+                         [((0.02, 0.01), 0.0, 2),
+                          ((0.05, 0.01), 0.03, 2),
+                          # another process on a whole core, and a tick more
+                          ((0.01, 0.06), 0.0, 1)])
+def test_the_counters_rounding_is_not_taken_for_another_process(policy, monkeypatch, busy, own,
+                                                                 want):
+    import sys
+
+    counters = Counters(2)
+    monkeypatch.setitem(sys.modules, "psutil", counters)
+    monkeypatch.setattr(threads, "_allowed", lambda: [0, 1])
+    clock = iter([100.0, 100.05, 100.05])
+    monkeypatch.setattr(threads.time, "monotonic", lambda: next(clock))
+
+    def sleep(seconds):  # the first interval: the scripted counters move
+        counters.busy, counters.own = list(busy), own
+
+    monkeypatch.setattr(threads.time, "sleep", sleep)
+    monkeypatch.setattr(threads, "TICK", 0.01)
+    load = threads._Load()
+    monkeypatch.setattr(threads, "_load", lambda: load)
+    assert threads.num_threads() == want

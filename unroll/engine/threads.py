@@ -195,18 +195,19 @@ class run_threads:
 _run = threading.local()
 
 
-def split_ways(elements: int) -> int:
-    """How many row blocks an element-wise kernel over ``elements`` entries splits into:
-    the pool size of this thread's net run where :data:`SPLIT` is "1" and the work is at
-    least :data:`SPLIT_MIN` entries a block, else 1 (one call, on this thread).
+def split_ways(rows: int, width: int) -> int:
+    """How many row blocks an element-wise kernel over ``rows`` rows of ``width`` entries
+    splits into: the pool size of this thread's net run where :data:`SPLIT` is "1", at most
+    one block a row and at least :data:`SPLIT_MIN` entries a block; else 1 (one call, on
+    this thread).
 
-    >>> split_ways(10**6)  # outside a net run
+    >>> split_ways(32, 512)  # outside a net run
     1
     """
     n = getattr(_run, "threads", 1)
     if n == 1 or os.environ.get(SPLIT, "0") != "1":
         return 1
-    return max(1, min(n, elements // SPLIT_MIN))
+    return max(1, min(n, rows, rows * width // SPLIT_MIN))
 
 
 def split_rows(run, rows: int, ways: int) -> None:

@@ -109,7 +109,7 @@ def by_rows(kernel, arrays, rows: int, width: int, *flags) -> None:
     :func:`~unroll.engine.threads.split_ways` says so (the kernels release the GIL, and
     each row is computed alone, so the split changes no bit): each array seen as
     ``(rows, -1)`` and cut into the same row blocks."""
-    ways = split_ways(rows * width)
+    ways = split_ways(rows, width)
     if ways == 1:
         kernel(*arrays, *flags)
         return
