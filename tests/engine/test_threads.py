@@ -98,6 +98,18 @@ def test_a_fixed_count_is_the_pool_inside_every_run_and_the_old_pool_after(polic
     assert blas_threads() == before
 
 
+def test_a_run_on_another_python_thread_gets_the_policys_count_too(policy, net):
+    # the first thread to set the pool (threadpoolctl's "controlling" thread) is alive
+    policy.set_num_threads(1)
+    assert run(net) == [1, 1]
+    policy.set_num_threads(3)
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(run(net)))
+    worker.start()
+    worker.join()
+    assert seen == [[3, 3]]
+
+
 def test_the_environment_variable_fixes_the_count(policy, net, monkeypatch):
     monkeypatch.setenv(threads.ENV, "1")
     assert run(net) == [1, 1]

@@ -154,12 +154,20 @@ def num_threads() -> int:
 
 
 @functools.cache
-def _blas():
-    """threadpoolctl's controllers of the BLAS libraries loaded (NumPy's OpenBLAS, MKL)."""
+def _blas() -> tuple:
+    """(get, set) of the thread count of each BLAS library loaded (NumPy's OpenBLAS, MKL),
+    from threadpoolctl's controllers.
+
+    threadpoolctl 3.8's OpenBLAS ``set_num_threads`` does nothing on any Python thread but
+    the first that called it, so a net run on another thread (a server's worker, a
+    training loop in a thread) ran on the pool's own count; the setter under it is called
+    instead, where there is one. OpenBLAS's pool is one per process: two nets run at once
+    from two threads each set it for their run, the last one's count standing."""
     import numpy  # noqa: F401  (its BLAS must be loaded to be found)
     from threadpoolctl import ThreadpoolController
 
-    return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+    return tuple((lib.get_num_threads, getattr(lib, "_real_set_num_threads", lib.set_num_threads))
+                 for lib in ThreadpoolController().select(user_api="blas").lib_controllers)
 
 
 class run_threads:
@@ -178,16 +186,16 @@ class run_threads:
 
     def __enter__(self) -> int:
         n = self.n
-        self._changed = [(lib, old) for lib in _blas() if (old := lib.num_threads) != n]
-        for lib, _ in self._changed:
-            lib.set_num_threads(n)
+        self._changed = [(put, old) for get, put in _blas() if (old := get()) != n]
+        for put, _ in self._changed:
+            put(n)
         self._outer, _run.threads = getattr(_run, "threads", 1), n
         return n
 
     def __exit__(self, *exc) -> None:
         _run.threads = self._outer
-        for lib, old in self._changed:
-            lib.set_num_threads(old)
+        for put, old in self._changed:
+            put(old)
 
 
 #: the pool size of the net run in progress on each Python thread (1 outside a run, and on
