@@ -187,23 +187,27 @@ class Counters:
 
 
 @pytest.mark.parametrize(("busy", "own", "want"),
-                         # one tick (10 ms) of rounding on each core and on our own count
-                         # over the first 50 ms: 0.6 cores' worth that nobody used
+                         # the first interval (150 ms); a tick is 10 ms
                          [((0.02, 0.01), 0.0, 2),
-                          ((0.05, 0.01), 0.03, 2),
-                          # another process on a whole core, and a tick more
-                          ((0.01, 0.06), 0.0, 1)])
+                          # another process on a whole core, a tick more or less
+                          ((0.01, 0.16), 0.0, 1),
+                          ((0.0, 0.14), 0.0, 1),
+                          # a tick on each of 8 idle cores: 0.53 cores' worth nobody used
+                          ((0.01,) * 8, 0.0, 8),
+                          ((0.15,) + (0.01,) * 7, 0.0, 7)])
 def test_the_counters_rounding_is_not_taken_for_another_process(policy, monkeypatch, busy, own,
                                                                  want):
     import sys
 
-    counters = Counters(2)
+    counters = Counters(len(busy))
     monkeypatch.setitem(sys.modules, "psutil", counters)
-    monkeypatch.setattr(threads, "_allowed", lambda: [0, 1])
-    clock = iter([100.0, 100.05, 100.05])
+    monkeypatch.setattr(threads, "_allowed", lambda: list(range(len(busy))))
+    then = 100.0 + threads.FIRST_INTERVAL
+    clock = iter([100.0, then, then])
     monkeypatch.setattr(threads.time, "monotonic", lambda: next(clock))
 
     def sleep(seconds):  # the first interval: the scripted counters move
+        assert seconds == threads.FIRST_INTERVAL
         counters.busy, counters.own = list(busy), own
 
     monkeypatch.setattr(threads.time, "sleep", sleep)

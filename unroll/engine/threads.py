@@ -44,6 +44,11 @@ MEASURE_EVERY = 1.0
 #: the seconds of one tick of the kernel's CPU-time counters (Linux's USER_HZ, else 100 Hz)
 TICK = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
+#: the first measurement's interval: long enough that the counters' rounding (a tick a
+#: core, see ``_Load._measure``) is well under half a core on a small machine, so that
+#: neither a free core nor a busy one is mistaken for the other (0.15 s: 0.2 cores on 2)
+FIRST_INTERVAL = 0.15
+
 _fixed: int | None = None
 
 
@@ -82,9 +87,9 @@ class _Load:
         self._cpus = set(_allowed())
         self._lock = threading.Lock()
         self._at, self._busy, self._own = self._sample()
-        time.sleep(0.05)  # a first interval, so the first run already sees the machine
+        time.sleep(FIRST_INTERVAL)  # so the first run already sees the machine
         self._others = 0.0
-        self._measure(self._at + 0.05)
+        self._measure(self._at + FIRST_INTERVAL)
 
     def _sample(self) -> tuple[float, float, float]:
         per_cpu = self._psutil.cpu_times(percpu=True)
@@ -98,9 +103,9 @@ class _Load:
         at, busy, own = self._sample()
         if at > self._at:
             # the counters tick in whole clock ticks: each core's busy time and our own are
-            # off by up to a tick at either end, which over the first 50 ms interval is most
-            # of a core; that much is not taken for another process's load, so a free core
-            # is never given up for a rounding of the counters
+            # off by up to a tick, which over a short interval is much of a core; that much
+            # is not taken for another process's load, so a free core is never given up
+            # for a rounding of the counters
             error = (len(self._cpus) + 1) * TICK
             taken = (busy - self._busy) - (own - self._own) - error
             self._others = max(0.0, taken) / (at - self._at)
