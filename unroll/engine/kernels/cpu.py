@@ -104,15 +104,13 @@ def gates4(row, H):
 # taking the row views, numba's loops no longer vectorize (6-7x slower).
 
 
-def by_rows(kernel, arrays, rows: int, width: int, *flags) -> None:
-    """``kernel(*arrays, *flags)``, its rows split over the net run's pool where
-    :func:`~unroll.engine.threads.split_ways` says so (the kernels release the GIL, and
+def by_rows(kernel, ways: int, arrays, *flags) -> None:
+    """``kernel(*arrays, *flags)`` in ``ways`` row blocks on the net run's pool, as
+    :func:`~unroll.engine.threads.split_ways` decides (the kernels release the GIL, and
     each row is computed alone, so the split changes no bit): each array seen as
-    ``(rows, -1)`` and cut into the same row blocks."""
-    ways = split_ways(rows, width)
-    if ways == 1:
-        kernel(*arrays, *flags)
-        return
+    ``(rows, -1)`` and cut into the same row blocks. The callers test ``ways == 1``
+    themselves, so the unsplit call pays for no more than that test."""
+    rows = arrays[0].size // arrays[0].shape[-1]
     views = [a.reshape((rows, -1)) for a in arrays]
     split_rows(lambda start, stop: kernel(*(v[start:stop] for v in views), *flags), rows, ways)
 
@@ -120,7 +118,11 @@ def by_rows(kernel, arrays, rows: int, width: int, *flags) -> None:
 def lstm_unit_forward(c_prev, x, cont, c, h):
     """LSTMUnit forward. Nothing is saved: backward recomputes the gates from x, as fast
     as writing them out and reading them back, and without their memory."""
-    by_rows(_lstm_unit_forward, (c_prev, x, cont, c, h), cont.size, c.shape[-1])
+    ways = split_ways(cont.size, c.shape[-1])
+    if ways == 1:
+        _lstm_unit_forward(c_prev, x, cont, c, h)
+    else:
+        by_rows(_lstm_unit_forward, ways, (c_prev, x, cont, c, h))
 
 
 @njit(**KERNEL)
@@ -148,10 +150,14 @@ def _lstm_unit_forward(c_prev, x, cont, c, h):
 
 def lstm_unit_backward(c_prev, x, cont, dc, dh, dc_prev, dx):
     """LSTMUnit backward; ``dc_prev`` or ``dx`` may be None (not propagated)."""
-    by_rows(_lstm_unit_backward,
-            (c_prev, x, cont, dc, dh, np.empty_like(dc) if dc_prev is None else dc_prev,
-             np.empty_like(x) if dx is None else dx),
-            cont.size, dc.shape[-1], dc_prev is not None, dx is not None)
+    arrays = (c_prev, x, cont, dc, dh, np.empty_like(dc) if dc_prev is None else dc_prev,
+              np.empty_like(x) if dx is None else dx)
+    flags = (dc_prev is not None, dx is not None)
+    ways = split_ways(cont.size, dc.shape[-1])
+    if ways == 1:
+        _lstm_unit_backward(*arrays, *flags)
+    else:
+        by_rows(_lstm_unit_backward, ways, arrays, *flags)
 
 
 @njit(**KERNEL)
@@ -183,7 +189,11 @@ def _lstm_unit_backward(c_prev, x, cont, dc, dh, dc_prev, dx, write_c_prev, writ
 
 def gru_unit_forward(h_prev, x, hh, cont, h):
     """GRUUnit forward; nothing saved (see :func:`lstm_unit_forward`)."""
-    by_rows(_gru_unit_forward, (h_prev, x, hh, cont, h), cont.size, h.shape[-1])
+    ways = split_ways(cont.size, h.shape[-1])
+    if ways == 1:
+        _gru_unit_forward(h_prev, x, hh, cont, h)
+    else:
+        by_rows(_gru_unit_forward, ways, (h_prev, x, hh, cont, h))
 
 
 @njit(**KERNEL)
@@ -205,10 +215,14 @@ def _gru_unit_forward(h_prev, x, hh, cont, h):
 
 def gru_unit_backward(h_prev, x, hh, cont, dh, dh_prev, dx, dhh):
     """GRUUnit backward; ``dh_prev``, ``dx`` or ``dhh`` may be None."""
-    by_rows(_gru_unit_backward,
-            (h_prev, x, hh, cont, dh, np.empty_like(dh) if dh_prev is None else dh_prev,
-             np.empty_like(x) if dx is None else dx, np.empty_like(hh) if dhh is None else dhh),
-            cont.size, dh.shape[-1], dh_prev is not None, dx is not None, dhh is not None)
+    arrays = (h_prev, x, hh, cont, dh, np.empty_like(dh) if dh_prev is None else dh_prev,
+              np.empty_like(x) if dx is None else dx, np.empty_like(hh) if dhh is None else dhh)
+    flags = (dh_prev is not None, dx is not None, dhh is not None)
+    ways = split_ways(cont.size, dh.shape[-1])
+    if ways == 1:
+        _gru_unit_backward(*arrays, *flags)
+    else:
+        by_rows(_gru_unit_backward, ways, arrays, *flags)
 
 
 @njit(**KERNEL)
