@@ -98,6 +98,18 @@ def test_a_fixed_count_is_the_pool_inside_every_run_and_the_old_pool_after(polic
     assert blas_threads() == before
 
 
+def test_a_run_on_another_python_thread_gets_the_policys_count_too(policy, net):
+    # the first thread to set the pool (threadpoolctl's "controlling" thread) is alive
+    policy.set_num_threads(1)
+    assert run(net) == [1, 1]
+    policy.set_num_threads(3)
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(run(net)))
+    worker.start()
+    worker.join()
+    assert seen == [[3, 3]]
+
+
 def test_the_environment_variable_fixes_the_count(policy, net, monkeypatch):
     monkeypatch.setenv(threads.ENV, "1")
     assert run(net) == [1, 1]
@@ -154,3 +166,52 @@ def run_both(net) -> list:
 def test_a_bad_count_is_refused(policy, bad):
     with pytest.raises(ValueError, match="integer >= 1"):
         policy.set_num_threads(bad)
+
+
+class Counters:
+    """psutil as _Load reads it: per-core busy seconds and this process's own, scripted."""
+
+    def __init__(self, cores: int):
+        self.busy = [0.0] * cores
+        self.own = 0.0
+
+    def cpu_times(self, percpu):
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(user=b, system=0.0) for b in self.busy]
+
+    def Process(self):  # noqa: N802  (psutil's name)
+        from types import SimpleNamespace
+
+        return SimpleNamespace(cpu_times=lambda: SimpleNamespace(user=self.own, system=0.0))
+
+
+@pytest.mark.parametrize(("busy", "own", "want"),
+                         # the first interval (150 ms); a tick is 10 ms
+                         [((0.02, 0.01), 0.0, 2),
+                          # another process on a whole core, a tick more or less
+                          ((0.01, 0.16), 0.0, 1),
+                          ((0.0, 0.14), 0.0, 1),
+                          # a tick on each of 8 idle cores: 0.53 cores' worth nobody used
+                          ((0.01,) * 8, 0.0, 8),
+                          ((0.15,) + (0.01,) * 7, 0.0, 7)])
+def test_the_counters_rounding_is_not_taken_for_another_process(policy, monkeypatch, busy, own,
+                                                                 want):
+    import sys
+
+    counters = Counters(len(busy))
+    monkeypatch.setitem(sys.modules, "psutil", counters)
+    monkeypatch.setattr(threads, "_allowed", lambda: list(range(len(busy))))
+    then = 100.0 + threads.FIRST_INTERVAL
+    clock = iter([100.0, then, then])
+    monkeypatch.setattr(threads.time, "monotonic", lambda: next(clock))
+
+    def sleep(seconds):  # the first interval: the scripted counters move
+        assert seconds == threads.FIRST_INTERVAL
+        counters.busy, counters.own = list(busy), own
+
+    monkeypatch.setattr(threads.time, "sleep", sleep)
+    monkeypatch.setattr(threads, "TICK", 0.01)
+    load = threads._Load()
+    monkeypatch.setattr(threads, "_load", lambda: load)
+    assert threads.num_threads() == want

@@ -7,7 +7,8 @@ waits for a descheduled partner burns its time slice: a small GEMM went from
 1 ms to 53 ms, a tagger epoch from 80 s to over 800 s. So every net run asks
 :func:`run_threads` how many BLAS threads it may use, and the answer is the
 cores this process may run on, less the cores other processes kept busy over
-the last second (``psutil``'s counters: the machine's busy time less our own).
+the last second (``psutil``'s counters: the machine's busy time less our own, less
+the counters' own rounding, so a free core is never given up for it).
 
 ``UNROLL_NUM_THREADS=N`` or :func:`set_num_threads` fixes the count instead
 (the tagger's ``--threads``). The pool is set for the run and restored after,
@@ -27,11 +28,26 @@ import os
 import threading
 import time
 
-__all__ = ["ENV", "cores", "num_threads", "others_busy", "run_threads", "set_num_threads"]
+__all__ = ["ENV", "SPLIT", "cores", "num_threads", "others_busy", "run_threads",
+           "set_num_threads", "split_rows", "split_ways"]
 
 ENV = "UNROLL_NUM_THREADS"
+#: "1": the recurrent units' kernels split their rows over the run's pool (see
+#: :func:`split_ways`); off by default, as it did not pay where it was measured
+SPLIT = "UNROLL_SPLIT_ROWS"
+#: the fewest entries of a kernel's state a block takes: below, handing a block to a
+#: worker costs more than the block
+SPLIT_MIN = 8192
 #: how long a measurement of the other processes' load stands before it is taken again
 MEASURE_EVERY = 1.0
+
+#: the seconds of one tick of the kernel's CPU-time counters (Linux's USER_HZ, else 100 Hz)
+TICK = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+#: the first measurement's interval: long enough that the counters' rounding (a tick a
+#: core, see ``_Load._measure``) is well under half a core on a small machine, so that
+#: neither a free core nor a busy one is mistaken for the other (0.15 s: 0.2 cores on 2)
+FIRST_INTERVAL = 0.15
 
 _fixed: int | None = None
 
@@ -71,9 +87,9 @@ class _Load:
         self._cpus = set(_allowed())
         self._lock = threading.Lock()
         self._at, self._busy, self._own = self._sample()
-        time.sleep(0.05)  # a first interval, so the first run already sees the machine
+        time.sleep(FIRST_INTERVAL)  # so the first run already sees the machine
         self._others = 0.0
-        self._measure(self._at + 0.05)
+        self._measure(self._at + FIRST_INTERVAL)
 
     def _sample(self) -> tuple[float, float, float]:
         per_cpu = self._psutil.cpu_times(percpu=True)
@@ -86,7 +102,13 @@ class _Load:
     def _measure(self, now: float) -> None:
         at, busy, own = self._sample()
         if at > self._at:
-            self._others = max(0.0, (busy - self._busy) - (own - self._own)) / (at - self._at)
+            # the counters tick in whole clock ticks: each core's busy time and our own are
+            # off by up to a tick, which over a short interval is much of a core; that much
+            # is not taken for another process's load, so a free core is never given up
+            # for a rounding of the counters
+            error = (len(self._cpus) + 1) * TICK
+            taken = (busy - self._busy) - (own - self._own) - error
+            self._others = max(0.0, taken) / (at - self._at)
         self._at, self._busy, self._own = at, busy, own
         allowed = set(_allowed())
         if allowed != self._cpus:  # the next interval counts the new cores from now
@@ -137,12 +159,20 @@ def num_threads() -> int:
 
 
 @functools.cache
-def _blas():
-    """threadpoolctl's controllers of the BLAS libraries loaded (NumPy's OpenBLAS, MKL)."""
+def _blas() -> tuple:
+    """(get, set) of the thread count of each BLAS library loaded (NumPy's OpenBLAS, MKL),
+    from threadpoolctl's controllers.
+
+    threadpoolctl 3.8's OpenBLAS ``set_num_threads`` does nothing on any Python thread but
+    the first that called it, so a net run on another thread (a server's worker, a
+    training loop in a thread) ran on the pool's own count; the setter under it is called
+    instead, where there is one. OpenBLAS's pool is one per process: two nets run at once
+    from two threads each set it for their run, the last one's count standing."""
     import numpy  # noqa: F401  (its BLAS must be loaded to be found)
     from threadpoolctl import ThreadpoolController
 
-    return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+    return tuple((lib.get_num_threads, getattr(lib, "_real_set_num_threads", lib.set_num_threads))
+                 for lib in ThreadpoolController().select(user_api="blas").lib_controllers)
 
 
 class run_threads:
@@ -157,14 +187,66 @@ class run_threads:
     def __init__(self, n: int | None = None):
         self.n = num_threads() if n is None else n
         self._changed: list = []
+        self._outer = 1
 
     def __enter__(self) -> int:
         n = self.n
-        self._changed = [(lib, old) for lib in _blas() if (old := lib.num_threads) != n]
-        for lib, _ in self._changed:
-            lib.set_num_threads(n)
+        self._changed = [(put, old) for get, put in _blas() if (old := get()) != n]
+        for put, _ in self._changed:
+            put(n)
+        self._outer, _run.threads = getattr(_run, "threads", 1), n
         return n
 
     def __exit__(self, *exc) -> None:
-        for lib, old in self._changed:
-            lib.set_num_threads(old)
+        _run.threads = self._outer
+        for put, old in self._changed:
+            put(old)
+
+
+#: the pool size of the net run in progress on each Python thread (1 outside a run, and on
+#: the branch threads of a concurrent region, which run their own work at once)
+_run = threading.local()
+
+
+def split_ways(rows: int, width: int) -> int:
+    """How many row blocks an element-wise kernel over ``rows`` rows of ``width`` entries
+    splits into: the pool size of this thread's net run where :data:`SPLIT` is "1", at most
+    one block a row and at least :data:`SPLIT_MIN` entries a block; else 1 (one call, on
+    this thread).
+
+    >>> split_ways(32, 512)  # outside a net run
+    1
+    """
+    n = getattr(_run, "threads", 1)
+    if n == 1 or os.environ.get(SPLIT, "0") != "1":
+        return 1
+    return max(1, min(n, rows, rows * width // SPLIT_MIN))
+
+
+def split_rows(run, rows: int, ways: int) -> None:
+    """``run(start, stop)`` over ``ways`` blocks of the ``rows`` at once: the first on this
+    thread, the others on the pool's workers (the kernels release the GIL); returns when
+    all are done, raising the first block's error. The blocks are fixed by ``rows`` and
+    ``ways`` only, and each row is computed as one call would, so the result is the same
+    bit for bit at any ``ways``.
+
+    >>> out = [0] * 6
+    >>> def fill(start, stop):
+    ...     out[start:stop] = [start] * (stop - start)
+    >>> split_rows(fill, 6, 2); out
+    [0, 0, 0, 3, 3, 3]
+    """
+    bounds = [rows * k // ways for k in range(ways + 1)]
+    others = [_pool().submit(run, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
+    try:
+        run(bounds[0], bounds[1])
+    finally:
+        for future in others:
+            future.result()
+
+
+@functools.cache
+def _pool():
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max(1, len(_allowed()) - 1), thread_name_prefix="unroll-rows")

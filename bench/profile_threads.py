@@ -1,0 +1,248 @@
+"""Where a training step and a decoding step spend their time, at one thread and at two.
+
+Each workload runs at every ``--threads`` count (``set_num_threads``; "policy" is the
+measured policy of ``unroll.engine.threads``), first bare, for its total, then with
+every layer's forward, backward and batched weight gradient timed and summed:
+
+- GEMMs: the InnerProducts (input projections, recurrent, data and weight gradients);
+- elementwise: every other layer (the recurrent units, Scale, Eltwise, Embed, Softmax,
+  the loss);
+- update: the solver's update (Adam's fused kernel, SGD's axpby);
+- thread policy: ``num_threads`` and the pool's set and restore around each net run,
+  with the pool sizes it chose;
+- Python fixed cost: the rest of the timed run (the net's loops, fills, inputs, the
+  solver's and the Stepper's bookkeeping, and the timers' own few µs a call); the bare
+  total is the same calls untimed.
+
+Both clocks are printed: wall time and the process's CPU time (all its threads; a
+second thread that spins shows as CPU time, not as speed). On a busy machine only CPU
+time at one thread is steady; the wall time at two threads is what a user sees, on an
+idle machine.
+
+Workloads: the LSTM step of ``bench/bench_lstm.py`` (T=25/100 x H=128/512, N=32, D=100,
+float32), the seq2seq step of ``bench/bench_seq2seq.py`` (its defaults), and greedy
+decoding (``unroll.train.decoding.greedy``) by a one-step LSTM (H=256) with a softmax
+head over 40 tokens, 32 sequences of 20 steps, one Stepper call per step.
+
+The row split of the recurrent units' kernels (``unroll.engine.kernels.cpu``) follows
+``UNROLL_SPLIT_ROWS`` (0 off, 1 on); run this with each to measure it alone.
+
+    python -m bench.profile_threads                       (from the repository root)
+    python -m bench.profile_threads --only lstm --threads 1 2 policy
+    UNROLL_SPLIT_ROWS=1 python -m bench.profile_threads --only lstm
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+PHASES = ("GEMMs", "elementwise", "update", "thread policy", "Python fixed cost")
+LSTM_SIZES = ((25, 128), (25, 512), (100, 128), (100, 512))
+
+
+class Clock:
+    """Wall and CPU seconds spent, by phase."""
+
+    def __init__(self):
+        self.wall = collections.defaultdict(float)
+        self.cpu = collections.defaultdict(float)
+        self.pools = collections.Counter()
+
+    def timed(self, function, phase):
+        def run(*args, **kwargs):
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.cpu[phase] += time.process_time() - cpu
+                self.wall[phase] += time.perf_counter() - wall
+        return run
+
+
+def phase_of(layer) -> str:
+    return "GEMMs" if layer.type == "InnerProduct" else "elementwise"
+
+
+@contextmanager
+def instrumented(clock: Clock, nets, solver=None):
+    """Every layer of ``nets``, the ``solver``'s update and the thread policy timed."""
+    from unroll.engine import executor
+
+    saved = []
+
+    def patch(owner, name, wrapper):
+        own = name in vars(owner)  # else the class's method, which deleting ours restores
+        saved.append((owner, name, getattr(owner, name) if own else None))
+        setattr(owner, name, wrapper)
+
+    for net in nets:
+        for layer in net.layers:
+            batched = getattr(layer, "param_diffs_batched", False)
+            for name in ("forward", "backward") + (("param_backward",) if batched else ()):
+                patch(layer, name, clock.timed(getattr(layer, name), phase_of(layer)))
+    if solver is not None:
+        # step() applies its update through _update, not the public update()
+        patch(solver, "_update", clock.timed(solver._update, "update"))
+    policy = executor.run_threads
+
+    class timed_threads(policy):
+        def __init__(self, n=None):
+            clock.timed(policy.__init__, "thread policy")(self, n)
+            clock.pools[self.n] += 1
+
+        __enter__ = clock.timed(policy.__enter__, "thread policy")
+        __exit__ = clock.timed(policy.__exit__, "thread policy")
+
+    patch(executor, "num_threads", clock.timed(executor.num_threads, "thread policy"))
+    patch(executor, "run_threads", timed_threads)
+    try:
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            if value is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+def measure(run, iters: int, nets, solver=None) -> tuple[dict, dict, dict]:
+    """(wall ms, CPU ms) per call of ``run`` by phase, and the pool sizes chosen."""
+    for _ in range(3):  # compilation, allocation
+        run()
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(iters):
+        run()
+    total_wall, total_cpu = time.perf_counter() - wall, time.process_time() - cpu
+    clock = Clock()
+    with instrumented(clock, nets, solver):
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(iters):
+            run()
+        # the rest of the timed run, the timers' own cost (a few µs a call) included
+        clock.wall["Python fixed cost"] = time.perf_counter() - wall - sum(clock.wall.values())
+        clock.cpu["Python fixed cost"] = time.process_time() - cpu - sum(clock.cpu.values())
+    per = 1e3 / iters
+    return ({p: per * clock.wall[p] for p in PHASES} | {"bare total": per * total_wall},
+            {p: per * clock.cpu[p] for p in PHASES} | {"bare total": per * total_cpu},
+            dict(clock.pools))
+
+
+def lstm_step(T: int, H: int, N: int = 32, D: int = 100):
+    from unroll import Net, Solver, expand
+
+    net_param = expand("lstm", steps=T, batch=N, input_dim=D, hidden=H)
+    target = net_param.layer.add(name="target", type="Input", top=["target"])
+    target.input_param.shape.add(dim=[T, N, H])
+    net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "target"],
+                        top=["loss"])
+    solver = Solver(Net(net_param), type="SGD", base_lr=0.01)
+    rng = np.random.default_rng(0)
+    cont = np.ones((T, N), np.float32)
+    cont[0] = 0
+    feed = {"x": rng.standard_normal((T, N, D)).astype(np.float32), "cont": cont,
+            "target": rng.uniform(-1, 1, (T, N, H)).astype(np.float32)}
+    return (lambda: solver.step(1, feed=feed)), [solver.net], solver
+
+
+def seq2seq_step():
+    from bench import bench_seq2seq
+
+    # bench_seq2seq's defaults
+    defaults = argparse.Namespace(vocab=40, steps=20, batch=32, embed=64, hidden=256,
+                                  lr=1e-3, batches=8)
+    from unroll import Net, Solver, expand
+
+    S = T = defaults.steps
+    N, H = defaults.batch, defaults.hidden
+    net = Net(expand(bench_seq2seq.TEMPLATE, steps=T, batch=N, src_steps=S,
+                     vocab=defaults.vocab, embed=defaults.embed, hidden=H))
+    solver = Solver(net, type="Adam", base_lr=defaults.lr, momentum=0.9, momentum2=0.999,
+                    delta=1e-8)
+    cont = np.ones((S, N), np.float32)
+    cont[0] = 0
+    zeros = np.zeros((1, N, H), np.float32)
+    feeds = [{"src": b["src"].astype(np.float32), "src_cont": cont,
+              "tgt_in": b["tgt_in"].astype(np.float32), "tgt_cont": np.ones((T, N), np.float32),
+              "tgt_out": b["tgt_out"].astype(np.float32), "enc_h_0": zeros, "enc_c_0": zeros}
+             for b in bench_seq2seq.batches(defaults)]
+    done = [0]
+
+    def step():
+        solver.step(1, feed=feeds[done[0] % len(feeds)])
+        done[0] += 1
+
+    return step, [net], solver
+
+
+def greedy_decoding(N: int = 32, H: int = 256, V: int = 40, steps: int = 20):
+    from unroll import Stepper, expand, to_prototxt
+    from unroll.train.decoding import StepperDecoder, greedy
+
+    text = to_prototxt(expand("lstm", steps=1, batch=N, input_dim=1, hidden=H,
+                              expose_hidden=True)) + f"""
+layer {{ name: "head" type: "InnerProduct" bottom: "h" top: "scores"
+        inner_product_param {{ num_output: {V} axis: 2
+                              weight_filler {{ type: "gaussian" std: 0.3 }} }} }}
+layer {{ name: "probs" type: "Softmax" bottom: "scores" top: "probs"
+        softmax_param {{ axis: 2 }} }}"""
+    stepper = Stepper(text)
+    decoder = StepperDecoder(stepper, token="x", output="probs")
+    zeros = np.zeros((1, N, H), np.float32)
+
+    def decode():
+        decoder.start({"h_0": zeros, "c_0": zeros})
+        # eos = V: never drawn, so every sequence runs all the steps
+        greedy(decoder, batch=N, bos=0, eos=V, max_len=steps)
+
+    return decode, [stepper.net], None
+
+
+def workloads(only: str | None):
+    if only in (None, "lstm"):
+        for T, H in LSTM_SIZES:
+            yield f"lstm step T={T} H={H}", lambda T=T, H=H: lstm_step(T, H)
+    if only in (None, "seq2seq"):
+        yield "seq2seq step", seq2seq_step
+    if only in (None, "greedy"):
+        yield "greedy decoding (20 steps)", greedy_decoding
+
+
+def report(name: str, counts, results) -> None:
+    print(f"\n{name}: ms per call, wall | CPU, at each thread count")
+    print(f"  {'':18s}" + "".join(f"{'threads ' + c:>22s}" for c in counts))
+    for phase in (*PHASES, "bare total"):
+        cells = "".join(f"{w[phase]:10.2f} |{c[phase]:9.2f}" for w, c, _ in results)
+        print(f"  {phase:18s}{cells}")
+    pools = "   ".join(", ".join(f"{n}: {k}x" for n, k in sorted(p.items()))
+                       for _, _, p in results)
+    print(f"  {'pool sizes chosen':18s}  {pools}")
+
+
+def main(argv=None) -> None:
+    from unroll.engine import threads
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", nargs="+", default=["1", "2"],
+                        help='counts, or "policy" for the measured one (default 1 2)')
+    parser.add_argument("--only", choices=["lstm", "seq2seq", "greedy"])
+    parser.add_argument("--iters", type=int, default=10, help="calls timed per count")
+    args = parser.parse_args(argv)
+    print(f"machine: {threads.cores()} cores, others busy {threads.others_busy():.2f} "
+          f"cores over the last second")
+    for name, build in workloads(args.only):
+        run, nets, solver = build()
+        results = []
+        for count in args.threads:
+            threads.set_num_threads(None if count == "policy" else int(count))
+            results.append(measure(run, args.iters, nets, solver))
+        threads.set_num_threads(None)
+        report(name, args.threads, results)
+
+
+if __name__ == "__main__":
+    main()
