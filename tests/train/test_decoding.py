@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import unroll
+from unroll.testing import static_inputs
 from unroll.train.decoding import StepperDecoder, TableDecoder, beam_search, greedy, sample
 from unroll.train.stepper import Stepper
 
@@ -141,3 +142,45 @@ def test_the_decoder_names_inputs_it_lacks_and_inputs_the_net_lacks(attending):
         StepperDecoder(stepper)
     with pytest.raises(ValueError, match=r"\['target'\] are not inputs of the step net"):
         StepperDecoder(stepper, token="target", static={"memory": np.zeros((MEMORY, 2, 3))})
+
+
+def _attention_decoder(batch, source_steps, **options):
+    """A StepperDecoder over the built-in attention cell (its "h" read as log probabilities
+    of the next "x"), with a memory (S, N, H) and its mask (S, N) of ``batch`` sequences."""
+    stepper = Stepper(unroll.expand("lstm_attention", steps=1, batch=2, input_dim=1,
+                                    hidden=HIDDEN, source_steps=source_steps,
+                                    expose_hidden=True), dtype="float64")
+    static = static_inputs("lstm_attention", batch, hidden=HIDDEN, source_steps=source_steps)
+    return StepperDecoder(stepper, token="x", output="h", log=True, static=static, **options)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_a_static_mask_follows_its_sequence_along_the_batch_axis_the_net_declares(search):
+    """The memory (S, N, H) and its mask (S, N) both keep the batch at axis 1."""
+    n = 3
+    rng = np.random.default_rng(7)
+    states = {name: rng.normal(size=(1, n, HIDDEN)) for name in ("h_0", "c_0")}
+
+    def run(rows):
+        made = _attention_decoder(n, source_steps=5)
+        made.static = {name: value[:, rows] for name, value in made.static.items()}
+        made.start({name: value[:, rows] for name, value in states.items()})
+        args = (made, len(rows), 0, 2, 4)
+        return greedy(*args) if search == "greedy" else beam_search(*args, beam=2)
+
+    assert _attention_decoder(n, 5).batch_axes == {"memory": 1, "memory_mask": 1}
+    together = run(np.arange(n))
+    alone = [run(np.array([i]))[0] for i in range(n)]
+    assert [tokens for tokens, _ in together] == [tokens for tokens, _ in alone]
+    np.testing.assert_allclose([s for _, s in together], [s for _, s in alone], rtol=1e-10)
+
+
+def test_a_batch_axis_the_shapes_cannot_tell_is_asked_for():
+    """Memory steps as many as the batch, in the net and in the values: say the axis."""
+    decoder = _attention_decoder(2, source_steps=2)
+    with pytest.raises(ValueError, match=r"batch axis of static input 'memory' \(2, 2, 3\).*"
+                                         r"batch_axes=\{'memory': \.\.\.\}"):
+        decoder.start({name: np.zeros((1, 2, HIDDEN)) for name in ("h_0", "c_0")})
+    told = _attention_decoder(2, source_steps=2, batch_axes={"memory": 1, "memory_mask": 1})
+    told.start({name: np.zeros((1, 2, HIDDEN)) for name in ("h_0", "c_0")})
+    assert told.batch_axes == {"memory": 1, "memory_mask": 1}

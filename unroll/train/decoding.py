@@ -32,9 +32,11 @@ class StepperDecoder:
     the next token's probabilities (``log=True``: log probabilities).
 
     ``static`` gives the inputs every step reads as they are, such as an attention memory
-    (S, N, H) or a per-sequence feature (N, ...): their batch axis (``batch_axes``, by
-    default 1 for an array of 3 or more axes, a time-major memory, else 0) follows the
-    hypotheses through every reorder. :meth:`start` begins each sequence from its states.
+    (S, N, H), its mask (S, N) or a per-sequence feature (N, ...): their batch axis follows
+    the hypotheses through every reorder. It is ``batch_axes[name]`` where given, else the
+    one axis that the step net declares as big as its batch (the size of its cont's axis
+    1), else the one axis of the value as big as the batch of the states given to
+    :meth:`start`, which begins each sequence from its states.
 
     >>> import unroll
     >>> make = lambda T: unroll.expand("gru", steps=T, batch=2, input_dim=1, hidden=3,
@@ -61,21 +63,45 @@ class StepperDecoder:
             raise ValueError(f"StepperDecoder: the step net also needs {unread}; give them "
                              f"as static inputs: static={{{unread[0]!r}: ...}}")
         self.static = {name: np.asarray(value) for name, value in (static or {}).items()}
-        axes = dict(batch_axes or {})
-        self.batch_axes = {name: axes.get(name, 1 if value.ndim >= 3 else 0)
-                           for name, value in self.static.items()}
+        self._axes_given = dict(batch_axes or {})
+        #: {static input: its batch axis}, complete once :meth:`start` has run
+        self.batch_axes = self._batch_axes(None)
         self._rows_static = dict(self.static)
+
+    def _batch_axes(self, batch: int | None) -> dict:
+        """Each static input's batch axis, where it is known: given, or the one axis the
+        net declares of its batch's size, or (with ``batch``) the one the value has."""
+        net_batch = self.stepper.declared[self.cont][1]
+        axes = {}
+        for name, value in self.static.items():
+            if name in self._axes_given:
+                axes[name] = self._axes_given[name]
+                continue
+            declared = self.stepper.declared[name]
+            found = [a for a, size in enumerate(declared) if size == net_batch]
+            if len(found) > 1 and batch is not None:
+                found = [a for a in found if value.shape[a] == batch]
+            if len(found) == 1:
+                axes[name] = found[0]
+            elif batch is not None:
+                raise ValueError(
+                    f"StepperDecoder: cannot tell the batch axis of static input '{name}' "
+                    f"{value.shape} (the net declares it {declared}, for a batch of "
+                    f"{net_batch}; the states hold {batch}); say it: batch_axes={{{name!r}: ...}}")
+        return axes
 
     def start(self, state: dict) -> None:
         """Begin every sequence from ``state`` ({X_0: (1, N, size)}, as :meth:`Stepper.reset`
         takes it), one hypothesis per sequence, with the static inputs as given."""
         self.stepper.reset(state)
+        if len(self.batch_axes) < len(self.static):
+            self.batch_axes = self._batch_axes(np.shape(next(iter(state.values())))[1])
         self._rows_static = dict(self.static)
 
     def step(self, tokens) -> np.ndarray:
         """The log probabilities (M, V) of the next token after each hypothesis' ``tokens``."""
         tokens = np.asarray(tokens, dtype=np.float64)[None]
-        ndim = self.stepper.net.blobs[self.token].ndim
+        ndim = len(self.stepper.declared[self.token])
         out = self.stepper(**{self.token: tokens.reshape(*tokens.shape, *[1] * (ndim - 2)),
                               self.cont: np.ones_like(tokens)}, **self._rows_static)[self.output]
         values = np.asarray(out, dtype=np.float64).reshape(tokens.shape[1], -1)
@@ -84,9 +110,7 @@ class StepperDecoder:
     def reorder(self, rows) -> None:
         """Hypothesis i continues hypothesis ``rows[i]``: its states and its static inputs."""
         rows = np.asarray(rows, dtype=np.int64)
-        if self.stepper.state is not None:  # else zeros, sized by the next call's batch
-            self.stepper.reset({name: value[:, rows]
-                                for name, value in self.stepper.state.items()})
+        self.stepper.reorder(rows)
         self._rows_static = {name: np.take(value, rows, axis=self.batch_axes[name])
                              for name, value in self._rows_static.items()}
 
