@@ -16,6 +16,7 @@ import numpy as np
 
 from unroll.core.errors import NetError
 from unroll.core.proto import NetParameter, read_message
+from unroll.engine.host_checks import check_cont
 from unroll.engine.layer import LAYERS
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
@@ -84,7 +85,10 @@ class Stepper:
         #: {input: its shape as the net declares it} (the batch it was built for)
         self.declared = {name: tuple(self.net.blobs[name].shape) for name in self.net.inputs}
         self._names = frozenset(self.inputs)
-        self._checked: tuple | None = None  # the input shapes the last full check passed
+        self._finals = frozenset(self.pairs.values())
+        #: the inputs that gate a state, and the cont each reads after reset(state)
+        self._conts = sorted({cont for conts in self.gated_by.values() for cont in conts})
+        self._checked: list | None = None  # the conts' shapes the last full check passed
 
     @property
     def store(self) -> ParamStore:
@@ -124,6 +128,7 @@ class Stepper:
             self.state = {name: value[:, rows] for name, value in self.state.items()}
         if self.initial is not None:
             self.initial = {name: value[:, rows] for name, value in self.initial.items()}
+            self._checked = None
 
     def __call__(self, blobs=(), **inputs) -> dict:
         """Run one step on ``inputs`` from the held states; returns {output: data} (and the
@@ -132,25 +137,33 @@ class Stepper:
             self._name_error(inputs)
         state = self.state if self.state is not None else self._zeros(inputs)
         if self.initial is not None:
-            shapes = tuple(np.shape(inputs[conts[0]]) for conts in self.gated_by.values())
-            if shapes != self._checked:  # once per batch shape, not every call
-                self._check_conts(state, inputs)
-                self._checked = shapes
-            state = {name: self._restart(name, carried, inputs)
-                     for name, carried in state.items()}
-            inputs = first_step_inputs(inputs, self.gated_by)
+            state, inputs = self._from_initial(state, inputs)
         out = self.net.forward(blobs=blobs, **inputs, **state)
         self.state = {initial: out[final].copy() for initial, final in self.pairs.items()}
-        return {name: value.copy() for name, value in out.items()
-                if name not in self.pairs.values()}
+        return {name: value.copy() for name, value in out.items() if name not in self._finals}
 
-    def _restart(self, name: str, carried, inputs: dict):
-        """The state ``name`` enters the step with: :func:`restart_from` its initial state
-        where its cont is 0 (none is in a decoder's steps after the first: no work)."""
-        cont = self.net.xp.asarray(inputs[self.gated_by[name][0]], self.net.dtype)
-        if (cont == 1).all():
-            return carried
-        return restart_from(self.initial[name], carried, cont)
+    def _from_initial(self, state: dict, inputs: dict) -> tuple[dict, dict]:
+        """The states and inputs of a step of a recurrence with given initial states: each
+        state :func:`restart_from` its initial one where its cont is 0, each gating cont
+        then read as :func:`~unroll.frontend.recurrence.first_step_cont` says
+        (docs/design.md, "State from anywhere"). A cont of ones (every step of a decoder)
+        is both already: the inputs go to the net as they are, which checks them."""
+        starting = [name for name in self._conts if not inputs[name].all()]
+        if not starting:
+            return state, inputs
+        for name in starting:
+            check_cont(name, np.asarray(inputs[name]))
+        shapes = [np.shape(inputs[name]) for name in self._conts]
+        if shapes != self._checked:  # once per batch shape, not every call
+            self._check_conts(state, inputs)
+            self._checked = shapes
+        xp, dtype = self.net.xp, self.net.dtype
+        state = {name: restart_from(self.initial[name], carried,
+                                    xp.asarray(inputs[self.gated_by[name][0]], dtype))
+                 if self.gated_by[name][0] in starting else carried
+                 for name, carried in state.items()}
+        return state, {**inputs, **{name: first_step_cont(xp.asarray(inputs[name], dtype))
+                                    for name in starting}}
 
     def _check_conts(self, state: dict, inputs: dict) -> None:
         for name, (cont,) in self.gated_by.items():
@@ -189,20 +202,6 @@ class Stepper:
         held = "zeros" if self.state is None else {k: tuple(v.shape) for k, v in
                                                    self.state.items()}
         return f"Stepper(net {self.net.name!r}, states {sorted(self.pairs)}, holding {held})"
-
-
-def first_step_inputs(inputs: dict, gated_by: dict) -> dict:
-    """``inputs`` of a step of a recurrence with given initial states, each cont that gates
-    one (in ``gated_by``) read as :func:`~unroll.frontend.recurrence.first_step_cont` says,
-    at every step, as in the unrolled net: :func:`~unroll.frontend.recurrence.restart_from`
-    has already restarted the states (docs/design.md, "State from anywhere").
-
-    >>> first_step_inputs({"x": 1, "cont": np.zeros((1, 2))}, {"h_0": ["cont"]})["cont"]
-    array([[1., 1.]])
-    """
-    conts = {name for names in gated_by.values() for name in names}
-    return {name: first_step_cont(value) if name in conts else value
-            for name, value in inputs.items()}
 
 
 #: layers that move a cont's values without changing them: a gate's cont is traced back
