@@ -147,3 +147,34 @@ def test_a_state_gated_by_a_computed_cont_cannot_be_given():
     with pytest.raises(NetError, match=r"no input of net .* is the cont that gates state\(s\) "
                                        r"\['h_0'\] alone"):
         stepper.reset({"h_0": np.zeros((1, N, H))})
+
+
+def test_from_given_states_the_cont_checks_run_once_per_batch_shape(monkeypatch):
+    """What a call checks beyond the engine (the conts' shapes against the given states)
+    runs on the first call that restarts a row and again only when the batch changes."""
+    _, stepper, _ = _given_pair("gru")
+    checked = []
+    check = Stepper._check_conts
+    monkeypatch.setattr(Stepper, "_check_conts",
+                        lambda self, *args: checked.append(1) or check(self, *args))
+    x = np.zeros((1, N, D))
+    stepper.reset({"h_0": np.ones((1, N, H))})
+    for _ in range(4):
+        stepper(x=x, cont=np.zeros((1, N)))
+        stepper(x=x, cont=np.ones((1, N)))
+    assert len(checked) == 1
+    stepper.reorder([0, 1])
+    stepper(x=x[:, :2], cont=np.zeros((1, 2)))
+    stepper(x=x[:, :2], cont=np.zeros((1, 2)))
+    assert len(checked) == 2
+    with pytest.raises(ValueError, match=r"state 'h_0' is held as \(1, 2, 5\).*cont 'cont' is "
+                                         r"\(1, 3\)"):
+        stepper(x=x, cont=np.zeros((1, N)))
+
+
+@pytest.mark.parametrize("cont", [[0.0, 0.5, 1.0], [1.0, 0.5, 1.0]])
+def test_from_given_states_a_cont_other_than_0_or_1_is_an_error(cont):
+    _, stepper, _ = _given_pair("gru")
+    stepper.reset({"h_0": np.ones((1, N, H))})
+    with pytest.raises(NetError, match=r"input 'cont' holds 0.5 at index \(0, 1\)"):
+        stepper(x=np.zeros((1, N, D)), cont=np.array([cont]))
