@@ -14,6 +14,7 @@ find the same lemmas and prints words/s. A benchmark, not a test: run it at one
 thread (``OPENBLAS_NUM_THREADS=1``) on an idle machine.
 
     python -m bench.bench_decoding --epochs 1 --sentences 4000
+    python -m bench.bench_decoding --epochs 3 --sentences 0   # bench_lemmatize's model
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="the folder of EWT's .conllu (default: as the tagger)")
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--sentences", type=int, default=4000)
+    parser.add_argument("--sentences", type=int, default=4000,
+                        help="training sentences (0: all, as bench_lemmatize)")
     parser.add_argument("--pairs", type=int, default=0,
                         help="dev pairs decoded (0: all that fit, as bench_lemmatize)")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
@@ -117,7 +119,7 @@ def main(argv=None) -> int:
     from unroll.tools.ewt import DEV_FILE, TRAIN_FILE, data_dir
 
     data = data_dir(args.data)
-    train_words = words_of(read_lemmas(data / TRAIN_FILE)[:args.sentences])
+    train_words = words_of(read_lemmas(data / TRAIN_FILE)[:args.sentences or None])
     dev_words = words_of(read_lemmas(data / DEV_FILE))
     lemmatizer = Lemmatizer.build(train_words, LemmatizerConfig(), seed=0)
     call_costs(lemmatizer, clock)

@@ -1,5 +1,6 @@
 """Greedy decoding, sampling and beam search over a Stepper (docs/design.md, "Stepping")."""
 
+import functools
 import itertools
 
 import numpy as np
@@ -186,3 +187,29 @@ def test_a_batch_axis_the_shapes_cannot_tell_is_asked_for():
     told = _attention_decoder(2, source_steps=2, batch_axes={"memory": 1, "memory_mask": 1})
     told.start({name: np.zeros((1, 2, HIDDEN)) for name in ("h_0", "c_0")})
     assert told.batch_axes == {"memory": 1, "memory_mask": 1}
+
+
+class Counting:
+    """A decoder that records the rows of every step call it passes on."""
+
+    def __init__(self, decoder):
+        self.decoder, self.rows = decoder, []
+
+    def step(self, tokens):
+        self.rows.append(len(tokens))
+        return self.decoder.step(tokens)
+
+    def reorder(self, rows):
+        self.decoder.reorder(rows)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_each_search_step_is_one_call_for_every_live_hypothesis(attending, beam):
+    """One step call per step for the whole batch, the beams folded into its rows."""
+    decoder, n = attending
+    counted = Counting(decoder(np.arange(n)))
+    search = greedy if beam == 1 else functools.partial(beam_search, beam=beam)
+    search(counted, n, BOS, EOS, max_len=8)
+    assert 1 <= len(counted.rows) <= 8
+    assert counted.rows[0] == n * beam
+    assert all(a >= b for a, b in zip(counted.rows, counted.rows[1:]))  # the ended leave
