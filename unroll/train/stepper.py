@@ -148,16 +148,17 @@ class Stepper:
         then read as :func:`~unroll.frontend.recurrence.first_step_cont` says
         (docs/design.md, "State from anywhere"). A cont of ones (every step of a decoder)
         is both already: the inputs go to the net as they are, which checks them."""
-        starting = [name for name in self._conts if not inputs[name].all()]
+        starting = [name for name in self._conts if not np.all(inputs[name])]
         if not starting:
             return state, inputs
-        for name in starting:
-            check_cont(name, np.asarray(inputs[name]))
+        xp, dtype = self.net.xp, self.net.dtype
+        for name in starting:  # the net no longer sees them: checked here, as it would
+            if xp is np or not isinstance(inputs[name], xp.ndarray):
+                check_cont(name, np.asarray(inputs[name]))
         shapes = [np.shape(inputs[name]) for name in self._conts]
         if shapes != self._checked:  # once per batch shape, not every call
             self._check_conts(state, inputs)
             self._checked = shapes
-        xp, dtype = self.net.xp, self.net.dtype
         state = {name: restart_from(self.initial[name], carried,
                                     xp.asarray(inputs[self.gated_by[name][0]], dtype))
                  if self.gated_by[name][0] in starting else carried
