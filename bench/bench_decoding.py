@@ -59,17 +59,20 @@ def library_predict(lemmatizer, pairs, beam: int, batch_size: int = 256) -> list
     return out
 
 
-def per_call_us(run, clock, calls: int = 2000, rounds: int = 5) -> float:
-    """The least over ``rounds`` of the mean µs per call of ``run`` (the least: the run
-    the machine's other work slowed down least)."""
-    for _ in range(20):
-        run()
-    best = float("inf")
-    for _ in range(rounds):
-        start = clock()
-        for _ in range(calls):
+def per_call_us(runs: dict, clock, calls: int, rounds: int = 7) -> dict:
+    """{name: the least over ``rounds`` of the mean µs per call of ``runs[name]``}, the
+    rounds of the runs taken in turns, so a busy machine slows each alike (the least: the
+    round its other work slowed down least)."""
+    best = dict.fromkeys(runs, float("inf"))
+    for run in runs.values():
+        for _ in range(20):
             run()
-        best = min(best, (clock() - start) / calls * 1e6)
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start = clock()
+            for _ in range(calls):
+                run()
+            best[name] = min(best[name], (clock() - start) / calls * 1e6)
     return best
 
 
@@ -82,20 +85,19 @@ def call_costs(lemmatizer, clock) -> None:
     tiny = Net('''layer { name: "in" type: "Input" top: "a" input_param { shape { dim: 1 } } }
                  layer { name: "p" type: "Power" bottom: "a" top: "b" }''')
     one = np.ones(1, np.float32)
-    engine = per_call_us(lambda: tiny.forward(a=one), clock)
     for batch in (1, 256):
         feed = {"tgt_in": np.full((1, batch), lemmatizer.bos, np.float32),
                 "tgt_cont": np.ones((1, batch), np.float32)}
         state = {name: np.zeros((1, batch, *stepper.declared[name][2:]), np.float32)
                  for name in stepper.pairs}
         stepper.reset(state)
-        calls = max(50, 2000 // batch)
-        call = per_call_us(lambda feed=feed: stepper(**feed), clock, calls)
-        forward = per_call_us(lambda feed=feed, state=state: stepper.net.forward(**feed, **state),
-                              clock, calls)
-        print(f"batch {batch}: Stepper call {call:.1f} µs, its Net.forward {forward:.1f} µs "
-              f"(the Stepper's own {call - forward:.1f} µs), a one-layer net's forward "
-              f"{engine:.1f} µs")
+        us = per_call_us({"call": lambda feed=feed: stepper(**feed),
+                          "forward": lambda feed=feed, state=state: stepper.net.forward(
+                              **feed, **state),
+                          "engine": lambda: tiny.forward(a=one)}, clock, max(50, 2000 // batch))
+        print(f"batch {batch}: Stepper call {us['call']:.1f} µs, its Net.forward "
+              f"{us['forward']:.1f} µs (the Stepper's own {us['call'] - us['forward']:.1f} µs), "
+              f"a one-layer net's forward {us['engine']:.1f} µs")
 
 
 def main(argv=None) -> int:
