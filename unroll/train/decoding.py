@@ -5,7 +5,8 @@ A decoder is anything with ``step(tokens)``, which takes the last token of each 
 hypotheses, (M,) ints, advances their states one step and returns the log probabilities
 of the next token, (M, V), and ``reorder(rows)``, after which hypothesis i continues
 the state of hypothesis ``rows[i]`` (``rows`` may be shorter or longer than M: the
-batch shrinks as hypotheses end, and grows into a beam). :class:`StepperDecoder` is one
+batch shrinks as hypotheses end, a quarter at a time since each new batch size costs the
+step net a reshape, and grows into a beam). :class:`StepperDecoder` is one
 over a :class:`~unroll.train.stepper.Stepper`, with static inputs such as an attention
 memory that every step reads (docs/design.md, "Stepping").
 
@@ -117,7 +118,8 @@ class StepperDecoder:
 
 def greedy(decoder, batch: int, bos: int, eos: int, max_len: int) -> list[tuple[list[int], float]]:
     """The most probable token at every step, for ``batch`` sequences at once (the decoder
-    started with one hypothesis each); a hypothesis that ends leaves the batch.
+    started with one hypothesis each); the hypotheses that end leave the batch once a
+    quarter of it has ended (:data:`SHRINK_AT`).
 
     >>> # p(next | previous) over eos, a, b (and bos, which only starts)
     >>> p = [[1, 0, 0, 0], [.4, .3, .3, 0], [1, 0, 0, 0], [0, .6, .4, 0]]
@@ -153,25 +155,35 @@ def sample(decoder, batch: int, bos: int, eos: int, max_len: int, seed: int = 0,
     return _one_best(decoder, batch, bos, eos, max_len, draw)
 
 
+#: the batch shrinks to its live rows once at most this share of its rows live: each new
+#: batch size costs the step net a reshape, so rows that ended step on, unread, until then
+SHRINK_AT = 0.75
+
+
 def _one_best(decoder, batch: int, bos: int, eos: int, max_len: int,
               pick: Callable) -> list[tuple[list[int], float]]:
-    """One hypothesis per sequence, extended by ``pick(logp)``; only the live ones step."""
+    """One hypothesis per sequence, extended by ``pick(logp)`` of the live ones."""
     out: list[list[int]] = [[] for _ in range(batch)]
     scores = np.zeros(batch)
-    live = np.arange(batch)
+    of_row = np.arange(batch)  # the sequence of each row of the batch; -1: it ended
     tokens = np.full(batch, bos, dtype=np.int64)
     for _ in range(max_len):
         logp = decoder.step(tokens)
-        picked = np.asarray(pick(logp), dtype=np.int64)
-        scores[live] += logp[np.arange(len(live)), picked]
+        at = np.flatnonzero(of_row >= 0)
+        live = of_row[at]
+        picked = np.asarray(pick(logp[at]), dtype=np.int64)
+        scores[live] += logp[at, picked]
         going = picked != eos
         for i, token in zip(live[going], picked[going]):
             out[i].append(int(token))
         if not going.any():
             break
-        if not going.all():
-            decoder.reorder(np.flatnonzero(going))
-        live, tokens = live[going], picked[going]
+        tokens[at] = picked
+        of_row[at[~going]] = -1
+        if going.sum() <= SHRINK_AT * len(of_row):
+            rows = np.flatnonzero(of_row >= 0)
+            decoder.reorder(rows)
+            of_row, tokens = of_row[rows], tokens[rows]
     return list(zip(out, scores.tolist()))
 
 
@@ -182,10 +194,11 @@ def beam_search(decoder, batch: int, bos: int, eos: int, max_len: int,
 
     Each step ranks, per sequence, every extension of its live hypotheses: one that ends
     in ``eos`` among the ``beam`` best is finished, and the ``beam`` best that do not end
-    make the next beam (so beam 1 is greedy decoding). The search of a sequence stops, and
-    its hypotheses leave the batch, once its best finished score is at least its best live
-    one (scores only fall), or at ``max_len``; a sequence with nothing finished then takes
-    its best live one. The rows of a sequence in the batch stay together.
+    make the next beam (so beam 1 is greedy decoding). The search of a sequence stops once
+    its best finished score is at least its best live one (scores only fall), or at
+    ``max_len``; a sequence with nothing finished then takes its best live one. The rows
+    of a sequence in the batch stay together; those of stopped searches leave it once a
+    quarter of it has stopped (:data:`SHRINK_AT`), stepping on unread until then.
 
     >>> p = [[1, 0, 0, 0], [.4, .3, .3, 0], [1, 0, 0, 0], [0, .6, .4, 0]]
     >>> table = TableDecoder(np.log(np.array(p) + 1e-12))
@@ -204,7 +217,7 @@ def beam_search(decoder, batch: int, bos: int, eos: int, max_len: int,
     prefixes: list[list[int]] = [[] for _ in range(batch * k)]
     best: list[tuple[list[int], float] | None] = [None] * batch
     for _ in range(max_len):
-        logp = decoder.step(tokens)
+        logp = decoder.step(tokens)[:len(scores)]  # after them, rows of ended searches
         vocab = logp.shape[1]
         total = (scores[:, None] + logp).reshape(len(active), k * vocab)
         rows, new_tokens, new_scores, new_prefixes, still = [], [], [], [], []
@@ -236,6 +249,9 @@ def beam_search(decoder, batch: int, bos: int, eos: int, max_len: int,
         if not still:
             active = []
             break
+        if len(rows) > SHRINK_AT * len(tokens):  # the rows of ended searches step on
+            spare = len(tokens) - len(rows)
+            rows, new_tokens = rows + [rows[0]] * spare, new_tokens + [new_tokens[0]] * spare
         decoder.reorder(np.asarray(rows))
         active, tokens = still, np.asarray(new_tokens, dtype=np.int64)
         scores, prefixes = np.asarray(new_scores), new_prefixes
