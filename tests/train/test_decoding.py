@@ -213,3 +213,31 @@ def test_each_search_step_is_one_call_for_every_live_hypothesis(attending, beam)
     assert 1 <= len(counted.rows) <= 8
     assert counted.rows[0] == n * beam
     assert all(a >= b for a, b in zip(counted.rows, counted.rows[1:]))  # the ended leave
+
+
+class EndingInTurn:
+    """Sequence i emits token 2 until its step i, then eos; it records the rows stepped."""
+
+    def __init__(self, batch):
+        self.of_row, self.t, self.rows = np.arange(batch), 0, []
+
+    def step(self, tokens):
+        self.rows.append(len(tokens))
+        logp = np.full((len(tokens), VOCAB), -5.0)
+        logp[:, 2] = -1.0
+        logp[self.of_row == self.t, EOS] = -0.5
+        self.t += 1
+        return logp
+
+    def reorder(self, rows):
+        self.of_row = self.of_row[np.asarray(rows)]
+
+
+def test_ended_hypotheses_leave_the_batch_a_quarter_at_a_time():
+    """Each new batch size costs the step net a reshape: ended rows step on, unread,
+    until a quarter of the batch has ended (docs/design.md, "Stepping")."""
+    decoder = EndingInTurn(8)
+    found = greedy(decoder, 8, BOS, EOS, max_len=10)
+    assert [tokens for tokens, _ in found] == [[2] * i for i in range(8)]
+    assert [score for _, score in found] == [-0.5 - i for i in range(8)]
+    assert decoder.rows == [8, 8, 6, 6, 4, 3, 2, 1]
