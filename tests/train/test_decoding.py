@@ -233,11 +233,11 @@ class EndingInTurn:
         self.of_row = self.of_row[np.asarray(rows)]
 
 
-def test_ended_hypotheses_leave_the_batch_a_quarter_at_a_time():
+def test_ended_hypotheses_leave_the_batch_by_halves():
     """Each new batch size costs the step net a reshape: ended rows step on, unread,
-    until a quarter of the batch has ended (docs/design.md, "Stepping")."""
+    until half of the batch has ended (docs/design.md, "Stepping")."""
     decoder = EndingInTurn(8)
     found = greedy(decoder, 8, BOS, EOS, max_len=10)
     assert [tokens for tokens, _ in found] == [[2] * i for i in range(8)]
     assert [score for _, score in found] == [-0.5 - i for i in range(8)]
-    assert decoder.rows == [8, 8, 6, 6, 4, 3, 2, 1]
+    assert decoder.rows == [8, 8, 8, 8, 4, 4, 2, 1]

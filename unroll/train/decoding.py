@@ -5,8 +5,8 @@ A decoder is anything with ``step(tokens)``, which takes the last token of each 
 hypotheses, (M,) ints, advances their states one step and returns the log probabilities
 of the next token, (M, V), and ``reorder(rows)``, after which hypothesis i continues
 the state of hypothesis ``rows[i]`` (``rows`` may be shorter or longer than M: the
-batch shrinks as hypotheses end, a quarter at a time since each new batch size costs the
-step net a reshape, and grows into a beam). :class:`StepperDecoder` is one
+batch shrinks as hypotheses end, by halves since each new batch size costs the step net
+a reshape, and grows into a beam). :class:`StepperDecoder` is one
 over a :class:`~unroll.train.stepper.Stepper`, with static inputs such as an attention
 memory that every step reads (docs/design.md, "Stepping").
 
@@ -118,8 +118,8 @@ class StepperDecoder:
 
 def greedy(decoder, batch: int, bos: int, eos: int, max_len: int) -> list[tuple[list[int], float]]:
     """The most probable token at every step, for ``batch`` sequences at once (the decoder
-    started with one hypothesis each); the hypotheses that end leave the batch once a
-    quarter of it has ended (:data:`SHRINK_AT`).
+    started with one hypothesis each); the hypotheses that end leave the batch once half
+    of it has ended (:data:`SHRINK_AT`).
 
     >>> # p(next | previous) over eos, a, b (and bos, which only starts)
     >>> p = [[1, 0, 0, 0], [.4, .3, .3, 0], [1, 0, 0, 0], [0, .6, .4, 0]]
@@ -157,7 +157,7 @@ def sample(decoder, batch: int, bos: int, eos: int, max_len: int, seed: int = 0,
 
 #: the batch shrinks to its live rows once at most this share of its rows live: each new
 #: batch size costs the step net a reshape, so rows that ended step on, unread, until then
-SHRINK_AT = 0.75
+SHRINK_AT = 0.5
 
 
 def _one_best(decoder, batch: int, bos: int, eos: int, max_len: int,
@@ -197,8 +197,8 @@ def beam_search(decoder, batch: int, bos: int, eos: int, max_len: int,
     make the next beam (so beam 1 is greedy decoding). The search of a sequence stops once
     its best finished score is at least its best live one (scores only fall), or at
     ``max_len``; a sequence with nothing finished then takes its best live one. The rows
-    of a sequence in the batch stay together; those of stopped searches leave it once a
-    quarter of it has stopped (:data:`SHRINK_AT`), stepping on unread until then.
+    of a sequence in the batch stay together; those of stopped searches leave it once
+    half of it has stopped (:data:`SHRINK_AT`), stepping on unread until then.
 
     >>> p = [[1, 0, 0, 0], [.4, .3, .3, 0], [1, 0, 0, 0], [0, .6, .4, 0]]
     >>> table = TableDecoder(np.log(np.array(p) + 1e-12))
