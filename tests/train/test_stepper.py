@@ -5,10 +5,12 @@ unrolled to one step runs the weights of any T; expose_hidden makes each state a
 X_0 and an output X_T, which the stepper carries from call to call.
 """
 
-import itertools
+import functools
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import unroll
 from unroll.core.errors import NetError
@@ -25,50 +27,76 @@ def _make(cell, layers):
                                        layers=layers, expose_hidden=True)
 
 
-@pytest.mark.parametrize("layers", [1, 2])
-@pytest.mark.parametrize("cell", CELLS)
-def test_stepping_equals_the_unrolled_net_from_given_states(cell, layers):
-    make = _make(cell, layers)
-    whole = unroll.Net(make(T), phase="test", dtype="float64")
-    stepper = Stepper(make(1), store=whole.store, dtype="float64")
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(T, N, D))
-    cont = np.ones((T, N))
-    cont[3, 1] = 0  # a sequence that starts inside the chunk: cont restarts it in both
-    initial = {name: rng.normal(size=(1, N, H)) for name in stepper.pairs}
-    static = static_inputs(cell, N, hidden=H)  # an attention memory every step reads
-    out = whole.forward(x=x, cont=cont, **initial, **static)
-    stepper.reset(initial)
-    steps = [stepper(x=x[t:t + 1], cont=cont[t:t + 1], **static) for t in range(T)]
-    np.testing.assert_allclose(np.concatenate([s["h"] for s in steps]), out["h"], atol=1e-12)
-    for name, final in stepper.pairs.items():
-        np.testing.assert_allclose(stepper.state[name], out[final], atol=1e-12)
+def conts(batch=N):
+    """Cont patterns of T steps, a zero (a sequence starts) anywhere, the first step too."""
+    return st.lists(st.lists(st.sampled_from([0.0, 1.0]), min_size=batch, max_size=batch),
+                    min_size=T, max_size=T).map(np.array)
 
 
-@pytest.mark.parametrize("cell", CELLS)
-def test_stepping_from_given_states_follows_the_first_step_rule_at_every_cont(cell):
-    """docs/design.md, "State from anywhere": a given state flows into the first step
-    whatever cont says there, in the net given initial_state= and in the Stepper after
-    reset(states)."""
+@functools.cache
+def _given_pair(cell):
+    """(the net unrolled to T steps from initial_state= blobs, a Stepper over its weights,
+    {given blob: X_0 of the Stepper})."""
     states = load_template(cell).interface["states"]
     given = {state: f"{state}_given" for state in states}
     whole = unroll.Net(unroll.expand(cell, steps=T, batch=N, input_dim=D, hidden=H,
                                      initial_state=given), phase="test", dtype="float64")
     stepper = Stepper(_make(cell, 1)(1), store=whole.store, dtype="float64")
-    rng = np.random.default_rng(2)
+    return whole, stepper, {blob: f"{state}_0" for state, blob in given.items()}
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@settings(max_examples=8, deadline=None)
+@given(cont=conts(), seed=st.integers(0, 2**16))
+def test_stepping_from_given_states_equals_the_unrolled_net_at_every_cont(cell, cont, seed):
+    """docs/design.md, "State from anywhere", one rule for both: a given state enters the
+    first step whatever its cont, and every later cont 0 starts its row again from it."""
+    whole, stepper, given = _given_pair(cell)
+    rng = np.random.default_rng(seed)
     x = rng.normal(size=(T, N, D))
-    initial = {state: rng.normal(size=(1, N, H)) for state in states}
+    initial = {blob: rng.normal(size=(1, N, H)) for blob in given}
     static = static_inputs(cell, N, hidden=H)
-    for first in itertools.product([0.0, 1.0], repeat=N):
-        cont = np.ones((T, N))
-        cont[0] = first
-        want = whole.forward(x=x, cont=cont, **{given[s]: v for s, v in initial.items()},
-                             **static)["h"]
-        stepper.reset({f"{s}_0": v for s, v in initial.items()})
-        got = [stepper(x=x[t:t + 1], cont=cont[t:t + 1], **static)["h"] for t in range(T)]
-        np.testing.assert_allclose(np.concatenate(got), want, atol=1e-12,
-                                   err_msg=f"first-step cont {first}")
-    assert stepper.gated_by == {f"{s}_0": ["cont"] for s in states}
+    want = whole.forward(x=x, cont=cont, **initial, **static)["h"]
+    stepper.reset({given[blob]: value for blob, value in initial.items()})
+    got = [stepper(x=x[t:t + 1], cont=cont[t:t + 1], **static)["h"] for t in range(T)]
+    np.testing.assert_allclose(np.concatenate(got), want, atol=1e-12, err_msg=f"cont {cont}")
+    assert stepper.gated_by == {state: ["cont"] for state in given.values()}
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("cell", CELLS)
+@settings(max_examples=4, deadline=None)
+@given(cont=conts())
+def test_stepping_from_zeros_equals_the_unrolled_net_at_every_cont(cell, layers, cont):
+    """After reset(), zeros are the initial state: cont 0 restarts a row from zeros, as
+    the net unrolled from h_0 = 0 does (Caffe's gating), stacked layers too."""
+    make = _make(cell, layers)
+    whole = unroll.Net(make(T), phase="test", dtype="float64")
+    stepper = Stepper(make(1), store=whole.store, dtype="float64")
+    x = np.random.default_rng(0).normal(size=(T, N, D))
+    zeros = {name: np.zeros((1, N, H)) for name in stepper.pairs}
+    static = static_inputs(cell, N, hidden=H)
+    out = whole.forward(x=x, cont=cont, **zeros, **static)
+    stepper.reset()
+    got = [stepper(x=x[t:t + 1], cont=cont[t:t + 1], **static)["h"] for t in range(T)]
+    np.testing.assert_allclose(np.concatenate(got), out["h"], atol=1e-12)
+    for name, final in stepper.pairs.items():
+        np.testing.assert_allclose(stepper.state[name], out[final], atol=1e-12)
+
+
+def test_a_reorder_moves_each_row_with_its_given_state():
+    """After reorder(rows), row i restarts (cont 0) from the given state of row rows[i]."""
+    whole, stepper, given = _given_pair("gru")
+    rng = np.random.default_rng(4)
+    x, start = rng.normal(size=(T, N, D)), rng.normal(size=(1, N, H))
+    rows = np.array([2, 0, 1])
+    cont = np.ones((T, N))
+    cont[2] = 0
+    want = whole.forward(x=x, cont=cont, h_given=start[:, rows])["h"]
+    stepper.reset({"h_0": start})
+    stepper.reorder(rows)
+    got = [stepper(x=x[t:t + 1], cont=cont[t:t + 1])["h"] for t in range(T)]
+    np.testing.assert_allclose(np.concatenate(got), want, atol=1e-12)
 
 
 @pytest.mark.parametrize("cell", CELLS)
@@ -117,5 +145,36 @@ def test_a_state_gated_by_a_computed_cont_cannot_be_given():
     stepper = Stepper(net)
     assert stepper.gated_by == {"h_0": []}
     with pytest.raises(NetError, match=r"no input of net .* is the cont that gates state\(s\) "
-                                       r"\['h_0'\]"):
+                                       r"\['h_0'\] alone"):
         stepper.reset({"h_0": np.zeros((1, N, H))})
+
+
+def test_from_given_states_the_cont_checks_run_once_per_batch_shape(monkeypatch):
+    """What a call checks beyond the engine (the conts' shapes against the given states)
+    runs on the first call that restarts a row and again only when the batch changes."""
+    _, stepper, _ = _given_pair("gru")
+    checked = []
+    check = Stepper._check_conts
+    monkeypatch.setattr(Stepper, "_check_conts",
+                        lambda self, *args: checked.append(1) or check(self, *args))
+    x = np.zeros((1, N, D))
+    stepper.reset({"h_0": np.ones((1, N, H))})
+    for _ in range(4):
+        stepper(x=x, cont=np.zeros((1, N)))
+        stepper(x=x, cont=np.ones((1, N)))
+    assert len(checked) == 1
+    stepper.reorder([0, 1])
+    stepper(x=x[:, :2], cont=np.zeros((1, 2)))
+    stepper(x=x[:, :2], cont=np.zeros((1, 2)))
+    assert len(checked) == 2
+    with pytest.raises(ValueError, match=r"state 'h_0' is held as \(1, 2, 5\).*cont 'cont' is "
+                                         r"\(1, 3\)"):
+        stepper(x=x, cont=np.zeros((1, N)))
+
+
+@pytest.mark.parametrize("cont", [[0.0, 0.5, 1.0], [1.0, 0.5, 1.0]])
+def test_from_given_states_a_cont_other_than_0_or_1_is_an_error(cont):
+    _, stepper, _ = _given_pair("gru")
+    stepper.reset({"h_0": np.ones((1, N, H))})
+    with pytest.raises(NetError, match=r"input 'cont' holds 0.5 at index \(0, 1\)"):
+        stepper(x=np.zeros((1, N, D)), cont=np.array([cont]))

@@ -33,18 +33,36 @@ from unroll.frontend.render import ParseCache, render_macro, run_module
 from unroll.frontend.template import Step, Template, hyper_parameters, load_template, merge_hyper
 
 __all__ = ["ALIGNS", "DIRECTIONS", "GIVEN_STATE_CONT", "INITIAL_STATES", "LAYER_OPTIONS",
-           "RECURRENT_OPTIONS", "Recurrence", "first_step_cont", "recurrent"]
+           "RECURRENT_OPTIONS", "Recurrence", "first_step_cont", "recurrent", "restart_from"]
 
-#: docs/design.md, "State from anywhere": a GIVEN state flows into the first step whatever
-#: cont says there, so the cont that gates it there reads this. The unroller's first step
-#: (``<cont>_ones``) and a :class:`~unroll.train.stepper.Stepper` reset to given states
-#: both read it through :func:`first_step_cont`
+#: docs/design.md, "State from anywhere": a recurrence with an initial state (given or
+#: learned) starts every sequence from it, by :func:`restart_from`; its steps' own gates
+#: then read this in place of cont, at every step, through :func:`first_step_cont`. The
+#: unroller (``<cont>_ones`` and its mix layers) and a :class:`~unroll.train.stepper.Stepper`
+#: reset to given states follow this rule, the one both are written from
 GIVEN_STATE_CONT = 1.0
 
 
+def restart_from(initial, carried, cont):
+    """The state entering a step of a recurrence that starts every sequence from
+    ``initial`` (1, N, ...): ``carried`` where ``cont`` (1, N) is 1, ``initial`` where it
+    is 0 (a sequence starts), as ``cont * carried + (1 - cont) * initial``, the sum the
+    unroller's mix layers compute. At the first step the carried state IS the initial
+    one, so a given state enters it whatever its cont says.
+
+    >>> import numpy as np
+    >>> given, carried = np.full((1, 2, 1), 7.0), np.full((1, 2, 1), 3.0)
+    >>> restart_from(given, carried, np.array([[1.0, 0.0]])).ravel().tolist()
+    [3.0, 7.0]
+    """
+    cont = cont.reshape(cont.shape + (1,) * (carried.ndim - cont.ndim))
+    return carried * cont + initial * (1 - cont)
+
+
 def first_step_cont(cont):
-    """The cont values the first step from a given state reads in place of ``cont``:
-    :data:`GIVEN_STATE_CONT` everywhere, whatever ``cont`` holds.
+    """The cont values a step of a recurrence with an initial state reads in place of
+    ``cont``: :data:`GIVEN_STATE_CONT` everywhere, whatever ``cont`` holds, since
+    :func:`restart_from` has already restarted the state where a sequence starts.
 
     >>> import numpy as np
     >>> first_step_cont(np.zeros((1, 2)))
@@ -218,7 +236,7 @@ class Recurrence:
         if init:
             prev = dict(init)
             # first_step_cont as a layer (shift + 0 * cont), read by every step: the mix
-            # below restarts the later ones
+            # below (restart_from as layers) restarts the later ones
             ones = self.builder.power(conts[0], f"{self.cont}_ones", scale=0.0,
                                       shift=GIVEN_STATE_CONT)
         outputs = {name: [None] * self.T for name in iface["outputs"]}

@@ -5,7 +5,8 @@ A decoder is anything with ``step(tokens)``, which takes the last token of each 
 hypotheses, (M,) ints, advances their states one step and returns the log probabilities
 of the next token, (M, V), and ``reorder(rows)``, after which hypothesis i continues
 the state of hypothesis ``rows[i]`` (``rows`` may be shorter or longer than M: the
-batch shrinks as hypotheses end, and grows into a beam). :class:`StepperDecoder` is one
+batch shrinks as hypotheses end, by halves since each new batch size costs the step net
+a reshape, and grows into a beam). :class:`StepperDecoder` is one
 over a :class:`~unroll.train.stepper.Stepper`, with static inputs such as an attention
 memory that every step reads (docs/design.md, "Stepping").
 
@@ -32,9 +33,11 @@ class StepperDecoder:
     the next token's probabilities (``log=True``: log probabilities).
 
     ``static`` gives the inputs every step reads as they are, such as an attention memory
-    (S, N, H) or a per-sequence feature (N, ...): their batch axis (``batch_axes``, by
-    default 1 for an array of 3 or more axes, a time-major memory, else 0) follows the
-    hypotheses through every reorder. :meth:`start` begins each sequence from its states.
+    (S, N, H), its mask (S, N) or a per-sequence feature (N, ...): their batch axis follows
+    the hypotheses through every reorder. It is ``batch_axes[name]`` where given, else the
+    one axis that the step net declares as big as its batch (the size of its cont's axis
+    1), else the one axis of the value as big as the batch of the states given to
+    :meth:`start`, which begins each sequence from its states.
 
     >>> import unroll
     >>> make = lambda T: unroll.expand("gru", steps=T, batch=2, input_dim=1, hidden=3,
@@ -61,21 +64,45 @@ class StepperDecoder:
             raise ValueError(f"StepperDecoder: the step net also needs {unread}; give them "
                              f"as static inputs: static={{{unread[0]!r}: ...}}")
         self.static = {name: np.asarray(value) for name, value in (static or {}).items()}
-        axes = dict(batch_axes or {})
-        self.batch_axes = {name: axes.get(name, 1 if value.ndim >= 3 else 0)
-                           for name, value in self.static.items()}
+        self._axes_given = dict(batch_axes or {})
+        #: {static input: its batch axis}, complete once :meth:`start` has run
+        self.batch_axes = self._batch_axes(None)
         self._rows_static = dict(self.static)
+
+    def _batch_axes(self, batch: int | None) -> dict:
+        """Each static input's batch axis, where it is known: given, or the one axis the
+        net declares of its batch's size, or (with ``batch``) the one the value has."""
+        net_batch = self.stepper.declared[self.cont][1]
+        axes = {}
+        for name, value in self.static.items():
+            if name in self._axes_given:
+                axes[name] = self._axes_given[name]
+                continue
+            declared = self.stepper.declared[name]
+            found = [a for a, size in enumerate(declared) if size == net_batch]
+            if len(found) > 1 and batch is not None:
+                found = [a for a in found if value.shape[a] == batch]
+            if len(found) == 1:
+                axes[name] = found[0]
+            elif batch is not None:
+                raise ValueError(
+                    f"StepperDecoder: cannot tell the batch axis of static input '{name}' "
+                    f"{value.shape} (the net declares it {declared}, for a batch of "
+                    f"{net_batch}; the states hold {batch}); say it: batch_axes={{{name!r}: ...}}")
+        return axes
 
     def start(self, state: dict) -> None:
         """Begin every sequence from ``state`` ({X_0: (1, N, size)}, as :meth:`Stepper.reset`
         takes it), one hypothesis per sequence, with the static inputs as given."""
         self.stepper.reset(state)
+        if len(self.batch_axes) < len(self.static):
+            self.batch_axes = self._batch_axes(np.shape(next(iter(state.values())))[1])
         self._rows_static = dict(self.static)
 
     def step(self, tokens) -> np.ndarray:
         """The log probabilities (M, V) of the next token after each hypothesis' ``tokens``."""
         tokens = np.asarray(tokens, dtype=np.float64)[None]
-        ndim = self.stepper.net.blobs[self.token].ndim
+        ndim = len(self.stepper.declared[self.token])
         out = self.stepper(**{self.token: tokens.reshape(*tokens.shape, *[1] * (ndim - 2)),
                               self.cont: np.ones_like(tokens)}, **self._rows_static)[self.output]
         values = np.asarray(out, dtype=np.float64).reshape(tokens.shape[1], -1)
@@ -84,16 +111,15 @@ class StepperDecoder:
     def reorder(self, rows) -> None:
         """Hypothesis i continues hypothesis ``rows[i]``: its states and its static inputs."""
         rows = np.asarray(rows, dtype=np.int64)
-        if self.stepper.state is not None:  # else zeros, sized by the next call's batch
-            self.stepper.reset({name: value[:, rows]
-                                for name, value in self.stepper.state.items()})
+        self.stepper.reorder(rows)
         self._rows_static = {name: np.take(value, rows, axis=self.batch_axes[name])
                              for name, value in self._rows_static.items()}
 
 
 def greedy(decoder, batch: int, bos: int, eos: int, max_len: int) -> list[tuple[list[int], float]]:
     """The most probable token at every step, for ``batch`` sequences at once (the decoder
-    started with one hypothesis each); a hypothesis that ends leaves the batch.
+    started with one hypothesis each); the hypotheses that end leave the batch once half
+    of it has ended (:data:`SHRINK_AT`).
 
     >>> # p(next | previous) over eos, a, b (and bos, which only starts)
     >>> p = [[1, 0, 0, 0], [.4, .3, .3, 0], [1, 0, 0, 0], [0, .6, .4, 0]]
@@ -129,25 +155,35 @@ def sample(decoder, batch: int, bos: int, eos: int, max_len: int, seed: int = 0,
     return _one_best(decoder, batch, bos, eos, max_len, draw)
 
 
+#: the batch shrinks to its live rows once at most this share of its rows live: each new
+#: batch size costs the step net a reshape, so rows that ended step on, unread, until then
+SHRINK_AT = 0.5
+
+
 def _one_best(decoder, batch: int, bos: int, eos: int, max_len: int,
               pick: Callable) -> list[tuple[list[int], float]]:
-    """One hypothesis per sequence, extended by ``pick(logp)``; only the live ones step."""
+    """One hypothesis per sequence, extended by ``pick(logp)`` of the live ones."""
     out: list[list[int]] = [[] for _ in range(batch)]
     scores = np.zeros(batch)
-    live = np.arange(batch)
+    of_row = np.arange(batch)  # the sequence of each row of the batch; -1: it ended
     tokens = np.full(batch, bos, dtype=np.int64)
     for _ in range(max_len):
         logp = decoder.step(tokens)
-        picked = np.asarray(pick(logp), dtype=np.int64)
-        scores[live] += logp[np.arange(len(live)), picked]
+        at = np.flatnonzero(of_row >= 0)
+        live = of_row[at]
+        picked = np.asarray(pick(logp[at]), dtype=np.int64)
+        scores[live] += logp[at, picked]
         going = picked != eos
         for i, token in zip(live[going], picked[going]):
             out[i].append(int(token))
         if not going.any():
             break
-        if not going.all():
-            decoder.reorder(np.flatnonzero(going))
-        live, tokens = live[going], picked[going]
+        tokens[at] = picked
+        of_row[at[~going]] = -1
+        if going.sum() <= SHRINK_AT * len(of_row):
+            rows = np.flatnonzero(of_row >= 0)
+            decoder.reorder(rows)
+            of_row, tokens = of_row[rows], tokens[rows]
     return list(zip(out, scores.tolist()))
 
 
@@ -158,10 +194,11 @@ def beam_search(decoder, batch: int, bos: int, eos: int, max_len: int,
 
     Each step ranks, per sequence, every extension of its live hypotheses: one that ends
     in ``eos`` among the ``beam`` best is finished, and the ``beam`` best that do not end
-    make the next beam (so beam 1 is greedy decoding). The search of a sequence stops, and
-    its hypotheses leave the batch, once its best finished score is at least its best live
-    one (scores only fall), or at ``max_len``; a sequence with nothing finished then takes
-    its best live one. The rows of a sequence in the batch stay together.
+    make the next beam (so beam 1 is greedy decoding). The search of a sequence stops once
+    its best finished score is at least its best live one (scores only fall), or at
+    ``max_len``; a sequence with nothing finished then takes its best live one. The rows
+    of a sequence in the batch stay together; those of stopped searches leave it once
+    half of it has stopped (:data:`SHRINK_AT`), stepping on unread until then.
 
     >>> p = [[1, 0, 0, 0], [.4, .3, .3, 0], [1, 0, 0, 0], [0, .6, .4, 0]]
     >>> table = TableDecoder(np.log(np.array(p) + 1e-12))
@@ -180,7 +217,7 @@ def beam_search(decoder, batch: int, bos: int, eos: int, max_len: int,
     prefixes: list[list[int]] = [[] for _ in range(batch * k)]
     best: list[tuple[list[int], float] | None] = [None] * batch
     for _ in range(max_len):
-        logp = decoder.step(tokens)
+        logp = decoder.step(tokens)[:len(scores)]  # after them, rows of ended searches
         vocab = logp.shape[1]
         total = (scores[:, None] + logp).reshape(len(active), k * vocab)
         rows, new_tokens, new_scores, new_prefixes, still = [], [], [], [], []
@@ -212,6 +249,9 @@ def beam_search(decoder, batch: int, bos: int, eos: int, max_len: int,
         if not still:
             active = []
             break
+        if len(rows) > SHRINK_AT * len(tokens):  # the rows of ended searches step on
+            spare = len(tokens) - len(rows)
+            rows, new_tokens = rows + [rows[0]] * spare, new_tokens + [new_tokens[0]] * spare
         decoder.reorder(np.asarray(rows))
         active, tokens = still, np.asarray(new_tokens, dtype=np.int64)
         scores, prefixes = np.asarray(new_scores), new_prefixes

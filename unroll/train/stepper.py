@@ -16,10 +16,11 @@ import numpy as np
 
 from unroll.core.errors import NetError
 from unroll.core.proto import NetParameter, read_message
+from unroll.engine.host_checks import check_cont
 from unroll.engine.layer import LAYERS
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
-from unroll.frontend.recurrence import first_step_cont
+from unroll.frontend.recurrence import first_step_cont, restart_from
 from unroll.train.bucketed_model import _input_ties
 
 __all__ = ["Stepper"]
@@ -36,15 +37,17 @@ class Stepper:
     shaped as the net's inputs at T = 1 (``x`` (1, N, D), ``cont`` (1, N)), and
     returns the outputs of that step (without the states, which :attr:`state`
     holds). cont gates the carried state as in the unrolled net: cont 0 starts
-    a sequence from zeros.
+    a sequence from its initial state, zeros after :meth:`reset`.
 
     :meth:`reset` starts every sequence from zeros (sized by the batch of the next
     call), ``reset(state)`` from given states, ``{"h_0": (1, N, H), ...}``, as a
     decoder starts from its encoder's final states. A given state is an initial
-    state, as ``initial_state=`` gives one to the unrolled net: it flows into
-    the next call's step whatever that call's cont says (docs/design.md, "State
-    from anywhere"), so a decoder steps as it was trained. Beam search reorders
-    the hypotheses with ``reset({k: v[:, order] for k, v in stepper.state.items()})``.
+    state, as ``initial_state=`` gives one to the unrolled net, and follows the one
+    rule of docs/design.md, "State from anywhere"
+    (:func:`~unroll.frontend.recurrence.restart_from`): the next call's step takes it
+    whatever its cont says, and at every later call a row whose cont is 0 starts again
+    from it, not from zeros; so a decoder steps as it was trained. Beam search moves
+    the hypotheses with :meth:`reorder`.
 
     >>> import numpy as np, unroll
     >>> make = lambda T: unroll.expand("lstm", steps=T, batch=2, input_dim=3, hidden=4,
@@ -77,7 +80,15 @@ class Stepper:
         self.gated_by = _gating_inputs(net_param, self.pairs, self.inputs)
         #: the states the next call starts from ({X_0: (1, N, size)}), None after reset()
         self.state: dict | None = None
-        self._given = False  # the held states were given, not carried: the rule applies
+        #: the given states every sequence starts from (reset(state)); None: zeros
+        self.initial: dict | None = None
+        #: {input: its shape as the net declares it} (the batch it was built for)
+        self.declared = {name: tuple(self.net.blobs[name].shape) for name in self.net.inputs}
+        self._names = frozenset(self.inputs)
+        self._finals = frozenset(self.pairs.values())
+        #: the inputs that gate a state, and the cont each reads after reset(state)
+        self._conts = sorted({cont for conts in self.gated_by.values() for cont in conts})
+        self._checked: list | None = None  # the conts' shapes the last full check passed
 
     @property
     def store(self) -> ParamStore:
@@ -85,9 +96,9 @@ class Stepper:
 
     def reset(self, state: dict | None = None) -> None:
         """Start the next call from zeros, or from ``state`` ({X_0: (1, N, size)}, every
-        state of the net; its values are copied)."""
+        state of the net; its values are copied), the initial state of every sequence."""
         if state is None:
-            self.state, self._given = None, False
+            self.state = self.initial = None
             return
         missing = sorted(set(self.pairs) - set(state))
         unknown = sorted(set(state) - set(self.pairs))
@@ -95,36 +106,85 @@ class Stepper:
             raise ValueError(
                 f"Stepper.reset: the states are {sorted(self.pairs)}; "
                 + (f"missing {missing}" if missing else f"not a state: {unknown}"))
-        ungated = sorted(name for name, conts in self.gated_by.items() if not conts)
+        ungated = sorted(name for name, conts in self.gated_by.items() if len(conts) != 1)
         if ungated:
             raise NetError(
                 f"Stepper.reset: no input of net '{self.net.name}' is the cont that gates "
-                f"state(s) {ungated} (through Slice, Split, Reshape, Flatten or Concat into a "
-                f"Scale by cont, or a unit that takes cont), so the given state cannot be let "
-                f"into the first step whatever its cont")
+                f"state(s) {ungated} alone (through Slice, Split, Reshape, Flatten or Concat "
+                f"into a Scale by cont, or a unit that takes cont), so a given state cannot "
+                f"follow the rule of a recurrence with an initial state")
         xp = self.net.xp
-        self.state = {name: xp.array(value, dtype=self.net.dtype) for name, value in
-                      state.items()}
-        self._given = True
+        self.initial = {name: xp.array(value, dtype=self.net.dtype) for name, value in
+                        state.items()}
+        self.state = dict(self.initial)  # the first step carries the initial state itself
+        self._checked = None
+
+    def reorder(self, rows) -> None:
+        """Row i of the batch continues row ``rows[i]``: its held state and its initial
+        state (``rows`` may be shorter or longer than the batch), as beam search moves
+        its hypotheses."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.state is not None:  # else zeros, sized by the next call's batch
+            self.state = {name: value[:, rows] for name, value in self.state.items()}
+        if self.initial is not None:
+            self.initial = {name: value[:, rows] for name, value in self.initial.items()}
+            self._checked = None
 
     def __call__(self, blobs=(), **inputs) -> dict:
         """Run one step on ``inputs`` from the held states; returns {output: data} (and the
         blobs named in ``blobs``), and holds the step's final states for the next call."""
+        if inputs.keys() != self._names:
+            self._name_error(inputs)
+        state = self.state if self.state is not None else self._zeros(inputs)
+        if self.initial is not None:
+            state, inputs = self._from_initial(state, inputs)
+        out = self.net.forward(blobs=blobs, **inputs, **state)
+        self.state = {initial: out[final].copy() for initial, final in self.pairs.items()}
+        return {name: value.copy() for name, value in out.items() if name not in self._finals}
+
+    def _from_initial(self, state: dict, inputs: dict) -> tuple[dict, dict]:
+        """The states and inputs of a step of a recurrence with given initial states: each
+        state :func:`restart_from` its initial one where its cont is 0, each gating cont
+        then read as :func:`~unroll.frontend.recurrence.first_step_cont` says
+        (docs/design.md, "State from anywhere"). A cont of ones (every step of a decoder)
+        is both already: the inputs go to the net as they are, which checks them."""
+        starting = [name for name in self._conts if not np.all(inputs[name])]
+        if not starting:
+            return state, inputs
+        xp, dtype = self.net.xp, self.net.dtype
+        for name in starting:  # the net no longer sees them: checked here, as it would
+            if xp is np or not isinstance(inputs[name], xp.ndarray):
+                check_cont(name, np.asarray(inputs[name]))
+        shapes = [np.shape(inputs[name]) for name in self._conts]
+        if shapes != self._checked:  # once per batch shape, not every call
+            self._check_conts(state, inputs)
+            self._checked = shapes
+        state = {name: restart_from(self.initial[name], carried,
+                                    xp.asarray(inputs[self.gated_by[name][0]], dtype))
+                 if self.gated_by[name][0] in starting else carried
+                 for name, carried in state.items()}
+        return state, {**inputs, **{name: first_step_cont(xp.asarray(inputs[name], dtype))
+                                    for name in starting}}
+
+    def _check_conts(self, state: dict, inputs: dict) -> None:
+        for name, (cont,) in self.gated_by.items():
+            shape, want = np.shape(inputs[cont]), tuple(state[name].shape)
+            if shape != want[:len(shape)] or tuple(self.initial[name].shape) != want:
+                raise ValueError(
+                    f"Stepper: state '{name}' is held as {tuple(self.initial[name].shape)} "
+                    f"(given) and {want} (carried), and its cont '{cont}' is {shape}: each "
+                    f"row of the batch needs its cont and its given state")
+
+    def _name_error(self, inputs: dict) -> None:
         given = sorted(set(inputs) & set(self.pairs))
         if given:
             raise ValueError(f"Stepper: {given} are states the stepper carries; start from "
                              f"them with reset({{{given[0]!r}: ...}})")
-        missing = sorted(set(self.inputs) - set(inputs))
+        missing = sorted(self._names - set(inputs))
         if missing:
             raise ValueError(f"Stepper: the step needs inputs {missing} (inputs: {self.inputs})")
-        state = self.state if self.state is not None else self._zeros(inputs)
-        if self._given:
-            inputs = first_step_inputs(inputs, self.gated_by)
-        out = self.net.forward(blobs=blobs, **inputs, **state)
-        self.state = {initial: out[final].copy() for initial, final in self.pairs.items()}
-        self._given = False
-        return {name: value.copy() for name, value in out.items()
-                if name not in self.pairs.values()}
+        raise ValueError(f"Stepper: {sorted(set(inputs) - self._names)} are not inputs of the "
+                         f"step net '{self.net.name}' (inputs: {self.inputs})")
 
     def _zeros(self, inputs: dict) -> dict:
         """Zero states, each axis that the net ties to a given input sized as that input."""
@@ -143,19 +203,6 @@ class Stepper:
         held = "zeros" if self.state is None else {k: tuple(v.shape) for k, v in
                                                    self.state.items()}
         return f"Stepper(net {self.net.name!r}, states {sorted(self.pairs)}, holding {held})"
-
-
-def first_step_inputs(inputs: dict, gated_by: dict) -> dict:
-    """``inputs`` of a step that starts from GIVEN states, each cont that gates one (in
-    ``gated_by``) read as :func:`~unroll.frontend.recurrence.first_step_cont` says, the rule
-    the unroller's first step follows too (docs/design.md, "State from anywhere").
-
-    >>> first_step_inputs({"x": 1, "cont": np.zeros((1, 2))}, {"h_0": ["cont"]})["cont"]
-    array([[1., 1.]])
-    """
-    conts = {name for names in gated_by.values() for name in names}
-    return {name: first_step_cont(value) if name in conts else value
-            for name, value in inputs.items()}
 
 
 #: layers that move a cont's values without changing them: a gate's cont is traced back
