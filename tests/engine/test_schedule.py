@@ -27,9 +27,12 @@ layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "target" top: "l
 
 
 def plan_of(net):
+    """The schedule the net runs, which is the one its plan gives."""
     live, m = net.memory.liveness, net.memory
-    return schedule(len(m.fwd), [entry[0] for entry in m.bwd], live.zero_before,
+    made = schedule(len(m.fwd), [entry[0] for entry in m.bwd], live.zero_before,
                     live.recompute, [g.after for g in m.layout.groups], m.regions)
+    assert made == m.schedule
+    return m.schedule
 
 
 @pytest.mark.parametrize("options", [{}, {"recompute": "sqrt"}, {"recompute": "hsm"},

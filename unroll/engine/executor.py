@@ -29,7 +29,7 @@ __all__ = ["NetMemory", "actions", "bind", "release", "run"]
 LAYOUTS_KEPT = 2
 
 #: what the tuples of :func:`actions` do (their first field)
-FORWARD, BACKWARD, ZERO, GEMM, BIND, SCRATCH, REGION = range(7)
+FORWARD, BACKWARD, ZERO, GEMM, BIND, REGION = range(6)
 
 class NetMemory:
     """A net's memory plan, applied: the liveness of its run order, the layouts of its last
@@ -39,11 +39,11 @@ class NetMemory:
     (:class:`unroll.graph.Graph`) and ``layers`` its layers in that order;
     ``limit`` (a :class:`~unroll.engine.memory_limit.MemoryLimit`) refuses a layout
     too big before any of it is allocated. ``fwd`` and ``bwd`` are the net's steps
-    forward and backward; ``actions`` the tuples of its
-    :class:`~unroll.engine.memory.Schedule` (:func:`actions`), backward's from
-    ``backward`` on, which :func:`run` runs; ``bound_wholes`` the ids of the blobs that
-    other blobs are views into. ``budget`` (bytes) or a ``recompute`` policy
-    (:func:`unroll.engine.memory.policy_named`) plan recomputation
+    forward and backward; ``schedule`` the :class:`~unroll.engine.memory.Schedule` of the
+    liveness and layout taken (made once per layout), ``actions`` its tuples
+    (:func:`actions`), backward's from ``backward`` on, which :func:`run` runs;
+    ``bound_wholes`` the ids of the blobs that other blobs are views into. ``budget``
+    (bytes) or a ``recompute`` policy (:func:`unroll.engine.memory.policy_named`) plan recomputation
     (:func:`unroll.engine.memory.within_budget`) of ``fwd`` in backward (``bwd``); not
     with concurrent ``regions``.
     """
@@ -62,6 +62,7 @@ class NetMemory:
         self.liveness = self.layout = None
         self.layouts: dict = {}  # input shapes -> a recent layout
         self.bound, self.bound_wholes = False, set()
+        self.schedule: memory.Schedule | None = None
         self.actions: list = []
         self.backward = 0
 
@@ -82,19 +83,23 @@ class NetMemory:
             blob.guard = gate if planned else None
         self.make = make
         self.liveness = liveness
-        self._schedule()
+        self.schedule = self._schedule_of(liveness, None)
+        self._actions()
         self.layouts.clear()
 
-    def _schedule(self, gemms=(), relive=((), {})) -> None:
-        """The actions of the schedule of the liveness taken; ``gemms`` and ``relive`` are
-        what :func:`bind` gives (none where nothing is bound: no batched weight gradients,
-        no lives run again)."""
-        live = self.liveness
-        plan = memory.schedule(
-            len(self.fwd), [entry[0] for entry in self.bwd], live.zero_before, live.recompute,
-            [group.after for group in self.layout.groups] if gemms else (), self.regions)
-        self.actions, self.backward = actions(plan, self.fwd, self.bwd, self.blobs, gemms,
-                                              relive)
+    def _schedule_of(self, liveness, layout) -> memory.Schedule:
+        """The schedule of ``liveness`` with the weight-gradient GEMMs of ``layout``."""
+        return memory.schedule(
+            len(self.fwd), [entry[0] for entry in self.bwd], liveness.zero_before,
+            liveness.recompute, [group.after for group in layout.groups] if layout else (),
+            self.regions)
+
+    def _actions(self, gemms=(), relive=((), {})) -> None:
+        """The actions of the schedule; ``gemms`` and ``relive`` are what :func:`bind`
+        gives (none where nothing is bound: no batched weight gradients, no lives run
+        again)."""
+        self.actions, self.backward = actions(self.schedule, self.fwd, self.bwd, self.blobs,
+                                              gemms, relive)
 
     def lay_out(self, key, planned: bool) -> None:
         """The layout for the blobs' current shapes (``key``: the input shapes), told to the
@@ -126,11 +131,10 @@ class NetMemory:
             self.limit.check_plan(liveness, new, self.blobs, self.graph.steps, self.layers)
             if len(self.layouts) >= LAYOUTS_KEPT:
                 del self.layouts[next(iter(self.layouts))]
-            self.layouts[key] = (liveness, new)
-        liveness, self.layout = self.layouts[key]
-        if liveness is not self.liveness:
-            self.liveness = liveness
-            self._schedule()
+            # a long chain's schedule takes a while to list: once per layout
+            self.layouts[key] = (liveness, new, self._schedule_of(liveness, new))
+        self.liveness, self.layout, self.schedule = self.layouts[key]
+        self._actions()
         for s, flags in self.layout.flags:
             self.layers[s].apply_layout(*flags)
 
@@ -140,7 +144,7 @@ class NetMemory:
         gemms, self.bound_wholes, relive = bind(
             self.layout, self.liveness, self.blobs, self.layers, self.workspace, self.dtype)
         self.bound = True
-        self._schedule(gemms, relive)
+        self._actions(gemms, relive)
 
     def for_forward(self) -> None:
         """Bound, before a forward pass."""
@@ -153,7 +157,7 @@ class NetMemory:
         if self.bound:
             release(self.liveness, self.blobs, self.layers)
             self.bound = False
-            self._schedule()
+            self._actions()
 
 
 # -- binding a layout ----------------------------------------------------------------------
@@ -235,29 +239,30 @@ def relive(layout, plan, layers, workspace, first_lives, hosts, blobs) -> tuple[
     """The actions that bind the memory of values backward's forward runs write again:
     the forward pass's (its ``first_lives``, ``(blob, array)``, and its steps' scratch),
     and per forward run of ``plan.recompute``, the lives it starts and its steps' scratch.
-    A run's views are made as it starts (:func:`_bind`): a long chain keeps offsets, not
-    arrays, for every life.
+    Each is ``(BIND, None, binder, what, where)``; a run's views are made as it starts: a
+    long chain keeps offsets, not arrays, for every life.
     """
-    restore = [(BIND, None, tuple(b for b, _ in first_lives), None,
+    restore = [(BIND, None, _given, tuple(b for b, _ in first_lives),
                 tuple(a for _, a in first_lives))] if first_lives else []
     offset, whole, within = (layout.offset["data_re"], layout.whole["data_re"],
                              layout.within["data_re"])
+    views = functools.partial(_views, workspace)
     born = np.asarray(plan.re_born, np.int64)
     ids = np.argsort(born, kind="stable")  # life ids by the run starting them
     starts = np.searchsorted(born[ids], np.arange(len(plan.recompute.order) + 1))
     runs: dict[int, list] = {}
+    roots = plan.re_root
     for i in range(len(plan.recompute.order)):
         lives = ids[starts[i] : starts[i + 1]]
         if not len(lives):
             continue
         own, inside = lives[whole[lives] < 0], lives[whole[lives] >= 0]
-        roots = plan.re_root
-        runs[i] = [(BIND, workspace, tuple(blobs[roots[j]] for j in own.tolist()),
-                    offset[own].astype(np.int64), None)]
+        runs[i] = [(BIND, None, views, tuple(blobs[roots[j]] for j in own.tolist()),
+                    offset[own])]  # arrays: 8 bytes a life
         if len(inside):
-            runs[i].append((BIND, None, tuple(blobs[roots[j]] for j in inside.tolist()),
-                            within[inside].astype(np.int64),
-                            tuple(hosts[h] for h in whole[inside].tolist())))
+            runs[i].append((BIND, None, functools.partial(
+                _insides, tuple(hosts[h] for h in whole[inside].tolist())),
+                tuple(blobs[roots[j]] for j in inside.tolist()), within[inside]))
     seen: dict[int, int] = {}
     for i, run_steps in enumerate(plan.recompute.runs):
         for s in run_steps if run_steps is not None else ():
@@ -267,29 +272,48 @@ def relive(layout, plan, layers, workspace, first_lives, hosts, blobs) -> tuple[
             k = seen[s] = seen.get(s, -1) + 1
             table = layer.scratch_memory
             if k == 0:
-                restore += [(SCRATCH, None, table, name, table.get(name))
-                            for name in layer.scratch_specs]
-            runs.setdefault(i, []).extend(
-                (SCRATCH, workspace, table, name, (layout.scratch_re[(s, name, k)], shape,
-                                                   dtype_))
-                for name, (shape, dtype_, _) in layer.scratch_specs.items()
-                if (s, name, k) in layout.scratch_re)
+                restore.append((BIND, None, _scratch_given, table,
+                                tuple((name, table.get(name)) for name in layer.scratch_specs)))
+            places = tuple((name, layout.scratch_re[(s, name, k)], shape, dtype_)
+                           for name, (shape, dtype_, _) in layer.scratch_specs.items()
+                           if (s, name, k) in layout.scratch_re)
+            if places:
+                runs.setdefault(i, []).append(
+                    (BIND, None, functools.partial(_scratch_views, workspace), table, places))
     return restore, runs
 
 
-def _bind(workspace, blobs, at, arrays) -> None:
-    """Bind the data of ``blobs``: with a ``workspace``, to its views at byte offsets
-    ``at``; else inside ``arrays`` from element ``at`` on, or (``at`` None) to ``arrays``."""
-    if workspace is not None:
-        view = workspace.view
-        for blob, a in zip(blobs, at.tolist()):
-            blob.bind_data(view(a, blob.shape, blob.dtype))
-    elif at is not None:
-        for blob, a, flat in zip(blobs, at.tolist(), arrays):
-            blob.bind_data(_inside(flat, a, blob))
-    else:
-        for blob, data in zip(blobs, arrays):
-            blob.bind_data(data)
+def _views(workspace, blobs, offsets) -> None:
+    """Bind the data of ``blobs`` to views of ``workspace`` at byte ``offsets``."""
+    view = workspace.view
+    for blob, at in zip(blobs, offsets.tolist()):
+        blob.bind_data(view(at, blob.shape, blob.dtype))
+
+
+def _insides(hosts, blobs, firsts) -> None:
+    """Bind the data of ``blobs`` inside the flat ``hosts``, from elements ``firsts`` on."""
+    for blob, flat, first in zip(blobs, hosts, firsts.tolist()):
+        blob.bind_data(_inside(flat, first, blob))
+
+
+def _given(blobs, arrays) -> None:
+    for blob, data in zip(blobs, arrays):
+        blob.bind_data(data)
+
+
+def _scratch_views(workspace, table, places) -> None:
+    """Give a layer's scratch ``table`` views of ``workspace``: ``(name, offset, shape,
+    dtype)`` each."""
+    for name, at, shape, dtype in places:
+        table[name] = workspace.view(at, shape, dtype)
+
+
+def _scratch_given(table, arrays) -> None:
+    for name, a in arrays:
+        if a is None:
+            table.pop(name, None)
+        else:
+            table[name] = a
 
 
 def _inside(flat, first: int, blob):
@@ -363,7 +387,8 @@ def actions(plan, fwd, bwd, blobs, gemms=(), relive=((), {})) -> tuple[list, int
                     zeros[at] = (ZERO, None, blobs[at], None, None)
                 out.append(zeros[at])
             elif kind == "gemm":
-                out.append((GEMM, *gemms[at], None))
+                if gemms:  # else the sharers compute their own weight gradients
+                    out.append((GEMM, *gemms[at], None))
             elif kind == "relive":
                 out += runs.get(at, ())
             elif kind == "restore":
@@ -425,14 +450,7 @@ def run(actions, start: int = 0, stop: int | None = None, at_once: bool = False)
         elif kind == ZERO:
             a.diff.fill(0)
         elif kind == BIND:  # values run again: their memory
-            _bind(who, a, b, c)
-        elif kind == SCRATCH:
-            if who is not None:
-                a[b] = who.view(*c)
-            elif c is None:
-                a.pop(b, None)
-            else:
-                a[b] = c
+            a(b, c)
         else:
             _region(a, b, c, at_once)
 

@@ -59,17 +59,18 @@ def schedule(n_steps: int, backward_steps, zero_before, recompute: Recompute | N
     gemms: dict[int, list[int]] = {}
     for g, s in enumerate(gemm_after):
         gemms.setdefault(s, []).append(g)
+    # a step's actions are made once, however many runs run it: a long chain's schedule
+    # is a list of them, made in a fraction of the time
+    forward_of = [Action("forward", s) for s in range(n_steps)]
+    backward_of = {s: (*(Action("zero", r) for r in zero_before.get(s, ())),
+                       Action("backward", s), *(Action("gemm", g) for g in gemms.get(s, ())))
+                   for s in backward_steps}
 
     def back(steps) -> list[Action]:
-        out = []
-        for s in steps:
-            out += [Action("zero", r) for r in zero_before.get(s, ())]
-            out.append(Action("backward", s))
-            out += [Action("gemm", g) for g in gemms.get(s, ())]
-        return out
+        return [a for s in steps for a in backward_of[s]]
 
     def ahead(steps) -> list[Action]:
-        return [Action("forward", s) for s in steps]
+        return [forward_of[s] for s in steps]
 
     if recompute is not None:
         forward, backward = [Action("restore"), *ahead(range(n_steps))], []
