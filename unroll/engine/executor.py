@@ -1,18 +1,20 @@
-"""Running a net's steps: a layout bound to the workspace, then the steps, serial or at once.
+"""Running a net: a layout bound to the workspace, and one loop over one schedule.
 
 :func:`bind` gives every planned blob and scratch buffer the workspace memory
 a :class:`~unroll.engine.memory.Layout` placed it at (and :func:`release` takes
-it back when the workspace moves). :func:`schedule` cuts the run order into
-serial runs and concurrent regions (:func:`unroll.engine.memory.concurrent_regions`);
-:func:`run_forward` and :func:`run_backward` run them. The serial loop is a
-bare call per layer: a layer's exception is named by the net afterwards
-(:meth:`unroll.engine.net.Net._running`), not by a ``try`` around each call.
+it back when the workspace moves). :func:`actions` turns the net's
+:class:`~unroll.engine.memory.Schedule` (the forward pass, backward, the forward runs
+backward makes again, the weight-gradient GEMMs, the zeroing of diffs) into the tuples
+:func:`run` runs, in one loop; the memory of a value run again is an action of the
+schedule too, not a mechanism of the executor. The loop is a bare call per layer: a
+layer's exception is named by the net afterwards (:class:`running`), not by a ``try``
+around each call.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -21,24 +23,27 @@ from unroll.core.errors import NetError
 from unroll.engine import memory
 from unroll.engine.threads import num_threads, run_threads
 
-__all__ = ["NetMemory", "bind", "recompute_schedule", "release", "run_backward",
-           "run_forward", "schedule", "Lives"]
+__all__ = ["NetMemory", "actions", "bind", "release", "run"]
 
 #: layouts a net keeps, by input shapes: a bucket's full batches and its last one
 LAYOUTS_KEPT = 2
 
+#: what the tuples of :func:`actions` do (their first field)
+FORWARD, BACKWARD, ZERO, GEMM, BIND, REGION = range(6)
 
 class NetMemory:
     """A net's memory plan, applied: the liveness of its run order, the layouts of its last
-    input shapes, and the one bound to the workspace now.
+    input shapes, the one bound to the workspace now, and the actions of its schedule.
 
     ``blobs`` are the net's blobs by number, ``graph`` its run order
     (:class:`unroll.graph.Graph`) and ``layers`` its layers in that order;
     ``limit`` (a :class:`~unroll.engine.memory_limit.MemoryLimit`) refuses a layout
-    too big before any of it is allocated. ``gemms``, ``zero_before`` and
-    ``segments`` are what :func:`run_backward` takes; ``bound_wholes`` the ids
-    of the blobs that other blobs are views into. ``budget`` (bytes) or a ``recompute``
-    policy (:func:`unroll.engine.memory.policy_named`) plan recomputation
+    too big before any of it is allocated. ``fwd`` and ``bwd`` are the net's steps
+    forward and backward; ``schedule`` the :class:`~unroll.engine.memory.Schedule` of the
+    liveness and layout taken (made once per layout), ``actions`` its tuples
+    (:func:`actions`), backward's from ``backward`` on, which :func:`run` runs;
+    ``bound_wholes`` the ids of the blobs that other blobs are views into. ``budget``
+    (bytes) or a ``recompute`` policy (:func:`unroll.engine.memory.policy_named`) plan recomputation
     (:func:`unroll.engine.memory.within_budget`) of ``fwd`` in backward (``bwd``); not
     with concurrent ``regions``.
     """
@@ -52,11 +57,14 @@ class NetMemory:
         self.blobs, self.graph, self.layers, self.bottom_need = blobs, graph, layers, bottom_need
         self.workspace, self.dtype, self.limit = workspace, dtype, limit
         self.fwd, self.bwd, self.budget, self.recompute = fwd, bwd, budget, recompute
-        self.make, self.base, self.segments = None, None, None
+        self.regions = regions
+        self.make, self.base = None, None
         self.liveness = self.layout = None
         self.layouts: dict = {}  # input shapes -> a recent layout
-        self.bound, self.bound_wholes, self.gemms, self.zero_before = False, set(), {}, {}
-        self.lives, self.in_backward = None, False
+        self.bound, self.bound_wholes = False, set()
+        self.schedule: memory.Schedule | None = None
+        self.actions: list = []
+        self.backward = 0
 
     @staticmethod
     def _recomputes(budget, policy) -> bool:
@@ -74,15 +82,24 @@ class NetMemory:
                        or liveness.diff_root[b] not in liveness.private)
             blob.guard = gate if planned else None
         self.make = make
-        self._take(liveness)
+        self.liveness = liveness
+        self.schedule = self._schedule_of(liveness, None)
+        self._actions()
         self.layouts.clear()
 
-    def _take(self, liveness) -> None:
-        self.liveness = liveness
-        self.zero_before = {s: [self.blobs[r] for r in roots]
-                            for s, roots in liveness.zero_before.items()}
-        self.segments = (recompute_schedule(self.fwd, self.bwd, liveness.recompute)
-                         if liveness.recompute is not None else None)
+    def _schedule_of(self, liveness, layout) -> memory.Schedule:
+        """The schedule of ``liveness`` with the weight-gradient GEMMs of ``layout``."""
+        return memory.schedule(
+            len(self.fwd), [entry[0] for entry in self.bwd], liveness.zero_before,
+            liveness.recompute, [group.after for group in layout.groups] if layout else (),
+            self.regions)
+
+    def _actions(self, gemms=(), relive=((), {})) -> None:
+        """The actions of the schedule; ``gemms`` and ``relive`` are what :func:`bind`
+        gives (none where nothing is bound: no batched weight gradients, no lives run
+        again)."""
+        self.actions, self.backward = actions(self.schedule, self.fwd, self.bwd, self.blobs,
+                                              gemms, relive)
 
     def lay_out(self, key, planned: bool) -> None:
         """The layout for the blobs' current shapes (``key``: the input shapes), told to the
@@ -110,56 +127,49 @@ class NetMemory:
                     rewritten=self.graph.rewritten, itemsize=self.dtype.itemsize),
                 self.graph.steps, self.layers, self.bottom_need, shapes, self.dtype.itemsize,
                 self.budget, self.recompute, self.limit.name)
-            self._take(liveness)
             # before the layers hear of it, or memory is taken
             self.limit.check_plan(liveness, new, self.blobs, self.graph.steps, self.layers)
             if len(self.layouts) >= LAYOUTS_KEPT:
                 del self.layouts[next(iter(self.layouts))]
-            self.layouts[key] = (liveness, new)
-        liveness, self.layout = self.layouts[key]
-        if liveness is not self.liveness:
-            self._take(liveness)
+            # a long chain's schedule takes a while to list: once per layout
+            self.layouts[key] = (liveness, new, self._schedule_of(liveness, new))
+        self.liveness, self.layout, self.schedule = self.layouts[key]
+        self._actions()
         for s, flags in self.layout.flags:
             self.layers[s].apply_layout(*flags)
 
     def bind(self) -> None:
-        """Give the blobs and scratch buffers the memory of the layout (:func:`bind`)."""
-        self.gemms, self.bound_wholes, self.lives = bind(
+        """Give the blobs and scratch buffers the memory of the layout (:func:`bind`), and
+        the schedule its GEMMs' rows and its lives."""
+        gemms, self.bound_wholes, relive = bind(
             self.layout, self.liveness, self.blobs, self.layers, self.workspace, self.dtype)
-        self.bound, self.in_backward = True, False
+        self.bound = True
+        self._actions(gemms, relive)
 
     def for_forward(self) -> None:
-        """Bound, recomputed values in their forward memory."""
+        """Bound, before a forward pass."""
         if not self.bound:
             self.bind()
-        elif self.in_backward:
-            self.lives.restore()
-            self.in_backward = False
-
-    def for_backward(self) -> None:
-        """Backward's forward runs bind values to other memory: the next forward binds
-        them back."""
-        if self.lives is not None:
-            self.in_backward = True
 
     def release(self) -> None:
         """Drop every view of the workspace (it is about to move); :meth:`bind` gives them
         again."""
         if self.bound:
             release(self.liveness, self.blobs, self.layers)
-            self.gemms, self.bound, self.lives, self.in_backward = {}, False, None, False
+            self.bound = False
+            self._actions()
 
 
 # -- binding a layout ----------------------------------------------------------------------
-def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int], Lives | None]:
+def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[list, set[int], tuple]:
     """Give every planned blob (of ``blobs``, by number) and every scratch buffer of
     ``layers`` its memory in ``workspace``, as ``layout`` (of liveness ``plan``) places it.
 
-    Returns the weight-gradient GEMMs, step -> ``[(layer, x rows, gy rows)]``,
-    the ids of the blobs that other blobs are views into (the Slice parts of
+    Returns, per weight-gradient group of the layout, its GEMM ``(layer, x rows, gy
+    rows)``; the ids of the blobs that other blobs are views into (the Slice parts of
     an input, say: a new array for one of them, a borrowed input, must bind
-    its parts again), and, where backward runs forward again, the
-    :class:`Lives` that binds each run's memory.
+    its parts again); and, where backward runs forward again, the actions that bind the
+    memory of the values run again (:func:`relive`; else none).
     """
     offset, whole, within = layout.offset, layout.whole, layout.within
     n_blobs, n_lives = len(blobs), len(plan.re_root)
@@ -206,78 +216,104 @@ def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[dict, set[int],
             if (s, name) in layout.scratch:
                 layer.scratch_memory[name] = workspace.view(layout.scratch[(s, name)], shape,
                                                             dtype_)
-    gemms: dict = {}
+    gemms = []
     for group in layout.groups:
         layer = layers[group.after]
         (xr, x0), (gr, g0) = group.x, group.gy
         K, n = layer.param_row_widths()
         x = array(group.x_kind, xr).reshape(-1)[x0 : x0 + group.rows * K].reshape(-1, K)
         gy = array("diff", gr).reshape(-1)[g0 : g0 + group.rows * n].reshape(-1, n)
-        gemms.setdefault(group.after, []).append((layer, x, gy))
-    lives = None
+        gemms.append((layer, x, gy))
+    lives = ((), {})
     if plan.recompute is not None:
         # the buffers that hold lives inside them, for the views made at each run
         hosts = {h: array("data_re", h)
                  for h in np.unique(whole["data_re"][whole["data_re"] >= 0]).tolist()}
-        lives = Lives(layout, plan, layers, workspace, dtype, first_lives, hosts, blobs)
+        lives = relive(layout, plan, layers, workspace, first_lives, hosts, blobs)
     arrays.clear()  # array() refers to itself: left to the collector, the dict would
     # keep views of an old arena alive after the workspace grows
     return gemms, bound_wholes, lives
 
 
-class Lives:
-    """The memory of values that backward's forward runs write again: before each run
-    (:meth:`run`), the lives it writes and its steps' scratch bound; before a forward
-    pass (:meth:`restore`), the forward pass's. A run's views are made as it starts, so a
-    long chain keeps offsets, not arrays, for every life."""
+def relive(layout, plan, layers, workspace, first_lives, hosts, blobs) -> tuple[list, dict]:
+    """The actions that bind the memory of values backward's forward runs write again:
+    the forward pass's (its ``first_lives``, ``(blob, array)``, and its steps' scratch),
+    and per forward run of ``plan.recompute``, the lives it starts and its steps' scratch.
+    Each is ``(BIND, None, binder, what, where)``; a run's views are made as it starts: a
+    long chain keeps offsets, not arrays, for every life.
+    """
+    restore = [(BIND, None, _given, tuple(b for b, _ in first_lives),
+                tuple(a for _, a in first_lives))] if first_lives else []
+    offset, whole, within = (layout.offset["data_re"], layout.whole["data_re"],
+                             layout.within["data_re"])
+    views = functools.partial(_views, workspace)
+    born = np.asarray(plan.re_born, np.int64)
+    ids = np.argsort(born, kind="stable")  # life ids by the run starting them
+    starts = np.searchsorted(born[ids], np.arange(len(plan.recompute.order) + 1))
+    runs: dict[int, list] = {}
+    roots = plan.re_root
+    for i in range(len(plan.recompute.order)):
+        lives = ids[starts[i] : starts[i + 1]]
+        if not len(lives):
+            continue
+        own, inside = lives[whole[lives] < 0], lives[whole[lives] >= 0]
+        runs[i] = [(BIND, None, views, tuple(blobs[roots[j]] for j in own.tolist()),
+                    offset[own])]  # arrays: 8 bytes a life
+        if len(inside):
+            runs[i].append((BIND, None, functools.partial(
+                _insides, tuple(hosts[h] for h in whole[inside].tolist())),
+                tuple(blobs[roots[j]] for j in inside.tolist()), within[inside]))
+    seen: dict[int, int] = {}
+    for i, run_steps in enumerate(plan.recompute.runs):
+        for s in run_steps if run_steps is not None else ():
+            layer = layers[s]
+            if not layer.scratch_specs:
+                continue
+            k = seen[s] = seen.get(s, -1) + 1
+            table = layer.scratch_memory
+            if k == 0:
+                restore.append((BIND, None, _scratch_given, table,
+                                tuple((name, table.get(name)) for name in layer.scratch_specs)))
+            places = tuple((name, layout.scratch_re[(s, name, k)], shape, dtype_)
+                           for name, (shape, dtype_, _) in layer.scratch_specs.items()
+                           if (s, name, k) in layout.scratch_re)
+            if places:
+                runs.setdefault(i, []).append(
+                    (BIND, None, functools.partial(_scratch_views, workspace), table, places))
+    return restore, runs
 
-    def __init__(self, layout, plan, layers, workspace, dtype, first_lives, hosts, blobs):
-        self.workspace, self.dtype, self.blobs, self.hosts = workspace, dtype, blobs, hosts
-        self.re_root, self.offset = plan.re_root, layout.offset["data_re"]
-        self.whole, self.within = layout.whole["data_re"], layout.within["data_re"]
-        born = np.asarray(plan.re_born, np.int32)
-        self.born = np.argsort(born, kind="stable")  # life ids by the action starting them
-        self.starts = np.searchsorted(born[self.born],
-                                      np.arange(len(plan.recompute.order) + 1))
-        self.first = first_lives
-        self.scratch_first, self.scratch_runs = [], {}
-        runs_seen: dict[int, int] = {}
-        for i, run in enumerate(plan.recompute.runs):
-            for s in run if run is not None else ():
-                layer = layers[s]
-                if not layer.scratch_specs:
-                    continue
-                k = runs_seen[s] = runs_seen.get(s, -1) + 1
-                table = layer.scratch_memory
-                if k == 0:
-                    self.scratch_first += [(table, name, table.get(name))
-                                           for name in layer.scratch_specs]
-                self.scratch_runs.setdefault(i, []).extend(
-                    (table, name, layout.scratch_re[(s, name, k)], shape, dtype_)
-                    for name, (shape, dtype_, _) in layer.scratch_specs.items()
-                    if (s, name, k) in layout.scratch_re)
 
-    def restore(self) -> None:
-        """Bind the forward pass's lives and scratch."""
-        for blob, data in self.first:
-            blob.bind_data(data)
-        for table, name, a in self.scratch_first:
-            if a is None:
-                table.pop(name, None)
-            else:
-                table[name] = a
+def _views(workspace, blobs, offsets) -> None:
+    """Bind the data of ``blobs`` to views of ``workspace`` at byte ``offsets``."""
+    view = workspace.view
+    for blob, at in zip(blobs, offsets.tolist()):
+        blob.bind_data(view(at, blob.shape, blob.dtype))
 
-    def run(self, action: int) -> None:
-        """Bind the lives that forward action ``action`` writes, and its steps' scratch."""
-        view, dtype, blobs = self.workspace.view, self.dtype, self.blobs
-        for j in self.born[self.starts[action] : self.starts[action + 1]].tolist():
-            blob, host = blobs[self.re_root[j]], int(self.whole[j])
-            if host >= 0:
-                blob.bind_data(_inside(self.hosts[host], int(self.within[j]), blob))
-            else:
-                blob.bind_data(view(int(self.offset[j]), blob.shape, dtype))
-        for table, name, at, shape, dtype_ in self.scratch_runs.get(action, ()):
-            table[name] = view(at, shape, dtype_)
+
+def _insides(hosts, blobs, firsts) -> None:
+    """Bind the data of ``blobs`` inside the flat ``hosts``, from elements ``firsts`` on."""
+    for blob, flat, first in zip(blobs, hosts, firsts.tolist()):
+        blob.bind_data(_inside(flat, first, blob))
+
+
+def _given(blobs, arrays) -> None:
+    for blob, data in zip(blobs, arrays):
+        blob.bind_data(data)
+
+
+def _scratch_views(workspace, table, places) -> None:
+    """Give a layer's scratch ``table`` views of ``workspace``: ``(name, offset, shape,
+    dtype)`` each."""
+    for name, at, shape, dtype in places:
+        table[name] = workspace.view(at, shape, dtype)
+
+
+def _scratch_given(table, arrays) -> None:
+    for name, a in arrays:
+        if a is None:
+            table.pop(name, None)
+        else:
+            table[name] = a
 
 
 def _inside(flat, first: int, blob):
@@ -319,32 +355,52 @@ def _each_layer(fwd, limit, method: str, what: str) -> None:
         limit.check_tops(layer, tops, most)
 
 
-# -- the schedule ----------------------------------------------------------------------------
-def schedule(fwd, bwd, regions) -> tuple[list, list]:
-    """The run order as serial runs and concurrent regions, forward and backward.
+# -- the schedule's actions ----------------------------------------------------------------
+def actions(plan, fwd, bwd, blobs, gemms=(), relive=((), {})) -> tuple[list, int]:
+    """The tuples :func:`run` runs for schedule ``plan`` (a
+    :class:`~unroll.engine.memory.Schedule`), and where backward's start.
 
-    ``fwd`` lists ``(layer, bottoms, tops)`` per step, ``bwd`` the steps that
-    run backward, ``(step, layer, tops, propagate_down, bottoms)``, last step
-    first. Each item is a list of entries (run in order) or a region as
-    (entries run before, [entries of each branch], entries run after):
-    forward, the region's ``first`` steps run before its branches; backward
-    (each list reversed) they run after them.
+    ``fwd`` lists ``(layer, bottoms, tops)`` per step, ``bwd`` the steps that run backward,
+    ``(step, layer, tops, propagate_down, bottoms)``; ``blobs`` are the net's blobs by
+    number, ``gemms`` the GEMMs of the layout's weight-gradient groups and ``relive`` the
+    actions binding the lives of the values run again (:func:`bind`). Each tuple is
+    ``(kind, who, a, b, c)``: ``who`` the layer that runs, if any.
     """
-    forward, backward, s = [], [], 0
-    by_step = {entry[0]: entry for entry in bwd}
-    for region in regions:
-        forward.append(fwd[s : region.start])
-        forward.append(([fwd[t] for t in region.first],
-                        [[fwd[t] for t in b] for b in region.branches], []))
-        backward.append([by_step[t] for t in range(region.start - 1, s - 1, -1)
-                         if t in by_step])
-        backward.append(([], [[by_step[t] for t in reversed(b) if t in by_step]
-                              for b in region.branches],
-                         [by_step[t] for t in reversed(region.first) if t in by_step]))
-        s = region.stop
-    forward.append(fwd[s:])
-    backward.append([by_step[t] for t in range(len(fwd) - 1, s - 1, -1) if t in by_step])
-    return forward, backward[::-1]
+    restore, runs = relive
+    # a step's tuple is made once, however many runs run it: a long chain's schedule is
+    # pointers, not tuples
+    forwards = [(FORWARD, layer, bottoms, tops, None) for layer, bottoms, tops in fwd]
+    backwards = {s: (BACKWARD, layer, tops, prop, bottoms)
+                 for s, layer, tops, prop, bottoms in bwd}
+    zeros: dict[int, tuple] = {}
+
+    def flat(part) -> list:
+        out: list = []
+        for action in part:
+            kind, at = action.kind, action.at
+            if kind == "forward":
+                out.append(forwards[at])
+            elif kind == "backward":
+                out.append(backwards[at])
+            elif kind == "zero":
+                if at not in zeros:
+                    zeros[at] = (ZERO, None, blobs[at], None, None)
+                out.append(zeros[at])
+            elif kind == "gemm":
+                if gemms:  # else the sharers compute their own weight gradients
+                    out.append((GEMM, *gemms[at], None))
+            elif kind == "relive":
+                out += runs.get(at, ())
+            elif kind == "restore":
+                out += restore
+            else:
+                before, branches, after = action.parts
+                out.append((REGION, None, flat(before), [flat(b) for b in branches],
+                            flat(after)))
+        return out
+
+    forward = flat(plan.actions[: plan.backward])
+    return forward + flat(plan.actions[plan.backward :]), len(forward)
 
 
 # -- running ---------------------------------------------------------------------------------
@@ -380,53 +436,46 @@ class running:
         # else not a layer's: the engine's own bug, raised on with its traceback
 
 
-def run_forward(fwd, items) -> None:
-    """Every layer's forward: ``fwd`` in order, or the ``items`` of :func:`schedule`."""
-    if items is None:
-        for layer, bottoms, tops in fwd:
-            layer.forward(bottoms, tops)
+def run(actions, start: int = 0, stop: int | None = None, at_once: bool = False) -> None:
+    """Run ``actions[start:stop]`` (of :func:`actions`) in order: the one loop of every run.
+    A region runs its actions before, then its branches, at once where ``at_once`` (one
+    on this thread, the others on a pool), then its actions after."""
+    for kind, who, a, b, c in itertools.islice(actions, start, stop):
+        if kind == FORWARD:
+            who.forward(a, b)
+        elif kind == BACKWARD:
+            who.backward(a, b, c)
+        elif kind == GEMM:
+            who.param_backward(a, b)  # every sharer's rows: one GEMM
+        elif kind == ZERO:
+            a.diff.fill(0)
+        elif kind == BIND:  # values run again: their memory
+            a(b, c)
+        else:
+            _region(a, b, c, at_once)
+
+
+_branch_pool: ThreadPoolExecutor | None = None
+
+
+def _region(before, branches, after, at_once: bool) -> None:
+    global _branch_pool
+    run(before)
+    if not at_once:
+        for branch in branches:
+            run(branch)
     else:
-        _run_items(items, _forward_entry, "failed in forward")
-
-
-def recompute_schedule(fwd, bwd, recompute) -> list:
-    """Backward as the actions of a :class:`~unroll.engine.memory.Recompute` plan:
-    ``(action, fwd entries, None)`` for a forward run, ``(None, None, bwd entries)`` for
-    a segment's backward."""
-    bounds = [0, *recompute.cuts, len(fwd)]
-    entries: list[list] = [[] for _ in bounds[1:]]
-    for e in bwd:  # in backward's order within each segment
-        entries[bisect.bisect_right(bounds, e[0]) - 1].append(e)
-    return [(i, [fwd[s] for s in recompute.runs[i]], None) if a >= 0 else
-            (None, None, entries[~a]) for i, a in enumerate(recompute.order)]
-
-
-def run_backward(bwd, items, zero_before, gemms, segments=None, lives=None) -> None:
-    """Every backward of ``bwd`` (or of the ``items`` of :func:`schedule`): diffs that
-    backward reads before anything writes them are zeroed first (``zero_before``, by step),
-    and after the last sharer's backward the weight-gradient GEMM of ``gemms`` runs. With
-    ``segments`` (:func:`recompute_schedule`), its actions in order, each forward run in
-    the memory ``lives`` (:class:`Lives`) binds for it."""
-    if segments is not None:
-        for action, again, entries in segments:
-            if entries is not None:
-                run_backward(entries, None, zero_before, gemms)
-                continue
-            lives.run(action)
-            for layer, bottoms, tops in again:
-                layer.forward(bottoms, tops)
-    elif items is None:
-        for s, layer, tops, prop, bottoms in bwd:
-            if s in zero_before:
-                for blob in zero_before[s]:
-                    blob.diff.fill(0)
-            layer.backward(tops, prop, bottoms)
-            if s in gemms:
-                for sharer, x, gy in gemms[s]:
-                    sharer.param_backward(x, gy)  # every sharer's rows: one GEMM
-    else:
-        _run_items(items, functools.partial(_backward_entry, zero_before=zero_before,
-                                            gemms=gemms), "failed in backward")
+        if _branch_pool is None:
+            _branch_pool = ThreadPoolExecutor(thread_name_prefix="unroll-branch")
+        others = [_branch_pool.submit(run, branch) for branch in branches[1:]]
+        try:
+            run(branches[0])
+        finally:
+            for future in others:
+                future.exception()  # every branch has finished before anything goes on
+        for future in others:
+            future.result()
+    run(after)
 
 
 def layer_failure(layer, what: str, error: Exception, bottoms) -> NetError:
@@ -439,15 +488,15 @@ def layer_failure(layer, what: str, error: Exception, bottoms) -> NetError:
 
 def failure_in(error: Exception, fwd, what: str) -> NetError | None:
     """``error`` as a NetError naming the layer of ``fwd`` (``(layer, bottoms, tops)`` per
-    step) whose run raised it: the one a run loop here was calling, else the outermost
-    frame of the traceback whose ``self`` is one of them. None where no layer's code
-    raised it."""
+    step) whose run raised it: the one :func:`run` was calling (on whichever thread),
+    else the outermost frame of the traceback whose ``self`` is one of them. None where no
+    layer's code raised it."""
     bottoms_of = {id(layer): bottoms for layer, bottoms, _ in reversed(fwd)}
     tb, found = error.__traceback__, None
     while tb is not None:
         local = tb.tb_frame.f_locals
-        if tb.tb_frame.f_code in _RUN_LOOPS and id(local.get("layer")) in bottoms_of:
-            found = local["layer"]
+        if tb.tb_frame.f_code is run.__code__ and id(local.get("who")) in bottoms_of:
+            found = local["who"]
             break
         if found is None and id(local.get("self")) in bottoms_of:
             found = local["self"]
@@ -461,59 +510,3 @@ def layer_kind(param) -> str:
         return param.type
     spec = param.python_param
     return f"Python, module '{spec.module}', class '{spec.layer}'"
-
-
-_branch_pool: ThreadPoolExecutor | None = None
-
-
-def _forward_entry(entry) -> None:
-    layer, bottoms, tops = entry
-    layer.forward(bottoms, tops)
-
-
-def _backward_entry(entry, zero_before, gemms) -> None:
-    s, layer, tops, prop, bottoms = entry
-    for blob in zero_before.get(s, ()):
-        blob.diff.fill(0)
-    layer.backward(tops, prop, bottoms)
-    for sharer, x, gy in gemms.get(s, ()):
-        sharer.param_backward(x, gy)
-
-
-def _run_branch(entries, run, what: str) -> None:
-    for entry in entries:
-        try:
-            run(entry)
-        except NetError:
-            raise
-        except Exception as e:
-            layer, bottoms = (entry[0], entry[1]) if len(entry) == 3 else (entry[1], entry[4])
-            raise layer_failure(layer, what, e, bottoms) from e
-
-
-def _run_items(items, run, what: str) -> None:
-    """Run a schedule: serial lists in order; for a region, its entries before, then its
-    branches at once (one on this thread, the others on a pool), then its entries after."""
-    global _branch_pool
-    for item in items:
-        if isinstance(item, list):
-            _run_branch(item, run, what)
-            continue
-        before, branches, after = item
-        _run_branch(before, run, what)
-        if _branch_pool is None:
-            _branch_pool = ThreadPoolExecutor(thread_name_prefix="unroll-branch")
-        others = [_branch_pool.submit(_run_branch, b, run, what) for b in branches[1:]]
-        try:
-            _run_branch(branches[0], run, what)
-        finally:
-            for future in others:
-                future.exception()  # every branch has finished before anything goes on
-        for future in others:
-            future.result()
-        _run_branch(after, run, what)
-
-
-#: the loops whose ``layer`` is the one running (see failure_in)
-_RUN_LOOPS = (run_forward.__code__, run_backward.__code__, _forward_entry.__code__,
-              _backward_entry.__code__)

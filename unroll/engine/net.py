@@ -286,9 +286,6 @@ class Net:
                                           self.workspace, self.dtype, self._limit, self._fwd,
                                           self._bwd, self.memory_budget, self.recompute,
                                           self.regions)
-        self._forward_items, self._backward_items = (
-            executor.schedule(self._fwd, self._bwd, self.regions) if self.regions
-            else (None, None))
         # run order, splits included (as pycaffe's): aligned with layer_need_backward
         self.layer_names = [layer.name for layer in self.layers_run]
         self.inputs = [b.name for b in self._input_blobs]
@@ -464,7 +461,7 @@ class Net:
         with executor.running(self._gate, self.regions, self._fwd, "forward") as at_once:
             if self.memory.layout is not None:
                 self.memory.for_forward()
-            executor.run_forward(self._fwd, self._forward_items if at_once else None)
+            executor.run(self.memory.actions, 0, self.memory.backward, at_once)
         self.workspace.holder = self
         self._loss = self._device_loss = None
         out = {name: self.blobs[name].data for name in self.outputs}
@@ -517,10 +514,7 @@ class Net:
         for blob, weight in self._loss_tops:
             blob.diff.fill(weight)
         with executor.running(self._gate, self.regions, self._fwd, "backward") as at_once:
-            self.memory.for_backward()
-            executor.run_backward(self._bwd, self._backward_items if at_once else None,
-                                  self.memory.zero_before, self.memory.gemms,
-                                  self.memory.segments, self.memory.lives)
+            executor.run(self.memory.actions, self.memory.backward, None, at_once)
 
     def clear_param_diffs(self) -> None:
         """Zero every owner's diff (once per iteration; backward accumulates into them)."""

@@ -140,12 +140,13 @@ def test_every_module_of_the_layers_package_registers_its_layers():
 # -- every hook the engine reads is declared on Layer ---------------------------------------
 #: the modules that read layers: the net, its plan and checks, inspection, graph capture
 ENGINE = ("engine.net", "graph.rules", *(f"engine.memory.{m}" for m in (
-    "aliases", "budget", "layout", "liveness", "regions", "segments", "weight_gradients")),
+    "aliases", "budget", "layout", "liveness", "regions", "schedule", "segments",
+    "weight_gradients")),
           "engine.executor",
           "engine.param_sharing", "engine.memory_limit", "engine.host_checks", "engine.workspace",
           "engine.inspection", "engine.cuda_graph")
 #: names that stand for a layer in those modules
-LAYER_NAMES = {"layer", "sharer", "split"}
+LAYER_NAMES = {"layer", "sharer", "split", "who"}
 #: what every layer has besides CONTRACT: Caffe's run methods and the base's own members
 BASE = {"type", "name", "param", "xp", "dtype", "phase", "rng", "blobs", "set_up", "reshape",
         "forward", "backward", "layer_setup", "scratch_specs", "scratch_memory", "reserve",

@@ -22,6 +22,9 @@ One module a job:
 - :mod:`~unroll.engine.memory.placement`: buffers whose lifetimes do not overlap share
   memory (:func:`place`);
 - :mod:`~unroll.engine.memory.layout`: all of it for one set of shapes;
+- :mod:`~unroll.engine.memory.schedule`: every run's actions in one list (the forward
+  pass, backward, recompute runs, weight-gradient GEMMs, zeroing of diffs), which the
+  executor runs in one loop;
 - :mod:`~unroll.engine.memory.regions`: within a region whose branches run at once
   (:func:`concurrent_regions`) every buffer lives through all of it;
 - :mod:`~unroll.engine.memory.segments` and :mod:`~unroll.engine.memory.hsm`: backward
@@ -64,6 +67,7 @@ from unroll.engine.memory.policy import (
     policy_named,
 )
 from unroll.engine.memory.regions import Region, concurrent_regions
+from unroll.engine.memory.schedule import Action, Schedule, schedule
 from unroll.engine.memory.segments import (
     Recomputable,
     Recompute,
@@ -80,13 +84,13 @@ from unroll.engine.memory.weight_gradients import (
     plan_weight_gradients,
 )
 
-__all__ = ["BPTTHSM", "GRADIENT_CHUNK", "HSM_MOST_FORWARDS", "Chain", "ChenSegments",
+__all__ = ["Action", "BPTTHSM", "GRADIENT_CHUNK", "HSM_MOST_FORWARDS", "Chain", "ChenSegments",
            "Checkpoints", "FewestRecomputed", "Layout", "LayerFlags", "Lifetimes", "Liveness",
            "NoRecompute", "Plan", "Plans", "Policy", "Recomputable", "Recompute", "Region",
-           "WeightGradGroup",
+           "Schedule", "WeightGradGroup",
            "alias_pass_through_diffs",
            "allowed_cuts", "bptt_hsm", "concurrent_regions", "crossing_bytes",
            "gradient_chunks", "greedy_cuts", "group_parts", "hsm_order", "hsm_units",
            "input_roots", "layout", "liveness", "one_level_order", "place",
            "plan_weight_gradients", "planned_bytes", "policy_named", "private_blobs",
-           "recomputable", "within_budget"]
+           "recomputable", "schedule", "within_budget"]
