@@ -102,6 +102,7 @@ class TaggerTraining:
     files = TAGGER_FILES
     metric = Metric("dev_accuracy", "dev UPOS", percent=True)
     curve_title = "unroll BiLSTM tagger, UD English EWT"
+    recorded_options = {"--lr": "base_lr", "--lr-decay": "gamma"}
 
     def __init__(self, opts: TrainOptions):
         self.opts = opts

@@ -155,6 +155,12 @@ class Application(Protocol):
     (seed, rank, epoch) alone (:func:`epoch_streams`); called on every rank before the
     epoch's first batch.
 
+    Optional: ``recorded_options``, {command-line option: SolverParameter field} of the
+    training options that are part of the run's record (``{"--lr": "base_lr"}``): each
+    epoch's log entry holds their values (``options``), and a resume whose
+    :meth:`solver_fields` give another is refused, naming the option, the recorded value
+    and the given one (:func:`unroll.train.model_folder.options_differ`).
+
     Optional, for truncated BPTT: ``carried_state() -> {name: array}`` (the recurrent
     state the training nets carry into the next batch, as it is after an epoch; called
     on every rank after the epoch's last batch, before :meth:`evaluate`) and
@@ -240,6 +246,9 @@ RECORD_FIELDS = {
     "train_loss": {"type": ["number", "null"], "minimum": 0,
                    "description": "a finite number >= 0, or null"},
     "seconds": json_files.finite(), "tokens_per_s": json_files.finite(),
+    "options": {"type": "object", "maxProperties": 64, "description": "an object {option: value}",
+                "propertyNames": {"pattern": "^--[a-z][a-z0-9-]{0,40}$"},
+                "additionalProperties": json_files.finite()},
 }
 
 
@@ -251,10 +260,11 @@ def log_schema(fields: dict, required=(), averaged: bool = True, carried: bool =
 
     >>> schema = log_schema({"dev_bpc": json_files.finite()}, required=["dev_bpc"])
     >>> sorted(schema["items"]["required"])
-    ['average', 'dev_bpc', 'epoch', 'iter', 'seconds', 'seed', 'sha256', 'snapshot', 'train_loss']
+    ['average', 'dev_bpc', 'epoch', 'iter', 'options', 'seconds', 'seed', 'sha256', 'snapshot',
+     'train_loss']
     """
     return folder.epoch_log_schema(RECORD_FIELDS | fields,
-                                   ["train_loss", "seconds", "seed", *required],
+                                   ["train_loss", "seconds", "seed", "options", *required],
                                    averaged=averaged, carried=carried)
 
 
@@ -420,8 +430,12 @@ class Trainer:
         # each rank its own dropout masks; the solver broadcasts rank 0's params
         model = app.model(model_dir, seed + comm.rank)
         sampler = app.sampler(seed, comm.rank, comm.size)
-        solver = make_solver(model, app.solver_fields(len(sampler)), comm,
-                             self.skip_bad_batches)
+        fields = app.solver_fields(len(sampler))
+        options = {option: fields[name]
+                   for option, name in getattr(app, "recorded_options", {}).items()}
+        if log:  # a rate given now that differs from the record would change it silently
+            folder.options_differ(model_dir, log[-1]["options"], options)
+        solver = make_solver(model, fields, comm, self.skip_bad_batches)
         lr = solver.param.base_lr
         average = (ParamAverage(model.learnable_params, self.average)
                    if self.average is not None else None)
@@ -493,7 +507,7 @@ class Trainer:
                 "epoch": epoch + 1, "iter": solver.iter,
                 "train_loss": float(np.mean(losses)) if losses else None,  # JSON has no NaN
                 **scores, "tokens_per_s": tokens / max(compute, 1e-9),
-                "seconds": self.clock() - epoch_start, "seed": seed,
+                "seconds": self.clock() - epoch_start, "seed": seed, "options": options,
             }
             is_best = metric.better(scores[metric.key], best)
             folder.commit_epoch(model_dir, solver, log, result, is_best, averaged, carried,
