@@ -61,8 +61,9 @@ class App:
         folder.write_json(model_dir / folder.FEATURES, self.symbols.itos)
 
     def load(self, model_dir, log):
-        self.config, self.symbols = described(folder.read_declared(model_dir, App.files, log))
-        folder.settings_differ(model_dir, self.sizes, asdict(self.config))
+        self.symbols, self.config = described(folder.read_declared(model_dir, App.files, log))
+        folder.settings_differ(model_dir, {k: v for k, v in self.sizes.items() if k != "lr"},
+                               asdict(self.config))  # a rate given the Trainer checks
 
     def model(self, model_dir, seed):
         self.lm = CharLM(self.symbols, self.config, seed, self.args.memory_budget,
@@ -78,7 +79,7 @@ class App:
         return Batches(len(self.windows), shuffle=False)
 
     def solver_fields(self, steps_per_epoch):
-        return dict(SOLVER, base_lr=self.config.lr)
+        return dict(SOLVER, base_lr=self.sizes.get("lr", self.config.lr))
 
     def batch(self, rows):
         self.carried_state()
@@ -98,15 +99,14 @@ class App:
 
 
 def described(files):
-    """(config, symbols) from the values of a model folder's files (``{name: value}``)."""
-    return CharLMConfig(**files[folder.CONFIG]), Symbols(files[folder.FEATURES])
+    """(symbols, config) from the values of a model folder's files (``{name: value}``)."""
+    return Symbols(files[folder.FEATURES]), CharLMConfig(**files[folder.CONFIG])
 
 
 def trained(args) -> CharLM:
     """The CharLM of ``--model-dir`` with its best weights, checked against log.json."""
     return folder.load_trained(args.model_dir, App.files,
-                               lambda files: CharLM(*reversed(described(files)),
-                                                    device=args.device),
+                               lambda files: CharLM(*described(files), device=args.device),
                                what="character LM", module="examples.charlm")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from examples.deprel.conll import read_deprel
-from examples.deprel.labeller import DEPREL_FILES, DeprelConfig, Labeller
+from examples.deprel.labeller import DEPREL_FILES, DeprelConfig, Labeller, described
 from examples.pos_tagging.features import Featurizer, word_dropout
 from unroll.core.errors import FileFormatError
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
@@ -113,12 +113,8 @@ class DeprelTraining:
 
     def load(self, model_dir: Path, log: list[dict]) -> None:
         try:
-            described = {name: folder.read_json(model_dir, DEPREL_FILES, name, log)
-                         for name in (folder.FEATURES, folder.CONFIG)}
-            self.config = DeprelConfig.from_checked(described[folder.CONFIG],
-                                                    model_dir / folder.CONFIG)
-            self.featurizer = Featurizer.from_checked(described[folder.FEATURES],
-                                                      model_dir / folder.FEATURES)
+            self.featurizer, self.config = described(
+                model_dir, folder.read_declared(model_dir, DEPREL_FILES, log))
         except FileFormatError as e:
             raise folder.resume_error(model_dir, str(e)) from None
         folder.settings_differ(model_dir, self.opts.sizes, asdict(self.config))

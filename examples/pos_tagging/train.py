@@ -23,6 +23,7 @@ from examples.pos_tagging.tagger import (
     TaggerConfig,
     builtin_cells,
     cell_template,
+    described,
     tag_ids,
 )
 from unroll.core.atomic import write_atomic
@@ -132,13 +133,9 @@ class TaggerTraining:
 
     def load(self, model_dir: Path, log: list[dict]) -> None:
         try:
-            described = {name: folder.read_json(model_dir, TAGGER_FILES, name, log)
-                         for name in (folder.FEATURES, folder.CONFIG)}
-            self.config = TaggerConfig.from_checked(described[folder.CONFIG],
-                                                    model_dir / folder.CONFIG)
+            self.featurizer, self.config = described(
+                model_dir, folder.read_declared(model_dir, TAGGER_FILES, log))
             cell_template(self.config.cell, model_dir)
-            self.featurizer = Featurizer.from_checked(described[folder.FEATURES],
-                                                      model_dir / folder.FEATURES)
         except FileFormatError as e:
             raise folder.resume_error(model_dir, str(e)) from None
         folder.settings_differ(model_dir, self.opts.sizes, asdict(self.config))
