@@ -114,7 +114,7 @@ def train(args) -> int:
     result = Trainer(App(args), args.model_dir, epochs=args.epochs, seed=args.seed,
                      resume=args.resume, overwrite=args.overwrite, max_minutes=args.max_minutes,
                      skip_bad_batches=args.skip_bad_batches, quiet=args.quiet,
-                     device=args.device).fit()
+                     device=args.device, given={"--lr": args.lr}).fit()
     cli.report_training(args, result, App.metric)
     return 0
 

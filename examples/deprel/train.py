@@ -28,6 +28,10 @@ __all__ = ["DeprelTraining", "TrainOptions", "accuracy", "majority_accuracy", "r
            "train"]
 
 
+#: the Adam learning rate where --lr is not given
+LR = 2e-3
+
+
 @dataclass
 class TrainOptions:
     """What to train on, where, and how (the Trainer's options, then the labeller's).
@@ -42,7 +46,7 @@ class TrainOptions:
     model_dir: Path
     epochs: int = 20
     max_minutes: float | None = None
-    lr: float = 2e-3
+    lr: float | None = None  # None: LR, or on --resume the folder's
     seed: int | None = None  # None: 0, or on --resume the folder's
     limit: int | None = None  # None: every sentence
     resume: bool = False
@@ -134,7 +138,7 @@ class DeprelTraining:
     def solver_fields(self, steps_per_epoch: int) -> dict:
         """Adam, its rate decayed by 0.9 every epoch (Caffe's lr_policy "step"), gradients
         clipped at 5."""
-        return dict(type="Adam", base_lr=self.opts.lr, momentum=0.9, momentum2=0.999,
+        return dict(type="Adam", base_lr=self.opts.lr or LR, momentum=0.9, momentum2=0.999,
                     delta=1e-8, lr_policy="step", gamma=0.9, stepsize=steps_per_epoch,
                     clip_gradients=5.0)
 
@@ -170,4 +174,4 @@ def train(opts: TrainOptions) -> dict:
     return Trainer(DeprelTraining(opts), opts.model_dir, epochs=opts.epochs, seed=opts.seed,
                    resume=opts.resume, overwrite=opts.overwrite, max_minutes=opts.max_minutes,
                    skip_bad_batches=opts.skip_bad_batches, quiet=opts.quiet,
-                   device=opts.device, average=None).fit()
+                   device=opts.device, average=None, given={"--lr": opts.lr}).fit()

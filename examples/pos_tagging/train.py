@@ -103,7 +103,7 @@ class TaggerTraining:
     files = TAGGER_FILES
     metric = Metric("dev_accuracy", "dev UPOS", percent=True)
     curve_title = "unroll BiLSTM tagger, UD English EWT"
-    recorded_options = {"--lr": "base_lr", "--lr-decay": "gamma"}
+    recorded_options = {"--lr": "base_lr"}
 
     def __init__(self, opts: TrainOptions):
         self.opts = opts
@@ -176,4 +176,4 @@ def train(opts: TrainOptions) -> dict:
     return Trainer(TaggerTraining(opts), opts.model_dir, epochs=opts.epochs, seed=opts.seed,
                    resume=opts.resume, overwrite=opts.overwrite, max_minutes=opts.max_minutes,
                    skip_bad_batches=opts.skip_bad_batches, quiet=opts.quiet,
-                   device=opts.device).fit()
+                   device=opts.device, given={"--lr": opts.lr}).fit()

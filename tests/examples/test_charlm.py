@@ -154,7 +154,7 @@ def test_the_learning_rate_is_recorded_and_another_is_refused_on_resume(corpus, 
     assert json.loads((tmp_path / "m" / "config.json").read_text())["lr"] == 0.01
     capsys.readouterr()
     assert train(corpus, tmp_path / "m", "--epochs", "2", "--resume", "--lr", "0.02") == 2
-    one_line_error(capsys, "--resume", "trained with --lr 0.01", "would use --lr 0.02")
+    one_line_error(capsys, "--resume", "trained with --lr 0.01", "given --lr 0.02")
     assert train(corpus, tmp_path / "m", "--epochs", "2", "--resume", "--lr", "0.01") == 0
 
 

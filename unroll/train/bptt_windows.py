@@ -4,7 +4,7 @@ A stream of symbols (a text) is cut into N rows, row k holding the k-th N-th
 of it, and the rows into windows of T steps, each (T, N) time-major: row k
 of a window carries on from row k of the one before, so that the state the
 training net ends a window with (:func:`unroll.train.carry.carry_hidden`) is
-the state the next window starts from (docs/design.md, 3. Unrolling). The
+the state the next window starts from (docs/design.md, 10. Training). The
 inputs are the stream but its last symbol, the targets (what each step
 predicts) the stream but its first; the last row is padded with targets the
 loss ignores (``ignore``, Caffe's ``ignore_label``), the last window may be

@@ -472,11 +472,12 @@ def settings_differ(model_dir: Path, asked: dict, has: dict) -> None:
 def options_differ(model_dir: Path, recorded: dict, given: dict) -> None:
     """Refuse to resume with training options (``given``: {option: value} as this run
     would use them) that differ from those the folder's log ``recorded``, naming each."""
-    conflicts = [f"{k} {recorded.get(k)!r}, and this run would use {k} {v!r}"
+    conflicts = [f"{k} {recorded.get(k)!r}, given {k} {v!r}"
                  for k, v in given.items() if recorded.get(k) != v]
     if conflicts:
         raise ModelFolderError(f"--resume: {model_dir} was trained with {'; with '.join(conflicts)}"
-                               f": give the folder's values, or train a new --model-dir")
+                               f": drop the option (the folder's is taken), or train a new "
+                               f"--model-dir")
 
 
 def commit_epoch(model_dir: Path, solver, log: list, result: dict, is_best: bool,

@@ -157,9 +157,10 @@ class Application(Protocol):
 
     Optional: ``recorded_options``, {command-line option: SolverParameter field} of the
     training options that are part of the run's record (``{"--lr": "base_lr"}``): each
-    epoch's log entry holds their values (``options``), and a resume whose
-    :meth:`solver_fields` give another is refused, naming the option, the recorded value
-    and the given one (:func:`unroll.train.model_folder.options_differ`).
+    epoch's log entry holds their values (``options``). A resume takes the recorded value
+    of each one not given (the Trainer's ``given``), and refuses one given that differs,
+    naming the option, the recorded value and the given one
+    (:func:`unroll.train.model_folder.options_differ`).
 
     Optional, for truncated BPTT: ``carried_state() -> {name: array}`` (the recurrent
     state the training nets carry into the next batch, as it is after an epoch; called
@@ -359,7 +360,9 @@ class Trainer:
     (and which communicator ranks use); ``average`` the decay of the weight
     average (None: no average, the params themselves are evaluated and saved);
     ``curve`` draws ``curve.png`` (needs matplotlib); ``clock`` gives the time in
-    seconds (None: ``time.perf_counter``; tests inject their own).
+    seconds (None: ``time.perf_counter``; tests inject their own); ``given`` the values of
+    the application's ``recorded_options`` given on the command line (``{"--lr": 0.01}``;
+    None or absent: not given, so that a resume takes the folder's).
 
     :meth:`fit` returns the last epoch's record (``{"stopped": ...}`` alone
     when the time limit came before the first epoch).
@@ -368,7 +371,8 @@ class Trainer:
     def __init__(self, app: Application, model_dir, *, epochs: int, seed: int | None = None,
                  resume: bool = False, overwrite: bool = False, max_minutes: float | None = None,
                  skip_bad_batches: int = 0, quiet: bool = False, device: str = "cpu",
-                 average: float | None = 0.998, curve: bool = True, clock=None):
+                 average: float | None = 0.998, curve: bool = True, clock=None,
+                 given: dict | None = None):
         if not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"--epochs: expected an integer >= 1, found {epochs!r}")
         if max_minutes is not None and not max_minutes >= 0:
@@ -387,6 +391,7 @@ class Trainer:
         self.max_minutes, self.skip_bad_batches = max_minutes, skip_bad_batches
         self.quiet, self.device, self.average, self.curve = quiet, device, average, curve
         self.clock = clock or time.perf_counter
+        self.given = given or {}
 
     def fit(self) -> dict:
         """Train (or resume) and return the log of the last epoch (see the class)."""
@@ -430,9 +435,11 @@ class Trainer:
         # each rank its own dropout masks; the solver broadcasts rank 0's params
         model = app.model(model_dir, seed + comm.rank)
         sampler = app.sampler(seed, comm.rank, comm.size)
-        fields = app.solver_fields(len(sampler))
-        options = {option: fields[name]
-                   for option, name in getattr(app, "recorded_options", {}).items()}
+        fields, options = app.solver_fields(len(sampler)), {}
+        for option, name in getattr(app, "recorded_options", {}).items():
+            if log and self.given.get(option) is None:  # not given: the folder's
+                fields[name] = log[-1]["options"].get(option, fields[name])
+            options[option] = fields[name]
         if log:  # a rate given now that differs from the record would change it silently
             folder.options_differ(model_dir, log[-1]["options"], options)
         solver = make_solver(model, fields, comm, self.skip_bad_batches)
