@@ -63,7 +63,7 @@ class App:
     def load(self, model_dir, log):
         self.symbols, self.config = described(folder.read_declared(model_dir, App.files, log))
         folder.settings_differ(model_dir, {k: v for k, v in self.sizes.items() if k != "lr"},
-                               asdict(self.config))  # a rate given the Trainer checks
+                               asdict(self.config))  # --lr: the Trainer checks it
 
     def model(self, model_dir, seed):
         self.lm = CharLM(self.symbols, self.config, seed, self.args.memory_budget,

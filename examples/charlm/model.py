@@ -49,7 +49,6 @@ class Symbols:
         return self.encode(BOUNDARY + "".join(t + BOUNDARY for t in texts))
 
 
-
 @dataclass
 class CharLMConfig:
     """Sizes: the embedding, the LSTM, N rows (streams) and T steps a window; and the

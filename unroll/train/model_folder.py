@@ -40,12 +40,13 @@ folder or refuses, saying what is wrong; it never starts over in a folder
 that holds a model. A folder that holds none yet (its trainer was killed
 before the first epoch was logged) is tidied and trained from epoch 1.
 
-Every trainer keeps its folder through this module: :func:`claimed` to hold
-it, :func:`commit_epoch` to write an epoch, :func:`restore_solver` to continue
-one; :func:`read_json` and :func:`verified` read it back. Each application
-declares its files once, as a :class:`ModelFiles`: its JSON files with their
-schemas, and its log schema, built by :func:`epoch_log_schema` from the
-folder's own fields (:data:`ENTRY_PROPERTIES`: ``epoch``, ``iter``,
+Every trainer keeps its folder through this module: :func:`claimed` to hold it,
+:func:`commit_epoch` to write an epoch, :func:`restore_solver` to continue one;
+:func:`read_json` (:func:`read_declared`: all of them) and :func:`verified` read it
+back, and :func:`load_trained` is what every command that reads a trained folder
+calls. Each application declares its files once, as a :class:`ModelFiles`: its JSON
+files with their schemas, and its log schema, built by :func:`epoch_log_schema` from
+the folder's own fields (:data:`ENTRY_PROPERTIES`: ``epoch``, ``iter``,
 ``snapshot``, ``sha256``; ``average`` where it averages) and its own.
 
 >>> files = ModelFiles(

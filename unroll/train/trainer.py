@@ -185,7 +185,7 @@ class Application(Protocol):
 
     def load(self, model_dir: Path, log: list[dict]) -> None:
         """A resumed run (``log``: its epochs), or a rank other than 0: read the
-        application's files from ``model_dir`` (:func:`unroll.train.model_folder.read_json`
+        application's files from ``model_dir`` (:func:`unroll.train.model_folder.read_declared`
         checks them against ``log``), refusing settings given that differ from them
         (:func:`unroll.train.model_folder.settings_differ`)."""
 
@@ -260,7 +260,7 @@ def log_schema(fields: dict, required=(), averaged: bool = True, carried: bool =
     application has :meth:`~Application.carried_state`.
 
     >>> schema = log_schema({"dev_bpc": json_files.finite()}, required=["dev_bpc"])
-    >>> sorted(schema["items"]["required"])
+    >>> sorted(schema["items"]["required"])  # doctest: +NORMALIZE_WHITESPACE
     ['average', 'dev_bpc', 'epoch', 'iter', 'options', 'seconds', 'seed', 'sha256', 'snapshot',
      'train_loss']
     """
