@@ -141,7 +141,8 @@ def build_parser():
     for size in SIZES:
         t.add_argument(f"--{size}", type=cli.positive_int,
                        help=f"(default {getattr(CharLMConfig, size)})")
-    t.add_argument("--lr", type=cli.positive_number, help=f"Adam (default {SOLVER['base_lr']})")
+    t.add_argument("--lr", type=cli.positive_number,
+                   help=f"Adam (default {SOLVER['base_lr']}; with --resume the folder's)")
     t.add_argument("--memory-budget", type=byte_size_argument, metavar="BYTES",
                    help="bytes a training net may plan (recomputing in backward)")
     t.set_defaults(run=train, interrupted="resume with --resume")
