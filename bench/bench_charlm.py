@@ -106,8 +106,7 @@ json.dump({"tokens_per_s": tokens / seconds, "dev_bpc": nats / count / math.log(
 
 def _unroll_side(job_path: str, out_path: str) -> None:
     """Train and score in unroll; writes the same JSON as the PyTorch side."""
-    from examples.charlm.model import CharLM, CharLMConfig
-    from examples.charlm.text import IGNORE, Symbols
+    from examples.charlm.model import IGNORE, CharLM, CharLMConfig, Symbols
     from unroll import Solver, carry_hidden
 
     with open(job_path, "rb") as f:
@@ -149,8 +148,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    from examples.charlm.model import SOLVER, CharLM, CharLMConfig
-    from examples.charlm.text import Symbols, read_texts
+    from examples.charlm.model import SOLVER, CharLM, CharLMConfig, Symbols
+    from unroll.tools.conllu import read_texts
     from unroll.tools.ewt import DEV_FILE, TRAIN_FILE, data_dir
 
     data = data_dir(args.data)

@@ -12,15 +12,16 @@ from dataclasses import asdict
 
 import numpy as np
 
-from examples.charlm.model import SOLVER, CharLM, CharLMConfig
-from examples.charlm.text import BOUNDARY, IGNORE, UNK, Symbols, read_texts, windows
+from examples.charlm.model import BOUNDARY, IGNORE, SOLVER, UNK, CharLM, CharLMConfig, Symbols
 from unroll import carry_hidden
 from unroll.core import json_files
 from unroll.core.sizes import byte_size_argument
 from unroll.tools import app_cli as cli
+from unroll.tools.conllu import read_texts
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE, fetched_data_dir, split_file
 from unroll.tools.output import write_output
 from unroll.train import model_folder as folder
+from unroll.train.bptt_windows import bptt_windows
 from unroll.train.trainer import Batches, Metric, Trainer, log_schema
 
 SIZES = ("embed", "hidden", "batch", "steps")
@@ -43,6 +44,7 @@ class App:
                                                          folder.FEATURES: SYMBOLS})
     metric = Metric("dev_bpc", "dev bits/char", mode="min")
     curve_title = "character LM"
+    recorded_options = {"--lr": "base_lr"}
 
     def __init__(self, args):
         self.args, self.ran = args, False
@@ -59,8 +61,9 @@ class App:
         folder.write_json(model_dir / folder.FEATURES, self.symbols.itos)
 
     def load(self, model_dir, log):
-        self.config, self.symbols = described(model_dir, log)
-        folder.settings_differ(model_dir, self.sizes, asdict(self.config))
+        self.symbols, self.config = described(folder.read_declared(model_dir, App.files, log))
+        folder.settings_differ(model_dir, {k: v for k, v in self.sizes.items() if k != "lr"},
+                               asdict(self.config))  # --lr: the Trainer checks it
 
     def model(self, model_dir, seed):
         self.lm = CharLM(self.symbols, self.config, seed, self.args.memory_budget,
@@ -70,12 +73,13 @@ class App:
 
     def sampler(self, seed, rank, size):
         n = self.config.batch  # rank r reads rows r*n..(r+1)*n-1 of size*n
-        cut = windows(self.symbols.stream(self.texts[0]), n * size, self.config.steps)
+        cut = bptt_windows(self.symbols.stream(self.texts[0]), n * size, self.config.steps,
+                           IGNORE)
         self.windows = [(x[:, rank * n:][:, :n], y[:, rank * n:][:, :n]) for x, y in cut]
         return Batches(len(self.windows), shuffle=False)
 
     def solver_fields(self, steps_per_epoch):
-        return dict(SOLVER, base_lr=self.config.lr)
+        return dict(SOLVER, base_lr=self.sizes.get("lr", self.config.lr))
 
     def batch(self, rows):
         self.carried_state()
@@ -94,28 +98,23 @@ class App:
         return {"dev_bpc": self.lm.bits_per_char(self.texts[1])}
 
 
-def described(model_dir, log):
-    """(config, symbols) of a model folder, as ``log`` records them."""
-    config, symbols = (folder.read_json(model_dir, App.files, name, log)
-                       for name in (folder.CONFIG, folder.FEATURES))
-    return CharLMConfig(**config), Symbols(symbols)
+def described(files):
+    """(symbols, config) from the values of a model folder's files (``{name: value}``)."""
+    return Symbols(files[folder.FEATURES]), CharLMConfig(**files[folder.CONFIG])
 
 
 def trained(args) -> CharLM:
     """The CharLM of ``--model-dir`` with its best weights, checked against log.json."""
-    log = folder.read_log(args.model_dir, App.files)
-    if not log:
-        raise folder.ModelFolderError(f"{args.model_dir} holds no trained model: train first")
-    lm = CharLM(*reversed(described(args.model_dir, log)), device=args.device)
-    folder.load_checkpoint(lm.train_model, args.model_dir, log, "best")
-    return lm
+    return folder.load_trained(args.model_dir, App.files,
+                               lambda files: CharLM(*described(files), device=args.device),
+                               what="character LM", module="examples.charlm")
 
 
 def train(args) -> int:
     result = Trainer(App(args), args.model_dir, epochs=args.epochs, seed=args.seed,
                      resume=args.resume, overwrite=args.overwrite, max_minutes=args.max_minutes,
                      skip_bad_batches=args.skip_bad_batches, quiet=args.quiet,
-                     device=args.device).fit()
+                     device=args.device, given={"--lr": args.lr}).fit()
     cli.report_training(args, result, App.metric)
     return 0
 
@@ -142,7 +141,8 @@ def build_parser():
     for size in SIZES:
         t.add_argument(f"--{size}", type=cli.positive_int,
                        help=f"(default {getattr(CharLMConfig, size)})")
-    t.add_argument("--lr", type=cli.positive_number, help=f"Adam (default {SOLVER['base_lr']})")
+    t.add_argument("--lr", type=cli.positive_number,
+                   help=f"Adam (default {SOLVER['base_lr']}; with --resume the folder's)")
     t.add_argument("--memory-budget", type=byte_size_argument, metavar="BYTES",
                    help="bytes a training net may plan (recomputing in backward)")
     t.set_defaults(run=train, interrupted="resume with --resume")

@@ -1,9 +1,12 @@
-"""The character LM's nets over one parameter store (``charlm.prototxt.j2`` has the
+"""The character LM: its symbols (EWT's text as one stream: a boundary, then each sentence
+followed by one) and its nets over one parameter store (``charlm.prototxt.j2`` has the
 equations): one per window length to train (a pass's last window may be shorter), their
 test-phase twins to score, and a one-step net that an :class:`unroll.Stepper` runs to
 sample. Each window carries on from the state of the one before (truncated BPTT,
 docs/design.md "Unrolling").
 
+>>> Symbols.build(["ab", "b"]).stream(["ab", "b"]).tolist()   # <unk> 0, boundary 1, a 2, b 3
+[1, 2, 3, 1, 3, 1]
 >>> lm = CharLM(Symbols.build(["a cat", "a dog"]), CharLMConfig(4, 8, batch=2, steps=3))
 >>> lm.sample("a ", length=5, seed=1).startswith("a ")
 True
@@ -17,14 +20,33 @@ from pathlib import Path
 
 import numpy as np
 
-from examples.charlm.text import BOUNDARY, IGNORE, Symbols, windows
 from unroll import BucketedModel, Stepper, carry_hidden, expand
 from unroll.engine.backend import to_numpy
+from unroll.train.bptt_windows import bptt_windows
+from unroll.train.trainer import TrainingDiverged
 
+UNK, BOUNDARY, IGNORE = "<unk>", "\n", -1
 TEMPLATE = Path(__file__).with_name("charlm.prototxt.j2")
 #: the SolverParameter fields of training (bench/bench_charlm.py gives PyTorch the same)
 SOLVER = {"type": "Adam", "base_lr": 2e-3, "momentum": 0.9, "momentum2": 0.999, "delta": 1e-8,
           "clip_gradients": 5.0}
+
+
+class Symbols:
+    """The symbol table: <unk>, the boundary, then the training text's characters."""
+
+    def __init__(self, itos):
+        self.itos, self.stoi = list(itos), {s: i for i, s in enumerate(itos)}
+
+    @classmethod
+    def build(cls, texts) -> Symbols:
+        return cls([UNK, BOUNDARY, *sorted(set().union(*map(set, texts)) - {BOUNDARY})])
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.array([self.stoi.get(c, 0) for c in text], np.int64)
+
+    def stream(self, texts) -> np.ndarray:
+        return self.encode(BOUNDARY + "".join(t + BOUNDARY for t in texts))
 
 
 @dataclass
@@ -59,8 +81,9 @@ class CharLM:
         self.stepper = Stepper(net(1, "step", 1), store=self.train_model.store, device=device)
 
     def windows(self, texts) -> list:
-        """The (inputs, targets) windows of ``texts`` as one stream (:mod:`.text`)."""
-        return windows(self.symbols.stream(texts), self.config.batch, self.config.steps)
+        """The (inputs, targets) windows of ``texts`` as one stream (:class:`Symbols`)."""
+        return bptt_windows(self.symbols.stream(texts), self.config.batch, self.config.steps,
+                            IGNORE)
 
     def zero_state(self) -> dict:
         zeros = np.zeros((1, self.config.batch, self.config.hidden), np.float32)
@@ -92,7 +115,11 @@ class CharLM:
         rng, text, one = np.random.default_rng(seed), list(prime), np.ones((1, 1))
 
         def step(k):  # the next symbol's probabilities, after reading symbol k
-            return to_numpy(self.stepper(chars=one * k, cont=one)["probs"])[0, 0].astype(float)
+            p = to_numpy(self.stepper(chars=one * k, cont=one)["probs"])[0, 0].astype(float)
+            if not np.isfinite(p).all():
+                raise TrainingDiverged("the model's probabilities are not finite (its weights "
+                                       "diverged); train it again with a lower --lr")
+            return p
 
         self.stepper.reset()
         for k in self.symbols.encode(BOUNDARY + prime):

@@ -79,15 +79,15 @@ def _label(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from examples.deprel.labeller import MODELS, DeprelConfig
-    from examples.deprel.train import TrainOptions
+    from examples.deprel.train import LR, TrainOptions
     from unroll.train.model_folder import CHECKPOINTS
 
     parser, sub = app_cli.app_parser(PROG, __doc__)
     model, data = app_cli.model_options("runs/deprel"), app_cli.data_options()
     t = sub.add_parser("train", parents=[model, data, app_cli.training_options(
         TrainOptions.epochs)], help="train a labeller on EWT train, tune on dev")
-    t.add_argument("--lr", type=app_cli.positive_number, default=TrainOptions.lr,
-                   help=f"Adam learning rate (default {TrainOptions.lr:g})")
+    t.add_argument("--lr", type=app_cli.positive_number,
+                   help=f"Adam learning rate (default {LR:g}; with --resume the folder's)")
     d = DeprelConfig()
     sizes = t.add_argument_group("model (with --resume: only to check the folder's)")
     sizes.add_argument("--model", choices=MODELS,

@@ -243,18 +243,12 @@ class Labeller:
         """The labeller of a model folder: its JSON bounded and schema-checked, it and the
         weights checked against the SHA-256 that log.json records."""
         model_dir = Path(model_dir)
-        if not model_dir.is_dir():
-            raise FileNotFoundError(f"--model-dir {model_dir}: no such folder")
-        log = folder.read_log(model_dir, DEPREL_FILES)
-        if not log:
-            raise folder.ModelFolderError(
-                f"{model_dir} holds no trained labeller ({folder.LOG} names no finished "
-                f"epoch); train one with `python -m examples.deprel train --model-dir "
-                f"{model_dir}`")
-        features, config = (folder.read_json(model_dir, DEPREL_FILES, file, log)
-                            for file in (folder.FEATURES, folder.CONFIG))
-        labeller = cls(Featurizer.from_checked(features, model_dir / folder.FEATURES),
-                       DeprelConfig.from_checked(config, model_dir / folder.CONFIG),
-                       device=device)
-        folder.load_checkpoint(labeller.train_model, model_dir, log, name)
-        return labeller
+        return folder.load_trained(model_dir, DEPREL_FILES,
+                                   lambda files: cls(*described(model_dir, files), device=device),
+                                   what="labeller", module="examples.deprel", checkpoint=name)
+
+
+def described(model_dir: Path, files: dict) -> tuple[Featurizer, DeprelConfig]:
+    """(featurizer, config) from the values of a model folder's JSON files ({name: value})."""
+    return (Featurizer.from_checked(files[folder.FEATURES], model_dir / folder.FEATURES),
+            DeprelConfig.from_checked(files[folder.CONFIG], model_dir / folder.CONFIG))

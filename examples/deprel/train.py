@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from examples.deprel.conll import read_deprel
-from examples.deprel.labeller import DEPREL_FILES, DeprelConfig, Labeller
+from examples.deprel.labeller import DEPREL_FILES, DeprelConfig, Labeller, described
 from examples.pos_tagging.features import Featurizer, word_dropout
 from unroll.core.errors import FileFormatError
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
@@ -26,6 +26,10 @@ from unroll.train.trainer import Metric, Trainer
 
 __all__ = ["DeprelTraining", "TrainOptions", "accuracy", "majority_accuracy", "read_trees",
            "train"]
+
+
+#: the Adam learning rate where --lr is not given
+LR = 2e-3
 
 
 @dataclass
@@ -42,7 +46,7 @@ class TrainOptions:
     model_dir: Path
     epochs: int = 20
     max_minutes: float | None = None
-    lr: float = 2e-3
+    lr: float | None = None  # None: LR, or on --resume the folder's
     seed: int | None = None  # None: 0, or on --resume the folder's
     limit: int | None = None  # None: every sentence
     resume: bool = False
@@ -95,6 +99,7 @@ class DeprelTraining:
     files = DEPREL_FILES
     metric = Metric("dev_accuracy", "dev label accuracy", percent=True)
     curve_title = "unroll DEPREL labeller, UD English EWT"
+    recorded_options = {"--lr": "base_lr"}
 
     def __init__(self, opts: TrainOptions):
         self.opts = opts
@@ -112,12 +117,8 @@ class DeprelTraining:
 
     def load(self, model_dir: Path, log: list[dict]) -> None:
         try:
-            described = {name: folder.read_json(model_dir, DEPREL_FILES, name, log)
-                         for name in (folder.FEATURES, folder.CONFIG)}
-            self.config = DeprelConfig.from_checked(described[folder.CONFIG],
-                                                    model_dir / folder.CONFIG)
-            self.featurizer = Featurizer.from_checked(described[folder.FEATURES],
-                                                      model_dir / folder.FEATURES)
+            self.featurizer, self.config = described(
+                model_dir, folder.read_declared(model_dir, DEPREL_FILES, log))
         except FileFormatError as e:
             raise folder.resume_error(model_dir, str(e)) from None
         folder.settings_differ(model_dir, self.opts.sizes, asdict(self.config))
@@ -137,7 +138,7 @@ class DeprelTraining:
     def solver_fields(self, steps_per_epoch: int) -> dict:
         """Adam, its rate decayed by 0.9 every epoch (Caffe's lr_policy "step"), gradients
         clipped at 5."""
-        return dict(type="Adam", base_lr=self.opts.lr, momentum=0.9, momentum2=0.999,
+        return dict(type="Adam", base_lr=self.opts.lr or LR, momentum=0.9, momentum2=0.999,
                     delta=1e-8, lr_policy="step", gamma=0.9, stepsize=steps_per_epoch,
                     clip_gradients=5.0)
 
@@ -173,4 +174,4 @@ def train(opts: TrainOptions) -> dict:
     return Trainer(DeprelTraining(opts), opts.model_dir, epochs=opts.epochs, seed=opts.seed,
                    resume=opts.resume, overwrite=opts.overwrite, max_minutes=opts.max_minutes,
                    skip_bad_batches=opts.skip_bad_batches, quiet=opts.quiet,
-                   device=opts.device, average=None).fit()
+                   device=opts.device, average=None, given={"--lr": opts.lr}).fit()

@@ -190,18 +190,15 @@ class Description:
     def read(cls, model_dir: Path, log: list[dict]) -> Description:
         """The description in a model folder, its JSON schema-checked and checked against
         the checksums of ``log`` (its log.json)."""
-        model_dir = Path(model_dir)
-        try:
-            features = folder.read_json(model_dir, LEMMATIZER_FILES, folder.FEATURES, log)
-            config = LemmatizerConfig(**folder.read_json(model_dir, LEMMATIZER_FILES,
-                                                         folder.CONFIG, log))
-        except FileNotFoundError as e:
-            raise folder.ModelFolderError(
-                f"{model_dir} holds no trained lemmatizer ({Path(e.filename).name} is "
-                f"missing); train one with `python -m examples.lemmatize train --model-dir "
-                f"{model_dir}`") from None
+        return cls.described(folder.read_declared(Path(model_dir), LEMMATIZER_FILES, log))
+
+    @classmethod
+    def described(cls, files: dict) -> Description:
+        """The description from the values of a model folder's JSON files ({name: value})."""
+        features = files[folder.FEATURES]
         return cls(Vocab.from_dict(features["chars"]),
-                   Dictionary(map(tuple, features["dictionary"])), config)
+                   Dictionary(map(tuple, features["dictionary"])),
+                   LemmatizerConfig(**files[folder.CONFIG]))
 
 
 class Lemmatizer:
@@ -332,16 +329,10 @@ class Lemmatizer:
     def load(cls, model_dir: Path, checkpoint: str = "best") -> Lemmatizer:
         """The lemmatizer of a model folder: its JSON schema-checked, its weights checked
         against the SHA-256 that log.json records."""
-        model_dir = Path(model_dir)
-        log = folder.read_log(model_dir, LEMMATIZER_FILES)
-        if not log:
-            raise folder.ModelFolderError(
-                f"{model_dir} holds no trained lemmatizer ({folder.LOG} names no finished "
-                f"epoch); train one with `python -m examples.lemmatize train --model-dir "
-                f"{model_dir}`")
-        lemmatizer = cls(Description.read(model_dir, log))
-        folder.load_checkpoint(lemmatizer.train_model, model_dir, log, checkpoint)
-        return lemmatizer
+        return folder.load_trained(model_dir, LEMMATIZER_FILES,
+                                   lambda files: cls(Description.described(files)),
+                                   what="lemmatizer", module="examples.lemmatize",
+                                   checkpoint=checkpoint)
 
 
 #: the lemmatizer's log.json: the Trainer's epoch records (no average: the params themselves

@@ -36,6 +36,10 @@ __all__ = ["LemmatizerTraining", "TrainOptions", "WordBatches", "dictionary_base
            "read_words", "scores", "train", "words_of"]
 
 
+#: the Adam learning rate where --lr is not given
+LR = 3e-3
+
+
 @dataclass
 class TrainOptions:
     """What to train on, where, and how (the Trainer's options, then the lemmatizer's).
@@ -55,7 +59,7 @@ class TrainOptions:
     overwrite: bool = False
     skip_bad_batches: int = 0
     quiet: bool = False
-    lr: float = 3e-3
+    lr: float | None = None  # None: LR, or on --resume the folder's
     sizes: dict = field(default_factory=dict)
 
 
@@ -143,6 +147,7 @@ class LemmatizerTraining:
     files = LEMMATIZER_FILES
     metric = Metric("dev_combined", "dev combined", percent=True)
     curve_title = "unroll lemmatizer, UD English EWT"
+    recorded_options = {"--lr": "base_lr"}
 
     def __init__(self, opts: TrainOptions):
         # before the folder is claimed: a size the folder's config.json could not hold
@@ -177,7 +182,7 @@ class LemmatizerTraining:
     def solver_fields(self, steps_per_epoch: int) -> dict:
         """Adam at ``lr``, decayed by 0.95 every epoch (Caffe's lr_policy "step"), gradients
         clipped at norm 5."""
-        return dict(type="Adam", base_lr=self.opts.lr, momentum=0.9, momentum2=0.999,
+        return dict(type="Adam", base_lr=self.opts.lr or LR, momentum=0.9, momentum2=0.999,
                     delta=1e-8, lr_policy="step", gamma=0.95, stepsize=steps_per_epoch,
                     clip_gradients=5.0)
 
@@ -200,4 +205,4 @@ def train(opts: TrainOptions) -> dict:
     return Trainer(LemmatizerTraining(opts), opts.model_dir, epochs=opts.epochs,
                    seed=opts.seed, resume=opts.resume, overwrite=opts.overwrite,
                    max_minutes=opts.max_minutes, skip_bad_batches=opts.skip_bad_batches,
-                   quiet=opts.quiet, average=None).fit()
+                   quiet=opts.quiet, average=None, given={"--lr": opts.lr}).fit()

@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         TrainOptions.epochs)], help="train on EWT train, tune on dev")
     t.add_argument("--lr", type=app_cli.positive_number,
                    help=f"Adam learning rate (default {PACKED_LR:g}, with --no-pack "
-                        f"{BUCKETED_LR:g})")
+                        f"{BUCKETED_LR:g}; with --resume the folder's)")
     t.add_argument("--lr-decay", type=app_cli.positive_number, default=TrainOptions.lr_gamma,
                    help="learning rate factor after each epoch (Caffe lr_policy step)")
     d = TaggerConfig()

@@ -15,7 +15,8 @@ from __future__ import annotations
 from examples.pos_tagging.features import FEATURES
 from unroll.core.json_files import count, finite, ratio
 from unroll.train import model_folder
-from unroll.train.model_folder import ModelFiles, epoch_log_schema
+from unroll.train.model_folder import ModelFiles
+from unroll.train.trainer import log_schema
 
 #: entries of one vocabulary (EWT's largest, words, has about 16k)
 MAX_VOCAB = 5_000_000
@@ -73,14 +74,9 @@ FEATURES_SCHEMA = {
     },
 }
 
-#: log.json: the tagger's epochs (the names in them are checked further by the folder)
-LOG_SCHEMA = epoch_log_schema(
-    {"train_loss": {"type": ["number", "null"], "minimum": 0,
-                    "description": "a finite number >= 0, or null"},
-     "dev_accuracy": finite(1), "padding_fraction": finite(1),
-     "seconds": finite(), "tokens_per_s": finite()},
-    required=["train_loss", "dev_accuracy", "seconds", "seed"], averaged=True,
-)
+#: log.json: the Trainer's epoch records with the tagger's dev UPOS and padding
+LOG_SCHEMA = log_schema({"dev_accuracy": finite(1), "padding_fraction": finite(1)},
+                        required=["dev_accuracy"])
 
 #: the tagger's model folder: its log and its two JSON files, which log.json checksums
 TAGGER_FILES = ModelFiles(LOG_SCHEMA, {model_folder.CONFIG: CONFIG_SCHEMA,

@@ -333,6 +333,17 @@ class Tagger:
         built-in or a file inside ``model_dir``, and no Python layer is allowed.
         """
         model_dir = Path(model_dir)
+
+        def build(files):
+            return cls(*described(model_dir, files), device=device, folder=model_dir)
+
+        if os.path.lexists(model_folder.inside(model_dir, model_folder.LOG)):
+            # a trainer's folder vouches for its files and its checkpoints in log.json
+            if name not in model_folder.CHECKPOINTS:
+                raise FileFormatError(model_dir / model_folder.LOG,
+                                      f"records no checksum for {name}.caffemodel")
+            return model_folder.load_trained(model_dir, TAGGER_FILES, build, what="tagger",
+                                             module="examples.pos_tagging", checkpoint=name)
         if not model_dir.is_dir():
             raise FileNotFoundError(f"--model-dir {model_dir}: no such folder")
         for needed in (FEATURES, CONFIG):
@@ -343,22 +354,15 @@ class Tagger:
         if not os.path.lexists(weights):
             raise FileNotFoundError(f"{weights} is missing: {model_dir} holds no trained "
                                     f"'{name}' weights (did training end its first epoch?)")
-        # a trainer's folder vouches for its files in log.json; a saved tagger has no log
-        log = model_folder.read_log(model_dir, TAGGER_FILES)
-        if log:
-            if name not in model_folder.CHECKPOINTS:
-                raise FileFormatError(model_dir / model_folder.LOG,
-                                      f"records no checksum for {weights.name}")
-        described = {name: model_folder.read_json(model_dir, TAGGER_FILES, name, log)
-                     for name in (FEATURES, CONFIG)}
-        tagger = cls(Featurizer.from_checked(described[FEATURES], model_dir / FEATURES),
-                     TaggerConfig.from_checked(described[CONFIG], model_dir / CONFIG),
-                     device=device, folder=model_dir)
-        if log:
-            model_folder.load_checkpoint(tagger.train_model, model_dir, log, name)
-        else:
-            tagger.train_model.copy_from(weights, strict=True)
+        tagger = build(model_folder.read_declared(model_dir, TAGGER_FILES, []))
+        tagger.train_model.copy_from(weights, strict=True)
         return tagger
+
+
+def described(model_dir: Path, files: dict) -> tuple[Featurizer, TaggerConfig]:
+    """(featurizer, config) from the values of a model folder's JSON files ({name: value})."""
+    return (Featurizer.from_checked(files[FEATURES], model_dir / FEATURES),
+            TaggerConfig.from_checked(files[CONFIG], model_dir / CONFIG))
 
 
 def tag_ids(upos_lists) -> list[np.ndarray]:

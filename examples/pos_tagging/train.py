@@ -23,6 +23,7 @@ from examples.pos_tagging.tagger import (
     TaggerConfig,
     builtin_cells,
     cell_template,
+    described,
     tag_ids,
 )
 from unroll.core.atomic import write_atomic
@@ -102,6 +103,7 @@ class TaggerTraining:
     files = TAGGER_FILES
     metric = Metric("dev_accuracy", "dev UPOS", percent=True)
     curve_title = "unroll BiLSTM tagger, UD English EWT"
+    recorded_options = {"--lr": "base_lr"}
 
     def __init__(self, opts: TrainOptions):
         self.opts = opts
@@ -131,13 +133,9 @@ class TaggerTraining:
 
     def load(self, model_dir: Path, log: list[dict]) -> None:
         try:
-            described = {name: folder.read_json(model_dir, TAGGER_FILES, name, log)
-                         for name in (folder.FEATURES, folder.CONFIG)}
-            self.config = TaggerConfig.from_checked(described[folder.CONFIG],
-                                                    model_dir / folder.CONFIG)
+            self.featurizer, self.config = described(
+                model_dir, folder.read_declared(model_dir, TAGGER_FILES, log))
             cell_template(self.config.cell, model_dir)
-            self.featurizer = Featurizer.from_checked(described[folder.FEATURES],
-                                                      model_dir / folder.FEATURES)
         except FileFormatError as e:
             raise folder.resume_error(model_dir, str(e)) from None
         folder.settings_differ(model_dir, self.opts.sizes, asdict(self.config))
@@ -178,4 +176,4 @@ def train(opts: TrainOptions) -> dict:
     return Trainer(TaggerTraining(opts), opts.model_dir, epochs=opts.epochs, seed=opts.seed,
                    resume=opts.resume, overwrite=opts.overwrite, max_minutes=opts.max_minutes,
                    skip_bad_batches=opts.skip_bad_batches, quiet=opts.quiet,
-                   device=opts.device).fit()
+                   device=opts.device, given={"--lr": opts.lr}).fit()

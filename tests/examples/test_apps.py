@@ -85,6 +85,36 @@ def test_a_bad_rate_or_ratio_is_refused_in_one_line_and_leaves_no_folder(app, tm
         assert not model_dir.exists()
 
 
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_the_learning_rate_is_recorded_and_a_resume_takes_it_or_refuses_another(app, tmp_path,
+                                                                             capsys):
+    data, model_dir = app.corpus(tmp_path / "data"), tmp_path / "m"
+    main = importlib.import_module(f"{app.module}.__main__").main
+    assert main([*train_argv(app, data, model_dir, "--lr", "0.01"), "--epochs", "1"]) == 0
+    assert [e["options"]["--lr"] for e in json.loads((model_dir / folder.LOG).read_text())] == [
+        0.01]
+    before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
+    capsys.readouterr()
+    resumed = [*train_argv(app, data, model_dir, "--lr", "0.02"), "--epochs", "2", "--resume"]
+    assert main(resumed) == 2
+    one_line_error(capsys, f"{model_dir} was trained with --lr 0.01", "given --lr 0.02")
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before
+    # not given, the folder's rate is taken
+    assert main([*train_argv(app, data, model_dir), "--epochs", "2", "--resume"]) == 0
+    assert [e["options"]["--lr"] for e in json.loads((model_dir / folder.LOG).read_text())] == [
+        0.01, 0.01]
+
+
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_the_data_help_names_its_default_folders_as_paths(app, capsys):
+    main = importlib.import_module(f"{app.module}.__main__").main
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "../shared/data/ud_english_ewt from the checkout" in help_text
+    assert "('" not in help_text
+
+
 def committed(model_dir: Path) -> int:
     try:
         return len(json.loads((model_dir / folder.LOG).read_text()))

@@ -18,14 +18,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from examples.charlm.__main__ import main
-from examples.charlm.model import CharLM, CharLMConfig
-from examples.charlm.text import BOUNDARY, IGNORE, Symbols, read_texts, windows
+from examples.charlm.model import BOUNDARY, IGNORE, CharLM, CharLMConfig, Symbols
 from tests.cli_helpers import one_line_error
 from tests.hang import limit
 from unroll import carry_hidden
-from unroll.core.errors import FileFormatError, MemoryBudgetError
+from unroll.core.errors import MemoryBudgetError
 from unroll.core.proto import NetParameter, array_from_blob_proto
+from unroll.tools.conllu import read_texts
 from unroll.tools.ewt import TRAIN_FILE
+from unroll.train import model_folder as folder
+from unroll.train.trainer import TrainingDiverged
 
 REPO = Path(__file__).resolve().parents[2]
 #: mpiexec beside this Python (the mpich wheel's), else on PATH
@@ -66,41 +68,9 @@ def reference_nats(p: dict, x: np.ndarray, y: np.ndarray, h, c):
     return nats, count, h, c
 
 
-def test_windows_cut_the_stream_into_rows_that_cover_every_target_once():
-    stream = SYMBOLS.stream(TEXTS)
-    cut = windows(stream, 3, 4)
-    assert all(x.shape == y.shape and x.shape[1] == 3 for x, y in cut)
-    assert {len(x) for x, _ in cut[:-1]} == {4}
-    x = np.concatenate([x for x, _ in cut]).T.ravel()
-    y = np.concatenate([y for _, y in cut]).T.ravel()
-    valid = y != IGNORE
-    assert y[valid].tolist() == stream[1:].tolist()
-    assert x[valid].tolist() == stream[:-1].tolist()
-
-
 def test_symbols_put_unk_and_the_boundary_first_and_read_unknown_characters_as_unk():
     assert SYMBOLS.itos[:2] == ["<unk>", BOUNDARY]
     assert SYMBOLS.encode("a€").tolist() == [SYMBOLS.stoi["a"], 0]
-
-
-@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"])
-def test_read_texts_takes_the_text_comments_with_any_line_end_and_a_bom(tmp_path, end):
-    words = b"1\tHi\t_\tINTJ\t_\t_\t0\t_\t_\t_"
-    lines = [b"\xef\xbb\xbf# text = Hi there", b"# sent_id = 1", words, b"",
-             "# text = Ça va".encode(), words, b""]
-    path = tmp_path / "x.conllu"
-    path.write_bytes(end.join(lines))
-    assert read_texts(path) == ["Hi there", "Ça va"]
-
-
-def test_read_texts_refuses_a_file_without_text_and_bad_utf8(tmp_path):
-    path = tmp_path / "x.conllu"
-    path.write_bytes(b"1\tHi\t_\tINTJ\t_\t_\t0\t_\t_\t_\n\n")
-    with pytest.raises(FileFormatError, match="no '# text"):
-        read_texts(path)
-    path.write_bytes(b"# text = ok\n# text = \xff\n")
-    with pytest.raises(FileFormatError, match="line 2: not UTF-8"):
-        read_texts(path)
 
 
 def test_the_loss_of_each_window_equals_numpy_with_the_state_carried():
@@ -184,7 +154,7 @@ def test_the_learning_rate_is_recorded_and_another_is_refused_on_resume(corpus, 
     assert json.loads((tmp_path / "m" / "config.json").read_text())["lr"] == 0.01
     capsys.readouterr()
     assert train(corpus, tmp_path / "m", "--epochs", "2", "--resume", "--lr", "0.02") == 2
-    one_line_error(capsys, "--resume", "lr 0.02 (the folder has 0.01)")
+    one_line_error(capsys, "--resume", "trained with --lr 0.01", "given --lr 0.02")
     assert train(corpus, tmp_path / "m", "--epochs", "2", "--resume", "--lr", "0.01") == 0
 
 
@@ -210,6 +180,33 @@ def test_evaluate_scores_the_best_weights_and_sample_writes_its_text(corpus, tmp
     assert main(command) == 2
     refusal = capsys.readouterr().err
     assert refusal.count("\n") == 1 and "features.json" in refusal
+
+
+def test_sampling_a_model_whose_probabilities_are_not_finite_is_refused():
+    model = lm()
+    for p in model.train_model.learnable_params:
+        if p.name == "b_out":
+            p.blob.data[...] = np.nan
+    with pytest.raises(TrainingDiverged, match="probabilities are not finite"):
+        model.sample("a", length=5)
+
+
+def test_sample_on_a_diverged_model_ends_in_one_line_and_status_1(corpus, tmp_path, capsys):
+    """A folder whose best weights are NaN (log.json vouching for them, as it would for a
+    training whose weights overflowed)."""
+    model_dir = tmp_path / "m"
+    assert train(corpus, model_dir, "--epochs", "1", *TINY) == 0
+    weights = NetParameter.FromString((model_dir / "best.caffemodel").read_bytes())
+    for layer in weights.layer:
+        for blob in layer.blobs:
+            blob.data[:] = [math.nan] * len(blob.data)
+    (model_dir / "best.caffemodel").write_bytes(weights.SerializeToString())
+    log = json.loads((model_dir / "log.json").read_text())
+    log[-1]["sha256"]["best.caffemodel"] = folder.sha256(weights.SerializeToString())
+    (model_dir / "log.json").write_text(json.dumps(log))
+    capsys.readouterr()
+    assert main(["sample", "--model-dir", str(model_dir), "--prime", "the "]) == 1
+    one_line_error(capsys, "sample: ", "probabilities are not finite", "lower --lr")
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from unroll.tools.conllu import (
     fill_column,
     fill_upos,
     read_conllu,
+    read_texts,
     write_conllu,
 )
 
@@ -276,3 +277,23 @@ def test_a_fifo_is_read_as_a_redirect_would(tmp_path):
     writer = threading.Thread(target=fifo.write_bytes, args=(text,), daemon=True)
     writer.start()
     assert at_once(lambda p: list(read_conllu(p)), fifo) == [(["Hi"], ["INTJ"])]
+
+
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"])
+def test_read_texts_takes_the_text_comments_with_any_line_end_and_a_bom(tmp_path, end):
+    words = b"1\tHi\t_\tINTJ\t_\t_\t0\t_\t_\t_"
+    lines = [b"\xef\xbb\xbf# text = Hi there", b"# sent_id = 1", words, b"",
+             "# text = Ça va".encode(), words, b""]
+    path = tmp_path / "x.conllu"
+    path.write_bytes(end.join(lines))
+    assert read_texts(path) == ["Hi there", "Ça va"]
+
+
+def test_read_texts_refuses_a_file_without_text_and_bad_utf8(tmp_path):
+    path = tmp_path / "x.conllu"
+    path.write_bytes(b"1\tHi\t_\tINTJ\t_\t_\t0\t_\t_\t_\n\n")
+    with pytest.raises(FileFormatError, match="x.conllu: holds no '# text"):
+        read_texts(path)
+    path.write_bytes(b"# text = ok\n# text = \xff\n")
+    with pytest.raises(FileFormatError, match="line 2: not UTF-8"):
+        read_texts(path)

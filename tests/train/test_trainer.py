@@ -275,6 +275,37 @@ def test_a_different_seed_is_refused_on_resume(tmp_path):
         fit(Regression(), tmp_path, resume=True, seed=4)
 
 
+class RatedRegression(Regression):
+    """The regression with ``--lr`` (base_lr, ``lr`` where given, else 0.05) and
+    ``--gamma`` part of the run's record."""
+
+    recorded_options = {"--lr": "base_lr", "--gamma": "gamma"}
+
+    def __init__(self, lr=None):
+        super().__init__()
+        self.lr = lr
+
+    def solver_fields(self, steps_per_epoch):
+        return super().solver_fields(steps_per_epoch) | {"base_lr": self.lr or 0.05}
+
+
+def test_recorded_options_are_logged_and_a_resume_takes_or_checks_them(tmp_path):
+    def run(lr, **options):
+        return fit(RatedRegression(lr), tmp_path, given={"--lr": lr}, **options)
+
+    run(0.01, epochs=1)
+    assert [e["options"] for e in records(tmp_path)] == [{"--lr": 0.01, "--gamma": 0.5}]
+    with pytest.raises(folder.ModelFolderError,
+                       match=r"trained with --lr 0\.01, given --lr 0\.02: drop the option"):
+        run(0.02, epochs=2, resume=True)
+    assert len(records(tmp_path)) == 1
+    run(None, epochs=2, resume=True)  # not given: the folder's, not the application's 0.05
+    assert [e["options"]["--lr"] for e in records(tmp_path)] == [0.01, 0.01]
+    whole = tmp_path / "whole"
+    fit(RatedRegression(0.01), whole, epochs=2, given={"--lr": 0.01})
+    assert final_state(whole) == final_state(tmp_path)
+
+
 @given(n=st.integers(1, 40), batch_size=st.integers(1, 5), size=st.integers(1, 4),
        epoch=st.integers(0, 5))
 def test_unshuffled_batches_deal_the_items_in_order_to_every_rank_alike_each_epoch(

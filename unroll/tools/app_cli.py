@@ -200,8 +200,8 @@ def data_options() -> argparse.ArgumentParser:
     group = argparse.ArgumentParser(add_help=False)
     group.add_argument("--data", type=Path,
                        help=f"folder with en_ewt-ud-{{train,dev,test}}.conllu (default: "
-                            f"${DATA_ENV}, else {DEFAULT_DATA.parts[-3:]} beside the checkout "
-                            f"if it exists, else EWT {RELEASE} fetched into "
+                            f"${DATA_ENV}, else {Path('..', *DEFAULT_DATA.parts[-3:]).as_posix()} "
+                            f"from the checkout if it exists, else EWT {RELEASE} fetched into "
                             f"${HOME_ENV}/ud_english_ewt/{RELEASE}, default ~/.cache/unroll)")
     return group
 

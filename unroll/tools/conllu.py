@@ -28,7 +28,7 @@ from unroll.core.errors import FileFormatError
 from unroll.tools.output import write_output
 
 __all__ = ["UPOS_TAGS", "CoNLLUError", "fill_column", "fill_upos", "parse_head", "read_conllu",
-           "read_lines", "write_conllu"]
+           "read_lines", "read_texts", "write_conllu"]
 
 #: The 17 universal POS tags, in the order of the UD guidelines; a tag's index
 #: here is its label id.
@@ -298,6 +298,28 @@ def read_lines(source) -> tuple[list[bytes], str]:
     data = source.read()
     data = data.encode("utf-8") if isinstance(data, str) else data
     return data.splitlines(keepends=True), str(getattr(source, "name", "<stream>"))
+
+
+def read_texts(source) -> list[str]:
+    """The sentences' text of a CoNLL-U file (a path or a file): its ``# text = ...``
+    comments, in order, as :func:`read_lines` reads lines (LF, CRLF or CR; a BOM skipped).
+    A file without one, or text that is not UTF-8, is a FileFormatError naming the line.
+
+    >>> read_texts(io.BytesIO(b"\\xef\\xbb\\xbf# text = Hi\\r\\n# sent_id = 1\\r\\n# text = Yo\\r"))
+    ['Hi', 'Yo']
+    """
+    lines, name = read_lines(source)
+    lines[:1] = [line.removeprefix(b"\xef\xbb\xbf") for line in lines[:1]]
+    texts = []
+    for k, line in enumerate(lines, 1):
+        if line.startswith(b"# text = "):
+            try:
+                texts.append(line.rstrip(b"\r\n")[9:].decode("utf-8"))
+            except UnicodeDecodeError:
+                raise FileFormatError(name, f"line {k}: not UTF-8") from None
+    if not texts:
+        raise FileFormatError(name, "holds no '# text = ...' line")
+    return texts
 
 
 def _read_input(path: Path) -> bytes:

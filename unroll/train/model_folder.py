@@ -40,12 +40,13 @@ folder or refuses, saying what is wrong; it never starts over in a folder
 that holds a model. A folder that holds none yet (its trainer was killed
 before the first epoch was logged) is tidied and trained from epoch 1.
 
-Every trainer keeps its folder through this module: :func:`claimed` to hold
-it, :func:`commit_epoch` to write an epoch, :func:`restore_solver` to continue
-one; :func:`read_json` and :func:`verified` read it back. Each application
-declares its files once, as a :class:`ModelFiles`: its JSON files with their
-schemas, and its log schema, built by :func:`epoch_log_schema` from the
-folder's own fields (:data:`ENTRY_PROPERTIES`: ``epoch``, ``iter``,
+Every trainer keeps its folder through this module: :func:`claimed` to hold it,
+:func:`commit_epoch` to write an epoch, :func:`restore_solver` to continue one;
+:func:`read_json` (:func:`read_declared`: all of them) and :func:`verified` read it
+back, and :func:`load_trained` is what every command that reads a trained folder
+calls. Each application declares its files once, as a :class:`ModelFiles`: its JSON
+files with their schemas, and its log schema, built by :func:`epoch_log_schema` from
+the folder's own fields (:data:`ENTRY_PROPERTIES`: ``epoch``, ``iter``,
 ``snapshot``, ``sha256``; ``average`` where it averages) and its own.
 
 >>> files = ModelFiles(
@@ -77,9 +78,10 @@ __all__ = ["CHECKPOINTS", "CONFIG", "CURVE", "ENTRY_PROPERTIES", "FEATURES", "LO
            "SNAPSHOT_NAME", "SNAPSHOT_PREFIX", "TRAINER_NAMES", "WEIGHT_SUFFIXES", "ModelFiles",
            "ModelFolderError", "carried_name", "checkpoint_checksums", "checkpoint_name",
            "claimed", "commit_epoch", "committed_weights", "epoch_log_schema", "holds_model",
-           "inside", "load_checkpoint", "model_files", "read_json", "read_log",
-           "restore_solver", "resumable_log", "resume_error", "settings_differ", "sha256",
-           "snapshot_files", "snapshot_names", "verified", "write_json"]
+           "inside", "load_checkpoint", "load_trained", "model_files", "options_differ",
+           "read_declared", "read_json", "read_log", "restore_solver", "resumable_log",
+           "resume_error", "settings_differ", "sha256", "snapshot_files", "snapshot_names",
+           "trained_log", "verified", "write_json"]
 
 LOG = "log.json"
 CONFIG = "config.json"
@@ -273,6 +275,43 @@ def read_json(model_dir: Path, files: ModelFiles, name: str, log: list[dict]):
     return json_files.parse_checked(path, data, files.json[name])
 
 
+def read_declared(model_dir: Path, files: ModelFiles, log: list[dict]) -> dict:
+    """{name: value} of every JSON file ``files`` declares, each read by :func:`read_json`."""
+    return {name: read_json(model_dir, files, name, log) for name in files.json}
+
+
+def trained_log(model_dir: Path, files: ModelFiles, what: str, module: str) -> list[dict]:
+    """The log of a trained folder (:func:`read_log`), or a ModelFolderError saying that
+    ``model_dir`` holds no trained ``what`` and how to train one with ``python -m module``."""
+    model_dir = Path(model_dir)
+    log = read_log(model_dir, files) if model_dir.is_dir() else []
+    if not log:
+        held = "no such folder" if not model_dir.is_dir() else f"{LOG} names no finished epoch"
+        raise ModelFolderError(f"{model_dir} holds no trained {what} ({held}); train one with "
+                               f"`python -m {module} train --model-dir {model_dir}`")
+    return log
+
+
+def load_trained(model_dir: Path, files: ModelFiles, build, *, what: str, module: str,
+                 checkpoint: str = "best"):
+    """The model of a trained folder, or refuse (:func:`trained_log`): ``build`` makes it
+    from the values of the application's JSON files (:func:`read_declared`: {name: value},
+    checked against log.json), then the ``checkpoint`` weights go into its ``train_model``
+    (:func:`load_checkpoint`).
+
+    >>> load_trained("no/such/dir", ModelFiles(epoch_log_schema({}, [])), dict, what="tagger",
+    ...              module="examples.pos_tagging")
+    Traceback (most recent call last):
+    unroll.train.model_folder.ModelFolderError: no/such/dir holds no trained tagger (no such \
+folder); train one with `python -m examples.pos_tagging train --model-dir no/such/dir`
+    """
+    model_dir = Path(model_dir)
+    log = trained_log(model_dir, files, what, module)
+    model = build(read_declared(model_dir, files, log))
+    load_checkpoint(model.train_model, model_dir, log, checkpoint)
+    return model
+
+
 def load_checkpoint(model, model_dir: Path, log: list[dict], checkpoint: str) -> None:
     """Copy the ``checkpoint`` weights (best, last) of ``model_dir`` into ``model`` (a
     BucketedModel, a TreeModel: what has ``copy_from``), their bytes the ones ``log``
@@ -429,6 +468,17 @@ def settings_differ(model_dir: Path, asked: dict, has: dict) -> None:
             f"--resume: {model_dir} was trained with other settings; asked for "
             f"{', '.join(conflicts)}: drop these options, or train a new --model-dir"
         )
+
+
+def options_differ(model_dir: Path, recorded: dict, given: dict) -> None:
+    """Refuse to resume with training options (``given``: {option: value} as this run
+    would use them) that differ from those the folder's log ``recorded``, naming each."""
+    conflicts = [f"{k} {recorded.get(k)!r}, given {k} {v!r}"
+                 for k, v in given.items() if recorded.get(k) != v]
+    if conflicts:
+        raise ModelFolderError(f"--resume: {model_dir} was trained with {'; with '.join(conflicts)}"
+                               f": drop the option (the folder's is taken), or train a new "
+                               f"--model-dir")
 
 
 def commit_epoch(model_dir: Path, solver, log: list, result: dict, is_best: bool,

@@ -155,6 +155,13 @@ class Application(Protocol):
     (seed, rank, epoch) alone (:func:`epoch_streams`); called on every rank before the
     epoch's first batch.
 
+    Optional: ``recorded_options``, {command-line option: SolverParameter field} of the
+    training options that are part of the run's record (``{"--lr": "base_lr"}``): each
+    epoch's log entry holds their values (``options``). A resume takes the recorded value
+    of each one not given (the Trainer's ``given``), and refuses one given that differs,
+    naming the option, the recorded value and the given one
+    (:func:`unroll.train.model_folder.options_differ`).
+
     Optional, for truncated BPTT: ``carried_state() -> {name: array}`` (the recurrent
     state the training nets carry into the next batch, as it is after an epoch; called
     on every rank after the epoch's last batch, before :meth:`evaluate`) and
@@ -178,7 +185,7 @@ class Application(Protocol):
 
     def load(self, model_dir: Path, log: list[dict]) -> None:
         """A resumed run (``log``: its epochs), or a rank other than 0: read the
-        application's files from ``model_dir`` (:func:`unroll.train.model_folder.read_json`
+        application's files from ``model_dir`` (:func:`unroll.train.model_folder.read_declared`
         checks them against ``log``), refusing settings given that differ from them
         (:func:`unroll.train.model_folder.settings_differ`)."""
 
@@ -240,6 +247,9 @@ RECORD_FIELDS = {
     "train_loss": {"type": ["number", "null"], "minimum": 0,
                    "description": "a finite number >= 0, or null"},
     "seconds": json_files.finite(), "tokens_per_s": json_files.finite(),
+    "options": {"type": "object", "maxProperties": 64, "description": "an object {option: value}",
+                "propertyNames": {"pattern": "^--[a-z][a-z0-9-]{0,40}$"},
+                "additionalProperties": json_files.finite()},
 }
 
 
@@ -250,11 +260,12 @@ def log_schema(fields: dict, required=(), averaged: bool = True, carried: bool =
     application has :meth:`~Application.carried_state`.
 
     >>> schema = log_schema({"dev_bpc": json_files.finite()}, required=["dev_bpc"])
-    >>> sorted(schema["items"]["required"])
-    ['average', 'dev_bpc', 'epoch', 'iter', 'seconds', 'seed', 'sha256', 'snapshot', 'train_loss']
+    >>> sorted(schema["items"]["required"])  # doctest: +NORMALIZE_WHITESPACE
+    ['average', 'dev_bpc', 'epoch', 'iter', 'options', 'seconds', 'seed', 'sha256', 'snapshot',
+     'train_loss']
     """
     return folder.epoch_log_schema(RECORD_FIELDS | fields,
-                                   ["train_loss", "seconds", "seed", *required],
+                                   ["train_loss", "seconds", "seed", "options", *required],
                                    averaged=averaged, carried=carried)
 
 
@@ -349,7 +360,9 @@ class Trainer:
     (and which communicator ranks use); ``average`` the decay of the weight
     average (None: no average, the params themselves are evaluated and saved);
     ``curve`` draws ``curve.png`` (needs matplotlib); ``clock`` gives the time in
-    seconds (None: ``time.perf_counter``; tests inject their own).
+    seconds (None: ``time.perf_counter``; tests inject their own); ``given`` the values of
+    the application's ``recorded_options`` given on the command line (``{"--lr": 0.01}``;
+    None or absent: not given, so that a resume takes the folder's).
 
     :meth:`fit` returns the last epoch's record (``{"stopped": ...}`` alone
     when the time limit came before the first epoch).
@@ -358,7 +371,8 @@ class Trainer:
     def __init__(self, app: Application, model_dir, *, epochs: int, seed: int | None = None,
                  resume: bool = False, overwrite: bool = False, max_minutes: float | None = None,
                  skip_bad_batches: int = 0, quiet: bool = False, device: str = "cpu",
-                 average: float | None = 0.998, curve: bool = True, clock=None):
+                 average: float | None = 0.998, curve: bool = True, clock=None,
+                 given: dict | None = None):
         if not isinstance(epochs, int) or epochs < 1:
             raise ValueError(f"--epochs: expected an integer >= 1, found {epochs!r}")
         if max_minutes is not None and not max_minutes >= 0:
@@ -377,6 +391,7 @@ class Trainer:
         self.max_minutes, self.skip_bad_batches = max_minutes, skip_bad_batches
         self.quiet, self.device, self.average, self.curve = quiet, device, average, curve
         self.clock = clock or time.perf_counter
+        self.given = given or {}
 
     def fit(self) -> dict:
         """Train (or resume) and return the log of the last epoch (see the class)."""
@@ -420,8 +435,14 @@ class Trainer:
         # each rank its own dropout masks; the solver broadcasts rank 0's params
         model = app.model(model_dir, seed + comm.rank)
         sampler = app.sampler(seed, comm.rank, comm.size)
-        solver = make_solver(model, app.solver_fields(len(sampler)), comm,
-                             self.skip_bad_batches)
+        fields, options = app.solver_fields(len(sampler)), {}
+        for option, name in getattr(app, "recorded_options", {}).items():
+            if log and self.given.get(option) is None:  # not given: the folder's
+                fields[name] = log[-1]["options"].get(option, fields[name])
+            options[option] = fields[name]
+        if log:  # a rate given now that differs from the record would change it silently
+            folder.options_differ(model_dir, log[-1]["options"], options)
+        solver = make_solver(model, fields, comm, self.skip_bad_batches)
         lr = solver.param.base_lr
         average = (ParamAverage(model.learnable_params, self.average)
                    if self.average is not None else None)
@@ -493,7 +514,7 @@ class Trainer:
                 "epoch": epoch + 1, "iter": solver.iter,
                 "train_loss": float(np.mean(losses)) if losses else None,  # JSON has no NaN
                 **scores, "tokens_per_s": tokens / max(compute, 1e-9),
-                "seconds": self.clock() - epoch_start, "seed": seed,
+                "seconds": self.clock() - epoch_start, "seed": seed, "options": options,
             }
             is_best = metric.better(scores[metric.key], best)
             folder.commit_epoch(model_dir, solver, log, result, is_best, averaged, carried,
