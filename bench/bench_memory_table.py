@@ -104,7 +104,8 @@ def charlm_floor(T: int, batch: int, symbols: int) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, nargs="+", default=[1000, 5000, 20000])
+    parser.add_argument("--steps", type=int, nargs="*", default=[1000, 5000, 20000],
+                        help="T of the LSTM table (none: skip it)")
     parser.add_argument("--losses", nargs="+", choices=LOSSES, default=list(LOSSES))
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--batch", type=int, default=32)
@@ -119,6 +120,13 @@ def main(argv=None) -> None:
                         help="T of the char LM's smallest budget (none: skip it)")
     parser.add_argument("--charlm-symbols", type=int, default=132)
     args = parser.parse_args(argv)
+    if args.steps:
+        table(args)
+    for T in args.charlm_steps:
+        charlm_floor(T, args.batch, args.charlm_symbols)
+
+
+def table(args) -> None:
     print(f"LSTM layer H={args.hidden} N={args.batch}, float32, {args.threads} thread(s), "
           f"median of {args.iters} step(s) after a first; each row its own process; "
           f"ratios to the full run of the same T and loss")
@@ -130,8 +138,6 @@ def main(argv=None) -> None:
             unroll_rows(args, T, loss)
         if args.torch_python and not args.plan_only:
             torch_rows(args, T)
-    for T in args.charlm_steps:
-        charlm_floor(T, args.batch, args.charlm_symbols)
 
 
 if __name__ == "__main__":
