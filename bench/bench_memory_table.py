@@ -45,7 +45,9 @@ def unroll_rows(args, T: int, loss: str) -> None:
     if full is None:
         print(f"| {T} | {loss} | full | failed (see stderr) | | | |")
         return
-    print(f"| {T} | {loss} | full | 1 ({full['planned'] / 2**20:.1f} MiB) | 1 | 1 | "
+    ran = ("- | -" if args.plan_only else
+           f"1 ({full['rss'] / 2**20:.1f} MiB) | 1 ({full['seconds']:.2f} s)")
+    print(f"| {T} | {loss} | full | 1 ({full['planned'] / 2**20:.1f} MiB) | {ran} | "
           f"{full['planning']:.1f} ({full['planning_cpu']:.1f} CPU) |")
     for config in [*map(str, args.budgets), "hsm"]:
         got = run_side("unroll", sys.executable, sides, T, config, full["planned"])
