@@ -33,8 +33,8 @@ from unroll.core.atomic import write_atomic
 from unroll.core.json_files import count, finite, ratio
 from unroll.tools.conllu import UPOS_TAGS
 from unroll.train import model_folder as folder
-from unroll.train.trainer import log_schema
 from unroll.train.decoding import StepperDecoder, beam_search, greedy
+from unroll.train.trainer import log_schema
 from unroll.train.tree_model import TreeModel
 
 __all__ = ["ATTENTION", "EDITS", "LEMMATIZER_FILES", "Description", "Dictionary", "Lemmatizer",
@@ -278,7 +278,7 @@ class Lemmatizer:
                 by_length.setdefault(len(form) + 1, []).append(i)
             else:
                 out[i] = form
-        for length, index in sorted(by_length.items()):
+        for _, index in sorted(by_length.items()):
             for k in range(0, len(index), batch_size):
                 part = index[k:k + batch_size]
                 lemmas = self._decode([words[i] for i in part], beam, edits)
