@@ -1,17 +1,18 @@
-"""The fixed cost of a Stepper call, and decoding words/s of the lemmatizer: its own
-greedy and beam search against ``unroll.train.decoding``'s, which steps every live
-hypothesis in one call.
+"""The fixed cost of a decoder step, and decoding words/s of the lemmatizer through
+``unroll.train.decoding``: greedy and beam search, every live hypothesis in one Stepper
+call, the attention memory a static input.
 
-First the µs per call (``--clock cpu``: CPU time, for a busy machine; ``wall``) of
-the lemmatizer's decoder step: a Stepper call, the bare ``Net.forward`` it makes,
-and a one-layer net's forward (the engine's own cost per run), at a batch of 1 and
-of 256, so the Stepper's own cost is the first figure less the second. Then it
-trains the lemmatizer briefly (``--epochs`` over the first ``--sentences`` training
-sentences) and decodes the distinct dev (form, UPOS) pairs that fit, in batches of
-256 of one length (``bench/bench_lemmatize.py``'s pairs and batches, so its PyTorch
-twin's words/s compare), both ways from the same encoder states; it checks that both
-find the same lemmas and prints words/s. A benchmark, not a test: run it at one
-thread (``OPENBLAS_NUM_THREADS=1``) on an idle machine.
+First the µs per call (``--clock cpu``: CPU time, for a busy machine; ``wall``) of the
+lemmatizer's decoder step at a batch of 1 and of 256: a ``StepperDecoder.step``, the
+bare ``Net.forward`` of its Stepper with the same feed, and a one-layer net's forward
+(the engine's own cost per run), so the decoder's own cost is the first figure less the
+second. Then it trains the lemmatizer briefly (``--epochs`` over the first
+``--sentences`` training sentences, ``--attention`` as the lemmatizer takes it), decodes
+the distinct dev (form, UPOS) pairs that fit (``bench/bench_lemmatize.py``'s pairs and
+batches, so its PyTorch twin's words/s compare) greedily and with beams of 2 and 4 from
+the same encoder states, and prints words/s, the seq2seq's accuracy (decoder alone) and
+how often each beam agrees with greedy decoding. A benchmark, not a test: run it on an
+idle machine.
 
     python -m bench.bench_decoding --epochs 1 --sentences 4000
     python -m bench.bench_decoding --epochs 3 --sentences 0   # bench_lemmatize's model
@@ -23,40 +24,6 @@ import argparse
 import time
 
 import numpy as np
-
-from unroll.train.decoding import StepperDecoder, beam_search, greedy
-
-
-def library_predict(lemmatizer, pairs, beam: int, batch_size: int = 256) -> list[str]:
-    """The lemmatizer's predict (without the edit classifier), decoded by the library."""
-    from examples.lemmatize.model import UNK_ID
-
-    out = [None] * len(pairs)
-    by_length: dict = {}
-    for i, (form, _) in enumerate(pairs):
-        by_length.setdefault(len(form) + 1, []).append(i)
-    decoder = StepperDecoder(lemmatizer.stepper, token="tgt_in", cont="tgt_cont",
-                             output="probs")
-    for length, index in sorted(by_length.items()):
-        for k in range(0, len(index), batch_size):
-            part = index[k:k + batch_size]
-            n = len(part)
-            src = np.array([lemmatizer.source(*pairs[i]) for i in part], float).T
-            cont = np.ones((length, n))
-            cont[0] = 0
-            zeros = np.zeros((1, n, lemmatizer.config.hidden))
-            enc = lemmatizer.encoders.forward(
-                widths=length, src=src, src_cont=cont, enc_fw_h_0=zeros, enc_fw_c_0=zeros,
-                enc_bw_h_0=zeros, enc_bw_c_0=zeros, blobs=["dec_h_init"])
-            decoder.start({"dec_h_0": np.asarray(enc["dec_h_init"]).copy(),
-                           "dec_c_0": np.asarray(enc["dec_c_init"]).copy()})
-            max_len = max(len(pairs[i][0]) for i in part) + 10
-            args = (decoder, n, lemmatizer.bos, lemmatizer.eos, max_len)
-            found = greedy(*args) if beam == 1 else beam_search(*args, beam=beam)
-            for i, (tokens, _) in zip(part, found):
-                out[i] = "".join(lemmatizer.chars.itos[t] if t != UNK_ID else "?"
-                                 for t in tokens)
-    return out
 
 
 def per_call_us(runs: dict, clock, calls: int, rounds: int = 7) -> dict:
@@ -76,31 +43,37 @@ def per_call_us(runs: dict, clock, calls: int, rounds: int = 7) -> dict:
     return best
 
 
-def call_costs(lemmatizer, clock) -> None:
-    """Print the µs per call of the decoder's Stepper, its Net.forward, and a one-layer
-    net's forward, from given states, as decoding calls them (cont 1, one token a row)."""
+def call_costs(lemmatizer, pairs, clock) -> None:
+    """Print the µs per call of the decoder's step, its Stepper's Net.forward with the
+    same feed, and a one-layer net's forward, as decoding calls them (one token a row)."""
     from unroll import Net
 
-    stepper = lemmatizer.stepper
     tiny = Net('''layer { name: "in" type: "Input" top: "a" input_param { shape { dim: 1 } } }
                  layer { name: "p" type: "Power" bottom: "a" top: "b" }''')
     one = np.ones(1, np.float32)
+    lengths = [len(form) for form, _ in pairs]
+    common = max(set(lengths), key=lengths.count)
+    words = [p for p in pairs if len(p[0]) == common]
     for batch in (1, 256):
+        part = (words * (batch // len(words) + 1))[:batch]
+        decoder = lemmatizer.decoder(lemmatizer.encode(part))
+        tokens = np.full(batch, lemmatizer.bos)
         feed = {"tgt_in": np.full((1, batch), lemmatizer.bos, np.float32),
-                "tgt_cont": np.ones((1, batch), np.float32)}
-        state = {name: np.zeros((1, batch, *stepper.declared[name][2:]), np.float32)
-                 for name in stepper.pairs}
-        stepper.reset(state)
-        us = per_call_us({"call": lambda feed=feed: stepper(**feed),
-                          "forward": lambda feed=feed, state=state: stepper.net.forward(
-                              **feed, **state),
+                "tgt_cont": np.ones((1, batch), np.float32), **decoder.static}
+        state = {name: np.zeros((1, batch, *lemmatizer.stepper.declared[name][2:]), np.float32)
+                 for name in lemmatizer.stepper.pairs}
+        us = per_call_us({"step": lambda d=decoder, t=tokens: d.step(t),
+                          "forward": lambda f=feed, s=state: lemmatizer.stepper.net.forward(
+                              **f, **s),
                           "engine": lambda: tiny.forward(a=one)}, clock, max(50, 2000 // batch))
-        print(f"batch {batch}: Stepper call {us['call']:.1f} µs, its Net.forward "
-              f"{us['forward']:.1f} µs (the Stepper's own {us['call'] - us['forward']:.1f} µs), "
+        print(f"batch {batch}: decoder step {us['step']:.1f} µs, its Net.forward "
+              f"{us['forward']:.1f} µs (the decoding's own {us['step'] - us['forward']:.1f} µs), "
               f"a one-layer net's forward {us['engine']:.1f} µs")
 
 
 def main(argv=None) -> int:
+    from examples.lemmatize.model import ATTENTION, Lemmatizer, LemmatizerConfig
+
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="the folder of EWT's .conllu (default: as the tagger)")
@@ -109,13 +82,13 @@ def main(argv=None) -> int:
                         help="training sentences (0: all, as bench_lemmatize)")
     parser.add_argument("--pairs", type=int, default=0,
                         help="dev pairs decoded (0: all that fit, as bench_lemmatize)")
+    parser.add_argument("--attention", choices=ATTENTION, default=LemmatizerConfig.attention)
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="cpu: process CPU time (a busy machine), wall: elapsed time")
     args = parser.parse_args(argv)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 
     from examples.lemmatize.conll import read_lemmas
-    from examples.lemmatize.model import Lemmatizer, LemmatizerConfig
     from examples.lemmatize.train import words_of
     from unroll import Solver
     from unroll.tools.ewt import DEV_FILE, TRAIN_FILE, data_dir
@@ -123,8 +96,8 @@ def main(argv=None) -> int:
     data = data_dir(args.data)
     train_words = words_of(read_lemmas(data / TRAIN_FILE)[:args.sentences or None])
     dev_words = words_of(read_lemmas(data / DEV_FILE))
-    lemmatizer = Lemmatizer.build(train_words, LemmatizerConfig(), seed=0)
-    call_costs(lemmatizer, clock)
+    lemmatizer = Lemmatizer.build(train_words, LemmatizerConfig(attention=args.attention),
+                                  seed=0)
     model = lemmatizer.train_model
     solver = Solver(model, type="Adam", base_lr=3e-3, momentum=0.9, momentum2=0.999,
                     delta=1e-8, clip_gradients=5.0)
@@ -140,24 +113,20 @@ def main(argv=None) -> int:
           f"{time.perf_counter() - start:.0f} s")
     pairs = sorted({(f, u) for f, u, _ in dev_words if lemmatizer.fits(f)})
     pairs = pairs[:args.pairs] if args.pairs else pairs
+    call_costs(lemmatizer, pairs, clock)
     gold = dict(((f, u), lemma) for f, u, lemma in dev_words)
     lemmatizer.predict(pairs, edits=False)  # builds the encoders of every length first
-    for beam in (1, 4):
-        timed = {}
-        for side, run in (("examples/lemmatize/decode.py (every row, every step)",
-                           lambda beam=beam: lemmatizer.predict(pairs, beam=beam, edits=False)),
-                          ("unroll.train.decoding (every live hypothesis in one call)",
-                           lambda beam=beam: library_predict(lemmatizer, pairs, beam))):
-            start = clock()
-            lemmas = run()
-            timed[side] = (len(pairs) / (clock() - start), lemmas)
-        same = np.mean([a == b for a, b in zip(*(lemmas for _, lemmas in timed.values()))])
-        for side, (speed, lemmas) in timed.items():
-            right = np.mean([lemma == gold[p] for p, lemma in zip(pairs, lemmas)])
-            print(f"{'greedy' if beam == 1 else f'beam {beam}'}: {side}: {speed:,.0f} words/s "
-                  f"({args.clock} time) "
-                  f"(seq2seq alone {100 * right:.2f}% of {len(pairs)} dev pairs)")
-        print(f"  the two agree on {100 * same:.2f}% of the lemmas")
+    found = {}
+    for beam in (1, 2, 4):
+        start = clock()
+        found[beam] = lemmatizer.predict(pairs, beam=beam, edits=False)
+        speed = len(pairs) / (clock() - start)
+        right = np.mean([lemma == gold[p] for p, lemma in zip(pairs, found[beam])])
+        same = np.mean([a == b for a, b in zip(found[1], found[beam])])
+        print(f"{'greedy' if beam == 1 else f'beam {beam}'}: {speed:,.0f} words/s, {args.clock} "
+              f"time (seq2seq "
+              f"alone {100 * right:.2f}% of {len(pairs)} dev pairs; {100 * same:.2f}% as "
+              f"greedy)")
     return 0
 
 

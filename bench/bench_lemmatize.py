@@ -2,13 +2,17 @@
 
 Both sides train the model of ``examples/lemmatize`` (UPOS symbol + characters ->
 Embed 64 -> BiLSTM 128 -> LSTM decoder 256 started from the encoder's final
-states, teacher forcing, an edit classifier beside it; Adam 3e-3, gradients
-clipped at norm 5, dropout 0.2) on the SAME batches, for ``--epochs`` epochs, each
-side in its own process, one after the other. Then each decodes the distinct dev
-(form, UPOS) pairs greedily, and the dev accuracies of the seq2seq alone and of
-the dictionary + seq2seq are computed here, alike for both. The PyTorch side
-needs only numpy and torch (``--torch-python`` names its interpreter); it
-uses fused ``nn.LSTM``. A benchmark, not a test: run it on an idle machine.
+states, with Luong attention over the encoder's outputs (``--attention``: dot,
+general or none; the lemmatizer's default), teacher forcing, an edit classifier
+beside it; Adam 3e-3, gradients clipped at norm 5, dropout 0.2) on the SAME
+batches, for ``--epochs`` epochs, each side in its own process, one after the
+other. Then each decodes the distinct dev (form, UPOS) pairs greedily and with a
+beam of ``--beam`` (the same search on both sides: unroll.train.decoding's, and
+its twin written in the PyTorch script, which steps every row of the beam), and the
+dev accuracies of greedy decoding, seq2seq alone and dictionary + seq2seq, are
+computed here, alike for both. The PyTorch side needs only numpy and torch
+(``--torch-python`` names its interpreter); it uses fused ``nn.LSTM`` and
+``einsum`` attention. A benchmark, not a test: run it on an idle machine.
 
     python -m bench.bench_lemmatize --epochs 3 --torch-python PATH/TO/venv/bin/python
 """
@@ -38,6 +42,7 @@ with open(sys.argv[1], "rb") as f:
     job = pickle.load(f)
 torch.manual_seed(0)
 V, E, H, K = job["chars"], job["embed"], job["hidden"], 3
+ATTENTION = job["attention"]
 
 
 class Lemmatizer(nn.Module):
@@ -50,17 +55,101 @@ class Lemmatizer(nn.Module):
         self.out = nn.Linear(2 * H, V)
         self.edit = nn.Linear(2 * H, K)
         self.drop = nn.Dropout(job["dropout"])
+        if ATTENTION != "none":  # Luong: tanh(W_c [context; h]), no biases
+            self.combine = nn.Linear(4 * H, 2 * H, bias=False)
+        if ATTENTION == "general":
+            self.key = nn.Linear(2 * H, 2 * H, bias=False)
 
     def encode(self, src):
-        _, (h, c) = self.enc(self.drop(self.src(src)))
+        memory, (h, c) = self.enc(self.drop(self.src(src)))
         h0 = torch.cat([h[0], h[1]], dim=-1)[None]
         c0 = torch.cat([c[0], torch.zeros_like(c[1])], dim=-1)[None]
-        return h0, c0
+        return memory, h0, c0
+
+    def attend(self, memory, y):
+        """The attentional vector of each decoder output y (T, N, 2H) over memory (S, N, 2H)."""
+        if ATTENTION == "none":
+            return y
+        query = self.key(y) if ATTENTION == "general" else y
+        scores = torch.einsum("snh,tnh->tns", memory, query)
+        context = torch.einsum("tns,snh->tnh", scores.softmax(-1), memory)
+        return torch.tanh(self.combine(torch.cat([context, y], -1)))
 
     def forward(self, src, tgt_in):
-        h0, c0 = self.encode(src)
+        memory, h0, c0 = self.encode(src)
         y, _ = self.dec(self.tgt(tgt_in), (h0, c0))
-        return self.out(self.drop(y)), self.edit(h0[0])
+        return self.out(self.drop(self.attend(memory, y))), self.edit(h0[0])
+
+    def step(self, tokens, memory, state):
+        """log p(next token) (M, V) after each hypothesis' last token, and the new state."""
+        y, state = self.dec(self.tgt(tokens[None]), state)
+        return self.out(self.attend(memory, y))[0].log_softmax(-1), state
+
+
+def greedy(memory, state, n, max_len):
+    tokens = torch.full((n,), job["bos"], dtype=torch.long)
+    out, alive = [[] for _ in range(n)], [True] * n
+    for _ in range(max_len):
+        logp, state = model.step(tokens, memory, state)
+        tokens = logp.argmax(-1)
+        for j, t in enumerate(tokens.tolist()):
+            if alive[j]:
+                if t == job["eos"]:
+                    alive[j] = False
+                else:
+                    out[j].append(t)
+        if not any(alive):
+            break
+    return out
+
+
+def beam_search(memory, state, n, max_len, k):
+    """unroll.train.decoding's search: per sequence, an end among the k best extensions is
+    finished, the k best that do not end make the next beam; a sequence stops once its best
+    finished score is at least its best live one. Every row of every sequence steps."""
+    rows = torch.arange(n).repeat_interleave(k)
+    memory, state = memory[:, rows], tuple(x[:, rows] for x in state)
+    tokens = torch.full((n * k,), job["bos"], dtype=torch.long)
+    scores = torch.tensor([0.0] + [-float("inf")] * (k - 1)).repeat(n)
+    prefixes = [[] for _ in range(n * k)]
+    best, done = [None] * n, [False] * n
+    for _ in range(max_len):
+        logp, state = model.step(tokens, memory, state)
+        vocab = logp.shape[1]
+        total = (scores[:, None] + logp).reshape(n, k * vocab)
+        top_values, top_index = total.topk(2 * k, dim=1)
+        rows, new_tokens, new_scores, new_prefixes = [], [], [], []
+        for b in range(n):
+            kept = []
+            for rank, (value, flat) in enumerate(zip(top_values[b].tolist(),
+                                                     top_index[b].tolist())):
+                if done[b] or value == -float("inf"):
+                    break
+                row, token = b * k + flat // vocab, flat % vocab
+                if token == job["eos"]:
+                    if rank < k and (best[b] is None or value > best[b][1]):
+                        best[b] = (prefixes[row], value)
+                elif len(kept) < k:
+                    kept.append((row, token, value))
+            kept += [(b * k, job["eos"], -float("inf"))] * (k - len(kept))
+            if best[b] is not None and best[b][1] >= max(v for _, _, v in kept):
+                done[b] = True
+            for row, token, value in kept:
+                rows.append(row)
+                new_tokens.append(token)
+                new_scores.append(value)
+                new_prefixes.append([*prefixes[row], token])
+        if all(done):
+            break
+        rows = torch.tensor(rows)
+        state = tuple(x[:, rows] for x in state)
+        tokens, scores = torch.tensor(new_tokens), torch.tensor(new_scores)
+        prefixes = new_prefixes
+    for b in range(n):
+        if best[b] is None:
+            top = b * k + int(scores[b * k:(b + 1) * k].argmax())
+            best[b] = (prefixes[top], float(scores[top]))
+    return [tokens for tokens, _ in best]
 
 
 model = Lemmatizer()
@@ -85,31 +174,24 @@ for batches in job["epochs"]:
     epochs.append({"seconds": time.perf_counter() - start,
                    "words_per_s": words / (time.perf_counter() - start)})
 model.eval()
-found = {}
-start, n = time.perf_counter(), 0
+found, timed = {}, {}
+words = sum(len(index) for index, _ in job["dev"])
 with torch.no_grad():
-    for index, src in job["dev"]:
-        src = torch.from_numpy(src)
-        h, c = model.encode(src)
-        said = model.edit(h[0]).argmax(-1).tolist()
-        tokens = torch.full((1, src.shape[1]), job["bos"], dtype=torch.long)
-        out = [[] for _ in index]
-        alive = [True] * len(index)
-        for _ in range(src.shape[0] + 10):
-            y, (h, c) = model.dec(model.tgt(tokens), (h, c))
-            tokens = model.out(y).argmax(-1)
-            for j, t in enumerate(tokens[0].tolist()):
-                if alive[j]:
-                    if t == job["eos"]:
-                        alive[j] = False
-                    else:
-                        out[j].append(t)
-            if not any(alive):
-                break
-        for i, ids, e in zip(index, out, said):
-            found[i] = (ids, e)
-        n += len(index)
-json.dump({"epochs": epochs, "decode_words_per_s": n / (time.perf_counter() - start),
+    for beam in (1, job["beam"]):
+        start = time.perf_counter()
+        for index, src in job["dev"]:
+            src = torch.from_numpy(src)
+            memory, h, c = model.encode(src)
+            said = model.edit(h[0]).argmax(-1).tolist()
+            max_len = src.shape[0] + 10
+            out = (greedy(memory, (h, c), len(index), max_len) if beam == 1 else
+                   beam_search(memory, (h, c), len(index), max_len, beam))
+            if beam == 1:
+                for i, ids, e in zip(index, out, said):
+                    found[i] = (ids, e)
+        timed[beam] = words / (time.perf_counter() - start)
+json.dump({"epochs": epochs, "decode_words_per_s": timed[1],
+           "beam_words_per_s": timed[job["beam"]],
            "found": {str(i): v for i, v in found.items()}}, open(sys.argv[2], "w"))
 '''
 
@@ -142,7 +224,7 @@ def _unroll_side(job_path: str, out_path: str) -> None:
     lemmas = lemmatizer.predict(pairs)
     seconds = time.perf_counter() - start
     start = time.perf_counter()
-    lemmatizer.predict(pairs, beam=4)
+    lemmatizer.predict(pairs, beam=job["beam"])
     beam_seconds = time.perf_counter() - start
     with open(out_path, "w") as f:
         json.dump({"epochs": epochs, "decode_words_per_s": len(pairs) / seconds,
@@ -150,6 +232,8 @@ def _unroll_side(job_path: str, out_path: str) -> None:
 
 
 def main(argv=None) -> int:
+    from examples.lemmatize.model import ATTENTION, EDITS, Lemmatizer, LemmatizerConfig
+
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="the folder of EWT's .conllu (default: as the tagger)")
@@ -157,17 +241,20 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--torch-python", default=sys.executable)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attention", choices=ATTENTION, default=LemmatizerConfig.attention,
+                        help="the decoder's attention, on both sides (default: the "
+                             "lemmatizer's, %(default)s)")
+    parser.add_argument("--beam", type=int, default=4, help="beam width timed (default 4)")
     args = parser.parse_args(argv)
 
     from examples.lemmatize.conll import read_lemmas
-    from examples.lemmatize.model import EDITS, Lemmatizer, LemmatizerConfig
     from examples.lemmatize.train import words_of
     from unroll.tools.ewt import DEV_FILE, TRAIN_FILE, data_dir
 
     data = data_dir(args.data)
     train_words = words_of(read_lemmas(data / TRAIN_FILE))
     dev_words = words_of(read_lemmas(data / DEV_FILE))
-    config = LemmatizerConfig()
+    config = LemmatizerConfig(attention=args.attention)
     lemmatizer = Lemmatizer.build(train_words, config, seed=args.seed)
     examples = sorted(set(train_words))
     epochs = _batches(lemmatizer, examples, args.epochs, args.seed)
@@ -188,7 +275,8 @@ def main(argv=None) -> int:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         job = {"chars": len(lemmatizer.chars), "embed": config.embed, "hidden": config.hidden,
-               "dropout": config.dropout, "lr": 3e-3, "bos": lemmatizer.bos,
+               "dropout": config.dropout, "attention": config.attention, "beam": args.beam,
+               "lr": 3e-3, "bos": lemmatizer.bos,
                "eos": lemmatizer.eos, "dev": dev,
                "epochs": [[torch_batch(inputs) for _, inputs in batches] for batches in epochs]}
         with open(f"{tmp}/torch.pkl", "wb") as f:
@@ -196,7 +284,8 @@ def main(argv=None) -> int:
         Path(f"{tmp}/torch_side.py").write_text(TORCH_SIDE)
         with open(f"{tmp}/unroll.pkl", "wb") as f:
             pickle.dump({"make": _Make(train_words, config, args.seed), "lr": 3e-3,
-                         "unroll_epochs": epochs, "pairs": pairs}, f)
+                         "unroll_epochs": epochs, "pairs": pairs,
+                         "beam": args.beam}, f)
         for side, command in (
                 ("unroll", [sys.executable, "-m", "bench.bench_lemmatize", "--side",
                             f"{tmp}/unroll.pkl", f"{tmp}/unroll.json"]),
@@ -223,8 +312,7 @@ def main(argv=None) -> int:
         speeds = ", ".join(f"{e['words_per_s']:.0f}" for e in result["epochs"])
         print(f"{side:6s}: training words/s by epoch {speeds}; greedy decoding "
               f"{result['decode_words_per_s']:.0f} words/s"
-              + (f", beam 4 {result['beam_words_per_s']:.0f}" if "beam_words_per_s" in result
-                 else "")
+              + f", beam {args.beam} {result['beam_words_per_s']:.0f}"
               + f"; after {args.epochs} epochs dev seq2seq {100 * acc[0]:.2f}%, dictionary + "
               f"seq2seq {100 * acc[1]:.2f}%")
     return 0

@@ -29,7 +29,7 @@ from unroll.tools.output import write_output
 
 PROG = "python -m examples.lemmatize"
 #: the LemmatizerConfig fields that train sets from options of the same names
-SIZE_OPTIONS = ("embed", "hidden", "dropout", "batch")
+SIZE_OPTIONS = ("embed", "hidden", "dropout", "batch", "attention")
 
 
 def _on_cpu(args) -> None:
@@ -91,7 +91,7 @@ def _lemmatize(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from examples.lemmatize.model import LemmatizerConfig
+    from examples.lemmatize.model import ATTENTION, LemmatizerConfig
     from examples.lemmatize.train import LR, TrainOptions
     from unroll.train.model_folder import CHECKPOINTS
 
@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     sizes.add_argument("--dropout", type=app_cli.ratio, help=f"default {d.dropout}")
     sizes.add_argument("--batch", type=app_cli.positive_int,
                        help=f"words per batch (default {d.batch})")
+    sizes.add_argument("--attention", choices=ATTENTION,
+                       help=f"the decoder's Luong attention over the encoder's outputs: its "
+                            f"score, or none (default {d.attention})")
     t.set_defaults(run=_train, interrupted="resume with --resume")
 
     e = sub.add_parser("evaluate", parents=[model, data, app_cli.output_options()],

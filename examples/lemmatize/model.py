@@ -8,9 +8,11 @@ per (source length, target length) bucket
 (:class:`~unroll.train.tree_model.TreeModel`, a model keyed by the bucket); the
 test-phase encoder, one per source length; and the one-step decoder, run by an
 :class:`unroll.Stepper` for greedy decoding and beam search
-(:mod:`examples.lemmatize.decode`). Batches hold words of one source length
-(no source padding) with targets of similar lengths (padded with the loss's
-ignore label).
+(:mod:`unroll.train.decoding`, the attention memory its static input). The
+decoder attends over the encoder's outputs (Luong attention, as Stanza's
+lemmatizer) unless the config's ``attention`` is "none". Batches hold words of
+one source length (no source padding) with targets of similar lengths (padded
+with the loss's ignore label).
 
 A word longer than ``max_chars`` (URLs, e-mail addresses) is its own lemma.
 """
@@ -23,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 
-from examples.lemmatize.decode import beam_search, greedy
 from examples.pos_tagging.features import UNK_ID, Vocab
 from examples.pos_tagging.schemas import MAX_VOCAB, MAX_WIDTH, VOCAB_SCHEMA
 from unroll import Stepper, expand
@@ -32,17 +33,20 @@ from unroll.core.atomic import write_atomic
 from unroll.core.json_files import count, finite, ratio
 from unroll.tools.conllu import UPOS_TAGS
 from unroll.train import model_folder as folder
+from unroll.train.decoding import StepperDecoder, beam_search, greedy
 from unroll.train.trainer import log_schema
 from unroll.train.tree_model import TreeModel
 
-__all__ = ["EDITS", "LEMMATIZER_FILES", "Description", "Dictionary", "Lemmatizer",
-           "LemmatizerConfig", "StepDecoder", "edit_of", "upos_symbol"]
+__all__ = ["ATTENTION", "EDITS", "LEMMATIZER_FILES", "Description", "Dictionary", "Lemmatizer",
+           "LemmatizerConfig", "edit_of", "upos_symbol"]
 
 TEMPLATE = Path(__file__).with_name("lemmatizer.prototxt.j2")
 BOS, EOS = "<s>", "</s>"
 IGNORE = -1
 #: what the edit classifier may say of a lemma: the decoder's, the form, the form lower-cased
 EDITS = ("decode", "identity", "lower")
+#: the decoder's attention over the encoder's outputs: none, or Luong's dot or general score
+ATTENTION = ("none", "dot", "general")
 
 
 def edit_of(form: str, lemma: str) -> int:
@@ -68,6 +72,7 @@ class LemmatizerConfig:
     dropout: float = 0.2
     batch: int = 48
     max_chars: int = 40
+    attention: str = "dot"
 
     def save(self, path: Path) -> None:
         write_atomic(path, json.dumps(asdict(self), indent=1).encode())
@@ -79,10 +84,11 @@ class LemmatizerConfig:
 
 CONFIG_SCHEMA = {
     "type": "object", "description": "an object {...}", "additionalProperties": False,
-    "required": ["embed", "hidden", "dropout", "batch", "max_chars"],
+    "required": ["embed", "hidden", "dropout", "batch", "max_chars", "attention"],
     "properties": {
         "embed": count(MAX_WIDTH), "hidden": count(MAX_WIDTH), "batch": count(MAX_WIDTH),
         "max_chars": count(256), "dropout": ratio(),
+        "attention": {"enum": list(ATTENTION), "description": f"one of {list(ATTENTION)}"},
     },
 }
 
@@ -141,23 +147,6 @@ class Dictionary:
         return [[f, u, lemma] for (f, u), lemma in sorted(self.entries.items())]
 
 
-class StepDecoder:
-    """The decoder as :mod:`examples.lemmatize.decode` drives it: a Stepper over the
-    one-step decoder net, started from the encoder's final states."""
-
-    def __init__(self, stepper: Stepper, state: dict):
-        self.stepper = stepper
-        stepper.reset(state)
-
-    def step(self, tokens) -> np.ndarray:
-        n = len(tokens)
-        probs = self.stepper(tgt_in=np.asarray(tokens, float)[None], tgt_cont=np.ones((1, n)))
-        return np.log(np.maximum(np.asarray(probs["probs"][0], np.float64), 1e-30))
-
-    def reorder(self, rows) -> None:
-        self.stepper.reset({k: v[:, rows] for k, v in self.stepper.state.items()})
-
-
 @dataclass(frozen=True)
 class Description:
     """What a model folder says of a lemmatizer beside its weights: the character
@@ -208,21 +197,28 @@ class Lemmatizer:
         self.chars, self.dictionary, self.config = (description.chars, description.dictionary,
                                                     description.config)
         self.bos, self.eos = self.chars[BOS], self.chars[EOS]
-        self.train_model = TreeModel(lambda key: self._net("train", *key), (1, 1), seed=seed)
-        self.encoders = TreeModel(lambda s: self._net("encoder", s, 1), 1, phase="test",
+        self.train_model = TreeModel(lambda key: self.net("train", *key), (1, 1), seed=seed)
+        self.encoders = TreeModel(lambda s: self.net("encoder", s, 1), 1, phase="test",
                                   store=self.train_model.store)
-        self.stepper = Stepper(self._net("decoder", 1, 1), store=self.train_model.store)
+        self.stepper = Stepper(self.net("decoder", 1, 1), store=self.train_model.store)
 
     @classmethod
     def build(cls, triples, config: LemmatizerConfig, seed: int = 0) -> Lemmatizer:
         """A new lemmatizer for the training (form, UPOS, lemma) triples."""
         return cls(Description.build(triples, config), seed)
 
-    def _net(self, part: str, src: int, tgt: int):
+    def net(self, part: str, src: int, tgt: int):
+        """The lemmatizer's net ``part`` ("train", "encoder" or "decoder", see
+        ``lemmatizer.prototxt.j2``) for sources of ``src`` steps and targets of ``tgt``.
+
+        >>> lemmatizer = Lemmatizer.build([("dogs", "NOUN", "dog")], LemmatizerConfig(hidden=4))
+        >>> [layer.name for layer in lemmatizer.net("decoder", 5, 1).layer][:2]
+        ['input', 'tgt_embed']
+        """
         return expand(TEMPLATE, steps=tgt, batch=self.config.batch, chars=len(self.chars),
-                      edits=len(EDITS),
-                      embed=self.config.embed, hidden=self.config.hidden, part=part,
-                      src_steps=src, dropout=self.config.dropout, ignore_label=IGNORE)
+                      edits=len(EDITS), embed=self.config.embed, hidden=self.config.hidden,
+                      part=part, src_steps=src, dropout=self.config.dropout,
+                      ignore_label=IGNORE, attention=self.config.attention)
 
     # -- data ---------------------------------------------------------------------------
     def source(self, form: str, upos: str) -> list[int]:
@@ -279,39 +275,51 @@ class Lemmatizer:
                 by_length.setdefault(len(form) + 1, []).append(i)
             else:
                 out[i] = form
-        for length, index in sorted(by_length.items()):
+        for _, index in sorted(by_length.items()):
             for k in range(0, len(index), batch_size):
                 part = index[k:k + batch_size]
-                lemmas = self._decode([words[i] for i in part], length, beam, edits)
+                lemmas = self._decode([words[i] for i in part], beam, edits)
                 for i, lemma in zip(part, lemmas):
                     out[i] = lemma
         return out
 
-    def _decode(self, words, length: int, beam: int, edits: bool) -> list[str]:
-        n = len(words)
+    def encode(self, words) -> dict:
+        """The encoder's outputs for (form, UPOS) ``words`` of one length: ``dec_h_init``,
+        ``dec_c_init`` (1, N, 2 * hidden), ``edit_probs`` (1, N, edits), and with
+        attention the ``memory`` (S, N, 2 * hidden) and its ``memory_mask``."""
+        n, length = len(words), len(words[0][0]) + 1
         src = np.array([self.source(f, u) for f, u in words], float).T
         cont = np.ones((length, n))
         cont[0] = 0
         zeros = np.zeros((1, n, self.config.hidden))
-        enc = self.encoders.forward(widths=length, src=src, src_cont=cont, enc_fw_h_0=zeros,
+        out = self.encoders.forward(widths=length, src=src, src_cont=cont, enc_fw_h_0=zeros,
                                     enc_fw_c_0=zeros, enc_bw_h_0=zeros, enc_bw_c_0=zeros,
                                     blobs=["dec_h_init"])
-        state = {"dec_h_0": np.asarray(enc["dec_h_init"]).copy(),
-                 "dec_c_0": np.asarray(enc["dec_c_init"]).copy()}
+        return {name: np.asarray(value).copy() for name, value in out.items()}
+
+    def decoder(self, encoded: dict) -> StepperDecoder:
+        """The one-step decoder over :meth:`encode`'s outputs, started from its final
+        states, as :mod:`unroll.train.decoding` drives it (the memory a static input)."""
+        static = ({} if self.config.attention == "none" else
+                  {"memory": encoded["memory"], "memory_mask": encoded["memory_mask"]})
+        decoder = StepperDecoder(self.stepper, token="tgt_in", cont="tgt_cont",
+                                 output="probs", static=static, batch_axes={"memory_mask": 1})
+        decoder.start({"dec_h_0": encoded["dec_h_init"], "dec_c_0": encoded["dec_c_init"]})
+        return decoder
+
+    def _decode(self, words, beam: int, edits: bool) -> list[str]:
+        encoded = self.encode(words)
+        decoder = self.decoder(encoded)
         max_len = max(len(f) for f, _ in words) + 10
         if beam > 1:
-            state = {k: np.repeat(v, beam, axis=1) for k, v in state.items()}
-            decoder = StepDecoder(self.stepper, state)
-            found = beam_search(decoder.step, decoder.reorder, n, self.bos, self.eos,
-                                max_len, beam)
+            found = beam_search(decoder, len(words), self.bos, self.eos, max_len, beam)
         else:
-            decoder = StepDecoder(self.stepper, state)
-            found = greedy(decoder.step, n, self.bos, self.eos, max_len)
+            found = greedy(decoder, len(words), self.bos, self.eos, max_len)
         lemmas = ["".join(self.chars.itos[t] if t != UNK_ID else "?" for t in tokens)
                   for tokens, _ in found]
         if not edits:
             return lemmas
-        said = np.asarray(enc["edit_probs"]).reshape(n, -1).argmax(axis=1)
+        said = encoded["edit_probs"].reshape(len(words), -1).argmax(axis=1)
         return [form if e == 1 else form.lower() if e == 2 else lemma
                 for (form, _), e, lemma in zip(words, said, lemmas)]
 

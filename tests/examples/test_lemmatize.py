@@ -1,84 +1,20 @@
-"""examples/lemmatize: decoding, reading and writing column 3, and training on a made-up corpus.
-
-The decoders run on a hand-made step function (docs/design.md, "Stepping": the
-lemmatizer's runs on unroll.Stepper, whose equality with the unrolled net
-tests/train/test_stepper.py proves).
+"""examples/lemmatize: reading and writing column 3, training on a made-up corpus, and
+decoding with attention through unroll.train.decoding (docs/design.md, "Stepping": the
+search functions have their own tests in tests/train/test_decoding.py).
 """
-
-import itertools
 
 import numpy as np
 import pytest
 
 from examples.lemmatize import __main__ as cli
 from examples.lemmatize.conll import fill_lemmas, read_lemmas
-from examples.lemmatize.decode import beam_search, greedy
-from examples.lemmatize.model import LEMMATIZER_FILES, Lemmatizer, LemmatizerConfig, StepDecoder
+from examples.lemmatize.model import LEMMATIZER_FILES, Lemmatizer, LemmatizerConfig
 from examples.lemmatize.train import TrainOptions, scores, train, words_of
 from tests.cli_helpers import one_line_error
+from unroll import Net
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
 from unroll.train import model_folder as folder
-
-EOS, BOS, VOCAB = 0, 3, 4
-
-
-class TableDecoder:
-    """A decoder whose next-token log probabilities depend on the sum of a hypothesis's
-    tokens (mod 5) and its last token: it has a state to carry and to reorder."""
-
-    def __init__(self, rows: int, seed: int):
-        rng = np.random.default_rng(seed)
-        logits = rng.normal(size=(5, VOCAB, VOCAB)) * 2
-        logits[..., BOS] = -np.inf  # bos only starts
-        self.table = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
-        self.sums = np.zeros(rows, dtype=np.int64)
-
-    def step(self, tokens):
-        tokens = np.asarray(tokens)
-        self.sums += np.where(tokens == BOS, 0, tokens)
-        return self.table[self.sums % 5, tokens]
-
-    def reorder(self, rows):
-        self.sums = self.sums[rows]
-
-    def score(self, tokens):
-        """The log probability of ``tokens`` then EOS (or ``tokens`` alone at the length cap)."""
-        total, total_sum, prev = 0.0, 0, BOS
-        for t in [*tokens, EOS]:
-            total += self.table[total_sum % 5, prev, t]
-            total_sum, prev = total_sum + t, t
-        return total
-
-
-@pytest.mark.parametrize("seed", range(12))
-def test_beam_search_with_beam_one_is_greedy(seed):
-    found = greedy(TableDecoder(3, seed).step, 3, BOS, EOS, max_len=6)
-    d = TableDecoder(3, seed)
-    assert beam_search(d.step, d.reorder, 3, BOS, EOS, max_len=6, beam=1) == found
-
-
-@pytest.mark.parametrize("seed", range(12))
-def test_beam_search_finds_the_best_hypothesis_that_it_can_see(seed):
-    """Every finished sequence of up to 3 tokens, scored by brute force: with a beam as wide
-    as all extensions of all prefixes, the search returns the best of them."""
-    d = TableDecoder(32, seed)
-    tokens, score = beam_search(d.step, d.reorder, 1, BOS, EOS, max_len=4, beam=32)[0]
-    reference = TableDecoder(1, seed)
-    every = [list(p) for n in range(4) for p in itertools.product([1, 2], repeat=n)]
-    best = max(every, key=reference.score)
-    assert tokens == best
-    assert score == pytest.approx(reference.score(best))
-
-
-def test_beam_search_beats_greedy_on_a_hand_made_case():
-    """Greedy takes 'a' (0.6) and then ends (0.4): 0.24; 'b' (0.4) then EOS (1.0) is 0.4."""
-    p = np.array([[1, 0, 0, 0], [.4, .3, .3, 0], [1, 0, 0, 0], [0, .6, .4, 0]]) + 1e-12
-    table = np.log(p)
-    step = lambda tokens: table[np.asarray(tokens)]  # noqa: E731
-    assert greedy(step, 1, BOS, EOS, max_len=5)[0][0] == [1]
-    tokens, score = beam_search(step, lambda rows: None, 1, BOS, EOS, max_len=5, beam=2)[0]
-    assert tokens == [2] and score == pytest.approx(np.log(0.4))
-
+from unroll.train.decoding import beam_search, greedy
 
 # -- a made-up corpus: regular inflections of made-up stems ------------------------------
 
@@ -161,22 +97,38 @@ def test_the_lemmatizer_learns_and_beats_the_dictionary(trained):
 def test_beam_one_through_the_stepper_is_greedy(trained):
     _, model_dir, _ = trained
     lemmatizer = Lemmatizer.load(model_dir)
+    assert lemmatizer.config.attention == "dot"
     words = [("kaing", "VERB"), ("tomis", "NOUN"), ("dokit", "ADJ")]  # one length
-    n = len(words)
-    src = np.array([lemmatizer.source(f, u) for f, u in words], float).T
-    cont = np.ones(src.shape)
-    cont[0] = 0
-    zeros = np.zeros((1, n, lemmatizer.config.hidden))
-    enc = lemmatizer.encoders.forward(widths=src.shape[0], src=src, src_cont=cont,
-                                      enc_fw_h_0=zeros, enc_fw_c_0=zeros, enc_bw_h_0=zeros,
-                                      enc_bw_c_0=zeros, blobs=["dec_h_init"])
-    state = {"dec_h_0": enc["dec_h_init"].copy(), "dec_c_0": enc["dec_c_init"].copy()}
-    decoder = StepDecoder(lemmatizer.stepper, state)
-    found = greedy(decoder.step, n, lemmatizer.bos, lemmatizer.eos, 12)
-    decoder = StepDecoder(lemmatizer.stepper, state)
-    beamed = beam_search(decoder.step, decoder.reorder, n, lemmatizer.bos, lemmatizer.eos, 12, 1)
+    encoded = lemmatizer.encode(words)
+    found = greedy(lemmatizer.decoder(encoded), 3, lemmatizer.bos, lemmatizer.eos, 12)
+    beamed = beam_search(lemmatizer.decoder(encoded), 3, lemmatizer.bos, lemmatizer.eos, 12, 1)
     assert [t for t, _ in beamed] == [t for t, _ in found]
     np.testing.assert_allclose([s for _, s in beamed], [s for _, s in found], rtol=1e-6)
+
+
+@pytest.mark.parametrize("attention", ["dot", "general", "none"])
+def test_greedy_decoding_is_the_teacher_forced_nets_argmax_on_the_same_weights(attention):
+    """Fed its own greedy tokens, the unrolled net (test phase) picks each of them, and EOS
+    after the last, at every step up to EOS: the Stepper with the memory as a static input
+    computes what the unrolled decoder with attention computes."""
+    words = [("dogs", "NOUN", "dog"), ("cats", "NOUN", "cat"), ("runs", "VERB", "run")]
+    lemmatizer = Lemmatizer.build(words, LemmatizerConfig(embed=6, hidden=5, batch=3,
+                                                           attention=attention), seed=2)
+    pairs = [(f, u) for f, u, _ in words]
+    steps = 7
+    found = greedy(lemmatizer.decoder(lemmatizer.encode(pairs)), 3, lemmatizer.bos,
+                   lemmatizer.eos, steps)
+    tgt_in = np.zeros((steps, 3))
+    for j, (tokens, _) in enumerate(found):
+        tgt_in[:len(tokens) + 1, j] = [lemmatizer.bos, *tokens][:steps]
+    net = Net(lemmatizer.net("train", 5, steps), phase="test",
+              param_store=lemmatizer.train_model.store)
+    [(_, inputs)] = lemmatizer.batches(words)  # the three in their order: one length
+    inputs |= {"tgt_in": tgt_in, "tgt_cont": np.ones((steps, 3)), "tgt_out": np.zeros((steps, 3))}
+    picked = np.asarray(net.forward(**inputs, blobs=["scores"])["scores"]).argmax(axis=2)
+    for j, (tokens, _) in enumerate(found):
+        expected = [*tokens, lemmatizer.eos][:steps]
+        assert picked[:len(expected), j].tolist() == expected
 
 
 @pytest.mark.slow
@@ -237,8 +189,13 @@ def test_a_folder_with_a_model_is_refused_and_a_damaged_weight_file_is_an_error(
 
 def test_the_config_is_schema_checked(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text('{"embed": 8, "hidden": 0, "dropout": 0, "batch": 4, "max_chars": 9}')
+    path.write_text('{"embed": 8, "hidden": 0, "dropout": 0, "batch": 4, "max_chars": 9, '
+                    '"attention": "dot"}')
     with pytest.raises(Exception, match="hidden"):
+        LemmatizerConfig.load(path)
+    path.write_text('{"embed": 8, "hidden": 8, "dropout": 0, "batch": 4, "max_chars": 9, '
+                    '"attention": "concat"}')
+    with pytest.raises(Exception, match="attention must be one of"):
         LemmatizerConfig.load(path)
 
 

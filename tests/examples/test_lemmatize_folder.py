@@ -149,6 +149,7 @@ def test_resume_refuses_a_folder_it_cannot_continue(trained, model, damage, part
     (["--hidden", "16"], "hidden 16 (the folder has 8)"),
     (["--dropout", "0.5", "--batch", "8"], "dropout 0.5 (the folder has 0.2)"),
     (["--seed", "5"], "seed 5 (the folder has 0)"),
+    (["--attention", "none"], "attention 'none' (the folder has 'dot')"),
 ])
 def test_resume_with_other_settings_names_them(trained, model, options, part, capsys):
     before = contents(model)
