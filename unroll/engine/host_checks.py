@@ -86,10 +86,12 @@ def check_cont(name: str, values: np.ndarray) -> None:
     unroll.core.errors.NetError: input 'cont' holds 0.5 at index (1, 1); cont must be 0 (a \
 sequence starts at this step) or 1 (it continues)
     """
-    x = values.reshape(-1)
-    bad = ~((x == 0) | (x == 1))  # NaN is neither
-    if bad.any():
-        i = int(np.argmax(bad))
+    bad = (values != 0) & (values != 1)  # NaN is neither
+    # count_nonzero, not bad.any(): every step of a decoder checks its cont, and .any()
+    # pays a Python wrapper that costs more than a batch of 1's comparisons
+    if np.count_nonzero(bad):
+        x = values.reshape(-1)
+        i = int(np.argmax(bad.reshape(-1)))
         at = tuple(int(k) for k in np.unravel_index(i, values.shape))
         raise NetError(f"input '{name}' holds {float(x[i])!r} at index {at}; cont must be 0 "
                        f"(a sequence starts at this step) or 1 (it continues)")
