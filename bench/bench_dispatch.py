@@ -112,13 +112,20 @@ def in_process(tree: Path, args) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "--fixed", "--json",
                "--rounds", "1", "--calls", str(args.calls), "--clock", args.clock]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout)
+    found = json.loads(done.stdout)
+    imported = Path(found.pop("unroll"))
+    if tree not in imported.parents:
+        raise SystemExit(f"bench_dispatch: the run meant for {tree} imported {imported}")
+    return found
 
 
 def fixed(args) -> None:
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.json:
-        print(json.dumps(fixed_round(clock, args.calls, args.rounds)))
+        import unroll
+
+        print(json.dumps({**fixed_round(clock, args.calls, args.rounds),
+                          "unroll": unroll.__file__}))
         return
     trees = {"after": HERE} if args.against is None else {
         "before": Path(args.against).resolve(), "after": HERE}
