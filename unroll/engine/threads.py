@@ -204,21 +204,19 @@ class run_threads:
         self.n = num_threads() if n is None else n
 
     def __enter__(self) -> int:
-        n, changed = self.n, None
+        n, self._changed = self.n, []
         for get, put in _blas():
             old = get()
-            if old != n:  # most runs find the pool at the size they want: nothing to undo
+            if old != n:  # only what changed is undone after
                 put(n)
-                changed = [*(changed or ()), (put, old)]
-        self._changed = changed
+                self._changed.append((put, old))
         self._outer, _run.threads = getattr(_run, "threads", 1), n
         return n
 
     def __exit__(self, *exc) -> None:
         _run.threads = self._outer
-        if self._changed:
-            for put, old in self._changed:
-                put(old)
+        for put, old in self._changed:
+            put(old)
 
 
 #: the pool size of the net run in progress on each Python thread (1 outside a run, and on
