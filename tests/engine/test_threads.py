@@ -215,3 +215,44 @@ def test_the_counters_rounding_is_not_taken_for_another_process(policy, monkeypa
     load = threads._Load()
     monkeypatch.setattr(threads, "_load", lambda: load)
     assert threads.num_threads() == want
+
+
+def test_every_change_of_the_environment_variable_counts_from_the_next_run(policy, net,
+                                                                           monkeypatch):
+    for value, want in [("2", 2), ("1", 1), ("3", 3), ("1", 1)]:
+        monkeypatch.setenv(threads.ENV, value)
+        assert run(net) == [want, want]
+    monkeypatch.setenv(threads.ENV, "0")
+    for _ in range(2):  # refused on every run, not only where it was first read
+        with pytest.raises(ValueError, match=r"UNROLL_NUM_THREADS must be an integer >= 1, "
+                                             r"found '0'"):
+            run(net)
+    monkeypatch.delenv(threads.ENV)
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    monkeypatch.setattr(threads, "others_busy", lambda: 0.0)
+    assert run(net) == [2, 2]
+
+
+class Pool:
+    """A BLAS library as _blas gives it: its count, and every count set on it."""
+
+    def __init__(self, n: int):
+        self.n, self.puts = n, []
+
+    def get(self) -> int:
+        return self.n
+
+    def put(self, n: int) -> None:
+        self.puts.append(n)
+        self.n = n
+
+
+@pytest.mark.parametrize("sizes", [(1,), (2,), (1, 2), (2, 2), (3, 1, 2)])
+def test_a_run_sets_only_the_pools_not_at_its_count_and_restores_only_those(sizes,
+                                                                            monkeypatch):
+    pools = [Pool(n) for n in sizes]
+    monkeypatch.setattr(threads, "_blas", lambda: tuple((p.get, p.put) for p in pools))
+    with threads.run_threads(2) as n:
+        assert n == 2 and [p.n for p in pools] == [2] * len(pools)
+    assert [p.n for p in pools] == list(sizes)
+    assert [p.puts for p in pools] == [[] if n == 2 else [2, n] for n in sizes]

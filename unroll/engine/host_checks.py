@@ -33,6 +33,8 @@ expected an integer in [0, 4)
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from unroll.core.errors import NetError
@@ -84,19 +86,39 @@ def check_cont(name: str, values: np.ndarray) -> None:
     unroll.core.errors.NetError: input 'cont' holds 0.5 at index (1, 1); cont must be 0 (a \
 sequence starts at this step) or 1 (it continues)
     """
-    x = values.reshape(-1)
-    bad = ~((x == 0) | (x == 1))  # NaN is neither
-    if bad.any():
-        i = int(np.argmax(bad))
+    bad = (values != 0) & (values != 1)  # NaN is neither
+    # count_nonzero, not bad.any(): every step of a decoder checks its cont, and .any()
+    # pays a Python wrapper that costs more than a batch of 1's comparisons
+    if np.count_nonzero(bad):
+        x = values.reshape(-1)
+        i = int(np.argmax(bad.reshape(-1)))
         at = tuple(int(k) for k in np.unravel_index(i, values.shape))
         raise NetError(f"input '{name}' holds {float(x[i])!r} at index {at}; cont must be 0 "
                        f"(a sequence starts at this step) or 1 (it continues)")
 
 
+def host_checks_of(readers, name: str) -> list:
+    """The checks of input ``name``'s host values, each a call on the values: the cont
+    check where ``name`` is a cont, then every reader's. ``Net.set_input`` makes them once
+    per net, so a run pays only for the checks themselves.
+
+    >>> [check.func.__name__ for check in host_checks_of({}, "tgt_cont")]
+    ['check_cont']
+    >>> host_checks_of({}, "ids")
+    []
+    """
+    checks = [functools.partial(check_cont, name)] if is_cont(name) else []
+    checks += [functools.partial(_check_bottom, layer, k, name)
+               for layer, k in readers.get(name, ())]
+    return checks
+
+
+def _check_bottom(layer, k: int, name: str, values: np.ndarray) -> None:
+    layer.check_host_bottom(k, values, name)
+
+
 def check_host_input(readers, name: str, values: np.ndarray) -> None:
     """Run every reader's check of input ``name`` on its host ``values``, and the cont check
     where ``name`` is a cont."""
-    if is_cont(name):
-        check_cont(name, values)
-    for layer, k in readers.get(name, ()):
-        layer.check_host_bottom(k, values, name)
+    for check in host_checks_of(readers, name):
+        check(values)

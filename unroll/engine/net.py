@@ -33,7 +33,7 @@ from unroll.engine import executor, memory, transfer, weights
 from unroll.engine.backend import get_array_module, make_rng
 from unroll.engine.blob import Blob
 from unroll.engine.executor import layer_kind
-from unroll.engine.host_checks import check_host_input, input_readers
+from unroll.engine.host_checks import check_host_input, host_checks_of, input_readers
 from unroll.engine.layer import layer_class
 from unroll.engine.memory_limit import MemoryLimit, MemoryReport, memory_report
 from unroll.engine.param_sharing import ParamMaker
@@ -389,26 +389,36 @@ class Net:
         by the layers that read it (:mod:`unroll.engine.host_checks`), then copied to the
         device; a device array of the net's dtype (:meth:`device_inputs`) becomes the blob's
         data without a copy, unchecked."""
-        if name not in self.inputs:
+        entry = self._input_entries.get(name)
+        if entry is None:
             raise NetError(f"'{name}' is not an input of this net; inputs: {self.inputs}")
-        # the Input layer's own top: net.blobs[name] is the latest version, which an
-        # in-place layer kept out of place (keep=, fan-out) writes, not the input
-        blob = self._input_blobs[self.inputs.index(name)]
+        blob, checks, borrowable = entry
         if self.xp is np or not isinstance(value, self.xp.ndarray):
             value = np.asarray(value, self.dtype)
-            check_host_input(self._input_readers, name, value)
-        elif (value.dtype == self.dtype and value.flags.c_contiguous
-              and len(self.blobs.versions(name)) == 1):  # no in-place layer writes into it
+            for check in checks:
+                check(value)
+        elif value.dtype == self.dtype and value.flags.c_contiguous and borrowable:
             if value.shape != blob.shape:
                 blob.diff = None  # allocated again, in the new shape, when first used
             blob.data = self._borrowed[name] = value
             if id(blob) in self.memory.bound_wholes:  # its parts still view the array it had
                 self.memory.bound = False
             return
-        if self._borrowed.pop(name, None) is blob.data:  # never write into the caller's array
-            blob.data = self.xp.empty(blob.shape, self.dtype)
+        if self._borrowed and self._borrowed.pop(name, None) is blob.data:
+            blob.data = self.xp.empty(blob.shape, self.dtype)  # never write into the caller's
         blob.reshape(value.shape)
         blob.data[...] = value
+
+    @functools.cached_property
+    def _input_entries(self) -> dict:
+        """Input name -> (its blob, the host checks of its values, whether a device array
+        may become its data), decided once per net rather than on every set_input. The
+        blob is the Input layer's own top: net.blobs[name] is the latest version, which an
+        in-place layer kept out of place (keep=, fan-out) writes, not the input; a device
+        array is borrowed only where no in-place layer writes into the input."""
+        return {name: (blob, host_checks_of(self._input_readers, name),
+                       len(self.blobs.versions(name)) == 1)
+                for name, blob in zip(self.inputs, self._input_blobs)}
 
     def device_inputs(self, **inputs) -> dict:
         """Host ``inputs`` checked as :meth:`set_input` checks them and sent to the device in
@@ -464,9 +474,15 @@ class Net:
             executor.run(self.memory.actions, 0, self.memory.backward, at_once)
         self.workspace.holder = self
         self._loss = self._device_loss = None
-        out = {name: self.blobs[name].data for name in self.outputs}
-        out.update((name, self.blobs[name].data) for name in blobs)
+        out = {name: blob.data for name, blob in self._output_blobs}
+        if blobs:
+            out.update((name, self.blobs[name].data) for name in blobs)
         return out
+
+    @functools.cached_property
+    def _output_blobs(self) -> list:
+        """(name, blob) of every output: looked up once, not on every forward."""
+        return [(name, self.blobs[name]) for name in self.outputs]
 
     @property
     def loss(self) -> float:

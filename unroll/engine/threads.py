@@ -141,18 +141,32 @@ def others_busy() -> float:
     return _load().others()
 
 
+#: UNROLL_NUM_THREADS as ``os.environ`` stores it: every net run reads it, and
+#: ``os.environ.get`` of an unset name costs a raised and caught KeyError (~2 µs, more than
+#: the rest of the run guard); the mapping under it answers in a dict lookup and sees every
+#: change made through ``os.environ``
+_ENV_KEY = os.environ.encodekey(ENV)
+#: the last value read and its count, so a set variable is parsed once, not every run
+_env_parsed: tuple = (None, None)
+
+
 def num_threads() -> int:
     """The BLAS threads a net run uses now: fixed, from UNROLL_NUM_THREADS, or free cores."""
+    global _env_parsed
     if _fixed is not None:
         return _fixed
-    env = os.environ.get(ENV)
-    if env:
+    raw = os.environ._data.get(_ENV_KEY)
+    if raw:
+        if raw == _env_parsed[0]:
+            return _env_parsed[1]
+        env = os.environ.decodevalue(raw)
         try:
             n = int(env)
         except ValueError:
             n = 0
         if n < 1:
             raise ValueError(f"{ENV} must be an integer >= 1, found {env!r}")
+        _env_parsed = (raw, n)
         return n
     n = cores()
     return max(1, min(n, round(n - others_busy())))
@@ -184,16 +198,18 @@ class run_threads:
     uses it.
     """
 
+    __slots__ = ("n", "_changed", "_outer")
+
     def __init__(self, n: int | None = None):
         self.n = num_threads() if n is None else n
-        self._changed: list = []
-        self._outer = 1
 
     def __enter__(self) -> int:
-        n = self.n
-        self._changed = [(put, old) for get, put in _blas() if (old := get()) != n]
-        for put, _ in self._changed:
-            put(n)
+        n, self._changed = self.n, []
+        for get, put in _blas():
+            old = get()
+            if old != n:  # only what changed is undone after
+                put(n)
+                self._changed.append((put, old))
         self._outer, _run.threads = getattr(_run, "threads", 1), n
         return n
 
