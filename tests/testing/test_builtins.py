@@ -63,9 +63,12 @@ def test_a_new_built_in_is_picked_up_by_the_stepping_packing_and_recompute_tests
                           cwd=ROOT, capture_output=True, text=True, timeout=limit(200))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ids = done.stdout.splitlines()
+    assert ("tests/train/test_stepper.py::"
+            "test_stepping_from_given_states_equals_the_unrolled_net_at_every_cont[elman]") in ids
     for layers in (1, 2):
         assert (f"tests/train/test_stepper.py::"
-                f"test_stepping_equals_the_unrolled_net_from_given_states[elman-{layers}]") in ids
+                f"test_stepping_from_zeros_equals_the_unrolled_net_at_every_cont[elman-{layers}]"
+                ) in ids
     for direction in ("forward", "reverse", "bidirectional"):
         assert (f"tests/train/test_packing.py::"
                 f"test_packed_sequence_gets_its_result_alone[elman-{direction}]") in ids
