@@ -25,7 +25,14 @@ budget no plan fits is reported with the smallest that works. Ratios are to
 each side's own full run, in the same turn. A benchmark, not a test: on a
 shared machine quote the ratios.
 
+``--charlm`` times ``unroll memory --budget`` instead, the whole command in a process
+of its own (parsing the prototxt, building, planning), for the character LM's net
+(examples/charlm: N=32, H=256, 132 symbols, one SoftmaxWithLoss over the whole
+output) at each T, within ``--charlm-budget`` of its full plan.
+
     python -m bench.bench_recompute --steps 1000 5000 --torch-python PATH/TO/venv/bin/python
+    python -m bench.bench_recompute --steps 20000 --plan-only --configs 0.02
+    python -m bench.bench_recompute --steps 2000 --charlm
 """
 
 from __future__ import annotations
@@ -211,6 +218,37 @@ def torch_side(args) -> dict:
     return {"seconds": seconds, "rss": rss}
 
 
+def charlm_figures(args, T: int) -> None:
+    """The seconds of ``unroll memory --budget`` for the character LM at ``T`` steps."""
+    import tempfile
+
+    from examples.charlm.model import TEMPLATE
+    from examples.charlm.text import IGNORE
+    from unroll import Net, expand
+    from unroll.core.proto import to_text
+
+    net_param = expand(TEMPLATE, steps=T, batch=args.batch, symbols=132, part="train",
+                       embed=64, hidden=args.hidden, ignore_label=IGNORE)
+    full = Net(net_param).inspect().recompute["planned_bytes"]
+    budget = int(full * args.charlm_budget)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "charlm.prototxt"
+        path.write_text(to_text(net_param))
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "unroll.tools.cli", "memory", str(path),
+                               "--budget", str(budget)], cwd=ROOT, capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode:
+        print(f"charlm T={T} failed:\n{done.stderr.strip()[-2000:]}", file=sys.stderr)
+        return
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    print(f"T={T} char LM (full plan {mib(full)}): unroll memory --budget "
+          f"{args.charlm_budget:g} of it in {wall:.1f} s ({cpu:.1f} s of CPU)")
+
+
 def run_side(side: str, python: str, args, T: int, config: str, full_bytes=None):
     env = {k: v for k, v in os.environ.items()
            if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
@@ -255,6 +293,10 @@ def main(argv=None) -> None:
     parser.add_argument("--plan-only", action="store_true",
                         help="only build and plan each net (planned bytes and planning "
                              "seconds; no step is run, so RSS and step time are not measured)")
+    parser.add_argument("--charlm", action="store_true",
+                        help="time `unroll memory --budget` for the character LM instead")
+    parser.add_argument("--charlm-budget", type=float, default=0.5, metavar="FRACTION",
+                        help="its budget, as a fraction of its full plan (default 0.5)")
     parser.add_argument("--side", choices=["unroll", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--T", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -262,6 +304,11 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.side:
         print(json.dumps({"unroll": unroll_side, "torch": torch_side}[args.side](args)))
+        return
+    if args.charlm:
+        for T in args.steps:
+            for _ in range(args.turns):
+                charlm_figures(args, T)
         return
     from unroll.engine.memory import bptt_hsm
 
