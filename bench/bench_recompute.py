@@ -20,9 +20,9 @@ are there before), and the median time of a training step (forward and
 backward) after a first one. For unroll also the
 bytes planned (the workspace and kept blobs but the inputs), the workspace's
 high-water mark, the forward steps recomputed and how long planning took (wall
-and CPU seconds from the template to the planned net, and of those the CPU
-seconds of the unroller, ``expand``, alone; ``--plan-only`` builds and plans the
-nets and runs no step). A
+and CPU seconds of ``Net()`` on the unrolled NetParameter, and apart from them the
+CPU seconds of the unroller, ``expand``, before it; ``--plan-only`` builds and plans
+the nets and runs no step). A
 budget no plan fits is reported with the smallest that works. Ratios are to
 each side's own full run, in the same turn. A benchmark, not a test: on a
 shared machine quote the ratios.
@@ -127,8 +127,8 @@ def unroll_side(args) -> dict:
     if options is None:
         options = {"memory_budget": int(args.full_bytes * float(args.config))}
 
-    def make(T, options):
-        net = Net(lstm_net(T, N, H, per_step=args.loss == "per-step"), **options)
+    def make(T, options, net_param=None):
+        net = Net(net_param or lstm_net(T, N, H, per_step=args.loss == "per-step"), **options)
         x, y = data(T, N, H)
         cont = np.ones((T, N), np.float32)
         cont[0] = 0
@@ -145,15 +145,15 @@ def unroll_side(args) -> dict:
         return net, step
 
     make(WARM_UP, {"recompute": "sqrt"})[1]()  # compiled kernels, imports: not the plan's
-    start_cpu = time.process_time()
-    lstm_net(args.T, N, H, per_step=args.loss == "per-step")  # the unroller's share, alone
+    start_cpu = time.process_time()  # the unroller, timed apart from the net's planning
+    net_param = lstm_net(args.T, N, H, per_step=args.loss == "per-step")
     expand_cpu = time.process_time() - start_cpu
     start, start_cpu = time.perf_counter(), time.process_time()
     try:
         if args.plan_only:  # the net is built and planned; its inputs are never filled
-            net = Net(lstm_net(args.T, N, H, per_step=args.loss == "per-step"), **options)
+            net = Net(net_param, **options)
         else:
-            net, step = make(args.T, options)
+            net, step = make(args.T, options, net_param)
     except MemoryBudgetError as e:
         return {"refused": e.smallest}
     # CPU seconds beside wall seconds: on a shared machine the wall clock waits for others
@@ -333,7 +333,7 @@ def main(argv=None) -> None:
                    f"RSS +{mib(full['rss'])}, {full['seconds']:.2f} s/step")
             print(f"T={T} (turn {turn + 1}) unroll full plan: planned {mib(full['planned'])}"
                   f"{ran}; planned in {full['planning']:.1f} s ({full['planning_cpu']:.1f} s "
-                  f"of CPU, {full['expand_cpu']:.1f} s of it the unroller's)")
+                  f"of CPU; the unroller before it {full['expand_cpu']:.1f} s of CPU)")
             for config in args.configs or ["sqrt", "hsm", *map(str, args.budgets)]:
                 got = run_side("unroll", sys.executable, args, T, config, full["planned"])
                 if got is None:
@@ -352,8 +352,8 @@ def main(argv=None) -> None:
                 print(f"  {label:>6}: planned {got['planned'] / full['planned']:.3f}{ran} of "
                       f"full; forward x {got['factor']:.2f} ({got['recomputed']} steps again, "
                       f"{got['checkpoints']} checkpoints, {got['policy']}){step_time}; "
-                      f"planned in {got['planning']:.1f} s ({got['planning_cpu']:.1f} s of CPU, "
-                      f"{got['expand_cpu']:.1f} s of it the unroller's)")
+                      f"planned in {got['planning']:.1f} s ({got['planning_cpu']:.1f} s of CPU; "
+                      f"the unroller before it {got['expand_cpu']:.1f} s)")
                 if got["slots"]:  # its segments' forward runs against the dynamic program's
                     n = got["checkpoints"] + 1
                     print(f"          segments run forward {got['segment_runs'] / n:.3f} times "
