@@ -20,12 +20,21 @@ are there before), and the median time of a training step (forward and
 backward) after a first one. For unroll also the
 bytes planned (the workspace and kept blobs but the inputs), the workspace's
 high-water mark, the forward steps recomputed and how long planning took (wall
-and CPU seconds; ``--plan-only`` builds and plans the nets and runs no step). A
+and CPU seconds of ``Net()`` on the unrolled NetParameter, and apart from them the
+CPU seconds of the unroller, ``expand``, before it; ``--plan-only`` builds and plans
+the nets and runs no step). A
 budget no plan fits is reported with the smallest that works. Ratios are to
 each side's own full run, in the same turn. A benchmark, not a test: on a
 shared machine quote the ratios.
 
+``--charlm`` times ``unroll memory --budget`` instead, the whole command in a process
+of its own (parsing the prototxt, building, planning), for the character LM's net
+(examples/charlm: N=32, H=256, 132 symbols, one SoftmaxWithLoss over the whole
+output) at each T, within ``--charlm-budget`` of its full plan.
+
     python -m bench.bench_recompute --steps 1000 5000 --torch-python PATH/TO/venv/bin/python
+    python -m bench.bench_recompute --steps 20000 --plan-only --configs 0.02
+    python -m bench.bench_recompute --steps 2000 --charlm
 """
 
 from __future__ import annotations
@@ -118,8 +127,8 @@ def unroll_side(args) -> dict:
     if options is None:
         options = {"memory_budget": int(args.full_bytes * float(args.config))}
 
-    def make(T, options):
-        net = Net(lstm_net(T, N, H, per_step=args.loss == "per-step"), **options)
+    def make(T, options, net_param=None):
+        net = Net(net_param or lstm_net(T, N, H, per_step=args.loss == "per-step"), **options)
         x, y = data(T, N, H)
         cont = np.ones((T, N), np.float32)
         cont[0] = 0
@@ -136,12 +145,15 @@ def unroll_side(args) -> dict:
         return net, step
 
     make(WARM_UP, {"recompute": "sqrt"})[1]()  # compiled kernels, imports: not the plan's
+    start_cpu = time.process_time()  # the unroller, timed apart from the net's planning
+    net_param = lstm_net(args.T, N, H, per_step=args.loss == "per-step")
+    expand_cpu = time.process_time() - start_cpu
     start, start_cpu = time.perf_counter(), time.process_time()
     try:
         if args.plan_only:  # the net is built and planned; its inputs are never filled
-            net = Net(lstm_net(args.T, N, H, per_step=args.loss == "per-step"), **options)
+            net = Net(net_param, **options)
         else:
-            net, step = make(args.T, options)
+            net, step = make(args.T, options, net_param)
     except MemoryBudgetError as e:
         return {"refused": e.smallest}
     # CPU seconds beside wall seconds: on a shared machine the wall clock waits for others
@@ -151,7 +163,8 @@ def unroll_side(args) -> dict:
     return {"seconds": seconds, "rss": rss, "planned": plan["planned_bytes"],
             "workspace": net.workspace.nbytes, "recomputed": plan["recomputed_steps"],
             "factor": plan["factor"], "checkpoints": len(plan["checkpoints"]),
-            "planning": planning, "planning_cpu": planning_cpu, "policy": plan["policy"],
+            "planning": planning, "planning_cpu": planning_cpu, "expand_cpu": expand_cpu,
+            "policy": plan["policy"],
             "slots": rc.slots if rc is not None else None,
             "segment_runs": (len(rc.cuts) + 1 + sum(a >= 0 for a in rc.order)
                              if rc is not None else None)}
@@ -211,6 +224,37 @@ def torch_side(args) -> dict:
     return {"seconds": seconds, "rss": rss}
 
 
+def charlm_figures(args, T: int) -> None:
+    """The seconds of ``unroll memory --budget`` for the character LM at ``T`` steps."""
+    import tempfile
+
+    from examples.charlm.model import TEMPLATE
+    from examples.charlm.text import IGNORE
+    from unroll import Net, expand
+    from unroll.core.proto import to_text
+
+    net_param = expand(TEMPLATE, steps=T, batch=args.batch, symbols=132, part="train",
+                       embed=64, hidden=args.hidden, ignore_label=IGNORE)
+    full = Net(net_param).inspect().recompute["planned_bytes"]
+    budget = int(full * args.charlm_budget)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "charlm.prototxt"
+        path.write_text(to_text(net_param))
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "unroll.tools.cli", "memory", str(path),
+                               "--budget", str(budget)], cwd=ROOT, capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode:
+        print(f"charlm T={T} failed:\n{done.stderr.strip()[-2000:]}", file=sys.stderr)
+        return
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    print(f"T={T} char LM (full plan {mib(full)}): unroll memory --budget "
+          f"{args.charlm_budget:g} of it in {wall:.1f} s ({cpu:.1f} s of CPU)")
+
+
 def run_side(side: str, python: str, args, T: int, config: str, full_bytes=None):
     env = {k: v for k, v in os.environ.items()
            if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
@@ -255,6 +299,10 @@ def main(argv=None) -> None:
     parser.add_argument("--plan-only", action="store_true",
                         help="only build and plan each net (planned bytes and planning "
                              "seconds; no step is run, so RSS and step time are not measured)")
+    parser.add_argument("--charlm", action="store_true",
+                        help="time `unroll memory --budget` for the character LM instead")
+    parser.add_argument("--charlm-budget", type=float, default=0.5, metavar="FRACTION",
+                        help="its budget, as a fraction of its full plan (default 0.5)")
     parser.add_argument("--side", choices=["unroll", "torch"], help=argparse.SUPPRESS)
     parser.add_argument("--T", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
@@ -262,6 +310,11 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     if args.side:
         print(json.dumps({"unroll": unroll_side, "torch": torch_side}[args.side](args)))
+        return
+    if args.charlm:
+        for T in args.steps:
+            for _ in range(args.turns):
+                charlm_figures(args, T)
         return
     from unroll.engine.memory import bptt_hsm
 
@@ -280,7 +333,7 @@ def main(argv=None) -> None:
                    f"RSS +{mib(full['rss'])}, {full['seconds']:.2f} s/step")
             print(f"T={T} (turn {turn + 1}) unroll full plan: planned {mib(full['planned'])}"
                   f"{ran}; planned in {full['planning']:.1f} s ({full['planning_cpu']:.1f} s "
-                  f"of CPU)")
+                  f"of CPU; the unroller before it {full['expand_cpu']:.1f} s of CPU)")
             for config in args.configs or ["sqrt", "hsm", *map(str, args.budgets)]:
                 got = run_side("unroll", sys.executable, args, T, config, full["planned"])
                 if got is None:
@@ -299,7 +352,8 @@ def main(argv=None) -> None:
                 print(f"  {label:>6}: planned {got['planned'] / full['planned']:.3f}{ran} of "
                       f"full; forward x {got['factor']:.2f} ({got['recomputed']} steps again, "
                       f"{got['checkpoints']} checkpoints, {got['policy']}){step_time}; "
-                      f"planned in {got['planning']:.1f} s ({got['planning_cpu']:.1f} s of CPU)")
+                      f"planned in {got['planning']:.1f} s ({got['planning_cpu']:.1f} s of CPU; "
+                      f"the unroller before it {got['expand_cpu']:.1f} s)")
                 if got["slots"]:  # its segments' forward runs against the dynamic program's
                     n = got["checkpoints"] + 1
                     print(f"          segments run forward {got['segment_runs'] / n:.3f} times "

@@ -100,14 +100,16 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
         # the lives of data written again in backward (a chunk's rows of a batched weight
         # gradient back to back in a buffer of their own)
         lives.append(("data_re", plan.data_re_life, data_re_host))
+    elems = [math.prod(shape) for shape in shapes]
     for kind, life, host in lives:
-        spans = dict(life.items())
+        own = dict(life.items())  # a dict: a Lifetimes lookup reads numpy scalars
+        spans = dict(own)
         for r in host:  # a buffer inside another lives as long as either
-            if r in life:
+            if r in own:
                 top = r
                 while top in host:
                     top = host[top][0]
-                first, last = life[r]
+                first, last = own[r]
                 a, b = spans.get(top, (first, last))
                 spans[top] = (min(a, first), max(b, last))
         spans_of[kind] = spans
@@ -117,13 +119,15 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
             for r in shared:
                 a, b = buffers[data_at[r]][:2]
                 c, d = spans.pop(r)
-                buffers[data_at[r]] = (min(a, c), max(b, d), math.prod(shapes[r]) * itemsize)
+                buffers[data_at[r]] = (min(a, c), max(b, d), elems[r] * itemsize)
+        private, re_root = plan.private, plan.re_root
         for r, (first, last) in spans.items():
-            if r not in host and (relives or r not in plan.private):
-                nbytes = (sizes[(kind, r)] if (kind, r) in sizes else
-                          math.prod(shapes[plan.re_root[r] if relives else r]) * itemsize)
+            if r not in host and (relives or r not in private):
+                key = (kind, r)
+                nbytes = (sizes[key] if key in sizes else
+                          elems[re_root[r] if relives else r] * itemsize)
                 buffers.append((first, last, nbytes))
-                keys.append((kind, r))
+                keys.append(key)
     for s, layer in enumerate(layers):
         for name, (shape, dtype, lives) in layer.scratch_specs.items():
             nbytes = math.prod(shape) * np.dtype(dtype).itemsize
@@ -187,8 +191,8 @@ def _data_then_diff(plan, data_host, diff_host, shapes) -> set[int]:
     before its diff is first written, for every value placed inside the root's data (by
     its data life) and diff (by its diff life)."""
     inside: dict[tuple, list] = {}
-    for kind, host, life in (("data", data_host, plan.data_life),
-                             ("diff", diff_host, plan.diff_life)):
+    data_life, diff_life = dict(plan.data_life.items()), dict(plan.diff_life.items())
+    for kind, host, life in (("data", data_host, data_life), ("diff", diff_host, diff_life)):
         for r in host:
             if r in life:
                 whole, first = resolve(host, r)
@@ -196,11 +200,11 @@ def _data_then_diff(plan, data_host, diff_host, shapes) -> set[int]:
     out = set()
     for (kind, r), items in inside.items():
         if (kind != "data" or r in plan.private or r in data_host or r in diff_host
-                or r not in plan.data_life or r not in plan.diff_life):
+                or r not in data_life or r not in diff_life):
             continue
         n = math.prod(shapes[r])
-        data = [(0, n, plan.data_life[r]), *items]
-        diff = [(0, n, plan.diff_life[r]), *inside.get(("diff", r), ())]
+        data = [(0, n, data_life[r]), *items]
+        diff = [(0, n, diff_life[r]), *inside.get(("diff", r), ())]
         cuts = sorted({a for a, _, _ in data + diff} | {a + c for a, c, _ in data + diff})
         last = [-1] * len(cuts)  # per piece between two cuts: the latest data read ...
         first = [1 << 62] * len(cuts)  # ... and the earliest diff write

@@ -126,16 +126,21 @@ class _Diffs:
     def backward(self, step, layer, back: int, need) -> None:
         if "diff" in layer.shares_bottom:
             return  # a view's diff is its bottom's: its backward moves nothing
-        root = self.diff_root
-        for b in step.tops:
-            r = root[b]
-            _touch(self.life, r, back)
-            self.reads[r] = min(self.reads.get(r, back), back)
-        for b, down in zip(step.bottoms, need):
-            if down:
+        # _touch inlined: this runs for every step of every attempt's walk
+        root, life = self.diff_root, self.life
+        for bs, firsts in ((step.tops, self.reads),
+                           ([b for b, down in zip(step.bottoms, need) if down], self.writes)):
+            for b in bs:
                 r = root[b]
-                _touch(self.life, r, back)
-                self.writes[r] = min(self.writes.get(r, back), back)
+                span = life.get(r)
+                if span is None:
+                    life[r] = [back, back]
+                elif back < span[0]:
+                    span[0] = back
+                elif back > span[1]:
+                    span[1] = back
+                if firsts.get(r, back) >= back:
+                    firsts[r] = back
 
     def zero_before(self, loss_blobs, private, S: int, step_at) -> dict[int, list[int]]:
         """Step -> the diff roots zeroed right before its backward (``step_at``: the step
@@ -219,8 +224,18 @@ def _liveness_recomputed(steps, layers, n_blobs, data_root, diff_root, private, 
                 if again[r] and born[r] != action:
                     born[r], current[r] = action, len(lives)
                     lives.append([r, t, t, action])
-            for b in step.tops + step.bottoms:
-                touch(data_root[b], t)
+            for b in step.tops + step.bottoms:  # touch(), inlined: every step of a walk
+                r = data_root[b]
+                if current[r] >= 0:
+                    lives[current[r]][2] = t
+                else:
+                    span = data_life.get(r)
+                    if span is None:
+                        data_life[r] = [t, t]
+                    elif t < span[0]:
+                        span[0] = t
+                    elif t > span[1]:
+                        span[1] = t
             if action >= 0 and layers[s].scratch_specs:
                 re_time.setdefault(s, []).append(t)
             t += 1

@@ -25,23 +25,38 @@ def place(buffers) -> tuple[list[int], int]:
     >>> place([(0, 1, 64), (1, 2, 64), (2, 3, 64)])
     ([0, 64, 0], 128)
     """
-    order = sorted(range(len(buffers)), key=lambda i: buffers[i][0])
+    firsts = [b[0] for b in buffers]
+    order = sorted(range(len(buffers)), key=firsts.__getitem__)
     ending: list[tuple[int, int]] = []  # (last, index) of placed buffers, a heap by last
-    free: list[tuple[int, int]] = []  # (size, offset), sorted
+    # freed blocks by size, each a heap of offsets, and the sizes that have any, sorted:
+    # the smallest (size, offset) at least a size is a bisect and a heap pop, where one
+    # sorted list of every freed block moved thousands of entries a step at T=20,000
+    free: dict[int, list[int]] = {}
+    free_sizes: list[int] = []
     offsets = [0] * len(buffers)
     sizes = [-(-max(b[2], 1) // ALIGN) * ALIGN for b in buffers]
     top = 0
+    push, pop = heapq.heappush, heapq.heappop
     for i in order:
-        first = buffers[i][0]
+        first = firsts[i]
         while ending and ending[0][0] < first:
-            _, j = heapq.heappop(ending)
-            bisect.insort(free, (sizes[j], offsets[j]))
+            j = pop(ending)[1]
+            size = sizes[j]
+            if size in free:
+                push(free[size], offsets[j])
+            else:
+                free[size] = [offsets[j]]
+                bisect.insort(free_sizes, size)
         need = sizes[i]
-        k = bisect.bisect_left(free, (need, -1))
-        if k < len(free) and free[k][0] <= 2 * need:
-            size, offsets[i] = free.pop(k)
+        k = bisect.bisect_left(free_sizes, need)
+        if k < len(free_sizes) and free_sizes[k] <= 2 * need:
+            size = free_sizes[k]
+            block = free[size]
+            offsets[i] = pop(block)
+            if not block:
+                del free[size], free_sizes[k]
             sizes[i] = size  # the whole block returns to the free list with it
         else:
             offsets[i], top = top, top + need
-        heapq.heappush(ending, (buffers[i][1], i))
+        push(ending, (buffers[i][1], i))
     return offsets, top
