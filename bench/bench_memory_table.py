@@ -79,8 +79,7 @@ def torch_rows(args, T: int) -> None:
 
 def charlm_floor(T: int, batch: int, symbols: int) -> None:
     """The smallest plan of the char LM's training net at ``T`` steps, over its full plan."""
-    from examples.charlm.model import TEMPLATE
-    from examples.charlm.text import IGNORE
+    from examples.charlm.model import IGNORE, TEMPLATE
     from unroll import Net, expand
     from unroll.core.errors import MemoryBudgetError
 

@@ -228,8 +228,7 @@ def charlm_figures(args, T: int) -> None:
     """The seconds of ``unroll memory --budget`` for the character LM at ``T`` steps."""
     import tempfile
 
-    from examples.charlm.model import TEMPLATE
-    from examples.charlm.text import IGNORE
+    from examples.charlm.model import IGNORE, TEMPLATE
     from unroll import Net, expand
     from unroll.core.proto import to_text
 
