@@ -25,22 +25,7 @@ import time
 
 import numpy as np
 
-
-def per_call_us(runs: dict, clock, calls: int, rounds: int = 7) -> dict:
-    """{name: the least over ``rounds`` of the mean µs per call of ``runs[name]``}, the
-    rounds of the runs taken in turns, so a busy machine slows each alike (the least: the
-    round its other work slowed down least)."""
-    best = dict.fromkeys(runs, float("inf"))
-    for run in runs.values():
-        for _ in range(20):
-            run()
-    for _ in range(rounds):
-        for name, run in runs.items():
-            start = clock()
-            for _ in range(calls):
-                run()
-            best[name] = min(best[name], (clock() - start) / calls * 1e6)
-    return best
+from bench.timing import least_us_per_call
 
 
 def call_costs(lemmatizer, pairs, clock) -> None:
@@ -62,10 +47,11 @@ def call_costs(lemmatizer, pairs, clock) -> None:
                 "tgt_cont": np.ones((1, batch), np.float32), **decoder.static}
         state = {name: np.zeros((1, batch, *lemmatizer.stepper.declared[name][2:]), np.float32)
                  for name in lemmatizer.stepper.pairs}
-        us = per_call_us({"step": lambda d=decoder, t=tokens: d.step(t),
+        us = least_us_per_call({"step": lambda d=decoder, t=tokens: d.step(t),
                           "forward": lambda f=feed, s=state: lemmatizer.stepper.net.forward(
                               **f, **s),
-                          "engine": lambda: tiny.forward(a=one)}, clock, max(50, 2000 // batch))
+                          "engine": lambda: tiny.forward(a=one)},
+                                clock, max(50, 2000 // batch), rounds=7)
         print(f"batch {batch}: decoder step {us['step']:.1f} µs, its Net.forward "
               f"{us['forward']:.1f} µs (the decoding's own {us['step'] - us['forward']:.1f} µs), "
               f"a one-layer net's forward {us['engine']:.1f} µs")

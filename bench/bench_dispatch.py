@@ -92,18 +92,9 @@ def fixed_runs() -> dict:
 
 def fixed_round(clock, calls: int, rounds: int) -> dict:
     """{what: the least over ``rounds`` of the mean µs per call}, the parts in turns."""
-    runs = fixed_runs()
-    best = dict.fromkeys(runs, float("inf"))
-    for run in runs.values():
-        for _ in range(100):
-            run()
-    for _ in range(rounds):
-        for name, run in runs.items():
-            start = clock()
-            for _ in range(calls):
-                run()
-            best[name] = min(best[name], (clock() - start) / calls * 1e6)
-    return best
+    from bench.timing import least_us_per_call
+
+    return least_us_per_call(fixed_runs(), clock, calls, rounds, warmup=100)
 
 
 def in_process(tree: Path, args) -> dict:

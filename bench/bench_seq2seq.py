@@ -57,7 +57,8 @@ def batches(args) -> list[dict]:
     return out
 
 
-def unroll_side(args) -> dict:
+def unroll_model(args):
+    """The unroll side's net, its Adam solver and the feeds of its fixed batches."""
     from unroll import Net, Solver, expand
 
     S = T = args.steps
@@ -73,6 +74,11 @@ def unroll_side(args) -> dict:
               "tgt_in": b["tgt_in"].astype(np.float32), "tgt_cont": np.ones((T, N), np.float32),
               "tgt_out": b["tgt_out"].astype(np.float32), "enc_h_0": zeros, "enc_c_0": zeros}
              for b in batches(args)]
+    return net, solver, feeds
+
+
+def unroll_side(args) -> dict:
+    net, solver, feeds = unroll_model(args)
     losses = []
 
     def step():

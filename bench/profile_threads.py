@@ -155,21 +155,7 @@ def seq2seq_step():
     # bench_seq2seq's defaults
     defaults = argparse.Namespace(vocab=40, steps=20, batch=32, embed=64, hidden=256,
                                   lr=1e-3, batches=8)
-    from unroll import Net, Solver, expand
-
-    S = T = defaults.steps
-    N, H = defaults.batch, defaults.hidden
-    net = Net(expand(bench_seq2seq.TEMPLATE, steps=T, batch=N, src_steps=S,
-                     vocab=defaults.vocab, embed=defaults.embed, hidden=H))
-    solver = Solver(net, type="Adam", base_lr=defaults.lr, momentum=0.9, momentum2=0.999,
-                    delta=1e-8)
-    cont = np.ones((S, N), np.float32)
-    cont[0] = 0
-    zeros = np.zeros((1, N, H), np.float32)
-    feeds = [{"src": b["src"].astype(np.float32), "src_cont": cont,
-              "tgt_in": b["tgt_in"].astype(np.float32), "tgt_cont": np.ones((T, N), np.float32),
-              "tgt_out": b["tgt_out"].astype(np.float32), "enc_h_0": zeros, "enc_c_0": zeros}
-             for b in bench_seq2seq.batches(defaults)]
+    net, solver, feeds = bench_seq2seq.unroll_model(defaults)
     done = [0]
 
     def step():
