@@ -443,7 +443,9 @@ class Layer:
     def apply_layout(self, parts_in_whole=None, diff_aliased=(), param_diffs_batched=False):
         """Take what the net's memory layout decided for this layer: which parts live inside
         the whole, which bottom diffs are the top's, whether the net batches the param
-        gradient. Called by the net whenever its layout changes; the defaults undo it."""
+        gradient. Called by the net whenever its layout changes; the defaults undo it. The
+        net's, not a hook: a method of Layer, so that what it sets joins every layer class's
+        shared instance keys (see :func:`_share_instance_keys`)."""
         if parts_in_whole is not None or self.memory.parts_of_whole is None:
             self.parts_in_whole = parts_in_whole
         self.diff_aliased = diff_aliased
