@@ -188,6 +188,13 @@ def test_the_engine_reads_only_what_layer_declares(name):
     assert not undeclared, f"unroll.{name} reads {undeclared} of layers, not in CONTRACT"
 
 
+def test_layer_has_no_member_beyond_the_contract_and_its_own():
+    # what only the memory plan reads is one MemoryTraits (``memory``), not members beside
+    # Caffe's virtuals that a layer author would have to learn
+    public = {name for name in dir(Layer) if not name.startswith("_")}
+    assert public - set(CONTRACT) - BASE == {"param_blob", "param_blobs", "param_messages"}
+
+
 @pytest.mark.parametrize("name", CONTRACT)
 def test_every_contract_entry_has_a_default_and_a_doc_on_layer(name):
     import inspect
