@@ -87,7 +87,7 @@ def sine_module(tmp_path, monkeypatch):
 
 
 def train_step(net):
-    """One forward and backward on fixed inputs: the loss, x's diff, W's diff."""
+    """One forward and backward on fixed inputs: the loss, x's diff, the param diffs."""
     rng = np.random.default_rng(1)
     net.forward(x=rng.uniform(-1, 1, (N, D)), target=rng.uniform(-1, 1, (N, D)))
     net.clear_param_diffs()
@@ -150,6 +150,7 @@ def test_a_python_layer_that_declares_traits_gets_them(sine_module):
               memory_budget=smallest_budget(text))
     assert_identical(train_step(net), want)
     assert len(forwards) == STEPS  # never run again: its values are kept
+    assert net.inspect().recompute["recomputed_steps"] > 0  # the InnerProducts are
 
 
 @register_layer("TestInnerProductSubclass")
