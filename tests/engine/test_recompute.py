@@ -333,7 +333,8 @@ def test_layers_that_cannot_be_recomputed_keep_their_values():
     # BatchNorm's forward updates its statistics: recomputed, they would move twice
     from unroll.engine.layer import LAYERS
 
-    assert not LAYERS["BatchNorm"].recomputable and not LAYERS["Input"].recomputable
+    assert not LAYERS["BatchNorm"].memory.recomputable
+    assert not LAYERS["Input"].memory.recomputable
     assert LAYERS["Dropout"].draws_random  # kept too: its masks are the forward's
 
 

@@ -53,7 +53,9 @@ def test_entries_are_the_class_attributes():
     assert e["SoftmaxWithLoss"].param_messages == ("loss_param", "softmax_param")
     assert e["SoftmaxWithLoss"].is_loss and not e["Softmax"].is_loss
     assert e["BatchNorm"].state_blobs and not e["Scale"].state_blobs
-    assert "check_host_bottom" in e["Embed"].hooks and "passes_diff" in e["Eltwise"].hooks
+    assert "check_host_bottom" in e["Embed"].hooks and "memory.passes_diff" in e["Eltwise"].hooks
+    assert e["InnerProduct"].hooks == ("memory.batched_param_gradient",)
+    assert e["ReLU"].hooks == ()
     assert e["InnerProduct"].summary.startswith("y = x W^T + b")
 
 

@@ -166,9 +166,9 @@ def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[list, set[int],
     ``layers`` its memory in ``workspace``, as ``layout`` (of liveness ``plan``) places it.
 
     Returns, per weight-gradient group of the layout, its GEMM ``(layer, x rows, gy
-    rows)``; the ids of the blobs that other blobs are views into (the Slice parts of
-    an input, say: a new array for one of them, a borrowed input, must bind
-    its parts again); and, where backward runs forward again, the actions that bind the
+    rows, the layer's batched backward)``; the ids of the blobs that other blobs are views
+    into (the Slice parts of an input, say: a new array for one of them, a borrowed input,
+    must bind its parts again); and, where backward runs forward again, the actions that bind the
     memory of the values run again (:func:`relive`; else none).
     """
     offset, whole, within = layout.offset, layout.whole, layout.within
@@ -220,10 +220,11 @@ def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[list, set[int],
     for group in layout.groups:
         layer = layers[group.after]
         (xr, x0), (gr, g0) = group.x, group.gy
-        K, n = layer.param_row_widths()
+        batched = layer.memory.batched_param_gradient
+        K, n = batched.row_widths(layer)
         x = array(group.x_kind, xr).reshape(-1)[x0 : x0 + group.rows * K].reshape(-1, K)
         gy = array("diff", gr).reshape(-1)[g0 : g0 + group.rows * n].reshape(-1, n)
-        gemms.append((layer, x, gy))
+        gemms.append((layer, x, gy, batched.backward))
     lives = ((), {})
     if plan.recompute is not None:
         # the buffers that hold lives inside them, for the views made at each run
@@ -388,7 +389,7 @@ def actions(plan, fwd, bwd, blobs, gemms=(), relive=((), {})) -> tuple[list, int
                 out.append(zeros[at])
             elif kind == "gemm":
                 if gemms:  # else the sharers compute their own weight gradients
-                    out.append((GEMM, *gemms[at], None))
+                    out.append((GEMM, *gemms[at]))
             elif kind == "relive":
                 out += runs.get(at, ())
             elif kind == "restore":
@@ -446,7 +447,7 @@ def run(actions, start: int = 0, stop: int | None = None, at_once: bool = False)
         elif kind == BACKWARD:
             who.backward(a, b, c)
         elif kind == GEMM:
-            who.param_backward(a, b)  # every sharer's rows: one GEMM
+            c(who, a, b)  # every sharer's rows: one GEMM
         elif kind == ZERO:
             a.diff.fill(0)
         elif kind == BIND:  # values run again: their memory

@@ -14,6 +14,9 @@ layer is set up: how many bottoms and tops the layer takes, whether it may run
 in place (top == bottom) and what its backward reads, so the net can prove that
 an in-place write never clobbers a value a backward still needs. They are the
 class's, never changed per instance: ``set_up`` refuses a layer that changes one.
+What only the memory plan reads is one of them, ``memory``, a
+:class:`~unroll.engine.memory_traits.MemoryTraits` a layer may leave out (Concat
+declares ``memory = MemoryTraits(parts_of_whole="bottoms")``).
 
 A new layer type is one short class::
 
@@ -51,21 +54,20 @@ from unroll.core.proto import LayerParameter
 from unroll.engine.backend import make_rng
 from unroll.engine.blob import Blob
 from unroll.engine.fillers import fill
+from unroll.engine.memory_traits import MemoryTraits, check_traits
 
 LAYERS: dict[str, type] = {}
 
 #: everything the engine may read of a layer besides the run methods, each declared on
 #: :class:`Layer` with its default and its doc: the class attributes the net reads before
-#: set-up (a layer never changes them per instance), then the hooks (methods) the memory
-#: plan, the host checks and the concurrent schedule call. A test holds the engine to it.
+#: set-up (a layer never changes them per instance), ``memory`` among them (what only the
+#: memory plan reads, one :class:`~unroll.engine.memory_traits.MemoryTraits`), then the
+#: hooks (methods) the net and the host checks call. A test holds the engine to it.
 CONTRACT = ("num_bottoms", "num_tops", "in_place", "backward_reads", "backward_reads_bottoms",
-            "is_loss", "shares_bottom", "learnable", "parts_of_whole", "passes_diffs",
-            "batches_param_diffs", "checks_host_bottoms", "draws_random", "recomputable",
-            "roles", "same_shape",
+            "is_loss", "learnable", "checks_host_bottoms", "draws_random", "roles",
+            "same_shape", "memory",
             # hooks
-            "counts", "reads_in_backward", "allow_force_backward", "passes_diff",
-            "param_batch_key", "param_row_widths", "param_backward", "check_host_bottom",
-            "apply_layout")
+            "counts", "allow_force_backward", "check_host_bottom")
 
 
 def _stored_attributes(code) -> list[str]:
@@ -250,33 +252,15 @@ class Layer:
     backward_reads_bottoms: tuple | None = None
     #: a loss layer: top 0 gets loss_weight 1 unless the prototxt says otherwise
     is_loss = False
-    #: what of bottom 0 the tops alias ("data", "diff"): their memory is the bottom's
-    shares_bottom: tuple = ()
     #: False for layers whose blobs are state, not weights (BatchNorm's statistics):
     #: the net gives them lr_mult and decay_mult 0, so no solver ever updates them
     learnable = True
-    #: "bottoms" (Concat) or "tops" (Slice): the layer joins its parts into one whole, or
-    #: cuts one whole into parts, along its ``axis`` attribute; the memory plan may place
-    #: the parts inside the whole (see :meth:`apply_layout`), and the layer then copies
-    #: nothing for them
-    parts_of_whole: str | None = None
-    #: True where :meth:`passes_diff` may answer True: the memory plan asks only these
-    passes_diffs = False
-    #: the param gradient is a GEMM over rows (InnerProduct): layers that share the param
-    #: (one :meth:`param_batch_key`) get their rows back to back, and the net computes the
-    #: gradient once for all of them with :meth:`param_backward`
-    batches_param_diffs = False
     #: values of some bottoms must be checked on the host where inputs enter the net (ids,
     #: labels, positions): :meth:`check_host_bottom` is called with each input's values
     checks_host_bottoms = False
     #: forward draws random numbers (Dropout): the layer never runs on a branch thread, so
     #: a concurrent run draws what the serial one does
     draws_random = False
-    #: forward may run again, from the same bottoms, to recompute its tops for backward (a
-    #: memory budget, :mod:`unroll.engine.memory`): False for a layer whose forward changes
-    #: state (BatchNorm's statistics, a carried hidden state) or reads outside its bottoms;
-    #: the plan then keeps its values. A layer that ``draws_random`` is never recomputed
-    recomputable = True
     #: the bottoms' roles, by name, for a recurrent unit (LSTMUnit: ``("c_prev", "x",
     #: "cont")``): a state first (``*_prev``) and ``cont`` last say the unit itself resets
     #: that state where cont is 0, so the unroller's gating check accepts it as the state's
@@ -287,13 +271,17 @@ class Layer:
     #: BatchNorm, Eltwise, Split, Softmax): a bucketed model ties each axis of them all
     #: to the same size (:mod:`unroll.train.bucketed_model`)
     same_shape = False
+    #: what only the memory plan reads (views of a whole, pass-through diffs, a batched
+    #: param gradient, whether forward may run again, ...): the defaults suit a layer that
+    #: declares nothing (:mod:`unroll.engine.memory_traits`)
+    memory = MemoryTraits()
 
     # -- what a memory layout tells the layer (set by apply_layout; defaults: nothing placed)
-    #: (data, diff) flags per part: which parts live inside the whole (parts_of_whole)
+    #: (data, diff) flags per part: which parts live inside the whole (memory.parts_of_whole)
     parts_in_whole: tuple | None = None
     #: per bottom: its diff IS the top's diff, so backward writes nothing for it
     diff_aliased: tuple = ()
-    #: the net computes the param gradient for all sharers (batches_param_diffs)
+    #: the net computes the param gradient for all sharers (memory.batched_param_gradient)
     param_diffs_batched = False
     #: the blobs ``layer_setup`` creates, in order, each "name (shape)" and when it exists
     #: (read by ``unroll layers``; the tests hold every built-in layer to it)
@@ -332,6 +320,8 @@ class Layer:
             raise TypeError(
                 f"{cls.__name__} overrides set_up; override layer_setup and reshape instead"
             )
+        if "memory" in vars(cls):
+            check_traits(cls.memory, cls.__name__)
 
     @property
     def param(self):
@@ -446,33 +436,6 @@ class Layer:
         """A NetError that names this layer and its type."""
         return NetError(f"layer '{self.name}' ({self.type}): {message}")
 
-    def reads_in_backward(self, k: int, bottom_need) -> bool:
-        """Whether backward reads bottom ``k``'s data, given which bottoms get a gradient
-        (``bottom_need``): the memory plan keeps that value until this layer's backward.
-        By default what ``backward_reads`` and ``backward_reads_bottoms`` declare."""
-        return "bottom" in self.backward_reads and (
-            self.backward_reads_bottoms is None or k in self.backward_reads_bottoms)
-
-    def passes_diff(self, k: int) -> bool:
-        """Whether bottom ``k``'s diff equals the top's diff (Eltwise SUM, coefficient 1):
-        the memory plan may then give both one buffer (only asked where ``passes_diffs``)."""
-        return False
-
-    def param_batch_key(self) -> tuple:
-        """For ``batches_param_diffs``: layers whose keys are equal use their params the same
-        way (the same blobs, the same transpose), so one GEMM gives all their gradients."""
-        raise NotImplementedError(f"{type(self).__name__} declares no batched param gradient")
-
-    def param_row_widths(self) -> tuple[int, int]:
-        """For ``batches_param_diffs``: the widths of the rows :meth:`param_backward` takes,
-        (x, gy): the net cuts the rows it placed back to back into these."""
-        raise NotImplementedError(f"{type(self).__name__} declares no batched param gradient")
-
-    def param_backward(self, x, gy) -> None:
-        """For ``batches_param_diffs``: ADD the param gradient of rows ``x`` and top diffs
-        ``gy`` (all sharers' rows, back to back) into the param diffs."""
-        raise NotImplementedError(f"{type(self).__name__} declares no batched param gradient")
-
     def check_host_bottom(self, index: int, values: np.ndarray, name: str) -> None:
         """For ``checks_host_bottoms``: raise a NetError naming ``name`` where the host
         ``values`` entering bottom ``index`` are out of the layer's domain."""
@@ -480,8 +443,10 @@ class Layer:
     def apply_layout(self, parts_in_whole=None, diff_aliased=(), param_diffs_batched=False):
         """Take what the net's memory layout decided for this layer: which parts live inside
         the whole, which bottom diffs are the top's, whether the net batches the param
-        gradient. Called by the net whenever its layout changes; the defaults undo it."""
-        if parts_in_whole is not None or self.parts_of_whole is None:
+        gradient. Called by the net whenever its layout changes; the defaults undo it. The
+        net's, not a hook: a method of Layer, so that what it sets joins every layer class's
+        shared instance keys (see :func:`_share_instance_keys`)."""
+        if parts_in_whole is not None or self.memory.parts_of_whole is None:
             self.parts_in_whole = parts_in_whole
         self.diff_aliased = diff_aliased
         self.param_diffs_batched = param_diffs_batched

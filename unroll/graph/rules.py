@@ -219,7 +219,7 @@ def _in_place_hazard(layers, li: int, prev: _Value, bottoms_of, keep) -> str | N
                 f"the backward of its producer '{producer.name}' ({producer.type}) reads "
                 f"that top{via}"
             )
-        if "data" not in producer.shares_bottom:
+        if "data" not in producer.memory.shares_bottom:
             return None
         # the value is a view of the producer's bottom: the write lands there as well
         reader, value = value.producer, bottoms_of[value.producer][0]

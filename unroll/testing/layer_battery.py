@@ -265,7 +265,7 @@ class _Battery:
             self.guarded("float32 vs float64", "tops and diffs", self.check_float32)
         if o["layouts"]:
             self.guarded("non-contiguous bottoms", "bottoms", self.check_layouts)
-        if "diff" not in self.cls.shares_bottom and n:
+        if "diff" not in self.cls.memory.shares_bottom and n:
             self.guarded("propagate_down", "bottoms", self.check_propagate_down)
 
     # -- the checks --------------------------------------------------------------
@@ -337,7 +337,7 @@ class _Battery:
                                                   added[k], preset[k] + g, 1e-9, 1e-12,
                                                   "found", "P + gradient")
                 self.row("param diffs accumulate", f"param {k}", ok, worst, detail)
-        if "diff" in self.cls.shares_bottom:
+        if "diff" in self.cls.memory.shares_bottom:
             return  # the bottom's diff is the top's: nothing of its own to write
         stale = [rng.uniform(-1, 1, v.shape) if self.propagate[i] else None
                  for i, v in enumerate(self.values)]

@@ -25,14 +25,15 @@ from unroll.core.proto import LayerParameter
 from unroll.engine.layer import LAYERS, Layer
 from unroll.frontend.caffe_export import caffe_layer_types
 
-#: the optional hooks a layer class may define, and what each tells the net
+#: the optional hooks a layer class may define, and what each tells the net: a name of
+#: Layer's, or ``memory.<field>``, one of its :class:`~unroll.engine.memory_traits.MemoryTraits`
 HOOKS = {
     "check_host_bottom": "checks index bottoms on the host",
-    "batches_param_diffs": "param gradient batched over sharers",
-    "passes_diff": "may alias a bottom diff to the top's",
-    "parts_of_whole": "parts placed inside the whole",
     "draws_random": "draws random numbers",
-    "reads_in_backward": "what backward reads depends on the bottoms needing gradients",
+    "memory.batched_param_gradient": "param gradient batched over sharers",
+    "memory.passes_diff": "may alias a bottom diff to the top's",
+    "memory.parts_of_whole": "parts placed inside the whole",
+    "memory.reads_in_backward": "what backward reads depends on the bottoms needing gradients",
 }
 
 
@@ -103,9 +104,10 @@ def param_messages(cls) -> tuple:
 def _hooks(cls) -> tuple:
     found = []
     for hook in HOOKS:
-        value = getattr(cls, hook, None)
-        base = getattr(Layer, hook, None)
-        if value is not None and value is not base and value is not False:
+        owner, base, name = (cls.memory, Layer.memory, hook[7:]) if hook.startswith(
+            "memory.") else (cls, Layer, hook)
+        value, default = getattr(owner, name), getattr(base, name)
+        if value is not None and value is not default and value is not False:
             found.append(hook)
     return tuple(found)
 

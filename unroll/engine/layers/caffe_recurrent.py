@@ -48,6 +48,7 @@ from unroll.engine.fillers import FILLERS
 from unroll.engine.hidden_nets import expand
 from unroll.engine.layer import Layer, register_layer
 from unroll.engine.memory import GRADIENT_CHUNK
+from unroll.engine.memory_traits import MemoryTraits
 from unroll.engine.param_store import LearnableParam, ParamStore
 
 __all__ = ["LSTMLayer", "RNNLayer", "RecurrentLayer"]
@@ -63,7 +64,8 @@ class RecurrentLayer(Layer):
     (:meth:`output_layers`).
     """
 
-    recomputable = False  # its forward carries the hidden state to the next batch
+    # its forward carries the hidden state to the next batch
+    memory = MemoryTraits(recomputable=False)
 
     template = ""
     states: tuple = ()

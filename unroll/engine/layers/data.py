@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from unroll.engine.layer import Layer, register_layer
+from unroll.engine.memory_traits import MemoryTraits
 
 
 @register_layer("Input")
 class InputLayer(Layer):
     """Tops shaped by input_param.shape (one per top, or one for all), filled from outside."""
 
-    recomputable = False  # its top is what the caller set
+    memory = MemoryTraits(recomputable=False)  # its top is what the caller set
 
     num_bottoms = (0, 0)
     num_tops = (1, None)

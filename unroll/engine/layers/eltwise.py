@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from unroll.core.proto import EltwiseParameter
 from unroll.engine.layer import Layer, register_layer
+from unroll.engine.memory_traits import MemoryTraits
 
 PROD, SUM, MAX = EltwiseParameter.PROD, EltwiseParameter.SUM, EltwiseParameter.MAX
 
@@ -14,8 +15,8 @@ class EltwiseLayer(Layer):
 
     num_bottoms = (2, None)
     same_shape = True
-    #: SUM with coefficient 1 passes a diff through unchanged (see passes_diff)
-    passes_diffs = True
+    #: SUM with coefficient 1 passes a diff through unchanged
+    memory = MemoryTraits(passes_diff=lambda layer, k: layer.op == SUM and layer.coeff[k] == 1)
 
     def __init__(self, param, *args, **kwargs):
         super().__init__(param, *args, **kwargs)
@@ -30,10 +31,6 @@ class EltwiseLayer(Layer):
         if self.op != PROD:
             return ()
         return ("bottom",) if self.stable else ("bottom", "top")
-
-    def passes_diff(self, k: int) -> bool:
-        """Whether bottom ``k``'s diff equals the top's (SUM, coefficient 1)."""
-        return self.op == SUM and self.coeff[k] == 1
 
     def layer_setup(self, bottoms, tops):
         coeff = list(self.param.eltwise_param.coeff)

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from unroll.engine.layer import Layer, register_layer
+from unroll.engine.memory_traits import BatchedParamGradient, MemoryTraits
 
 #: up to this many rows (an unrolled timestep's batch), x (M, K) times a transposed weight
 #: view runs on the CPU as the transposed product W x^T written back through a scratch
@@ -32,8 +33,12 @@ class InnerProductLayer(Layer):
 
     param_blobs = ("weight (num_output, K), or (K, num_output) with transpose",
                    "bias (num_output,), with bias_term")
-    #: its param gradient is a GEMM over rows, which a net may batch over sharers
-    batches_param_diffs = True
+    #: its param gradient is a GEMM over rows, which a net may batch over sharers: layers
+    #: with the same param blobs and transpose, rows x of width K and gy of num_output
+    memory = MemoryTraits(batched_param_gradient=BatchedParamGradient(
+        key=lambda ip: (tuple(map(id, ip.blobs)), ip.transpose),
+        row_widths=lambda ip: (ip.K, ip.num_output),
+        backward=lambda ip, x, gy: ip.param_backward(x, gy)))
 
     def layer_setup(self, bottoms, tops):
         p = self.param.inner_product_param
@@ -97,15 +102,6 @@ class InnerProductLayer(Layer):
                 np.copyto(gx, gxT.T)
             else:
                 self.xp.matmul(gy, W.T, out=gx)
-
-    def param_batch_key(self) -> tuple:
-        """Layers with one key may have their param gradients computed together: the same
-        param blobs, used the same way."""
-        return tuple(map(id, self.blobs)), self.transpose
-
-    def param_row_widths(self) -> tuple[int, int]:
-        """(K, num_output): the widths of the x and gy rows of :meth:`param_backward`."""
-        return self.K, self.num_output
 
     def param_backward(self, x, gy):
         """Add the param gradients of rows ``x`` (M, K) and top diffs ``gy`` (M, num_output)."""

@@ -7,13 +7,14 @@ import math
 from unroll.core.proto import FillerParameter
 from unroll.engine.layer import Layer, register_layer
 from unroll.engine.layers.bias import operand_shape, operand_view
+from unroll.engine.memory_traits import MemoryTraits
 
 
 @register_layer("BatchNorm")
 class BatchNormLayer(Layer):
     """y = (x - mean_c) / sqrt(var_c + eps), c on axis 1; blobs mean (C,), var (C,), factor (1,)."""
 
-    recomputable = False  # its forward updates the running statistics
+    memory = MemoryTraits(recomputable=False)  # its forward updates the running statistics
 
     in_place = True
     same_shape = True
@@ -93,6 +94,13 @@ class BatchNormLayer(Layer):
         gx *= inv_std
 
 
+def _scale_reads_in_backward(layer, k: int, bottom_need) -> bool:
+    if k == 0:  # x, when the scale takes a gradient: a learned scale, or a scale bottom
+        # that needs one (a cont mask needs none, so its x is not kept for backward)
+        return len(bottom_need) == 1 or bool(bottom_need[1])
+    return bool(bottom_need[0])  # the scale bottom, for x's gradient
+
+
 @register_layer("Scale")
 class ScaleLayer(Layer):
     """y = x * s + b; s, b of shape x.shape[axis:axis+k]; s learned or bottom[1] (cont masks)."""
@@ -102,14 +110,9 @@ class ScaleLayer(Layer):
     param_blobs = ("scale (x.shape[axis:axis + num_axes]), with one bottom",
                    "bias (the scale's shape), with bias_term")
     # backward reads x for the scale's gradient, but never an overwritten x: in place, forward
-    # keeps a copy of x; out of place it reads the bottom (see reads_in_backward)
+    # keeps a copy of x; out of place it reads the bottom (see _scale_reads_in_backward)
     backward_reads = ()
-
-    def reads_in_backward(self, k: int, bottom_need) -> bool:
-        if k == 0:  # x, when the scale takes a gradient: a learned scale, or a scale bottom
-            # that needs one (a cont mask needs none, so its x is not kept for backward)
-            return len(bottom_need) == 1 or bool(bottom_need[1])
-        return bool(bottom_need[0])  # the scale bottom, for x's gradient
+    memory = MemoryTraits(reads_in_backward=_scale_reads_in_backward)
 
     def layer_setup(self, bottoms, tops):
         p = self.param.scale_param

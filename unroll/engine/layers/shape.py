@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from unroll.engine.layer import Layer, register_layer
+from unroll.engine.memory_traits import MemoryTraits
 
 
 class ViewLayer(Layer):
@@ -18,7 +19,7 @@ class ViewLayer(Layer):
 
     backward_reads = ()
     #: the top's data and diff are views of the bottom's (no copy)
-    shares_bottom = ("data", "diff")
+    memory = MemoryTraits(shares_bottom=("data", "diff"))
 
     def top_shape(self, shape) -> tuple:
         raise NotImplementedError

@@ -9,6 +9,7 @@ operation per blob (index tuples are computed once, in ``reshape``).
 from __future__ import annotations
 
 from unroll.engine.layer import Layer, register_layer
+from unroll.engine.memory_traits import MemoryTraits
 from unroll.graph.rules import SplitSpec
 
 
@@ -37,7 +38,7 @@ class ConcatLayer(Layer):
     num_bottoms = (1, None)
     backward_reads = ()
     #: the bottoms are consecutive parts of the top: a net may place them inside it
-    parts_of_whole = "bottoms"
+    memory = MemoryTraits(parts_of_whole="bottoms")
 
     def reshape(self, bottoms, tops):
         first = bottoms[0].shape
@@ -84,7 +85,7 @@ class SliceLayer(Layer):
     num_tops = (1, None)
     backward_reads = ()
     #: the tops are consecutive parts of the bottom: a net may place them inside it
-    parts_of_whole = "tops"
+    memory = MemoryTraits(parts_of_whole="tops")
 
     def reshape(self, bottoms, tops):
         shape = bottoms[0].shape
@@ -143,7 +144,7 @@ class SplitLayer(Layer):
     same_shape = True
     backward_reads = ()
     #: the tops' data arrays ARE the bottom's (no copy); a write to one shows in all
-    shares_bottom = ("data",)
+    memory = MemoryTraits(shares_bottom=("data",))
 
     @property
     def param(self):

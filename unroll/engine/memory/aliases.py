@@ -39,7 +39,7 @@ def group_parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten) ->
     flags: dict[int, tuple[list[bool], list[bool]]] = {}
     written = {plan.data_root[b] for b in rewritten}
     for s, (step, layer) in enumerate(zip(steps, layers)):
-        kind = layer.parts_of_whole
+        kind = layer.memory.parts_of_whole
         if kind is None:
             continue
         whole, parts = (step.tops[0], step.bottoms) if kind == "bottoms" else (
@@ -107,14 +107,14 @@ def alias_pass_through_diffs(steps: list[Step], layers, plan: Liveness, bottom_n
     written = {plan.diff_root[b] for b in rewritten}
     aliased: dict[int, list[bool]] = {}
     for s, (step, layer) in enumerate(zip(steps, layers)):
-        passes = layer.passes_diff
-        if not layer.passes_diffs or not plan.layer_need[s]:
+        passes = layer.memory.passes_diff
+        if passes is None or not plan.layer_need[s]:
             continue
         top = plan.diff_root[step.tops[0]]
         if top in plan.private or top in written:
             continue
         members = [(k, plan.diff_root[b]) for k, b in enumerate(step.bottoms)
-                   if bottom_need[s][k] and passes(k)]
+                   if bottom_need[s][k] and passes(layer, k)]
         members = [(k, r) for k, r in members if r != top and r not in plan.private
                    and r not in written and sum(r == q for _, q in members) == 1]
         if not members:

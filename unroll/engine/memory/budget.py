@@ -80,8 +80,9 @@ def chain_of(steps, layers, shapes, itemsize: int, base: Liveness) -> tuple[Chai
     # a param with one chunk (T <= GRADIENT_CHUNK) may be cut inside it: its rows are then
     # kept, as without chunks; segments of a longer chain start between chunks, where the
     # fewest bytes cross
-    count = Counter(layers[c[0]].param_batch_key() for c in chunks)
-    between = [c for c in chunks if count[layers[c[0]].param_batch_key()] > 1]
+    keys = [layers[c[0]].memory.batched_param_gradient.key(layers[c[0]]) for c in chunks]
+    count = Counter(keys)
+    between = [c for c, key in zip(chunks, keys) if count[key] > 1]
     allowed = allowed_cuts(steps, layers, base.data_root, between)
     sizes = [sum(math.prod(shapes[b]) * itemsize for b in step.tops
                  if base.data_root[b] == b and b not in base.private) for step in steps]

@@ -71,15 +71,16 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
     and the rows of layers that share a param placed back to back, so that its
     gradient is one GEMM. ``rewritten`` lists the blobs written in place.
     """
-    told = {s: {} for s, layer in enumerate(layers)
-            if layer.parts_of_whole or layer.passes_diffs or layer.batches_param_diffs}
+    told = {s: {} for s, m in enumerate(layer.memory for layer in layers)
+            if m.parts_of_whole or m.passes_diff or m.batched_param_gradient}
     data_host, diff_host, parts, data_re_host = group_parts(steps, layers, plan, shapes,
                                                             rewritten)
     skipped = {}
     for s, (data_flags, diff_flags) in parts.items():
         told[s]["parts_in_whole"] = (tuple(data_flags), tuple(diff_flags))
         # a Slice writes its whole's diff unless every part is inside it
-        skipped[s] = diff_flags if layers[s].parts_of_whole == "bottoms" else [all(diff_flags)]
+        whole_of_bottoms = layers[s].memory.parts_of_whole == "bottoms"
+        skipped[s] = diff_flags if whole_of_bottoms else [all(diff_flags)]
     aliased = alias_pass_through_diffs(steps, layers, plan, bottom_need, diff_host, rewritten)
     for s, fl in aliased.items():
         told[s]["diff_aliased"] = skipped[s] = tuple(fl)

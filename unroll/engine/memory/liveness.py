@@ -42,7 +42,7 @@ def private_blobs(steps, layers, table, named, phase: str, loss_blobs) -> set[in
 def _roots(steps, layers, n_blobs: int, what: str) -> list[int]:
     root = list(range(n_blobs))
     for step, layer in zip(steps, layers):
-        if what in layer.shares_bottom:
+        if what in layer.memory.shares_bottom:
             for t in step.tops:
                 root[t] = root[step.bottoms[0]]
     return root
@@ -56,7 +56,7 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     A value's data lives from its producer's forward until its last reader:
     forward readers, and backward readers as the layers' ``backward_reads``
     declare (``"bottom"``: a reader's backward, of the bottoms its
-    :meth:`~unroll.engine.layer.Layer.reads_in_backward` names; ``"top"``: the
+    :attr:`~unroll.engine.memory_traits.MemoryTraits.reads_in_backward` names; ``"top"``: the
     producer's). A
     diff lives from the first backward that writes it to the backward of its
     producer, which consumes it. Within a :class:`Region` whose branches run at
@@ -90,7 +90,7 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
         for k, b in enumerate(step.bottoms):
             r = data_root[b]
             _touch(data_life, r, s)
-            if runs_backward and layer.reads_in_backward(k, bottom_need[s]):
+            if runs_backward and layer.memory.reads_in_backward(layer, k, bottom_need[s]):
                 _touch(data_life, r, back)
         if runs_backward:
             diffs.backward(step, layer, back, bottom_need[s])
@@ -124,7 +124,7 @@ class _Diffs:
         self.diff_root, self.life, self.reads, self.writes = diff_root, {}, {}, {}
 
     def backward(self, step, layer, back: int, need) -> None:
-        if "diff" in layer.shares_bottom:
+        if "diff" in layer.memory.shares_bottom:
             return  # a view's diff is its bottom's: its backward moves nothing
         # _touch inlined: this runs for every step of every attempt's walk
         root, life = self.diff_root, self.life
@@ -182,7 +182,7 @@ def forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute: R
         ran = []
         for s in reversed(recompute.steps[a]):
             step, layer = steps[s], layers[s]
-            if "data" in layer.shares_bottom:
+            if "data" in layer.memory.shares_bottom:
                 continue  # a view writes nothing
             if any(pending[data_root[b]] and again[data_root[b]] for b in step.tops) or (
                     final.get(a) == i and _saves_scratch(layer, layer_need[s])):
@@ -277,7 +277,7 @@ def _backward_reads(step, layer, data_root, need):
     if "top" in layer.backward_reads:
         yield from (data_root[b] for b in step.tops)
     for k, b in enumerate(step.bottoms):
-        if layer.reads_in_backward(k, need):
+        if layer.memory.reads_in_backward(layer, k, need):
             yield data_root[b]
 
 

@@ -15,9 +15,9 @@ class Recompute:
     """A recomputation plan: the run order cut into segments at ``cuts`` (the first step of
     every segment but the first), whose ``steps`` (per segment, in run order) may run
     forward again in backward from the values kept then, the checkpoints. A step that
-    cannot be recomputed (:attr:`~unroll.engine.layer.Layer.recomputable`, Dropout's mask,
-    BatchNorm's statistics), and every step writing memory such a step writes, keeps its
-    values.
+    cannot be recomputed (:attr:`~unroll.engine.memory_traits.MemoryTraits.recomputable`,
+    Dropout's mask, BatchNorm's statistics), and every step writing memory such a step
+    writes, keeps its values.
 
     Backward runs ``order``'s actions: ``k >= 0`` runs segment k's steps forward again,
     ``~k`` runs segment k's backward (:func:`one_level_order` when empty: the segments
@@ -87,7 +87,7 @@ class Recomputable:
 
 
 def recomputable(steps, layers, data_root, private, chunks=()) -> Recomputable:
-    """What may run again in backward, from the layers' declarations (``recomputable``,
+    """What may run again in backward, from the layers' declarations (``memory.recomputable``,
     ``draws_random``): ``private`` are the roots that keep memory of their own, ``chunks``
     the weight-gradient chunks, none of which a cut may split."""
     chunks = tuple(map(tuple, chunks))
@@ -103,7 +103,8 @@ def _kept_steps(steps, layers, data_root) -> set[int]:
     for s, step in enumerate(steps):
         for b in step.tops:
             writers.setdefault(data_root[b], []).append(s)
-    kept = {s for s, layer in enumerate(layers) if not layer.recomputable or layer.draws_random}
+    kept = {s for s, layer in enumerate(layers)
+            if not layer.memory.recomputable or layer.draws_random}
     todo = list(kept)
     while todo:  # a value a kept step writes must not be written again by another step
         s = todo.pop()
@@ -198,9 +199,9 @@ def _relived_roots(steps, layers, data_root, private, kept, chunks) -> bytes:
     again = bytearray(n_blobs)
     fixed = bytearray(n_blobs)
     for s, (step, layer) in enumerate(zip(steps, layers)):
-        if "data" in layer.shares_bottom:
+        if "data" in layer.memory.shares_bottom:
             continue
-        whole_kept = (layer.parts_of_whole == "tops"
+        whole_kept = (layer.memory.parts_of_whole == "tops"
                       and data_root[step.bottoms[0]] in private)
         for b in step.tops:
             r = data_root[b]

@@ -61,7 +61,7 @@ def _tiling(roots, host, counts):
 def gradient_chunks(steps: list[Step], layers, layer_need, shapes) -> list[tuple[int, ...]]:
     """The sharers of one param whose weight gradient may be one GEMM, in chunks.
 
-    Layers declaring ``batches_param_diffs`` with one ``param_batch_key()``
+    Layers declaring a ``memory.batched_param_gradient`` with one ``key``
     share a param the same way; in run order, consecutive ones form a chunk
     while their bottoms span at most :data:`GRADIENT_CHUNK` along axis 0 (a
     bottom longer than that is a chunk alone). The chunks depend on shapes
@@ -72,8 +72,9 @@ def gradient_chunks(steps: list[Step], layers, layer_need, shapes) -> list[tuple
     """
     by_param: dict[tuple, list[int]] = {}
     for s, layer in enumerate(layers):
-        if layer_need[s] and layer.batches_param_diffs and layer.blobs:
-            by_param.setdefault(layer.param_batch_key(), []).append(s)
+        batched = layer.memory.batched_param_gradient
+        if layer_need[s] and batched is not None and layer.blobs:
+            by_param.setdefault(batched.key(layer), []).append(s)
     chunks = []
     for members in by_param.values():
         chunk: list[int] = []
@@ -96,9 +97,9 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
                           ) -> tuple[list[WeightGradGroup], dict]:
     """Group the layers that share a param, so that its gradient is one GEMM per chunk.
 
-    A layer declaring ``batches_param_diffs`` computes its param gradient as
-    a GEMM over rows of its bottom (x) and of its top's diff (gy), in
-    ``param_backward(x, gy)``; the layers of one chunk (:func:`gradient_chunks`)
+    A layer declaring a ``memory.batched_param_gradient`` computes its param
+    gradient as a GEMM over rows of its bottom (x) and of its top's diff (gy),
+    in its ``backward(layer, x, gy)``; the layers of one chunk (:func:`gradient_chunks`)
     form a group. The members' rows go
     back to back, time-major: where they already tile one block of a whole
     (the time-major diff of a shared input projection, reached through
@@ -131,7 +132,7 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
         writes.setdefault(whole, []).append((time, first, first + count))
 
     for s, (step, layer) in enumerate(zip(steps, layers)):
-        if not plan.layer_need[s] or "diff" in layer.shares_bottom:
+        if not plan.layer_need[s] or "diff" in layer.memory.shares_bottom:
             continue
         flags = skipped.get(s, ())
         for k, b in enumerate(step.bottoms):
@@ -200,7 +201,7 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
                 offset += counts[i]
             sizes[(kind, whole)] = offset
             blocks.append((whole, 0))
+        gy_width = layer.memory.batched_param_gradient.row_widths(layer)[1]
         out.append(WeightGradGroup([members[i] for i in order], members[0], blocks[0],
-                                   blocks[1], sum(gy_counts) // layer.param_row_widths()[1],
-                                   x_kind))
+                                   blocks[1], sum(gy_counts) // gy_width, x_kind))
     return out, sizes
