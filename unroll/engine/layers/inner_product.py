@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from unroll.engine.layer import Layer, register_layer
+from unroll.engine.memory.weight_gradients import time_chunks
 
 #: up to this many rows (an unrolled timestep's batch), x (M, K) times a transposed weight
 #: view runs on the CPU as the transposed product W x^T written back through a scratch
@@ -27,7 +28,10 @@ class InnerProductLayer(Layer):
     When several InnerProducts share W (the timesteps of an unrolled net), the
     net may place their x rows and top-diff rows back to back and compute the
     param gradient of all of them in one GEMM (:meth:`param_backward`); each
-    one's backward then computes only its bottom's diff.
+    one's backward then computes only its bottom's diff. A lone InnerProduct from axis 2
+    on, over T timesteps (axis 0), sums its param gradient by chunks of time
+    (:func:`~unroll.engine.memory.time_chunks`), as the same rows split into one layer a
+    chunk would (docs/design.md, 6. Memory, chunks of time).
     """
 
     param_blobs = ("weight (num_output, K), or (K, num_output) with transpose",
@@ -58,6 +62,9 @@ class InnerProductLayer(Layer):
                 f"axis {axis}; the weights expect K = {self.K}"
             )
         self.M = math.prod(shape[:axis])
+        per_step = self.M // shape[0] if axis >= 2 and shape[0] else 0
+        self.time_rows = [slice(r.start * per_step, r.stop * per_step)
+                          for r in time_chunks(shape[0])] if per_step else [slice(None)]
         tops[0].reshape(shape[:axis] + (self.num_output,))
         self.few_rows = (self.xp is np and self.M <= FEW_ROWS
                          and min(self.K, self.num_output) >= FEW_ROWS_MIN_WIDTH)
@@ -85,7 +92,9 @@ class InnerProductLayer(Layer):
     def backward(self, tops, propagate_down, bottoms):
         gy = tops[0].diff.reshape(self.M, self.num_output)
         if not self.param_diffs_batched:
-            self.param_backward(bottoms[0].data.reshape(self.M, self.K), gy)
+            x = bottoms[0].data.reshape(self.M, self.K)
+            for rows in self.time_rows:
+                self.param_backward(x[rows], gy[rows])
         if propagate_down[0]:
             W = self.blobs[0].data
             gx = bottoms[0].diff.reshape(self.M, self.K)

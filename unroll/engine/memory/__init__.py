@@ -31,6 +31,9 @@ One module a job:
   recomputes segments of the forward from checkpoints (a :class:`Recompute` plan), cut
   between weight-gradient chunks, at one level or at several (BPTT-HSM,
   :func:`hsm_order`);
+- :mod:`~unroll.engine.memory.separable`: a loss over a whole (T, N, ...) output rewritten
+  into one piece per chunk of time (:func:`separate_losses`), so that a budget reaches below
+  it;
 - :mod:`~unroll.engine.memory.policy`: which checkpoints to keep, a :class:`Policy`
   (built in, or the user's own: :class:`Checkpoints`), apart from the mechanism,
   :mod:`~unroll.engine.memory.budget`, that plans what a policy weighs and holds it to a
@@ -68,6 +71,7 @@ from unroll.engine.memory.policy import (
 )
 from unroll.engine.memory.regions import Region, concurrent_regions
 from unroll.engine.memory.schedule import Action, Schedule, schedule
+from unroll.engine.memory.separable import SEPARATE, separate_losses
 from unroll.engine.memory.segments import (
     Recomputable,
     Recompute,
@@ -82,15 +86,16 @@ from unroll.engine.memory.weight_gradients import (
     WeightGradGroup,
     gradient_chunks,
     plan_weight_gradients,
+    time_chunks,
 )
 
 __all__ = ["Action", "BPTTHSM", "GRADIENT_CHUNK", "HSM_MOST_FORWARDS", "Chain", "ChenSegments",
            "Checkpoints", "FewestRecomputed", "Layout", "LayerFlags", "Lifetimes", "Liveness",
            "NoRecompute", "Plan", "Plans", "Policy", "Recomputable", "Recompute", "Region",
-           "Schedule", "WeightGradGroup",
+           "SEPARATE", "Schedule", "WeightGradGroup",
            "alias_pass_through_diffs",
            "allowed_cuts", "bptt_hsm", "concurrent_regions", "crossing_bytes",
            "gradient_chunks", "greedy_cuts", "group_parts", "hsm_order", "hsm_units",
            "input_roots", "layout", "liveness", "one_level_order", "place",
            "plan_weight_gradients", "planned_bytes", "policy_named", "private_blobs",
-           "recomputable", "schedule", "within_budget"]
+           "recomputable", "schedule", "separate_losses", "time_chunks", "within_budget"]
