@@ -112,7 +112,8 @@ def test_a_whole_output_loss_fits_a_tenth_of_the_full_plan_bit_identical(kind):
        where=st.floats(0, 1))
 def test_any_budget_gives_the_full_plans_bits(T, N, kind, dtype, chain, where):
     D, H = 3, 4
-    text, inputs = whole_output_net(T, N, D, H, chain=chain, **kind), feed(T, N, D, H, seed=T, **kind)
+    text = whole_output_net(T, N, D, H, chain=chain, **kind)
+    inputs = feed(T, N, D, H, seed=T, **kind)
     full = Net(text, dtype=dtype, seed=3)
     want = train_step(full, inputs)
     need = full.inspect().recompute["planned_bytes"]

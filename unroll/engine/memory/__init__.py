@@ -71,7 +71,6 @@ from unroll.engine.memory.policy import (
 )
 from unroll.engine.memory.regions import Region, concurrent_regions
 from unroll.engine.memory.schedule import Action, Schedule, schedule
-from unroll.engine.memory.separable import SEPARATE, separate_losses
 from unroll.engine.memory.segments import (
     Recomputable,
     Recompute,
@@ -81,6 +80,7 @@ from unroll.engine.memory.segments import (
     one_level_order,
     recomputable,
 )
+from unroll.engine.memory.separable import separate_losses
 from unroll.engine.memory.weight_gradients import (
     GRADIENT_CHUNK,
     WeightGradGroup,
@@ -92,7 +92,7 @@ from unroll.engine.memory.weight_gradients import (
 __all__ = ["Action", "BPTTHSM", "GRADIENT_CHUNK", "HSM_MOST_FORWARDS", "Chain", "ChenSegments",
            "Checkpoints", "FewestRecomputed", "Layout", "LayerFlags", "Lifetimes", "Liveness",
            "NoRecompute", "Plan", "Plans", "Policy", "Recomputable", "Recompute", "Region",
-           "SEPARATE", "Schedule", "WeightGradGroup",
+           "Schedule", "WeightGradGroup",
            "alias_pass_through_diffs",
            "allowed_cuts", "bptt_hsm", "concurrent_regions", "crossing_bytes",
            "gradient_chunks", "greedy_cuts", "group_parts", "hsm_order", "hsm_units",
