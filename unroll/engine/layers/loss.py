@@ -209,7 +209,8 @@ class EuclideanLossLayer(Layer):
         tops[0].data[...] = self.xp.stack(shares).sum()
 
     def backward(self, tops, propagate_down, bottoms):
-        self.pass_diffs(bottoms, propagate_down, tops[0].diff / bottoms[0].shape[0])
+        if any(propagate_down):
+            self.pass_diffs(bottoms, propagate_down, tops[0].diff / bottoms[0].shape[0])
 
     def pass_diffs(self, bottoms, propagate_down, scale):
         """a.diff = d * ``scale``, b.diff = -d * ``scale``, as asked."""

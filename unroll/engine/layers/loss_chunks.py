@@ -96,4 +96,5 @@ class EuclideanLossChunkLayer(EuclideanLossLayer):
         tops[0].data[...] = self.share(d, self.steps)
 
     def backward(self, tops, propagate_down, bottoms):
-        self.pass_diffs(bottoms, propagate_down, tops[0].diff.reshape(()) / self.steps)
+        if any(propagate_down):
+            self.pass_diffs(bottoms, propagate_down, tops[0].diff.reshape(()) / self.steps)

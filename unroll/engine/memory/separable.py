@@ -98,11 +98,10 @@ def _chain_from(layer_params, c: int, keep) -> _Chain | None:
             writers.setdefault(t, []).append(i)
     name, at, chain = layer_params[c].top[0], c, []
     while True:
-        if name in keep or writers[name] != [at] + [r for r in readers.get(name, ())
-                                                    if layer_params[r].top == [name]]:
-            return None
         reading = readers.get(name, [])
         in_place = [r for r in reading if list(layer_params[r].top) == [name]]
+        if name in keep or writers[name] != [at, *in_place]:
+            return None
         rest = [r for r in reading if r not in in_place]
         if len(rest) != 1 or not all(_per_position(layer_params[r]) for r in in_place):
             return None
