@@ -150,13 +150,15 @@ def test_gradients_through_the_rewritten_net_match_finite_differences(kind):
                                atol=1e-8)
 
 
-def test_a_kept_output_is_left_whole():
+def test_a_kept_output_a_test_net_and_a_net_without_recomputation_are_left_whole():
     T, N, D, H = GRADIENT_CHUNK + 3, 2, 2, 3
     text = whole_output_net(T, N, D, H, loss="softmax")
     assert "loss/1" not in Net(text, recompute="hsm", keep=["scores"]).layer_names
     assert "loss/1" not in Net(text, recompute="hsm", keep=["h"]).layer_names
     assert "loss/1" in Net(text, recompute="hsm").layer_names
     assert "loss/1" not in Net(text).layer_names  # without recomputation: as written
+    assert "loss/1" not in Net(text, recompute="none", memory_budget=10**9).layer_names
+    assert "loss/1" not in Net(text, phase="test", recompute="hsm").layer_names
 
 
 def test_the_char_lm_fits_in_its_smallest_budget_by_chunks():

@@ -169,7 +169,9 @@ class Net:
     backward recompute segments of the forward, as few as fit, with the same
     results bit for bit: one level of Chen et al.'s segments, or in a chain of
     three weight-gradient chunks or more, for budgets one level cannot reach,
-    Gruslys et al.'s BPTT-HSM over the chunks. ``recompute`` names a policy
+    Gruslys et al.'s BPTT-HSM over the chunks; a loss over the whole (T, N, ...) output
+    then runs by chunks of time (:mod:`unroll.engine.memory.separable`: ``layer_names``
+    show its pieces). ``recompute`` names a policy
     (:mod:`unroll.engine.memory.policy`): ``"sqrt"`` takes Chen's square-root
     segments, ``"hsm"`` BPTT-HSM (without a budget, in its fewest slots: the
     least memory), ``"none"`` never recomputes; or it is a policy of the
