@@ -79,9 +79,10 @@ def _input_steps(layer_params, name: str) -> int | None:
     """Axis 0 of input ``name``, as its Input layer declares it; None if not an input."""
     for lp in layer_params:
         if lp.type == "Input" and name in lp.top:
-            shapes = lp.input_param.shape
-            shape = shapes[list(lp.top).index(name)] if len(shapes) > 1 else shapes[0]
-            return shape.dim[0] if shape.dim else None
+            shapes, k = lp.input_param.shape, list(lp.top).index(name)
+            if len(shapes) == 1:
+                k = 0
+            return shapes[k].dim[0] if k < len(shapes) and shapes[k].dim else None
         if name in lp.top:
             return None
     return None
