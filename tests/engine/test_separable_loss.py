@@ -127,6 +127,19 @@ def test_any_budget_gives_the_full_plans_bits(T, N, kind, dtype, chain, where):
     assert net.workspace.nbytes <= max(budget, net.inspect().recompute["planned_bytes"])
 
 
+@pytest.mark.parametrize("N", [1, 32])
+def test_a_chunk_few_enough_rows_for_the_transposed_product_gives_the_same_bits(N):
+    # a last chunk of one step (N rows), or 32 steps of one row: the products a chunk's
+    # own InnerProduct takes, which the whole one takes chunk by chunk too
+    T, D, H = 2 * GRADIENT_CHUNK + 1, 8, 64
+    kind = dict(loss="softmax", ignore=True)
+    text, inputs = whole_output_net(T, N, D, H, V=64, **kind), feed(T, N, D, H, V=64, **kind)
+    want = train_step(Net(text, seed=3), inputs)
+    net = Net(text, seed=3, recompute="hsm")
+    assert any(layer.few_rows for layer in net.layers if layer.name.startswith("scores/"))
+    assert_identical(train_step(net, inputs), want)
+
+
 @pytest.mark.parametrize("kind", [LOSSES[1], LOSSES[4]], ids=["softmax", "euclidean"])
 def test_gradients_through_the_rewritten_net_match_finite_differences(kind):
     T, N, D, H = GRADIENT_CHUNK + 3, 2, 2, 3

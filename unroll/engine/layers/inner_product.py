@@ -31,7 +31,8 @@ class InnerProductLayer(Layer):
     one's backward then computes only its bottom's diff. A lone InnerProduct from axis 2
     on, over T timesteps (axis 0), sums its param gradient by chunks of time
     (:func:`~unroll.engine.memory.time_chunks`), as the same rows split into one layer a
-    chunk would (docs/design.md, 6. Memory, chunks of time).
+    chunk would, and runs its products by the same chunks (docs/design.md, 6. Memory,
+    chunks of time).
     """
 
     param_blobs = ("weight (num_output, K), or (K, num_output) with transpose",
@@ -63,29 +64,35 @@ class InnerProductLayer(Layer):
             )
         self.M = math.prod(shape[:axis])
         per_step = self.M // shape[0] if axis >= 2 and shape[0] else 0
-        self.time_rows = [slice(r.start * per_step, r.stop * per_step)
-                          for r in time_chunks(shape[0])] if per_step else [slice(None)]
+        rows = ([slice(r.start * per_step, r.stop * per_step) for r in time_chunks(shape[0])]
+                if per_step else [slice(0, self.M)])
         tops[0].reshape(shape[:axis] + (self.num_output,))
-        self.few_rows = (self.xp is np and self.M <= FEW_ROWS
-                         and min(self.K, self.num_output) >= FEW_ROWS_MIN_WIDTH)
-        if self.few_rows:  # the transposed products of forward (y) and backward (gx)
+        # each chunk of time's products as that chunk's own layer would take them, so a loss
+        # run by chunks gives the same bits (docs/design.md, 6. Memory)
+        wide = self.xp is np and min(self.K, self.num_output) >= FEW_ROWS_MIN_WIDTH
+        self.time_rows = [(r, wide and r.stop - r.start <= FEW_ROWS) for r in rows]
+        few = [r.stop - r.start for r, is_few in self.time_rows if is_few]
+        self.few_rows = bool(few)
+        if few:  # the transposed products of forward (y) and backward (gx), the most rows
             if not self.transpose:
-                self.reserve("yT", (self.num_output, self.M), lives="forward")
+                self.reserve("yT", (self.num_output * max(few),), lives="forward")
             else:
-                self.reserve("gxT", (self.K, self.M), lives="backward")
+                self.reserve("gxT", (self.K * max(few),), lives="backward")
 
     def forward(self, bottoms, tops):
         x = bottoms[0].data.reshape(self.M, self.K)
         y = tops[0].data.reshape(self.M, self.num_output)
         W = self.blobs[0].data
-        if self.transpose:
-            self.xp.matmul(x, W, out=y)
-        elif self.few_rows:
-            yT = self.scratch("yT")
-            np.matmul(W, x.T, out=yT)
-            np.copyto(y, yT.T)
-        else:
-            self.xp.matmul(x, W.T, out=y)
+        for rows, few in self.time_rows:
+            if self.transpose:
+                self.xp.matmul(x[rows], W, out=y[rows])
+            elif few:
+                yT = self.scratch("yT")[:self.num_output * (rows.stop - rows.start)]
+                yT = yT.reshape(self.num_output, -1)
+                np.matmul(W, x[rows].T, out=yT)
+                np.copyto(y[rows], yT.T)
+            else:
+                self.xp.matmul(x[rows], W.T, out=y[rows])
         if self.bias_term:
             y += self.blobs[1].data
 
@@ -93,19 +100,21 @@ class InnerProductLayer(Layer):
         gy = tops[0].diff.reshape(self.M, self.num_output)
         if not self.param_diffs_batched:
             x = bottoms[0].data.reshape(self.M, self.K)
-            for rows in self.time_rows:
+            for rows, _ in self.time_rows:
                 self.param_backward(x[rows], gy[rows])
         if propagate_down[0]:
             W = self.blobs[0].data
             gx = bottoms[0].diff.reshape(self.M, self.K)
-            if not self.transpose:
-                self.xp.matmul(gy, W, out=gx)
-            elif self.few_rows:
-                gxT = self.scratch("gxT")
-                np.matmul(W, gy.T, out=gxT)
-                np.copyto(gx, gxT.T)
-            else:
-                self.xp.matmul(gy, W.T, out=gx)
+            for rows, few in self.time_rows:
+                if not self.transpose:
+                    self.xp.matmul(gy[rows], W, out=gx[rows])
+                elif few:
+                    gxT = self.scratch("gxT")[:self.K * (rows.stop - rows.start)]
+                    gxT = gxT.reshape(self.K, -1)
+                    np.matmul(W, gy[rows].T, out=gxT)
+                    np.copyto(gx[rows], gxT.T)
+                else:
+                    self.xp.matmul(gy[rows], W.T, out=gx[rows])
 
     def param_batch_key(self) -> tuple:
         """Layers with one key may have their param gradients computed together: the same
