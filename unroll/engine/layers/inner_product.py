@@ -79,20 +79,24 @@ class InnerProductLayer(Layer):
             else:
                 self.reserve("gxT", (self.K * max(few),), lives="backward")
 
-    def forward(self, bottoms, tops):
-        x = bottoms[0].data.reshape(self.M, self.K)
-        y = tops[0].data.reshape(self.M, self.num_output)
+    def _products(self, a, out, direct: bool, scratch: str) -> None:
+        """out = a W if ``direct``, else a W^T, by chunk of time; a W^T of few rows as
+        (W a^T)^T, through scratch array ``scratch``."""
         W = self.blobs[0].data
         for rows, few in self.time_rows:
-            if self.transpose:
-                self.xp.matmul(x[rows], W, out=y[rows])
+            if direct:
+                self.xp.matmul(a[rows], W, out=out[rows])
             elif few:
-                yT = self.scratch("yT")[:self.num_output * (rows.stop - rows.start)]
-                yT = yT.reshape(self.num_output, -1)
-                np.matmul(W, x[rows].T, out=yT)
-                np.copyto(y[rows], yT.T)
+                t = self.scratch(scratch)[:W.shape[0] * (rows.stop - rows.start)]
+                t = t.reshape(W.shape[0], -1)
+                np.matmul(W, a[rows].T, out=t)
+                np.copyto(out[rows], t.T)
             else:
-                self.xp.matmul(x[rows], W.T, out=y[rows])
+                self.xp.matmul(a[rows], W.T, out=out[rows])
+
+    def forward(self, bottoms, tops):
+        y = tops[0].data.reshape(self.M, self.num_output)
+        self._products(bottoms[0].data.reshape(self.M, self.K), y, self.transpose, "yT")
         if self.bias_term:
             y += self.blobs[1].data
 
@@ -103,18 +107,8 @@ class InnerProductLayer(Layer):
             for rows, _ in self.time_rows:
                 self.param_backward(x[rows], gy[rows])
         if propagate_down[0]:
-            W = self.blobs[0].data
-            gx = bottoms[0].diff.reshape(self.M, self.K)
-            for rows, few in self.time_rows:
-                if not self.transpose:
-                    self.xp.matmul(gy[rows], W, out=gx[rows])
-                elif few:
-                    gxT = self.scratch("gxT")[:self.K * (rows.stop - rows.start)]
-                    gxT = gxT.reshape(self.K, -1)
-                    np.matmul(W, gy[rows].T, out=gxT)
-                    np.copyto(gx[rows], gxT.T)
-                else:
-                    self.xp.matmul(gy[rows], W.T, out=gx[rows])
+            self._products(gy, bottoms[0].diff.reshape(self.M, self.K), not self.transpose,
+                          "gxT")
 
     def param_batch_key(self) -> tuple:
         """Layers with one key may have their param gradients computed together: the same
