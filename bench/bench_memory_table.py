@@ -2,7 +2,8 @@
 over its whole (T, N, H) output, at T steps, planned in the full plan, budgets of 1/4, 1/10
 and 1/50 of it and BPTT-HSM; PyTorch's ``checkpoint_sequential`` beside them; and the
 smallest budget a character LM's training net (the shape of ``examples/charlm`` at
-``--charlm-steps``) can be planned in, over its full plan.
+``--charlm-steps``) can be planned in, over its full plan, with its whole-output loss
+left whole and run by chunks of time (docs/design.md, 6. Memory).
 
 Each row is one process of :mod:`bench.bench_recompute` (its nets, its measurements: bytes
 planned over the full plan's, peak RSS growth over the full run's, the median step time
@@ -78,10 +79,13 @@ def torch_rows(args, T: int) -> None:
 
 
 def charlm_floor(T: int, batch: int, symbols: int) -> None:
-    """The smallest plan of the char LM's training net at ``T`` steps, over its full plan."""
+    """The smallest plan of the char LM's training net at ``T`` steps, over its full plan:
+    with its loss over the whole output left whole (before) and run by chunks of time
+    (after, :mod:`unroll.engine.memory.separable`)."""
     from examples.charlm.model import IGNORE, TEMPLATE
     from unroll import Net, expand
     from unroll.core.errors import MemoryBudgetError
+    from unroll.engine.memory import separable
 
     def net_param():
         return expand(TEMPLATE, steps=T, batch=batch, symbols=symbols, part="train",
@@ -90,16 +94,21 @@ def charlm_floor(T: int, batch: int, symbols: int) -> None:
     start = time.perf_counter()
     full = Net(net_param()).inspect().recompute["planned_bytes"]
     planned_full = time.perf_counter() - start
-    start = time.perf_counter()
-    try:
-        Net(net_param(), memory_budget=1)
-    except MemoryBudgetError as e:
-        smallest = e.smallest
-    planned_smallest = time.perf_counter() - start
     print(f"char LM T={T} N={batch} H=256 symbols={symbols}: full plan "
-          f"{full / 2**20:.1f} MiB (planned in {planned_full:.1f} s); smallest plan found "
-          f"{smallest / 2**20:.1f} MiB = {smallest / full:.3f} of the full plan (searched in "
-          f"{planned_smallest:.1f} s)")
+          f"{full / 2**20:.1f} MiB (planned in {planned_full:.1f} s)")
+    for separate, label in ((False, "the loss whole (before)"),
+                            (True, "the loss by chunks of time (after)")):
+        separable.SEPARATE = separate
+        start = time.perf_counter()
+        try:
+            Net(net_param(), memory_budget=1)
+        except MemoryBudgetError as e:
+            smallest = e.smallest
+        finally:
+            separable.SEPARATE = True
+        print(f"  {label}: smallest plan found {smallest / 2**20:.1f} MiB = "
+              f"{smallest / full:.3f} of the full plan (searched in "
+              f"{time.perf_counter() - start:.1f} s)")
 
 
 def main(argv=None) -> None:

@@ -63,14 +63,17 @@ def lstm_net(T: int, N: int, H: int, per_step: bool = False):
     from unroll.core.proto import LayerParameter
 
     net_param = expand("lstm", steps=T, batch=N, input_dim=H, hidden=H)
-    target = net_param.layer.add(name="target", type="Input", top=["target"])
+    target = LayerParameter(name="target", type="Input", top=["target"])
     target.input_param.shape.add(dim=[T, N, H])
     net_param.force_backward = True
-    if not per_step:
+    if not per_step:  # the target first: under a budget the loss runs by chunks of time
+        layers = list(net_param.layer)
+        del net_param.layer[:]
+        net_param.layer.extend([target, *layers])
         net_param.layer.add(name="loss", type="EuclideanLoss", bottom=["h", "target"],
                             top=["loss"])
         return net_param
-    layers = list(net_param.layer)
+    layers = [*net_param.layer, target]
     concat = next(lp for lp in layers if list(lp.top) == ["h"])
     step_of = {h: t for t, h in enumerate(concat.bottom)}
     cut = LayerParameter(name="target_slice", type="Slice", bottom=["target"],

@@ -39,8 +39,8 @@ def test_every_registered_type_is_listed_with_its_origin():
     for name, e in entries.items():
         assert e.caffe == (name in caffe_layer_types()), name
     assert {n for n, e in entries.items() if not e.caffe} == {
-        "BatchMatMul", "GRUUnit", "LeadingSequenceEnd", "Scatter", "SegmentSum",
-        "TrailingSequenceEnd"}
+        "BatchMatMul", "EuclideanLossChunk", "GRUUnit", "LeadingSequenceEnd", "Scatter",
+        "SegmentSum", "SoftmaxWithLossChunk", "TrailingSequenceEnd"}
 
 
 def test_entries_are_the_class_attributes():

@@ -169,7 +169,9 @@ class Net:
     backward recompute segments of the forward, as few as fit, with the same
     results bit for bit: one level of Chen et al.'s segments, or in a chain of
     three weight-gradient chunks or more, for budgets one level cannot reach,
-    Gruslys et al.'s BPTT-HSM over the chunks. ``recompute`` names a policy
+    Gruslys et al.'s BPTT-HSM over the chunks; a loss over the whole (T, N, ...) output
+    then runs by chunks of time (:mod:`unroll.engine.memory.separable`: ``layer_names``
+    show its pieces). ``recompute`` names a policy
     (:mod:`unroll.engine.memory.policy`): ``"sqrt"`` takes Chen's square-root
     segments, ``"hsm"`` BPTT-HSM (without a budget, in its fewest slots: the
     least memory), ``"none"`` never recomputes; or it is a policy of the
@@ -223,9 +225,14 @@ class Net:
         self._kept_blobs: set[int] = set()  # asked for by forward(blobs=...)
         self._loss, self._device_loss = 0.0, None  # read back on first access (see loss)
         self._borrowed: dict = {}  # input name -> the caller's device array it holds
+        layer_params = graph.legacy_inputs(net_param) + graph.filter_layers(net_param,
+                                                                         PHASES[phase])
+        if plan_memory and phase == "train" and executor.NetMemory._recomputes(
+                self.memory_budget, memory.policy_named(recompute)):
+            # a budget can reach below a whole-output loss only by chunks of time
+            layer_params = memory.separate_losses(layer_params, self.keep)
         with self._gate.opened(), _collector_paused():
-            self._build(graph.legacy_inputs(net_param)
-                        + graph.filter_layers(net_param, PHASES[phase]))
+            self._build(layer_params)
         # the parsed messages cost ~2 KB a layer (bucketed models keep many nets): from
         # now on the net and its layers keep them as bytes (see net_param, Layer.param)
         self._net_param_bytes = net_param.SerializeToString()

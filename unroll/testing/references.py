@@ -197,6 +197,12 @@ def _softmax_loss(scores, labels):
     return -np.mean(np.log(p[np.arange(len(labels)), labels.astype(int)]))
 
 
+def _softmax_loss_chunk(scores, labels, whole):
+    """Each position's loss of a chunk, divided by the whole's count of labels."""
+    p = _softmax(scores)
+    return -np.log(p[np.arange(len(labels)), labels.astype(int)]) / len(whole)
+
+
 def _batch_norm(x, *stats, eps=1e-5):
     mean = x.mean(axis=(0, 2), keepdims=True)
     var = ((x - mean) ** 2).mean(axis=(0, 2), keepdims=True)
@@ -273,6 +279,9 @@ LAYER_CASES: dict[str, list[LayerCase]] = {
                         lambda i, W, b: W[i.astype(int)] + b)],
     "EuclideanLoss": [LayerCase('type: "EuclideanLoss"', [_u(3, 2), _u(3, 2)],
                                 lambda a, b: ((a - b) ** 2).sum() / (2 * len(a)))],
+    "EuclideanLossChunk": [LayerCase('type: "EuclideanLossChunk" input_param { shape { dim: 6 } }',
+                                     [_u(2, 2), _u(2, 2)],
+                                     lambda a, b: np.array([((a - b) ** 2).sum() / 12]))],
     "Flatten": [LayerCase('type: "Flatten"', [_u(2, 3, 2)], lambda x: x.reshape(2, -1))],
     "GRUUnit": [LayerCase('type: "GRUUnit"', [_u(1, 2, 3), _u(1, 2, 9), _u(1, 2, 9),
                                               np.array([[1.0, 0.0]])],
@@ -327,6 +336,9 @@ LAYER_CASES: dict[str, list[LayerCase]] = {
     "Softmax": [LayerCase('type: "Softmax"', [_u(3, 4, low=-3, high=3)], _softmax)],
     "SoftmaxWithLoss": [LayerCase('type: "SoftmaxWithLoss"', [_u(4, 3, low=-2, high=2), _LABELS],
                                   _softmax_loss)],
+    "SoftmaxWithLossChunk": [LayerCase('type: "SoftmaxWithLossChunk"',
+                                       [_u(2, 3, low=-2, high=2), _LABELS[:2], _LABELS],
+                                       _softmax_loss_chunk)],
     "Split": [LayerCase('type: "Split" top: "a" top: "b"', [_u(2, 3)], lambda x: (x, x))],
     "TanH": [LayerCase('type: "TanH"', [_u(3, 4, low=-3, high=3)], np.tanh)],
     "Tile": [LayerCase('type: "Tile" tile_param { tiles: 3 }', [_u(2, 2, 2)],

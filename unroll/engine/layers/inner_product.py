@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from unroll.engine.layer import Layer, register_layer
+from unroll.engine.memory.weight_gradients import time_chunks
 from unroll.engine.memory_traits import BatchedParamGradient, MemoryTraits
 
 #: up to this many rows (an unrolled timestep's batch), x (M, K) times a transposed weight
@@ -28,7 +29,11 @@ class InnerProductLayer(Layer):
     When several InnerProducts share W (the timesteps of an unrolled net), the
     net may place their x rows and top-diff rows back to back and compute the
     param gradient of all of them in one GEMM (:meth:`param_backward`); each
-    one's backward then computes only its bottom's diff.
+    one's backward then computes only its bottom's diff. A lone InnerProduct from axis 2
+    on, over T timesteps (axis 0), sums its param gradient by chunks of time
+    (:func:`~unroll.engine.memory.time_chunks`), as the same rows split into one layer a
+    chunk would, and runs its products by the same chunks (docs/design.md, 6. Memory,
+    chunks of time).
     """
 
     param_blobs = ("weight (num_output, K), or (K, num_output) with transpose",
@@ -63,45 +68,52 @@ class InnerProductLayer(Layer):
                 f"axis {axis}; the weights expect K = {self.K}"
             )
         self.M = math.prod(shape[:axis])
+        per_step = self.M // shape[0] if axis >= 2 and shape[0] else 0
+        rows = ([slice(r.start * per_step, r.stop * per_step) for r in time_chunks(shape[0])]
+                if per_step else [slice(0, self.M)])
         tops[0].reshape(shape[:axis] + (self.num_output,))
-        self.few_rows = (self.xp is np and self.M <= FEW_ROWS
-                         and min(self.K, self.num_output) >= FEW_ROWS_MIN_WIDTH)
-        if self.few_rows:  # the transposed products of forward (y) and backward (gx)
+        # each chunk of time's products as that chunk's own layer would take them, so a loss
+        # run by chunks gives the same bits (docs/design.md, 6. Memory)
+        wide = self.xp is np and min(self.K, self.num_output) >= FEW_ROWS_MIN_WIDTH
+        self.time_rows = [(r, wide and r.stop - r.start <= FEW_ROWS) for r in rows]
+        few = [r.stop - r.start for r, is_few in self.time_rows if is_few]
+        self.few_rows = bool(few)
+        if few:  # the transposed products of forward (y) and backward (gx), the most rows
             if not self.transpose:
-                self.reserve("yT", (self.num_output, self.M), lives="forward")
+                self.reserve("yT", (self.num_output * max(few),), lives="forward")
             else:
-                self.reserve("gxT", (self.K, self.M), lives="backward")
+                self.reserve("gxT", (self.K * max(few),), lives="backward")
+
+    def _products(self, a, out, direct: bool, scratch: str) -> None:
+        """out = a W if ``direct``, else a W^T, by chunk of time; a W^T of few rows as
+        (W a^T)^T, through scratch array ``scratch``."""
+        W = self.blobs[0].data
+        for rows, few in self.time_rows:
+            if direct:
+                self.xp.matmul(a[rows], W, out=out[rows])
+            elif few:
+                t = self.scratch(scratch)[:W.shape[0] * (rows.stop - rows.start)]
+                t = t.reshape(W.shape[0], -1)
+                np.matmul(W, a[rows].T, out=t)
+                np.copyto(out[rows], t.T)
+            else:
+                self.xp.matmul(a[rows], W.T, out=out[rows])
 
     def forward(self, bottoms, tops):
-        x = bottoms[0].data.reshape(self.M, self.K)
         y = tops[0].data.reshape(self.M, self.num_output)
-        W = self.blobs[0].data
-        if self.transpose:
-            self.xp.matmul(x, W, out=y)
-        elif self.few_rows:
-            yT = self.scratch("yT")
-            np.matmul(W, x.T, out=yT)
-            np.copyto(y, yT.T)
-        else:
-            self.xp.matmul(x, W.T, out=y)
+        self._products(bottoms[0].data.reshape(self.M, self.K), y, self.transpose, "yT")
         if self.bias_term:
             y += self.blobs[1].data
 
     def backward(self, tops, propagate_down, bottoms):
         gy = tops[0].diff.reshape(self.M, self.num_output)
         if not self.param_diffs_batched:
-            self.param_backward(bottoms[0].data.reshape(self.M, self.K), gy)
+            x = bottoms[0].data.reshape(self.M, self.K)
+            for rows, _ in self.time_rows:
+                self.param_backward(x[rows], gy[rows])
         if propagate_down[0]:
-            W = self.blobs[0].data
-            gx = bottoms[0].diff.reshape(self.M, self.K)
-            if not self.transpose:
-                self.xp.matmul(gy, W, out=gx)
-            elif self.few_rows:
-                gxT = self.scratch("gxT")
-                np.matmul(W, gy.T, out=gxT)
-                np.copyto(gx, gxT.T)
-            else:
-                self.xp.matmul(gy, W.T, out=gx)
+            self._products(gy, bottoms[0].diff.reshape(self.M, self.K), not self.transpose,
+                          "gxT")
 
     def param_backward(self, x, gy):
         """Add the param gradients of rows ``x`` (M, K) and top diffs ``gy`` (M, num_output)."""

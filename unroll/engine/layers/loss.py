@@ -16,6 +16,7 @@ import numpy as np
 
 from unroll.core.proto import NormalizationMode as Norm
 from unroll.engine.layer import Layer, register_layer
+from unroll.engine.memory.weight_gradients import time_chunks
 
 
 class ClassScores(Layer):
@@ -128,14 +129,18 @@ class SoftmaxWithLossLayer(ClassScores):
             tops[1].reshape(bottoms[0].shape)
         self.reserve("prob", self.dims)
 
-    def normalizer(self, valid):
-        outer, _, inner = self.dims
+    def normalizer(self, valid, outer: int):
+        """What the losses are divided by, for ``valid`` labels and ``outer`` (the whole
+        output's: a chunk of it is divided as the whole is)."""
+        inner = self.dims[2]
         if self.mode == Norm.VALID and self.ignore is not None:
             return self.xp.maximum(valid.sum(), 1)  # all ignored: loss 0, not NaN (Caffe)
         return max(1, {Norm.FULL: outer * inner, Norm.VALID: outer * inner,
                        Norm.BATCH_SIZE: outer, Norm.NONE: 1}[self.mode])
 
-    def forward(self, bottoms, tops):
+    def position_losses(self, bottoms, normalizer):
+        """The loss of every position, (outer * inner,): -log softmax(x)[label] times its
+        weight (valid / ``normalizer``); the softmax stays in the scratch "prob"."""
         xp, p = self.xp, self.scratch("prob")
         self.label, valid = self.labels(bottoms)
         x = bottoms[0].data.reshape(self.dims)
@@ -147,46 +152,70 @@ class SoftmaxWithLossLayer(ClassScores):
         p /= total[:, None]
         log_p = picked - xp.log(total)
         self.weight = valid.astype(self.dtype)
-        self.weight /= self.normalizer(valid)
-        tops[0].data[...] = -(log_p * self.weight).sum()
+        self.weight /= normalizer(valid)
+        return (-(log_p * self.weight)).reshape(-1)
+
+    def forward(self, bottoms, tops):
+        # one sum over every position, as a loss run by chunks sums the chunks' positions
+        # (docs/design.md, 6. Memory, the whole-output loss)
+        tops[0].data[...] = self.position_losses(
+            bottoms, lambda valid: self.normalizer(valid, self.dims[0])).sum()
         if len(tops) > 1:
-            tops[1].data[...] = p.reshape(tops[1].shape)
+            tops[1].data[...] = self.scratch("prob").reshape(tops[1].shape)
+
+    def scores_diff(self, bottoms, loss_diff):
+        """bottoms[0].diff: (softmax - onehot) * weight * ``loss_diff`` (a position's)."""
+        onehot = self.xp.arange(self.dims[1])[:, None] == self.label[:, None]
+        scale = (self.weight * loss_diff)[:, None]
+        gx = (self.scratch("prob") - onehot) * scale
+        bottoms[0].diff[...] = gx.reshape(bottoms[0].shape)
 
     def backward(self, tops, propagate_down, bottoms):
         if propagate_down[0]:
-            onehot = self.xp.arange(self.dims[1])[:, None] == self.label[:, None]
-            scale = (self.weight * tops[0].diff)[:, None]
-            gx = (self.scratch("prob") - onehot) * scale
-            bottoms[0].diff[...] = gx.reshape(bottoms[0].shape)
+            self.scores_diff(bottoms, tops[0].diff)
 
 
 @register_layer("EuclideanLoss")
 class EuclideanLossLayer(Layer):
-    """loss = sum((a - b)^2) / (2 N), N = a.shape[0]; a and b of one count."""
+    """loss = sum((a - b)^2) / (2 N), N = a.shape[0]; a and b of one count.
+
+    The sum is by chunks of :data:`~unroll.engine.memory.GRADIENT_CHUNK` along axis 0
+    (each chunk's share divided by 2 N, the shares summed), as a loss run by chunks of
+    time sums it (docs/design.md, 6. Memory, the whole-output loss).
+    """
 
     num_bottoms = (2, 2)
     backward_reads = ()
     is_loss = True
 
     def reshape(self, bottoms, tops):
-        a, b = bottoms
+        a, b = bottoms[:2]
         if a.count != b.count or a.ndim < 1 or b.ndim < 1 or a.shape[0] != b.shape[0]:
             raise self.error(f"bottoms '{a.name}' {a.shape} and '{b.name}' {b.shape} must "
                              f"have the same count and first dimension")
         tops[0].reshape(())
         self.reserve("diff", a.shape)
 
+    def share(self, d, steps: int):
+        """The loss of differences ``d``, a chunk of an output of ``steps`` along axis 0."""
+        return self.xp.vdot(d, d) / (2 * steps)
+
     def forward(self, bottoms, tops):
         a, b = bottoms
         d = self.scratch("diff")
         self.xp.subtract(a.data, b.data.reshape(a.shape), out=d)
-        tops[0].data[...] = self.xp.vdot(d, d) / (2 * a.shape[0])
+        shares = [self.share(d[rows.start:rows.stop], a.shape[0])
+                  for rows in reversed(time_chunks(a.shape[0]))]
+        tops[0].data[...] = self.xp.stack(shares).sum()
 
     def backward(self, tops, propagate_down, bottoms):
-        if not any(propagate_down):
-            return
-        a, b = bottoms
-        scale, d = tops[0].diff / a.shape[0], self.scratch("diff")
+        if any(propagate_down):
+            self.pass_diffs(bottoms, propagate_down, tops[0].diff / bottoms[0].shape[0])
+
+    def pass_diffs(self, bottoms, propagate_down, scale):
+        """a.diff = d * ``scale``, b.diff = -d * ``scale``, as asked."""
+        a, b = bottoms[:2]
+        d = self.scratch("diff")
         if propagate_down[0]:
             self.xp.multiply(d, scale, out=a.diff)
         if propagate_down[1]:

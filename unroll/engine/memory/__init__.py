@@ -31,6 +31,9 @@ One module a job:
   recomputes segments of the forward from checkpoints (a :class:`Recompute` plan), cut
   between weight-gradient chunks, at one level or at several (BPTT-HSM,
   :func:`hsm_order`);
+- :mod:`~unroll.engine.memory.separable`: a loss over a whole (T, N, ...) output rewritten
+  into one piece per chunk of time (:func:`separate_losses`), so that a budget reaches below
+  it;
 - :mod:`~unroll.engine.memory.policy`: which checkpoints to keep, a :class:`Policy`
   (built in, or the user's own: :class:`Checkpoints`), apart from the mechanism,
   :mod:`~unroll.engine.memory.budget`, that plans what a policy weighs and holds it to a
@@ -77,11 +80,13 @@ from unroll.engine.memory.segments import (
     one_level_order,
     recomputable,
 )
+from unroll.engine.memory.separable import separate_losses
 from unroll.engine.memory.weight_gradients import (
     GRADIENT_CHUNK,
     WeightGradGroup,
     gradient_chunks,
     plan_weight_gradients,
+    time_chunks,
 )
 
 __all__ = ["Action", "BPTTHSM", "GRADIENT_CHUNK", "HSM_MOST_FORWARDS", "Chain", "ChenSegments",
@@ -93,4 +98,4 @@ __all__ = ["Action", "BPTTHSM", "GRADIENT_CHUNK", "HSM_MOST_FORWARDS", "Chain", 
            "gradient_chunks", "greedy_cuts", "group_parts", "hsm_order", "hsm_units",
            "input_roots", "layout", "liveness", "one_level_order", "place",
            "plan_weight_gradients", "planned_bytes", "policy_named", "private_blobs",
-           "recomputable", "schedule", "within_budget"]
+           "recomputable", "schedule", "separate_losses", "time_chunks", "within_budget"]

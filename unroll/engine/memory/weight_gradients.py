@@ -16,13 +16,29 @@ if TYPE_CHECKING:
     from unroll.engine.memory.lifetimes import Liveness
     from unroll.graph import Step
 
-__all__ = ["GRADIENT_CHUNK", "WeightGradGroup", "gradient_chunks", "plan_weight_gradients"]
+__all__ = ["GRADIENT_CHUNK", "WeightGradGroup", "gradient_chunks", "plan_weight_gradients",
+           "time_chunks"]
 
 
 #: a weight-gradient GEMM covers sharers spanning at most this much of their bottoms' axis 0
 #: (timesteps, in an unrolled net): its chunks' rows then die chunk by chunk, and the
 #: chunks do not depend on the memory budget, so every plan runs the same GEMMs
 GRADIENT_CHUNK = 32
+
+
+def time_chunks(steps: int) -> list[range]:
+    """The chunks of :data:`GRADIENT_CHUNK` timesteps of an axis 0 of ``steps``, last first.
+
+    A lone layer whose rows span the whole of time (an output InnerProduct over a
+    (T, N, H) blob) sums its weight gradient by these chunks, one GEMM each, in the order
+    backward would reach them as separate layers: so a net whose loss runs by chunks
+    (:mod:`unroll.engine.memory.separable`) gives the same bits.
+
+    >>> time_chunks(70)
+    [range(64, 70), range(32, 64), range(0, 32)]
+    """
+    return [range(start, min(start + GRADIENT_CHUNK, steps))
+            for start in reversed(range(0, steps, GRADIENT_CHUNK))]
 
 
 @dataclass
