@@ -120,8 +120,9 @@ def train(args) -> int:
 
 
 def evaluate(args) -> int:
-    texts = read_texts(split_file(fetched_data_dir(args.data), args.split))
-    write_output(f"{args.split} bits per character: {trained(args).bits_per_char(texts):.4f}\n",
+    split = cli.evaluated_split(args)
+    texts = read_texts(split_file(fetched_data_dir(args.data), split))
+    write_output(f"{split} bits per character: {trained(args).bits_per_char(texts):.4f}\n",
                  args.output)
     return 0
 
@@ -146,8 +147,8 @@ def build_parser():
     t.add_argument("--memory-budget", type=byte_size_argument, metavar="BYTES",
                    help="bytes a training net may plan (recomputing in backward)")
     t.set_defaults(run=train, interrupted="resume with --resume")
-    e = sub.add_parser("evaluate", parents=[model, data, cli.output_options()])
-    e.add_argument("--split", choices=["train", "dev", "test"], default="dev")
+    splits = cli.split_options(("train", "dev", "test"))
+    e = sub.add_parser("evaluate", parents=[model, data, splits, cli.output_options()])
     s = sub.add_parser("sample", parents=[model, cli.output_options()])
     s.add_argument("--prime", default="", help="the text to continue")
     s.add_argument("--length", type=cli.positive_int, default=200)

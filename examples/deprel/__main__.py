@@ -50,12 +50,8 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     from examples.deprel.labeller import Labeller
     from examples.deprel.train import accuracy, read_trees
-    from unroll.tools.cli import CommandError
-    from unroll.tools.ewt import fetched_data_dir, split_file
 
-    if args.conllu is not None and args.split is not None:
-        raise CommandError("give either --conllu FILE or --split dev|test, not both")
-    path = args.conllu or split_file(fetched_data_dir(args.data), args.split or "dev")
+    path = app_cli.evaluated_file(args, args.conllu, "--conllu FILE")
     sentences = read_trees(path)
     labeller = Labeller.load(args.model_dir, args.checkpoint, device=args.device)
     score = accuracy([s.deprels for s in sentences],
@@ -97,13 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"LSTM size per direction (default {d.hidden})")
     t.set_defaults(run=_train, interrupted="resume with --resume")
 
-    e = sub.add_parser("evaluate", parents=[model, data, app_cli.output_options()],
+    e = sub.add_parser("evaluate", parents=[model, data, app_cli.split_options(("dev", "test")),
+                                            app_cli.output_options()],
                        help="label accuracy on a split of the data folder (default: dev) or "
                             "on --conllu FILE")
     e.add_argument("--conllu", type=Path, metavar="FILE", help="a CoNLL-U file with DEPREL")
-    e.add_argument("--split", choices=["dev", "test"],
-                   help="score the data folder's dev split (for tuning, the default) or test "
-                        "split (the final number)")
     g = sub.add_parser("label", parents=[model, app_cli.output_options()],
                        help="fill column 8 of --conllu IN")
     g.add_argument("--conllu", type=Path, required=True, metavar="IN",

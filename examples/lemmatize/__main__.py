@@ -55,13 +55,9 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     from examples.lemmatize.model import Lemmatizer
     from examples.lemmatize.train import read_words, scores
-    from unroll.tools.cli import CommandError
-    from unroll.tools.ewt import fetched_data_dir, split_file
 
     _on_cpu(args)
-    if (args.file is None) == (args.split is None):
-        raise CommandError("give either a CoNLL-U FILE or --split dev|test")
-    path = args.file or split_file(fetched_data_dir(args.data), args.split)
+    path = app_cli.evaluated_file(args, args.file, "a CoNLL-U FILE")
     words = read_words(path)
     lemmatizer = Lemmatizer.load(args.model_dir, args.checkpoint)
     lines = []
@@ -117,12 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                             f"score, or none (default {d.attention})")
     t.set_defaults(run=_train, interrupted="resume with --resume")
 
-    e = sub.add_parser("evaluate", parents=[model, data, app_cli.output_options()],
+    e = sub.add_parser("evaluate", parents=[model, data, app_cli.split_options(("dev", "test")),
+                                            app_cli.output_options()],
                        help="lemma accuracies on a CoNLL-U file, or a split of the data folder")
     e.add_argument("file", type=Path, nargs="?", help="a CoNLL-U file with UPOS and lemmas")
-    e.add_argument("--split", choices=["dev", "test"],
-                   help="score the data folder's dev split (for tuning) or test split (the "
-                        "final number), instead of FILE")
     e.add_argument("--beam", type=app_cli.positive_int, default=4,
                    help="beam width; evaluate reports greedy and this (default 4)")
     e.set_defaults(run=_evaluate)

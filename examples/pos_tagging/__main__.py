@@ -78,12 +78,8 @@ def _read_tagged(path: Path, upos: bool):
 def _evaluate(args) -> int:
     from examples.pos_tagging.evaluate import report, score
     from examples.pos_tagging.tagger import Tagger, tag_ids
-    from unroll.tools.cli import CommandError
-    from unroll.tools.ewt import fetched_data_dir, split_file
 
-    if (args.file is None) == (args.split is None):
-        raise CommandError("give either a CoNLL-U FILE or --split dev|test")
-    path = args.file or split_file(fetched_data_dir(args.data), args.split)
+    path = app_cli.evaluated_file(args, args.file, "a CoNLL-U FILE")
     sentences = _read_tagged(path, upos=True)
     tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
     predicted = tagger.predict([forms for forms, _ in sentences])
@@ -160,12 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "forward segments, with the same results")
     t.set_defaults(run=_train, interrupted="resume with --resume")
 
-    e = sub.add_parser("evaluate", parents=[model, data, app_cli.output_options()],
+    e = sub.add_parser("evaluate", parents=[model, data, app_cli.split_options(("dev", "test")),
+                                            app_cli.output_options()],
                        help="score a CoNLL-U file, or a split of the data folder")
     e.add_argument("file", type=Path, nargs="?", help="a CoNLL-U file with UPOS")
-    e.add_argument("--split", choices=["dev", "test"],
-                   help="score the data folder's dev split (for tuning) or test split (the "
-                        "final number), instead of FILE")
     e.add_argument("--checkpoint", choices=CHECKPOINTS, default="best",
                    help="best: the best dev epoch's weights; last: the last epoch's")
     e.set_defaults(run=_evaluate)

@@ -106,6 +106,19 @@ def test_the_learning_rate_is_recorded_and_a_resume_takes_it_or_refuses_another(
 
 
 @pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_evaluate_takes_the_shared_split_option_and_refuses_another_split(app, capsys):
+    main = importlib.import_module(f"{app.module}.__main__").main
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--help"])
+    assert "(default dev: tune on dev; score test once" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit) as stop:
+        main(["evaluate", "--split", "valid"])
+    assert stop.value.code == 2
+    one_line_error(capsys, f"python -m {app.module} evaluate: error: argument --split: invalid "
+                           f"choice: 'valid'", "'dev'", "'test'")
+
+
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
 def test_the_data_help_names_its_default_folders_as_paths(app, capsys):
     main = importlib.import_module(f"{app.module}.__main__").main
     with pytest.raises(SystemExit):
@@ -321,6 +334,15 @@ def predicted(app, argv: list[str], capsys) -> tuple[int, str, str]:
     status = at_once(main, argv, units=60)
     out, err = capsys.readouterr()
     return status, out, err
+
+
+@pytest.mark.slow
+def test_evaluate_scores_dev_unless_told_otherwise(trained, capsys):
+    app, data, model_dir, _ = trained
+    argv = ["evaluate", "--model-dir", str(model_dir), "--data", str(data)]
+    status, out, err = predicted(app, [*argv, "--split", "dev"], capsys)
+    assert (status, err) == (0, "") and out
+    assert predicted(app, argv, capsys) == (status, out, err)
 
 
 def read_files(app) -> list[str]:

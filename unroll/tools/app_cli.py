@@ -41,19 +41,23 @@ from pathlib import Path
 import numpy as np
 
 from unroll.core.errors import FileFormatError
-from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
+from unroll.tools.cli import FAILURES, USER_ERRORS, CommandError, run_command
 from unroll.tools.conllu import CoNLLUError
-from unroll.tools.ewt import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE
+from unroll.tools.ewt import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE, fetched_data_dir, split_file
 from unroll.tools.fetch import FetchError
 from unroll.train.model_folder import ModelFolderError
 from unroll.train.trainer import TrainingDiverged
 
-__all__ = ["OneLineParser", "add_fetch", "app_parser", "data_options", "device", "minutes",
-           "model_options", "non_negative_int", "output_options", "positive_int",
-           "positive_number", "ratio", "report_training", "run", "seed", "training_options"]
+__all__ = ["DEFAULT_SPLIT", "OneLineParser", "add_fetch", "app_parser", "data_options", "device",
+           "evaluated_file", "evaluated_split", "minutes", "model_options", "non_negative_int",
+           "output_options", "positive_int", "positive_number", "ratio", "report_training", "run",
+           "seed", "split_options", "training_options"]
 
 #: exit status of a command stopped by Ctrl-C (128 + SIGINT, what a shell reports)
 INTERRUPTED = 130
+#: the split of the data folder an ``evaluate`` scores where it is given neither ``--split``
+#: nor a file: dev, so that test is scored only when asked for
+DEFAULT_SPLIT = "dev"
 
 
 def positive_int(text: str) -> int:
@@ -233,6 +237,46 @@ def training_options(epochs: int) -> argparse.ArgumentParser:
                             "instead of stopping at the first (default 0)")
     group.add_argument("--quiet", action="store_true", help="no progress bar")
     return group
+
+
+def split_options(choices: tuple[str, ...]) -> argparse.ArgumentParser:
+    """``--split``, one of ``choices``: the split of the data folder an ``evaluate`` scores
+    (default :data:`DEFAULT_SPLIT`, which :func:`evaluated_split` fills in: left unset by
+    the parser, so that a file given beside it can be refused).
+
+    >>> parser = argparse.ArgumentParser(parents=[split_options(("dev", "test"))])
+    >>> parser.parse_args(["--split", "test"]).split, parser.parse_args([]).split
+    ('test', None)
+    """
+    group = argparse.ArgumentParser(add_help=False)
+    group.add_argument("--split", choices=choices,
+                       help=f"the split of the data folder to score (default {DEFAULT_SPLIT}: "
+                            f"tune on dev; score test once, for the final number)")
+    return group
+
+
+def evaluated_split(args) -> str:
+    """The split an ``evaluate`` scores: ``--split`` (:func:`split_options`), else
+    :data:`DEFAULT_SPLIT`.
+
+    >>> evaluated_split(argparse.Namespace(split=None))
+    'dev'
+    """
+    return args.split or DEFAULT_SPLIT
+
+
+def evaluated_file(args, file: Path | None, named: str) -> Path:
+    """The CoNLL-U file an ``evaluate`` scores: ``file`` where given (``named``: how its
+    command line names it), else the :func:`evaluated_split` of ``--data``; a file and
+    ``--split`` both given is refused.
+
+    >>> evaluated_file(argparse.Namespace(split="test"), Path("a.conllu"), "FILE")
+    Traceback (most recent call last):
+    unroll.tools.commands.running.CommandError: give either FILE or --split, not both
+    """
+    if file is not None and args.split is not None:
+        raise CommandError(f"give either {named} or --split, not both")
+    return file or split_file(fetched_data_dir(args.data), evaluated_split(args))
 
 
 def output_options() -> argparse.ArgumentParser:
