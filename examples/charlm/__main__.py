@@ -44,7 +44,6 @@ class App:
                                                          folder.FEATURES: SYMBOLS})
     metric = Metric("dev_bpc", "dev bits/char", mode="min")
     curve_title = "character LM"
-    recorded_options = {"--lr": "base_lr"}
 
     def __init__(self, args):
         self.args, self.ran = args, False

@@ -116,7 +116,7 @@ def _tag(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from examples.pos_tagging.tagger import TaggerConfig
-    from examples.pos_tagging.train import BUCKETED_LR, PACKED_LR, TrainOptions
+    from examples.pos_tagging.train import BUCKETED_LR, LR_GAMMA, PACKED_LR, TrainOptions
     from unroll.train.model_folder import CHECKPOINTS
 
     parser, sub = app_cli.app_parser(PROG, __doc__)
@@ -126,8 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=app_cli.positive_number,
                    help=f"Adam learning rate (default {PACKED_LR:g}, with --no-pack "
                         f"{BUCKETED_LR:g}; with --resume the folder's)")
-    t.add_argument("--lr-decay", type=app_cli.positive_number, default=TrainOptions.lr_gamma,
-                   help="learning rate factor after each epoch (Caffe lr_policy step)")
+    t.add_argument("--lr-decay", type=app_cli.positive_number,
+                   help=f"learning rate factor after each epoch (Caffe lr_policy step; default "
+                        f"{LR_GAMMA:g}; with --resume the folder's)")
     d = TaggerConfig()
     sizes = t.add_argument_group("model sizes (with --resume: only to check the folder's)")
     sizes.add_argument("--embed", type=int, help=f"word embedding size (default {d.embed})")

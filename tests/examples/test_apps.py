@@ -85,24 +85,29 @@ def test_a_bad_rate_or_ratio_is_refused_in_one_line_and_leaves_no_folder(app, tm
         assert not model_dir.exists()
 
 
-@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
-def test_the_learning_rate_is_recorded_and_a_resume_takes_it_or_refuses_another(app, tmp_path,
-                                                                             capsys):
+@pytest.mark.parametrize(("app", "option", "first", "second"),
+                         [(app, *values) for app in APPS for values in app.recorded],
+                         ids=lambda v: v.name if hasattr(v, "name") else v)
+def test_a_recorded_option_is_logged_and_a_resume_takes_it_or_refuses_another(
+        app, option, first, second, tmp_path, capsys):
     data, model_dir = app.corpus(tmp_path / "data"), tmp_path / "m"
     main = importlib.import_module(f"{app.module}.__main__").main
-    assert main([*train_argv(app, data, model_dir, "--lr", "0.01"), "--epochs", "1"]) == 0
-    assert [e["options"]["--lr"] for e in json.loads((model_dir / folder.LOG).read_text())] == [
-        0.01]
+
+    def logged():
+        return [e["options"][option] for e in json.loads((model_dir / folder.LOG).read_text())]
+
+    assert main([*train_argv(app, data, model_dir, option, first), "--epochs", "1"]) == 0
+    assert logged() == [float(first)]
     before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
     capsys.readouterr()
-    resumed = [*train_argv(app, data, model_dir, "--lr", "0.02"), "--epochs", "2", "--resume"]
+    resumed = [*train_argv(app, data, model_dir, option, second), "--epochs", "2", "--resume"]
     assert main(resumed) == 2
-    one_line_error(capsys, f"{model_dir} was trained with --lr 0.01", "given --lr 0.02")
+    one_line_error(capsys, f"{model_dir} was trained with {option} {first}",
+                   f"given {option} {second}")
     assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before
-    # not given, the folder's rate is taken
+    # not given, the folder's value is taken
     assert main([*train_argv(app, data, model_dir), "--epochs", "2", "--resume"]) == 0
-    assert [e["options"]["--lr"] for e in json.loads((model_dir / folder.LOG).read_text())] == [
-        0.01, 0.01]
+    assert logged() == [float(first)] * 2
 
 
 @pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
