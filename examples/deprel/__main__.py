@@ -76,7 +76,6 @@ def _label(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from examples.deprel.labeller import MODELS, DeprelConfig
     from examples.deprel.train import LR, TrainOptions
-    from unroll.train.model_folder import CHECKPOINTS
 
     parser, sub = app_cli.app_parser(PROG, __doc__)
     model, data = app_cli.model_options("runs/deprel"), app_cli.data_options()
@@ -93,19 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"LSTM size per direction (default {d.hidden})")
     t.set_defaults(run=_train, interrupted="resume with --resume")
 
+    weights = app_cli.checkpoint_options()
     e = sub.add_parser("evaluate", parents=[model, data, app_cli.split_options(("dev", "test")),
-                                            app_cli.output_options()],
+                                            weights, app_cli.output_options()],
                        help="label accuracy on a split of the data folder (default: dev) or "
                             "on --conllu FILE")
     e.add_argument("--conllu", type=Path, metavar="FILE", help="a CoNLL-U file with DEPREL")
-    g = sub.add_parser("label", parents=[model, app_cli.output_options()],
+    g = sub.add_parser("label", parents=[model, weights, app_cli.output_options()],
                        help="fill column 8 of --conllu IN")
     g.add_argument("--conllu", type=Path, required=True, metavar="IN",
                    help="a CoNLL-U file with words, UPOS and heads (DEPREL may be '_')")
-    for p, run in ((e, _evaluate), (g, _label)):
-        p.add_argument("--checkpoint", choices=CHECKPOINTS, default="best",
-                       help="best: the best dev epoch's weights; last: the last epoch's")
-        p.set_defaults(run=run)
+    e.set_defaults(run=_evaluate)
+    g.set_defaults(run=_label)
 
     app_cli.add_fetch(sub)
     return parser

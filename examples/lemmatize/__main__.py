@@ -89,7 +89,6 @@ def _lemmatize(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from examples.lemmatize.model import ATTENTION, LemmatizerConfig
     from examples.lemmatize.train import LR, TrainOptions
-    from unroll.train.model_folder import CHECKPOINTS
 
     parser, sub = app_cli.app_parser(PROG, __doc__)
     model, data = app_cli.model_options("runs/lemma"), app_cli.data_options()
@@ -113,15 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
                             f"score, or none (default {d.attention})")
     t.set_defaults(run=_train, interrupted="resume with --resume")
 
+    weights = app_cli.checkpoint_options()
     e = sub.add_parser("evaluate", parents=[model, data, app_cli.split_options(("dev", "test")),
-                                            app_cli.output_options()],
+                                            weights, app_cli.output_options()],
                        help="lemma accuracies on a CoNLL-U file, or a split of the data folder")
     e.add_argument("file", type=Path, nargs="?", help="a CoNLL-U file with UPOS and lemmas")
     e.add_argument("--beam", type=app_cli.positive_int, default=4,
                    help="beam width; evaluate reports greedy and this (default 4)")
     e.set_defaults(run=_evaluate)
 
-    m = sub.add_parser("lemmatize", parents=[model, app_cli.output_options()],
+    m = sub.add_parser("lemmatize", parents=[model, weights, app_cli.output_options()],
                        help="fill column 3 of a CoNLL-U file")
     m.add_argument("--conllu", type=Path, required=True, metavar="IN",
                    help="a CoNLL-U file with UPOS (column 3 may be '_')")
@@ -129,9 +129,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="beam width (default 1: greedy)")
     m.add_argument("--lower", action="store_true",
                    help="look the lower-cased form up in the dictionary too")
-    for p in (e, m):
-        p.add_argument("--checkpoint", choices=CHECKPOINTS, default="best",
-                       help="best: the best dev epoch's weights; last: the last epoch's")
     m.set_defaults(run=_lemmatize)
 
     app_cli.add_fetch(sub)

@@ -117,7 +117,6 @@ def _tag(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from examples.pos_tagging.tagger import TaggerConfig
     from examples.pos_tagging.train import BUCKETED_LR, LR_GAMMA, PACKED_LR, TrainOptions
-    from unroll.train.model_folder import CHECKPOINTS
 
     parser, sub = app_cli.app_parser(PROG, __doc__)
     model, data = app_cli.model_options("runs/ewt"), app_cli.data_options()
@@ -157,20 +156,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "forward segments, with the same results")
     t.set_defaults(run=_train, interrupted="resume with --resume")
 
+    weights = app_cli.checkpoint_options()
     e = sub.add_parser("evaluate", parents=[model, data, app_cli.split_options(("dev", "test")),
-                                            app_cli.output_options()],
+                                            weights, app_cli.output_options()],
                        help="score a CoNLL-U file, or a split of the data folder")
     e.add_argument("file", type=Path, nargs="?", help="a CoNLL-U file with UPOS")
-    e.add_argument("--checkpoint", choices=CHECKPOINTS, default="best",
-                   help="best: the best dev epoch's weights; last: the last epoch's")
     e.set_defaults(run=_evaluate)
 
-    g = sub.add_parser("tag", parents=[model, app_cli.output_options()],
+    g = sub.add_parser("tag", parents=[model, weights, app_cli.output_options()],
                        help="tag raw text (one sentence a line) or a CoNLL-U file")
     g.add_argument("input", nargs="?", help="text file (default: standard input)")
     g.add_argument("--conllu", type=Path,
                    help="tag this CoNLL-U file (UPOS may be '_'); print it with column 4 filled")
-    g.add_argument("--checkpoint", choices=CHECKPOINTS, default="best")
     g.set_defaults(run=_tag)
 
     app_cli.add_fetch(sub)

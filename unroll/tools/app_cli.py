@@ -45,13 +45,14 @@ from unroll.tools.cli import FAILURES, USER_ERRORS, CommandError, run_command
 from unroll.tools.conllu import CoNLLUError
 from unroll.tools.ewt import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE, fetched_data_dir, split_file
 from unroll.tools.fetch import FetchError
-from unroll.train.model_folder import ModelFolderError
+from unroll.train.model_folder import CHECKPOINTS, ModelFolderError
 from unroll.train.trainer import TrainingDiverged
 
-__all__ = ["DEFAULT_SPLIT", "OneLineParser", "add_fetch", "app_parser", "data_options", "device",
-           "evaluated_file", "evaluated_split", "minutes", "model_options", "non_negative_int",
-           "output_options", "positive_int", "positive_number", "ratio", "report_training", "run",
-           "seed", "split_options", "training_options"]
+__all__ = ["DEFAULT_SPLIT", "OneLineParser", "add_fetch", "app_parser", "checkpoint_options",
+           "data_options", "device", "evaluated_file", "evaluated_split", "minutes",
+           "model_options", "non_negative_int", "output_options", "positive_int",
+           "positive_number", "ratio", "report_training", "run", "seed", "split_options",
+           "training_options"]
 
 #: exit status of a command stopped by Ctrl-C (128 + SIGINT, what a shell reports)
 INTERRUPTED = 130
@@ -236,6 +237,15 @@ def training_options(epochs: int) -> argparse.ArgumentParser:
                        help="skip up to N batches whose loss or gradient is not finite, "
                             "instead of stopping at the first (default 0)")
     group.add_argument("--quiet", action="store_true", help="no progress bar")
+    return group
+
+
+def checkpoint_options() -> argparse.ArgumentParser:
+    """``--checkpoint``: which of a trained folder's weights a command loads (best or last,
+    :data:`unroll.train.model_folder.CHECKPOINTS`; default best)."""
+    group = argparse.ArgumentParser(add_help=False)
+    group.add_argument("--checkpoint", choices=CHECKPOINTS, default="best",
+                       help="best: the best dev epoch's weights; last: the last epoch's")
     return group
 
 
