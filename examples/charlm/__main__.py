@@ -137,12 +137,11 @@ def build_parser():
     reference is generated from it)."""
     parser, sub = cli.app_parser("python -m examples.charlm", __doc__)
     model, data = cli.model_options("runs/charlm"), cli.data_options()
-    t = sub.add_parser("train", parents=[model, data, cli.training_options(10)])
+    t = sub.add_parser("train", parents=[model, data, cli.training_options(
+        10, f"Adam's, default {SOLVER['base_lr']}")])
     for size in SIZES:
         t.add_argument(f"--{size}", type=cli.positive_int,
                        help=f"(default {getattr(CharLMConfig, size)})")
-    t.add_argument("--lr", type=cli.positive_number,
-                   help=f"Adam (default {SOLVER['base_lr']}; with --resume the folder's)")
     t.add_argument("--memory-budget", type=byte_size_argument, metavar="BYTES",
                    help="bytes a training net may plan (recomputing in backward)")
     t.set_defaults(run=train, interrupted="resume with --resume")

@@ -80,9 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser, sub = app_cli.app_parser(PROG, __doc__)
     model, data = app_cli.model_options("runs/deprel"), app_cli.data_options()
     t = sub.add_parser("train", parents=[model, data, app_cli.training_options(
-        TrainOptions.epochs)], help="train a labeller on EWT train, tune on dev")
-    t.add_argument("--lr", type=app_cli.positive_number,
-                   help=f"Adam learning rate (default {LR:g}; with --resume the folder's)")
+        TrainOptions.epochs, f"Adam's, default {LR:g}")],
+                       help="train a labeller on EWT train, tune on dev")
     d = DeprelConfig()
     sizes = t.add_argument_group("model (with --resume: only to check the folder's)")
     sizes.add_argument("--model", choices=MODELS,

@@ -93,10 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser, sub = app_cli.app_parser(PROG, __doc__)
     model, data = app_cli.model_options("runs/lemma"), app_cli.data_options()
     t = sub.add_parser("train", parents=[model, data, app_cli.training_options(
-        TrainOptions.epochs)], help="train on EWT train, tune on dev")
-    t.add_argument("--lr", type=app_cli.positive_number,
-                   help=f"Adam learning rate, times 0.95 after each epoch (default {LR:g}; "
-                        f"with --resume the folder's)")
+        TrainOptions.epochs, f"Adam's, times 0.95 after each epoch, default {LR:g}")],
+                       help="train on EWT train, tune on dev")
     d = LemmatizerConfig()
     sizes = t.add_argument_group("model sizes (with --resume: only to check the folder's)")
     sizes.add_argument("--hidden", type=app_cli.positive_int,

@@ -121,10 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser, sub = app_cli.app_parser(PROG, __doc__)
     model, data = app_cli.model_options("runs/ewt"), app_cli.data_options()
     t = sub.add_parser("train", parents=[model, data, app_cli.training_options(
-        TrainOptions.epochs)], help="train on EWT train, tune on dev")
-    t.add_argument("--lr", type=app_cli.positive_number,
-                   help=f"Adam learning rate (default {PACKED_LR:g}, with --no-pack "
-                        f"{BUCKETED_LR:g}; with --resume the folder's)")
+        TrainOptions.epochs, f"Adam's, default {PACKED_LR:g}, with --no-pack {BUCKETED_LR:g}")],
+                       help="train on EWT train, tune on dev")
     t.add_argument("--lr-decay", type=app_cli.positive_number,
                    help=f"learning rate factor after each epoch (Caffe lr_policy step; default "
                         f"{LR_GAMMA:g}; with --resume the folder's)")

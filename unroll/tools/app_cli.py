@@ -2,11 +2,11 @@
 one ``run`` entry (docs/design.md, 10. Training).
 
 An application's ``__main__`` builds its parser from these groups and adds only
-its own options (model sizes, its learning rate, its commands)::
+its own options (model sizes, its commands)::
 
     parser, sub = app_parser("python -m examples.charlm", __doc__)
     t = sub.add_parser("train", parents=[model_options("runs/charlm"), data_options(),
-                                         training_options(epochs=10)])
+                                         training_options(10, "Adam's, default 0.002")])
     t.set_defaults(run=train, interrupted="resume with --resume")
     add_fetch(sub)
     sys.exit(run(parser, argv))
@@ -14,8 +14,8 @@ its own options (model sizes, its learning rate, its commands)::
 Every value is checked where it is parsed, so a bad one is one line and status 2
 before anything runs: ``--epochs`` and ``--limit`` are at least 1, ``--threads``
 too, ``--max-minutes`` a finite number >= 0, ``--seed`` in [0, 2**63),
-``--skip-bad-batches`` >= 0; an application's own numbers with
-:func:`positive_number` (a learning rate) and :func:`ratio` (a dropout rate).
+``--skip-bad-batches`` >= 0, ``--lr`` a finite number > 0; an application's own numbers
+with :func:`positive_number` (a decay factor) and :func:`ratio` (a dropout rate).
 :func:`run` maps a user's mistake to one line and status 2, a failure while running
 (a full disk, a diverged training) to one line and status 1, Ctrl-C to one line and
 status 130 (the model folder keeps its last epoch; every file is written atomically,
@@ -23,7 +23,7 @@ so there is nothing to undo), and a closed standard output (``| head``) to 141
 (:func:`unroll.tools.cli.run_command`);
 ``--debug`` shows the traceback instead.
 
->>> parser = argparse.ArgumentParser(parents=[training_options(epochs=3)])
+>>> parser = argparse.ArgumentParser(parents=[training_options(3, "default 0.01")])
 >>> parser.parse_args([]).epochs, parser.parse_args(["--limit", "5"]).limit
 (3, 5)
 >>> positive_int("0")
@@ -211,14 +211,18 @@ def data_options() -> argparse.ArgumentParser:
     return group
 
 
-def training_options(epochs: int) -> argparse.ArgumentParser:
+def training_options(epochs: int, lr: str) -> argparse.ArgumentParser:
     """What every ``train`` takes, with one meaning (the :class:`~unroll.train.trainer.Trainer`'s
-    arguments): ``--epochs`` (default ``epochs``), ``--max-minutes``, ``--seed``,
+    arguments): ``--epochs`` (default ``epochs``), ``--lr`` (``lr`` says whose rate it is
+    and its default; unset where not given, so that a resume takes the folder's:
+    :data:`~unroll.train.trainer.RECORDED_OPTIONS`), ``--max-minutes``, ``--seed``,
     ``--limit``, ``--resume`` or ``--overwrite``, ``--skip-bad-batches``, ``--quiet``."""
     group = argparse.ArgumentParser(add_help=False)
     group.add_argument("--epochs", type=positive_int, default=epochs,
                        help=f"epochs in all, those a resumed folder logged included (default "
                             f"{epochs})")
+    group.add_argument("--lr", type=positive_number,
+                       help=f"the learning rate: {lr} (with --resume the folder's)")
     group.add_argument("--max-minutes", type=minutes,
                        help="start no epoch once this much time has passed, the time of the "
                             "folder's earlier runs included; the last line and log.json say so "
