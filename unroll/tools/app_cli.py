@@ -61,19 +61,25 @@ INTERRUPTED = 130
 DEFAULT_SPLIT = "dev"
 
 
+def _checked(text: str, convert, valid, expected: str):
+    """``convert(text)`` where it converts and is ``valid``; else argparse's one-line error,
+    saying what was ``expected`` and what was found."""
+    try:
+        value = convert(text)
+    except ValueError:
+        value = None
+    if value is None or not valid(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, found {text!r}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number >= 1.
 
     >>> positive_int("3")
     3
     """
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, found {text!r}")
-    return n
+    return _checked(text, int, lambda n: n >= 1, "an integer >= 1")
 
 
 def non_negative_int(text: str) -> int:
@@ -82,13 +88,7 @@ def non_negative_int(text: str) -> int:
     >>> non_negative_int("0")
     0
     """
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, found {text!r}")
-    return n
+    return _checked(text, int, lambda n: n >= 0, "an integer >= 0")
 
 
 def seed(text: str) -> int:
@@ -97,13 +97,7 @@ def seed(text: str) -> int:
     >>> seed("7")
     7
     """
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if not 0 <= n < 1 << 63:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), found {text!r}")
-    return n
+    return _checked(text, int, lambda n: 0 <= n < 1 << 63, "an integer in [0, 2**63)")
 
 
 def minutes(text: str) -> float:
@@ -112,13 +106,8 @@ def minutes(text: str) -> float:
     >>> minutes("1.5")
     1.5
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a number of minutes >= 0, found {text!r}")
-    return value
+    return _checked(text, float, lambda v: math.isfinite(v) and v >= 0,
+                    "a number of minutes >= 0")
 
 
 def positive_number(text: str) -> float:
@@ -127,13 +116,7 @@ def positive_number(text: str) -> float:
     >>> positive_number("2e-3")
     0.002
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, found {text!r}")
-    return value
+    return _checked(text, float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 
 
 def ratio(text: str) -> float:
@@ -142,13 +125,7 @@ def ratio(text: str) -> float:
     >>> ratio("0.25")
     0.25
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < 1:  # NaN too
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), found {text!r}")
-    return value
+    return _checked(text, float, lambda v: 0 <= v < 1, "a number in [0, 1)")  # NaN fails too
 
 
 def device(text: str) -> str:
