@@ -317,6 +317,14 @@ def test_recorded_options_are_logged_and_a_resume_takes_or_checks_them(tmp_path)
     assert final_state(whole) == final_state(tmp_path)
 
 
+def test_a_folder_whose_record_lacks_an_option_resumes_with_the_applications(tmp_path):
+    fit(Regression(), tmp_path, epochs=1)  # its record: --lr alone
+    fit(RatedRegression(gamma=0.25), tmp_path, epochs=2, resume=True,
+        given={"--gamma": 0.25})
+    assert [e["options"] for e in records(tmp_path)] == [{"--lr": 0.05},
+                                                        {"--lr": 0.05, "--gamma": 0.25}]
+
+
 @given(n=st.integers(1, 40), batch_size=st.integers(1, 5), size=st.integers(1, 4),
        epoch=st.integers(0, 5))
 def test_unshuffled_batches_deal_the_items_in_order_to_every_rank_alike_each_epoch(
