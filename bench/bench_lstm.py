@@ -23,10 +23,7 @@ inflate (meaningful with ``--threads 1``).
     python -m bench.bench_lstm --cell gru --hidden 512
     python -m bench.bench_lstm --threads 1 --clock cpu --turns 5 --baseline ../before
 
-The environment passes to every side, so ``UNROLL_SPLIT_ROWS=1`` (the recurrent units'
-rows split over the pool, ``unroll.engine.threads``) with ``--baseline`` measures that
-lever alone; ``python -m bench.profile_threads`` splits a step by phase at each thread
-count.
+``python -m bench.profile_threads`` splits a step by phase at each thread count.
 
 PyTorch runs under ``--torch-python`` (default: this interpreter); where it
 cannot import torch, that side is skipped.

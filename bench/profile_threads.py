@@ -24,12 +24,8 @@ float32), the seq2seq step of ``bench/bench_seq2seq.py`` (its defaults), and gre
 decoding (``unroll.train.decoding.greedy``) by a one-step LSTM (H=256) with a softmax
 head over 40 tokens, 32 sequences of 20 steps, one Stepper call per step.
 
-The row split of the recurrent units' kernels (``unroll.engine.kernels.cpu``) follows
-``UNROLL_SPLIT_ROWS`` (0 off, 1 on); run this with each to measure it alone.
-
     python -m bench.profile_threads                       (from the repository root)
     python -m bench.profile_threads --only lstm --threads 1 2 policy
-    UNROLL_SPLIT_ROWS=1 python -m bench.profile_threads --only lstm
 """
 
 from __future__ import annotations

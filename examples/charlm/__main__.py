@@ -44,7 +44,6 @@ class App:
                                                          folder.FEATURES: SYMBOLS})
     metric = Metric("dev_bpc", "dev bits/char", mode="min")
     curve_title = "character LM"
-    recorded_options = {"--lr": "base_lr"}
 
     def __init__(self, args):
         self.args, self.ran = args, False
@@ -120,8 +119,9 @@ def train(args) -> int:
 
 
 def evaluate(args) -> int:
-    texts = read_texts(split_file(fetched_data_dir(args.data), args.split))
-    write_output(f"{args.split} bits per character: {trained(args).bits_per_char(texts):.4f}\n",
+    split = cli.evaluated_split(args)
+    texts = read_texts(split_file(fetched_data_dir(args.data), split))
+    write_output(f"{split} bits per character: {trained(args).bits_per_char(texts):.4f}\n",
                  args.output)
     return 0
 
@@ -137,17 +137,16 @@ def build_parser():
     reference is generated from it)."""
     parser, sub = cli.app_parser("python -m examples.charlm", __doc__)
     model, data = cli.model_options("runs/charlm"), cli.data_options()
-    t = sub.add_parser("train", parents=[model, data, cli.training_options(10)])
+    t = sub.add_parser("train", parents=[model, data, cli.training_options(
+        10, f"Adam's, default {SOLVER['base_lr']}")])
     for size in SIZES:
         t.add_argument(f"--{size}", type=cli.positive_int,
                        help=f"(default {getattr(CharLMConfig, size)})")
-    t.add_argument("--lr", type=cli.positive_number,
-                   help=f"Adam (default {SOLVER['base_lr']}; with --resume the folder's)")
     t.add_argument("--memory-budget", type=byte_size_argument, metavar="BYTES",
                    help="bytes a training net may plan (recomputing in backward)")
     t.set_defaults(run=train, interrupted="resume with --resume")
-    e = sub.add_parser("evaluate", parents=[model, data, cli.output_options()])
-    e.add_argument("--split", choices=["train", "dev", "test"], default="dev")
+    splits = cli.split_options(("train", "dev", "test"))
+    e = sub.add_parser("evaluate", parents=[model, data, splits, cli.output_options()])
     s = sub.add_parser("sample", parents=[model, cli.output_options()])
     s.add_argument("--prime", default="", help="the text to continue")
     s.add_argument("--length", type=cli.positive_int, default=200)

@@ -50,12 +50,8 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     from examples.deprel.labeller import Labeller
     from examples.deprel.train import accuracy, read_trees
-    from unroll.tools.cli import CommandError
-    from unroll.tools.ewt import fetched_data_dir, split_file
 
-    if args.conllu is not None and args.split is not None:
-        raise CommandError("give either --conllu FILE or --split dev|test, not both")
-    path = args.conllu or split_file(fetched_data_dir(args.data), args.split or "dev")
+    path = app_cli.evaluated_file(args, args.conllu, "--conllu FILE")
     sentences = read_trees(path)
     labeller = Labeller.load(args.model_dir, args.checkpoint, device=args.device)
     score = accuracy([s.deprels for s in sentences],
@@ -80,14 +76,12 @@ def _label(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from examples.deprel.labeller import MODELS, DeprelConfig
     from examples.deprel.train import LR, TrainOptions
-    from unroll.train.model_folder import CHECKPOINTS
 
     parser, sub = app_cli.app_parser(PROG, __doc__)
     model, data = app_cli.model_options("runs/deprel"), app_cli.data_options()
     t = sub.add_parser("train", parents=[model, data, app_cli.training_options(
-        TrainOptions.epochs)], help="train a labeller on EWT train, tune on dev")
-    t.add_argument("--lr", type=app_cli.positive_number,
-                   help=f"Adam learning rate (default {LR:g}; with --resume the folder's)")
+        TrainOptions.epochs, f"Adam's, default {LR:g}")],
+                       help="train a labeller on EWT train, tune on dev")
     d = DeprelConfig()
     sizes = t.add_argument_group("model (with --resume: only to check the folder's)")
     sizes.add_argument("--model", choices=MODELS,
@@ -97,21 +91,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"LSTM size per direction (default {d.hidden})")
     t.set_defaults(run=_train, interrupted="resume with --resume")
 
-    e = sub.add_parser("evaluate", parents=[model, data, app_cli.output_options()],
+    weights = app_cli.checkpoint_options()
+    e = sub.add_parser("evaluate", parents=[model, data, app_cli.split_options(("dev", "test")),
+                                            weights, app_cli.output_options()],
                        help="label accuracy on a split of the data folder (default: dev) or "
                             "on --conllu FILE")
     e.add_argument("--conllu", type=Path, metavar="FILE", help="a CoNLL-U file with DEPREL")
-    e.add_argument("--split", choices=["dev", "test"],
-                   help="score the data folder's dev split (for tuning, the default) or test "
-                        "split (the final number)")
-    g = sub.add_parser("label", parents=[model, app_cli.output_options()],
+    g = sub.add_parser("label", parents=[model, weights, app_cli.output_options()],
                        help="fill column 8 of --conllu IN")
     g.add_argument("--conllu", type=Path, required=True, metavar="IN",
                    help="a CoNLL-U file with words, UPOS and heads (DEPREL may be '_')")
-    for p, run in ((e, _evaluate), (g, _label)):
-        p.add_argument("--checkpoint", choices=CHECKPOINTS, default="best",
-                       help="best: the best dev epoch's weights; last: the last epoch's")
-        p.set_defaults(run=run)
+    e.set_defaults(run=_evaluate)
+    g.set_defaults(run=_label)
 
     app_cli.add_fetch(sub)
     return parser

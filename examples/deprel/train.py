@@ -99,7 +99,6 @@ class DeprelTraining:
     files = DEPREL_FILES
     metric = Metric("dev_accuracy", "dev label accuracy", percent=True)
     curve_title = "unroll DEPREL labeller, UD English EWT"
-    recorded_options = {"--lr": "base_lr"}
 
     def __init__(self, opts: TrainOptions):
         self.opts = opts

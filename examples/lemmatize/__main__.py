@@ -55,13 +55,9 @@ def _train(args) -> int:
 def _evaluate(args) -> int:
     from examples.lemmatize.model import Lemmatizer
     from examples.lemmatize.train import read_words, scores
-    from unroll.tools.cli import CommandError
-    from unroll.tools.ewt import fetched_data_dir, split_file
 
     _on_cpu(args)
-    if (args.file is None) == (args.split is None):
-        raise CommandError("give either a CoNLL-U FILE or --split dev|test")
-    path = args.file or split_file(fetched_data_dir(args.data), args.split)
+    path = app_cli.evaluated_file(args, args.file, "a CoNLL-U FILE")
     words = read_words(path)
     lemmatizer = Lemmatizer.load(args.model_dir, args.checkpoint)
     lines = []
@@ -93,15 +89,12 @@ def _lemmatize(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from examples.lemmatize.model import ATTENTION, LemmatizerConfig
     from examples.lemmatize.train import LR, TrainOptions
-    from unroll.train.model_folder import CHECKPOINTS
 
     parser, sub = app_cli.app_parser(PROG, __doc__)
     model, data = app_cli.model_options("runs/lemma"), app_cli.data_options()
     t = sub.add_parser("train", parents=[model, data, app_cli.training_options(
-        TrainOptions.epochs)], help="train on EWT train, tune on dev")
-    t.add_argument("--lr", type=app_cli.positive_number,
-                   help=f"Adam learning rate, times 0.95 after each epoch (default {LR:g}; "
-                        f"with --resume the folder's)")
+        TrainOptions.epochs, f"Adam's, times 0.95 after each epoch, default {LR:g}")],
+                       help="train on EWT train, tune on dev")
     d = LemmatizerConfig()
     sizes = t.add_argument_group("model sizes (with --resume: only to check the folder's)")
     sizes.add_argument("--hidden", type=app_cli.positive_int,
@@ -117,17 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
                             f"score, or none (default {d.attention})")
     t.set_defaults(run=_train, interrupted="resume with --resume")
 
-    e = sub.add_parser("evaluate", parents=[model, data, app_cli.output_options()],
+    weights = app_cli.checkpoint_options()
+    e = sub.add_parser("evaluate", parents=[model, data, app_cli.split_options(("dev", "test")),
+                                            weights, app_cli.output_options()],
                        help="lemma accuracies on a CoNLL-U file, or a split of the data folder")
     e.add_argument("file", type=Path, nargs="?", help="a CoNLL-U file with UPOS and lemmas")
-    e.add_argument("--split", choices=["dev", "test"],
-                   help="score the data folder's dev split (for tuning) or test split (the "
-                        "final number), instead of FILE")
     e.add_argument("--beam", type=app_cli.positive_int, default=4,
                    help="beam width; evaluate reports greedy and this (default 4)")
     e.set_defaults(run=_evaluate)
 
-    m = sub.add_parser("lemmatize", parents=[model, app_cli.output_options()],
+    m = sub.add_parser("lemmatize", parents=[model, weights, app_cli.output_options()],
                        help="fill column 3 of a CoNLL-U file")
     m.add_argument("--conllu", type=Path, required=True, metavar="IN",
                    help="a CoNLL-U file with UPOS (column 3 may be '_')")
@@ -135,9 +127,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="beam width (default 1: greedy)")
     m.add_argument("--lower", action="store_true",
                    help="look the lower-cased form up in the dictionary too")
-    for p in (e, m):
-        p.add_argument("--checkpoint", choices=CHECKPOINTS, default="best",
-                       help="best: the best dev epoch's weights; last: the last epoch's")
     m.set_defaults(run=_lemmatize)
 
     app_cli.add_fetch(sub)

@@ -147,7 +147,6 @@ class LemmatizerTraining:
     files = LEMMATIZER_FILES
     metric = Metric("dev_combined", "dev combined", percent=True)
     curve_title = "unroll lemmatizer, UD English EWT"
-    recorded_options = {"--lr": "base_lr"}
 
     def __init__(self, opts: TrainOptions):
         # before the folder is claimed: a size the folder's config.json could not hold

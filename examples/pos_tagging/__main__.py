@@ -78,12 +78,8 @@ def _read_tagged(path: Path, upos: bool):
 def _evaluate(args) -> int:
     from examples.pos_tagging.evaluate import report, score
     from examples.pos_tagging.tagger import Tagger, tag_ids
-    from unroll.tools.cli import CommandError
-    from unroll.tools.ewt import fetched_data_dir, split_file
 
-    if (args.file is None) == (args.split is None):
-        raise CommandError("give either a CoNLL-U FILE or --split dev|test")
-    path = args.file or split_file(fetched_data_dir(args.data), args.split)
+    path = app_cli.evaluated_file(args, args.file, "a CoNLL-U FILE")
     sentences = _read_tagged(path, upos=True)
     tagger = Tagger.load(args.model_dir, args.checkpoint, device=args.device)
     predicted = tagger.predict([forms for forms, _ in sentences])
@@ -120,18 +116,16 @@ def _tag(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from examples.pos_tagging.tagger import TaggerConfig
-    from examples.pos_tagging.train import BUCKETED_LR, PACKED_LR, TrainOptions
-    from unroll.train.model_folder import CHECKPOINTS
+    from examples.pos_tagging.train import BUCKETED_LR, LR_GAMMA, PACKED_LR, TrainOptions
 
     parser, sub = app_cli.app_parser(PROG, __doc__)
     model, data = app_cli.model_options("runs/ewt"), app_cli.data_options()
     t = sub.add_parser("train", parents=[model, data, app_cli.training_options(
-        TrainOptions.epochs)], help="train on EWT train, tune on dev")
-    t.add_argument("--lr", type=app_cli.positive_number,
-                   help=f"Adam learning rate (default {PACKED_LR:g}, with --no-pack "
-                        f"{BUCKETED_LR:g}; with --resume the folder's)")
-    t.add_argument("--lr-decay", type=app_cli.positive_number, default=TrainOptions.lr_gamma,
-                   help="learning rate factor after each epoch (Caffe lr_policy step)")
+        TrainOptions.epochs, f"Adam's, default {PACKED_LR:g}, with --no-pack {BUCKETED_LR:g}")],
+                       help="train on EWT train, tune on dev")
+    t.add_argument("--lr-decay", type=app_cli.positive_number,
+                   help=f"learning rate factor after each epoch (Caffe lr_policy step; default "
+                        f"{LR_GAMMA:g}; with --resume the folder's)")
     d = TaggerConfig()
     sizes = t.add_argument_group("model sizes (with --resume: only to check the folder's)")
     sizes.add_argument("--embed", type=int, help=f"word embedding size (default {d.embed})")
@@ -160,22 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "forward segments, with the same results")
     t.set_defaults(run=_train, interrupted="resume with --resume")
 
-    e = sub.add_parser("evaluate", parents=[model, data, app_cli.output_options()],
+    weights = app_cli.checkpoint_options()
+    e = sub.add_parser("evaluate", parents=[model, data, app_cli.split_options(("dev", "test")),
+                                            weights, app_cli.output_options()],
                        help="score a CoNLL-U file, or a split of the data folder")
     e.add_argument("file", type=Path, nargs="?", help="a CoNLL-U file with UPOS")
-    e.add_argument("--split", choices=["dev", "test"],
-                   help="score the data folder's dev split (for tuning) or test split (the "
-                        "final number), instead of FILE")
-    e.add_argument("--checkpoint", choices=CHECKPOINTS, default="best",
-                   help="best: the best dev epoch's weights; last: the last epoch's")
     e.set_defaults(run=_evaluate)
 
-    g = sub.add_parser("tag", parents=[model, app_cli.output_options()],
+    g = sub.add_parser("tag", parents=[model, weights, app_cli.output_options()],
                        help="tag raw text (one sentence a line) or a CoNLL-U file")
     g.add_argument("input", nargs="?", help="text file (default: standard input)")
     g.add_argument("--conllu", type=Path,
                    help="tag this CoNLL-U file (UPOS may be '_'); print it with column 4 filled")
-    g.add_argument("--checkpoint", choices=CHECKPOINTS, default="best")
     g.set_defaults(run=_tag)
 
     app_cli.add_fetch(sub)

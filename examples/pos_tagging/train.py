@@ -33,12 +33,14 @@ from unroll.train import model_folder as folder
 from unroll.train.solver import Solver
 from unroll.train.trainer import Metric, Trainer, make_solver
 
-__all__ = ["BUCKETED_LR", "DEV_FILE", "PACKED_LR", "TRAIN_FILE", "TaggerTraining",
+__all__ = ["BUCKETED_LR", "DEV_FILE", "LR_GAMMA", "PACKED_LR", "TRAIN_FILE", "TaggerTraining",
            "TrainOptions", "train", "training_solver"]
 
 
 #: Adam's default learning rates with length buckets and with packed rows
 BUCKETED_LR, PACKED_LR = 2e-3, 4e-3
+#: the default factor of the learning rate after each epoch (Caffe's ``gamma``)
+LR_GAMMA = 0.85
 
 
 @dataclass
@@ -56,7 +58,7 @@ class TrainOptions:
     epochs: int = 14
     max_minutes: float | None = None  # None: no time limit; else stop before the next epoch
     lr: float | None = None  # None: PACKED_LR, or BUCKETED_LR with pack=False
-    lr_gamma: float = 0.85
+    lr_gamma: float | None = None  # None: LR_GAMMA, or on --resume the folder's
     clip: float = 5.0
     seed: int | None = None  # None: 0, or on --resume the folder's
     limit: int | None = None  # None: every sentence
@@ -83,8 +85,9 @@ class TrainOptions:
 def solver_fields(opts: TrainOptions, steps_per_epoch: int) -> dict:
     """The tagger's Adam: ``opts``' learning rate, decayed by ``lr_gamma`` every epoch of
     ``steps_per_epoch`` steps (Caffe's lr_policy "step"), gradients clipped at ``clip``."""
+    gamma = LR_GAMMA if opts.lr_gamma is None else opts.lr_gamma
     return dict(type="Adam", base_lr=opts.learning_rate, momentum=0.9, momentum2=0.999,
-                delta=1e-8, lr_policy="step", gamma=opts.lr_gamma, stepsize=steps_per_epoch,
+                delta=1e-8, lr_policy="step", gamma=gamma, stepsize=steps_per_epoch,
                 clip_gradients=opts.clip)
 
 
@@ -103,7 +106,7 @@ class TaggerTraining:
     files = TAGGER_FILES
     metric = Metric("dev_accuracy", "dev UPOS", percent=True)
     curve_title = "unroll BiLSTM tagger, UD English EWT"
-    recorded_options = {"--lr": "base_lr"}
+    recorded_options = {"--lr-decay": "gamma"}
 
     def __init__(self, opts: TrainOptions):
         self.opts = opts
@@ -176,4 +179,4 @@ def train(opts: TrainOptions) -> dict:
     return Trainer(TaggerTraining(opts), opts.model_dir, epochs=opts.epochs, seed=opts.seed,
                    resume=opts.resume, overwrite=opts.overwrite, max_minutes=opts.max_minutes,
                    skip_bad_batches=opts.skip_bad_batches, quiet=opts.quiet,
-                   device=opts.device, given={"--lr": opts.lr}).fit()
+                   device=opts.device, given={"--lr": opts.lr, "--lr-decay": opts.lr_gamma}).fit()

@@ -1,14 +1,18 @@
-"""BLAS threads per net run: the policy's count inside the run, the pool's own after it."""
+"""BLAS threads per net run: the policy's count inside the run, the pool's own after it;
+results that do not depend on the count (docs/design.md, section 4)."""
 
 import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from threadpoolctl import threadpool_info
 
-from unroll import Net
+from unroll import Net, expand, to_prototxt
 from unroll.engine import threads
 from unroll.engine.layer import Layer, register_layer
+from unroll.testing import builtin_templates
 
 SEEN: list[int] = []
 THREADS: set[int] = set()  # the Python threads the recorders ran on
@@ -256,3 +260,59 @@ def test_a_run_sets_only_the_pools_not_at_its_count_and_restores_only_those(size
         assert n == 2 and [p.n for p in pools] == [2] * len(pools)
     assert [p.n for p in pools] == list(sizes)
     assert [p.puts for p in pools] == [[] if n == 2 else [2, n] for n in sizes]
+
+
+def unrolled_net(cell, direction, layers, dtype, T, N, D, H) -> Net:
+    unrolled = expand(cell, steps=T, batch=N, input_dim=D, hidden=H, direction=direction,
+                      layers=layers)
+    out = 2 * H if direction == "bidirectional" else H
+    text = "force_backward: true\n" + to_prototxt(unrolled) + f"""
+layer {{ name: "target" type: "Input" top: "target"
+        input_param {{ shape {{ dim: {T} dim: {N} dim: {out} }} }} }}
+layer {{ name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "target" top: "loss" }}
+"""
+    return Net(text, dtype=dtype, seed=7, keep=("x", "h"))
+
+
+def results(net, n, feed) -> list:
+    """The loss, the output, the input's and every parameter's gradient at ``n`` threads."""
+    threads.set_num_threads(n)
+    net.clear_param_diffs()
+    net.forward(**feed)
+    net.backward()
+    return [net.loss, net.blobs["h"].data.copy(), net.blobs["x"].diff.copy(),
+            *(p.diff.copy() for p in net.learnable_params)]
+
+
+def assert_same_bits(one, two) -> None:
+    assert one[0] == two[0]
+    for a, b in zip(one[1:], two[1:]):
+        np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(cell=st.sampled_from(builtin_templates("step")),
+       direction=st.sampled_from(["forward", "bidirectional"]), layers=st.integers(1, 2),
+       dtype=st.sampled_from(["float32", "float64"]), T=st.integers(1, 4), N=st.integers(1, 9),
+       H=st.integers(1, 12), seed=st.integers(0, 2**16), data=st.data())
+def test_one_and_two_threads_give_the_same_bits(policy, cell, direction, layers, dtype, T, N, H,
+                                                seed, data):
+    rng = np.random.default_rng(seed)
+    D = 3
+    net = unrolled_net(cell, direction, layers, dtype, T, N, D, H)
+    # sequences packed back to back: a 0 starts one, anywhere in a column
+    cont = np.array(data.draw(st.lists(st.lists(st.sampled_from([0, 1]), min_size=N,
+                                                max_size=N), min_size=T, max_size=T)), float)
+    cont[0] = 0
+    out = net.blobs["target"].shape[-1]
+    feed = dict(x=rng.normal(size=(T, N, D)), cont=cont, target=rng.normal(size=(T, N, out)))
+    assert_same_bits(results(net, 1, feed), results(net, 2, feed))
+
+
+def test_a_net_whose_gemms_are_threaded_keeps_its_bits(policy):
+    # 32 rows of 512: large enough that the BLAS splits each GEMM over both threads
+    net = unrolled_net("lstm", "forward", 1, "float32", 3, 32, 5, 512)
+    rng = np.random.default_rng(0)
+    feed = dict(x=rng.normal(size=(3, 32, 5)), cont=np.ones((3, 32)),
+                target=rng.normal(size=(3, 32, 512)))
+    assert_same_bits(results(net, 1, feed), results(net, 2, feed))

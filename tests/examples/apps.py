@@ -31,7 +31,9 @@ class App:
     ``-o OUT``. ``files`` are the
     application's own files in the model folder. ``rates`` are its ``train`` options
     that take a number > 0 (learning rates) and ``ratios`` those that take a number in
-    [0, 1) (dropout).
+    [0, 1) (dropout). ``recorded`` are the ``train`` options every epoch's record holds
+    (the Trainer's ``--lr`` and the application's ``recorded_options``), each with two
+    values it may take.
     """
 
     name: str
@@ -43,6 +45,7 @@ class App:
     files: tuple[str, ...]
     rates: tuple[str, ...] = ("--lr",)
     ratios: tuple[str, ...] = ()
+    recorded: tuple[tuple[str, str, str], ...] = (("--lr", "0.01", "0.02"),)
 
     def command(self, *args: str) -> list[str]:
         """``python -m <module> args...`` as an argv."""
@@ -54,6 +57,7 @@ TAGGER = App(
     train=tuple(TINY_ARGS), predict=("tag", "--conllu", "{input}"),
     evaluate=("evaluate", "--split", "dev"), files=("config.json", "features.json"),
     rates=("--lr", "--lr-decay"), ratios=("--dropout", "--word-dropout"),
+    recorded=(("--lr", "0.01", "0.02"), ("--lr-decay", "0.9", "0.8")),
 )
 
 DEPREL = App(

@@ -85,24 +85,42 @@ def test_a_bad_rate_or_ratio_is_refused_in_one_line_and_leaves_no_folder(app, tm
         assert not model_dir.exists()
 
 
-@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
-def test_the_learning_rate_is_recorded_and_a_resume_takes_it_or_refuses_another(app, tmp_path,
-                                                                             capsys):
+@pytest.mark.parametrize(("app", "option", "first", "second"),
+                         [(app, *values) for app in APPS for values in app.recorded],
+                         ids=lambda v: v.name if hasattr(v, "name") else v)
+def test_a_recorded_option_is_logged_and_a_resume_takes_it_or_refuses_another(
+        app, option, first, second, tmp_path, capsys):
     data, model_dir = app.corpus(tmp_path / "data"), tmp_path / "m"
     main = importlib.import_module(f"{app.module}.__main__").main
-    assert main([*train_argv(app, data, model_dir, "--lr", "0.01"), "--epochs", "1"]) == 0
-    assert [e["options"]["--lr"] for e in json.loads((model_dir / folder.LOG).read_text())] == [
-        0.01]
+
+    def logged():
+        return [e["options"][option] for e in json.loads((model_dir / folder.LOG).read_text())]
+
+    assert main([*train_argv(app, data, model_dir, option, first), "--epochs", "1"]) == 0
+    assert logged() == [float(first)]
     before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
     capsys.readouterr()
-    resumed = [*train_argv(app, data, model_dir, "--lr", "0.02"), "--epochs", "2", "--resume"]
+    resumed = [*train_argv(app, data, model_dir, option, second), "--epochs", "2", "--resume"]
     assert main(resumed) == 2
-    one_line_error(capsys, f"{model_dir} was trained with --lr 0.01", "given --lr 0.02")
+    one_line_error(capsys, f"{model_dir} was trained with {option} {first}",
+                   f"given {option} {second}")
     assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before
-    # not given, the folder's rate is taken
+    # not given, the folder's value is taken
     assert main([*train_argv(app, data, model_dir), "--epochs", "2", "--resume"]) == 0
-    assert [e["options"]["--lr"] for e in json.loads((model_dir / folder.LOG).read_text())] == [
-        0.01, 0.01]
+    assert logged() == [float(first)] * 2
+
+
+@pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
+def test_evaluate_takes_the_shared_split_option_and_refuses_another_split(app, capsys):
+    main = importlib.import_module(f"{app.module}.__main__").main
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--help"])
+    assert "(default dev: tune on dev; score test once" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit) as stop:
+        main(["evaluate", "--split", "valid"])
+    assert stop.value.code == 2
+    one_line_error(capsys, f"python -m {app.module} evaluate: error: argument --split: invalid "
+                           f"choice: 'valid'", "'dev'", "'test'")
 
 
 @pytest.mark.parametrize("app", APPS, ids=lambda a: a.name)
@@ -321,6 +339,15 @@ def predicted(app, argv: list[str], capsys) -> tuple[int, str, str]:
     status = at_once(main, argv, units=60)
     out, err = capsys.readouterr()
     return status, out, err
+
+
+@pytest.mark.slow
+def test_evaluate_scores_dev_unless_told_otherwise(trained, capsys):
+    app, data, model_dir, _ = trained
+    argv = ["evaluate", "--model-dir", str(model_dir), "--data", str(data)]
+    status, out, err = predicted(app, [*argv, "--split", "dev"], capsys)
+    assert (status, err) == (0, "") and out
+    assert predicted(app, argv, capsys) == (status, out, err)
 
 
 def read_files(app) -> list[str]:

@@ -25,7 +25,7 @@ def parser_running(action):
     parser, sub = app_cli.app_parser(PROG, "an example")
     t = sub.add_parser("train", parents=[app_cli.model_options("runs/x"),
                                          app_cli.data_options(),
-                                         app_cli.training_options(epochs=4),
+                                         app_cli.training_options(4, "default 0.1"),
                                          app_cli.output_options()])
     t.set_defaults(run=action, interrupted="resume with --resume")
     p = sub.add_parser("predict", parents=[app_cli.model_options("runs/x")])
@@ -42,15 +42,16 @@ def parsed(argv):
 
 def test_the_shared_options_and_their_defaults():
     args = parsed(["train"])
-    assert (args.epochs, args.max_minutes, args.seed, args.limit, args.resume, args.overwrite,
-            args.skip_bad_batches, args.quiet, args.debug, args.output) == (
-        4, None, None, None, False, False, 0, False, False, None)
+    assert (args.epochs, args.lr, args.max_minutes, args.seed, args.limit, args.resume,
+            args.overwrite, args.skip_bad_batches, args.quiet, args.debug, args.output) == (
+        4, None, None, None, None, False, False, 0, False, False, None)
     assert str(args.model_dir) == "runs/x" and args.device == "cpu"
-    args = parsed(["train", "--epochs", "2", "--max-minutes", "0", "--seed", "9", "--limit",
-                   "1", "--resume", "--skip-bad-batches", "3", "--quiet", "-o", "out.txt"])
-    assert (args.epochs, args.max_minutes, args.seed, args.limit, args.resume,
+    args = parsed(["train", "--epochs", "2", "--lr", "0.5", "--max-minutes", "0", "--seed", "9",
+                   "--limit", "1", "--resume", "--skip-bad-batches", "3", "--quiet", "-o",
+                   "out.txt"])
+    assert (args.epochs, args.lr, args.max_minutes, args.seed, args.limit, args.resume,
             args.skip_bad_batches, args.quiet, str(args.output)) == (
-        2, 0.0, 9, 1, True, 3, True, "out.txt")
+        2, 0.5, 0.0, 9, 1, True, 3, True, "out.txt")
 
 
 @pytest.mark.parametrize("argv, named", [
@@ -61,6 +62,7 @@ def test_the_shared_options_and_their_defaults():
     (["--max-minutes", "inf"], "--max-minutes"), (["--max-minutes", "soon"], "--max-minutes"),
     (["--seed", "-1"], "--seed"), (["--seed", str(2 ** 63)], "--seed"),
     (["--skip-bad-batches", "-1"], "--skip-bad-batches"), (["--device", "tpu"], "--device"),
+    (["--lr", "0"], "--lr"), (["--lr", "nan"], "--lr"),
     (["--resume", "--overwrite"], "--overwrite: not allowed with argument --resume"),
     (["--no-such-option"], "--no-such-option"),
 ])

@@ -275,35 +275,54 @@ def test_a_different_seed_is_refused_on_resume(tmp_path):
         fit(Regression(), tmp_path, resume=True, seed=4)
 
 
+def test_every_run_records_the_learning_rate(tmp_path):
+    fit(Regression(), tmp_path, epochs=2)
+    assert [e["options"] for e in records(tmp_path)] == [{"--lr": 0.05}] * 2
+
+
 class RatedRegression(Regression):
-    """The regression with ``--lr`` (base_lr, ``lr`` where given, else 0.05) and
-    ``--gamma`` part of the run's record."""
+    """The regression with ``--gamma`` (gamma, ``gamma`` where given, else 0.5) part of the
+    run's record besides ``--lr`` (base_lr, ``lr`` where given, else 0.05), which every run
+    records."""
 
-    recorded_options = {"--lr": "base_lr", "--gamma": "gamma"}
+    recorded_options = {"--gamma": "gamma"}
 
-    def __init__(self, lr=None):
+    def __init__(self, lr=None, gamma=None):
         super().__init__()
-        self.lr = lr
+        self.lr, self.gamma = lr, gamma
 
     def solver_fields(self, steps_per_epoch):
-        return super().solver_fields(steps_per_epoch) | {"base_lr": self.lr or 0.05}
+        return super().solver_fields(steps_per_epoch) | {"base_lr": self.lr or 0.05,
+                                                         "gamma": self.gamma or 0.5}
 
 
 def test_recorded_options_are_logged_and_a_resume_takes_or_checks_them(tmp_path):
-    def run(lr, **options):
-        return fit(RatedRegression(lr), tmp_path, given={"--lr": lr}, **options)
+    def run(lr, gamma=None, **options):
+        return fit(RatedRegression(lr, gamma), tmp_path, given={"--lr": lr, "--gamma": gamma},
+                   **options)
 
     run(0.01, epochs=1)
     assert [e["options"] for e in records(tmp_path)] == [{"--lr": 0.01, "--gamma": 0.5}]
     with pytest.raises(folder.ModelFolderError,
                        match=r"trained with --lr 0\.01, given --lr 0\.02: drop the option"):
         run(0.02, epochs=2, resume=True)
+    with pytest.raises(folder.ModelFolderError,
+                       match=r"trained with --gamma 0\.5, given --gamma 0\.25: drop the option"):
+        run(None, 0.25, epochs=2, resume=True)
     assert len(records(tmp_path)) == 1
     run(None, epochs=2, resume=True)  # not given: the folder's, not the application's 0.05
     assert [e["options"]["--lr"] for e in records(tmp_path)] == [0.01, 0.01]
     whole = tmp_path / "whole"
     fit(RatedRegression(0.01), whole, epochs=2, given={"--lr": 0.01})
     assert final_state(whole) == final_state(tmp_path)
+
+
+def test_a_folder_whose_record_lacks_an_option_resumes_with_the_applications(tmp_path):
+    fit(Regression(), tmp_path, epochs=1)  # its record: --lr alone
+    fit(RatedRegression(gamma=0.25), tmp_path, epochs=2, resume=True,
+        given={"--gamma": 0.25})
+    assert [e["options"] for e in records(tmp_path)] == [{"--lr": 0.05},
+                                                        {"--lr": 0.05, "--gamma": 0.25}]
 
 
 @given(n=st.integers(1, 40), batch_size=st.integers(1, 5), size=st.integers(1, 4),

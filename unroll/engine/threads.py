@@ -28,16 +28,9 @@ import os
 import threading
 import time
 
-__all__ = ["ENV", "SPLIT", "cores", "num_threads", "others_busy", "run_threads",
-           "set_num_threads", "split_rows", "split_ways"]
+__all__ = ["ENV", "cores", "num_threads", "others_busy", "run_threads", "set_num_threads"]
 
 ENV = "UNROLL_NUM_THREADS"
-#: "1": the recurrent units' kernels split their rows over the run's pool (see
-#: :func:`split_ways`); off by default, as it did not pay where it was measured
-SPLIT = "UNROLL_SPLIT_ROWS"
-#: the fewest entries of a kernel's state a block takes: below, handing a block to a
-#: worker costs more than the block
-SPLIT_MIN = 8192
 #: how long a measurement of the other processes' load stands before it is taken again
 MEASURE_EVERY = 1.0
 
@@ -198,7 +191,7 @@ class run_threads:
     uses it.
     """
 
-    __slots__ = ("n", "_changed", "_outer")
+    __slots__ = ("n", "_changed")
 
     def __init__(self, n: int | None = None):
         self.n = num_threads() if n is None else n
@@ -210,59 +203,9 @@ class run_threads:
             if old != n:  # only what changed is undone after
                 put(n)
                 self._changed.append((put, old))
-        self._outer, _run.threads = getattr(_run, "threads", 1), n
         return n
 
     def __exit__(self, *exc) -> None:
-        _run.threads = self._outer
         for put, old in self._changed:
             put(old)
 
-
-#: the pool size of the net run in progress on each Python thread (1 outside a run, and on
-#: the branch threads of a concurrent region, which run their own work at once)
-_run = threading.local()
-
-
-def split_ways(rows: int, width: int) -> int:
-    """How many row blocks an element-wise kernel over ``rows`` rows of ``width`` entries
-    splits into: the pool size of this thread's net run where :data:`SPLIT` is "1", at most
-    one block a row and at least :data:`SPLIT_MIN` entries a block; else 1 (one call, on
-    this thread).
-
-    >>> split_ways(32, 512)  # outside a net run
-    1
-    """
-    n = getattr(_run, "threads", 1)
-    if n == 1 or os.environ.get(SPLIT, "0") != "1":
-        return 1
-    return max(1, min(n, rows, rows * width // SPLIT_MIN))
-
-
-def split_rows(run, rows: int, ways: int) -> None:
-    """``run(start, stop)`` over ``ways`` blocks of the ``rows`` at once: the first on this
-    thread, the others on the pool's workers (the kernels release the GIL); returns when
-    all are done, raising the first block's error. The blocks are fixed by ``rows`` and
-    ``ways`` only, and each row is computed as one call would, so the result is the same
-    bit for bit at any ``ways``.
-
-    >>> out = [0] * 6
-    >>> def fill(start, stop):
-    ...     out[start:stop] = [start] * (stop - start)
-    >>> split_rows(fill, 6, 2); out
-    [0, 0, 0, 3, 3, 3]
-    """
-    bounds = [rows * k // ways for k in range(ways + 1)]
-    others = [_pool().submit(run, a, b) for a, b in zip(bounds[1:-1], bounds[2:])]
-    try:
-        run(bounds[0], bounds[1])
-    finally:
-        for future in others:
-            future.result()
-
-
-@functools.cache
-def _pool():
-    from concurrent.futures import ThreadPoolExecutor
-
-    return ThreadPoolExecutor(max(1, len(_allowed()) - 1), thread_name_prefix="unroll-rows")

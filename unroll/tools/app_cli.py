@@ -2,11 +2,11 @@
 one ``run`` entry (docs/design.md, 10. Training).
 
 An application's ``__main__`` builds its parser from these groups and adds only
-its own options (model sizes, its learning rate, its commands)::
+its own options (model sizes, its commands)::
 
     parser, sub = app_parser("python -m examples.charlm", __doc__)
     t = sub.add_parser("train", parents=[model_options("runs/charlm"), data_options(),
-                                         training_options(epochs=10)])
+                                         training_options(10, "Adam's, default 0.002")])
     t.set_defaults(run=train, interrupted="resume with --resume")
     add_fetch(sub)
     sys.exit(run(parser, argv))
@@ -14,8 +14,8 @@ its own options (model sizes, its learning rate, its commands)::
 Every value is checked where it is parsed, so a bad one is one line and status 2
 before anything runs: ``--epochs`` and ``--limit`` are at least 1, ``--threads``
 too, ``--max-minutes`` a finite number >= 0, ``--seed`` in [0, 2**63),
-``--skip-bad-batches`` >= 0; an application's own numbers with
-:func:`positive_number` (a learning rate) and :func:`ratio` (a dropout rate).
+``--skip-bad-batches`` >= 0, ``--lr`` a finite number > 0; an application's own numbers
+with :func:`positive_number` (a decay factor) and :func:`ratio` (a dropout rate).
 :func:`run` maps a user's mistake to one line and status 2, a failure while running
 (a full disk, a diverged training) to one line and status 1, Ctrl-C to one line and
 status 130 (the model folder keeps its last epoch; every file is written atomically,
@@ -23,7 +23,7 @@ so there is nothing to undo), and a closed standard output (``| head``) to 141
 (:func:`unroll.tools.cli.run_command`);
 ``--debug`` shows the traceback instead.
 
->>> parser = argparse.ArgumentParser(parents=[training_options(epochs=3)])
+>>> parser = argparse.ArgumentParser(parents=[training_options(3, "default 0.01")])
 >>> parser.parse_args([]).epochs, parser.parse_args(["--limit", "5"]).limit
 (3, 5)
 >>> positive_int("0")
@@ -41,19 +41,36 @@ from pathlib import Path
 import numpy as np
 
 from unroll.core.errors import FileFormatError
-from unroll.tools.cli import FAILURES, USER_ERRORS, run_command
+from unroll.tools.cli import FAILURES, USER_ERRORS, CommandError, run_command
 from unroll.tools.conllu import CoNLLUError
-from unroll.tools.ewt import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE
+from unroll.tools.ewt import DATA_ENV, DEFAULT_DATA, HOME_ENV, RELEASE, fetched_data_dir, split_file
 from unroll.tools.fetch import FetchError
-from unroll.train.model_folder import ModelFolderError
+from unroll.train.model_folder import CHECKPOINTS, ModelFolderError
 from unroll.train.trainer import TrainingDiverged
 
-__all__ = ["OneLineParser", "add_fetch", "app_parser", "data_options", "device", "minutes",
+__all__ = ["DEFAULT_SPLIT", "OneLineParser", "add_fetch", "app_parser", "checkpoint_options",
+           "data_options", "device", "evaluated_file", "evaluated_split", "minutes",
            "model_options", "non_negative_int", "output_options", "positive_int",
-           "positive_number", "ratio", "report_training", "run", "seed", "training_options"]
+           "positive_number", "ratio", "report_training", "run", "seed", "split_options",
+           "training_options"]
 
 #: exit status of a command stopped by Ctrl-C (128 + SIGINT, what a shell reports)
 INTERRUPTED = 130
+#: the split of the data folder an ``evaluate`` scores where it is given neither ``--split``
+#: nor a file: dev, so that test is scored only when asked for
+DEFAULT_SPLIT = "dev"
+
+
+def _checked(text: str, convert, valid, expected: str):
+    """``convert(text)`` where it converts and is ``valid``; else argparse's one-line error,
+    saying what was ``expected`` and what was found."""
+    try:
+        value = convert(text)
+    except ValueError:
+        value = None
+    if value is None or not valid(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, found {text!r}")
+    return value
 
 
 def positive_int(text: str) -> int:
@@ -62,13 +79,7 @@ def positive_int(text: str) -> int:
     >>> positive_int("3")
     3
     """
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, found {text!r}")
-    return n
+    return _checked(text, int, lambda n: n >= 1, "an integer >= 1")
 
 
 def non_negative_int(text: str) -> int:
@@ -77,13 +88,7 @@ def non_negative_int(text: str) -> int:
     >>> non_negative_int("0")
     0
     """
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, found {text!r}")
-    return n
+    return _checked(text, int, lambda n: n >= 0, "an integer >= 0")
 
 
 def seed(text: str) -> int:
@@ -92,13 +97,7 @@ def seed(text: str) -> int:
     >>> seed("7")
     7
     """
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if not 0 <= n < 1 << 63:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**63), found {text!r}")
-    return n
+    return _checked(text, int, lambda n: 0 <= n < 1 << 63, "an integer in [0, 2**63)")
 
 
 def minutes(text: str) -> float:
@@ -107,13 +106,8 @@ def minutes(text: str) -> float:
     >>> minutes("1.5")
     1.5
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a number of minutes >= 0, found {text!r}")
-    return value
+    return _checked(text, float, lambda v: math.isfinite(v) and v >= 0,
+                    "a number of minutes >= 0")
 
 
 def positive_number(text: str) -> float:
@@ -122,13 +116,7 @@ def positive_number(text: str) -> float:
     >>> positive_number("2e-3")
     0.002
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, found {text!r}")
-    return value
+    return _checked(text, float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
 
 
 def ratio(text: str) -> float:
@@ -137,13 +125,7 @@ def ratio(text: str) -> float:
     >>> ratio("0.25")
     0.25
     """
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value < 1:  # NaN too
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), found {text!r}")
-    return value
+    return _checked(text, float, lambda v: 0 <= v < 1, "a number in [0, 1)")  # NaN fails too
 
 
 def device(text: str) -> str:
@@ -206,14 +188,18 @@ def data_options() -> argparse.ArgumentParser:
     return group
 
 
-def training_options(epochs: int) -> argparse.ArgumentParser:
+def training_options(epochs: int, lr: str) -> argparse.ArgumentParser:
     """What every ``train`` takes, with one meaning (the :class:`~unroll.train.trainer.Trainer`'s
-    arguments): ``--epochs`` (default ``epochs``), ``--max-minutes``, ``--seed``,
+    arguments): ``--epochs`` (default ``epochs``), ``--lr`` (``lr`` says whose rate it is
+    and its default; unset where not given, so that a resume takes the folder's:
+    :data:`~unroll.train.trainer.RECORDED_OPTIONS`), ``--max-minutes``, ``--seed``,
     ``--limit``, ``--resume`` or ``--overwrite``, ``--skip-bad-batches``, ``--quiet``."""
     group = argparse.ArgumentParser(add_help=False)
     group.add_argument("--epochs", type=positive_int, default=epochs,
                        help=f"epochs in all, those a resumed folder logged included (default "
                             f"{epochs})")
+    group.add_argument("--lr", type=positive_number,
+                       help=f"the learning rate: {lr} (with --resume the folder's)")
     group.add_argument("--max-minutes", type=minutes,
                        help="start no epoch once this much time has passed, the time of the "
                             "folder's earlier runs included; the last line and log.json say so "
@@ -233,6 +219,55 @@ def training_options(epochs: int) -> argparse.ArgumentParser:
                             "instead of stopping at the first (default 0)")
     group.add_argument("--quiet", action="store_true", help="no progress bar")
     return group
+
+
+def checkpoint_options() -> argparse.ArgumentParser:
+    """``--checkpoint``: which of a trained folder's weights a command loads (best or last,
+    :data:`unroll.train.model_folder.CHECKPOINTS`; default best)."""
+    group = argparse.ArgumentParser(add_help=False)
+    group.add_argument("--checkpoint", choices=CHECKPOINTS, default="best",
+                       help="best: the best dev epoch's weights; last: the last epoch's")
+    return group
+
+
+def split_options(choices: tuple[str, ...]) -> argparse.ArgumentParser:
+    """``--split``, one of ``choices``: the split of the data folder an ``evaluate`` scores
+    (default :data:`DEFAULT_SPLIT`, which :func:`evaluated_split` fills in: left unset by
+    the parser, so that a file given beside it can be refused).
+
+    >>> parser = argparse.ArgumentParser(parents=[split_options(("dev", "test"))])
+    >>> parser.parse_args(["--split", "test"]).split, parser.parse_args([]).split
+    ('test', None)
+    """
+    group = argparse.ArgumentParser(add_help=False)
+    group.add_argument("--split", choices=choices,
+                       help=f"the split of the data folder to score (default {DEFAULT_SPLIT}: "
+                            f"tune on dev; score test once, for the final number)")
+    return group
+
+
+def evaluated_split(args) -> str:
+    """The split an ``evaluate`` scores: ``--split`` (:func:`split_options`), else
+    :data:`DEFAULT_SPLIT`.
+
+    >>> evaluated_split(argparse.Namespace(split=None))
+    'dev'
+    """
+    return args.split or DEFAULT_SPLIT
+
+
+def evaluated_file(args, file: Path | None, named: str) -> Path:
+    """The CoNLL-U file an ``evaluate`` scores: ``file`` where given (``named``: how its
+    command line names it), else the :func:`evaluated_split` of ``--data``; a file and
+    ``--split`` both given is refused.
+
+    >>> evaluated_file(argparse.Namespace(split="test"), Path("a.conllu"), "FILE")
+    Traceback (most recent call last):
+    unroll.tools.commands.running.CommandError: give either FILE or --split, not both
+    """
+    if file is not None and args.split is not None:
+        raise CommandError(f"give either {named} or --split, not both")
+    return file or split_file(fetched_data_dir(args.data), evaluated_split(args))
 
 
 def output_options() -> argparse.ArgumentParser:

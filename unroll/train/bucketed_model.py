@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from unroll.core.atomic import write_atomic
 from unroll.core.proto import NetParameter
 from unroll.core.sizes import byte_size
 from unroll.engine.layer import LAYERS
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
+from unroll.train.shared_store_model import SharedStoreModel
 
 __all__ = ["BucketedModel"]
 
 
-class BucketedModel:
+class BucketedModel(SharedStoreModel):
     """One unrolled net per sequence length, built on demand, all over ONE parameter store.
 
     ``make_net_param(T)`` returns the NetParameter unrolled to T steps (e.g.
@@ -152,36 +152,17 @@ class BucketedModel:
             axes[name] = found[0] if len(found) == 1 else None
         return axes
 
-    @property
-    def workspace(self):
-        """The workspace every net of this model (and of its twins over the store) runs in."""
-        return self._canonical().workspace
-
     def seed(self, seed: int) -> None:
         """Reseed run-time randomness (Dropout): net T draws from ``seed + T``, built or not."""
         self._seed = int(seed)
         for steps, net in self.nets.items():
             net.seed(self._seed + steps)
 
-    @property
-    def learnable_params(self):
-        return list(self.store)
-
     def __repr__(self) -> str:
         values = sum(p.blob.count for p in self.store)
         return (f"BucketedModel(phase={self.phase!r}, nets for T={sorted(self.nets)}, "
                 f"{len(self.store)} learnable params ({values:,} values), "
                 f"{self.dtype} on {self.device})")
-
-    @property
-    def loss(self) -> float:
-        """The last forward's loss, read back on first access (see :attr:`Net.loss`)."""
-        return self.active.loss if self.active is not None else 0.0
-
-    @property
-    def device_loss(self):
-        """The last forward's loss on the device, not read back (see :attr:`Net.device_loss`)."""
-        return self._canonical().device_loss if self.active is None else self.active.device_loss
 
     def forward(self, blobs=(), **inputs) -> dict:
         """Run the net whose T is the time axis of the time-major inputs (axis 0 of
@@ -249,15 +230,6 @@ class BucketedModel:
                 f"steps_from='{next(iter(timed))}'")
         return int(next(iter(timed.values())))
 
-    def backward(self) -> None:
-        if self.active is None:
-            raise RuntimeError("BucketedModel.backward before forward")
-        self.active.backward()
-
-    def clear_param_diffs(self) -> None:
-        """Zero every param's diff (:meth:`ParamStore.clear_diffs`)."""
-        self.store.clear_diffs()
-
     def _canonical(self) -> Net:
         # every bucket's net holds every param, but layer names carry t: files are
         # written and read through the T = 1 net, so any model loads them (step 0's layers
@@ -270,17 +242,6 @@ class BucketedModel:
                 "builds only the T it is asked for); run a forward first, or build one with "
                 "model.net(T)")
         return self.nets[min(self.nets)]
-
-    def to_proto(self):
-        """The params as a Caffe NetParameter (.caffemodel) of the net unrolled to T = 1."""
-        return self._canonical().to_proto()
-
-    def copy_from(self, source, strict: bool = False) -> None:
-        """Load params saved by :meth:`to_proto` / :meth:`save`; every bucket sees them."""
-        self._canonical().copy_from(source, strict=strict)
-
-    def save(self, path) -> None:
-        write_atomic(path, self.to_proto().SerializeToString())
 
     @property
     def param_nbytes(self) -> int:

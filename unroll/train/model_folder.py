@@ -472,9 +472,13 @@ def settings_differ(model_dir: Path, asked: dict, has: dict) -> None:
 
 def options_differ(model_dir: Path, recorded: dict, given: dict) -> None:
     """Refuse to resume with training options (``given``: {option: value} as this run
-    would use them) that differ from those the folder's log ``recorded``, naming each."""
-    conflicts = [f"{k} {recorded.get(k)!r}, given {k} {v!r}"
-                 for k, v in given.items() if recorded.get(k) != v]
+    would use them) that differ from those the folder's log ``recorded``, naming each; an
+    option the log does not hold (an application that records it since) is not checked.
+
+    >>> options_differ(Path("m"), {"--lr": 0.01}, {"--lr": 0.01, "--lr-decay": 0.9})
+    """
+    conflicts = [f"{k} {recorded[k]!r}, given {k} {v!r}"
+                 for k, v in given.items() if k in recorded and recorded[k] != v]
     if conflicts:
         raise ModelFolderError(f"--resume: {model_dir} was trained with {'; with '.join(conflicts)}"
                                f": drop the option (the folder's is taken), or train a new "

@@ -99,9 +99,9 @@ from unroll.train import distributed
 from unroll.train import model_folder as folder
 from unroll.train.solver import NonFiniteError, Solver
 
-__all__ = ["RECORD_FIELDS", "Application", "Batches", "Metric", "ParamAverage", "Trainer",
-           "TrainingDiverged", "bad_batch", "diverged", "epoch_streams", "log_schema",
-           "make_solver"]
+__all__ = ["RECORDED_OPTIONS", "RECORD_FIELDS", "Application", "Batches", "Metric",
+           "ParamAverage", "Trainer", "TrainingDiverged", "bad_batch", "diverged", "epoch_streams",
+           "log_schema", "make_solver"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -156,8 +156,9 @@ class Application(Protocol):
     epoch's first batch.
 
     Optional: ``recorded_options``, {command-line option: SolverParameter field} of the
-    training options that are part of the run's record (``{"--lr": "base_lr"}``): each
-    epoch's log entry holds their values (``options``). A resume takes the recorded value
+    training options that are part of the run's record besides :data:`RECORDED_OPTIONS`
+    (``--lr``, which every run records): each epoch's log entry holds their values
+    (``options``), as :meth:`solver_fields` gave them. A resume takes the recorded value
     of each one not given (the Trainer's ``given``), and refuses one given that differs,
     naming the option, the recorded value and the given one
     (:func:`unroll.train.model_folder.options_differ`).
@@ -240,6 +241,10 @@ class Batches:
                    for k in range(len(self) * self.size)]
         return batches[self.rank::self.size]
 
+
+#: the training options every run records, {command-line option: SolverParameter field};
+#: an application's ``recorded_options`` adds its own (:class:`Application`)
+RECORDED_OPTIONS = {"--lr": "base_lr"}
 
 #: the fields of an epoch record that the Trainer writes, beside the folder's own
 #: (:data:`unroll.train.model_folder.ENTRY_PROPERTIES`)
@@ -361,8 +366,9 @@ class Trainer:
     average (None: no average, the params themselves are evaluated and saved);
     ``curve`` draws ``curve.png`` (needs matplotlib); ``clock`` gives the time in
     seconds (None: ``time.perf_counter``; tests inject their own); ``given`` the values of
-    the application's ``recorded_options`` given on the command line (``{"--lr": 0.01}``;
-    None or absent: not given, so that a resume takes the folder's).
+    the recorded options (:data:`RECORDED_OPTIONS` and the application's own) given on
+    the command line (``{"--lr": 0.01}``; None or absent: not given, so that a resume
+    takes the folder's).
 
     :meth:`fit` returns the last epoch's record (``{"stopped": ...}`` alone
     when the time limit came before the first epoch).
@@ -436,7 +442,7 @@ class Trainer:
         model = app.model(model_dir, seed + comm.rank)
         sampler = app.sampler(seed, comm.rank, comm.size)
         fields, options = app.solver_fields(len(sampler)), {}
-        for option, name in getattr(app, "recorded_options", {}).items():
+        for option, name in {**RECORDED_OPTIONS, **getattr(app, "recorded_options", {})}.items():
             if log and self.given.get(option) is None:  # not given: the folder's
                 fields[name] = log[-1]["options"].get(option, fields[name])
             options[option] = fields[name]

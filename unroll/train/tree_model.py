@@ -6,16 +6,16 @@ import zlib
 
 import numpy as np
 
-from unroll.core.atomic import write_atomic
 from unroll.core.proto import NetParameter
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
 from unroll.frontend.checked_nets import checked_nets
+from unroll.train.shared_store_model import SharedStoreModel
 
 __all__ = ["TreeModel"]
 
 
-class TreeModel:
+class TreeModel(SharedStoreModel):
     """Tree nets built on demand per key (level widths), sharing ONE ParamStore and workspace.
 
     ``make_net_param(key)`` returns the NetParameter of a key (e.g. ``lambda w:
@@ -78,29 +78,15 @@ class TreeModel:
         entropy = [self._seed, zlib.crc32(repr(key).encode())]
         return int(np.random.SeedSequence(entropy).generate_state(1)[0])
 
+    def _canonical(self) -> Net:
+        return self.nets[self.canonical_key]
+
     def seed(self, seed: int) -> None:
         """Reseed run-time randomness (Dropout): the net of each key draws from a stream of
         (``seed``, key) alone, built or not."""
         self._seed = int(seed)
         for key, net in self.nets.items():
             net.seed(self._net_seed(key))
-
-    @property
-    def workspace(self):
-        """The workspace every net of this model runs in (sized by the largest)."""
-        return self.nets[self.canonical_key].workspace
-
-    @property
-    def learnable_params(self):
-        return list(self.store)
-
-    @property
-    def loss(self) -> float:
-        return self.active.loss if self.active is not None else 0.0
-
-    @property
-    def device_loss(self):
-        return (self.active or self.nets[self.canonical_key]).device_loss
 
     def forward(self, widths=None, blobs=(), **inputs) -> dict:
         """Run the net of key ``widths`` on ``inputs``; returns its outputs."""
@@ -119,24 +105,6 @@ class TreeModel:
                                  f"{rows[name]} rows{per_node}, found "
                                  f"{found[0] if found else 'a scalar'}")
         return self.active.forward(blobs=blobs, **inputs)
-
-    def backward(self) -> None:
-        if self.active is None:
-            raise RuntimeError("TreeModel.backward before forward")
-        self.active.backward()
-
-    def clear_param_diffs(self) -> None:
-        self.store.clear_diffs()
-
-    def to_proto(self):
-        """The params as a Caffe NetParameter (.caffemodel), through the canonical net."""
-        return self.nets[self.canonical_key].to_proto()
-
-    def copy_from(self, source, strict: bool = False) -> None:
-        self.nets[self.canonical_key].copy_from(source, strict=strict)
-
-    def save(self, path) -> None:
-        write_atomic(path, self.to_proto().SerializeToString())
 
     def __repr__(self) -> str:
         return (f"TreeModel(phase={self.phase!r}, {len(self.nets)} nets, "

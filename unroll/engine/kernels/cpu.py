@@ -12,8 +12,7 @@ dtype (float32 or float64). Two choices keep the inner loops vectorized:
 
 ``cache=True`` keeps the compiled code on disk, so only the first run on a
 machine pays the compile time; ``nogil=True`` lets threads running independent
-branches overlap in the kernels, as they do in NumPy's GEMMs, and lets
-``UNROLL_SPLIT_ROWS=1`` split a unit's rows over the run's pool (:func:`by_rows`).
+branches overlap in the kernels, as they do in NumPy's GEMMs.
 """
 
 from __future__ import annotations
@@ -24,8 +23,6 @@ import numpy as np
 from llvmlite import ir
 from numba import njit
 from numba.extending import intrinsic
-
-from unroll.engine.threads import split_rows, split_ways
 
 LOG2E = 1.4426950408889634
 # ln 2 = LN2_HI + LN2_LO; LN2_HI has 15 significant bits, so k * LN2_HI is exact for
@@ -104,29 +101,10 @@ def gates4(row, H):
 # taking the row views, numba's loops no longer vectorize (6-7x slower).
 
 
-def by_rows(kernel, ways: int, arrays, *flags) -> None:
-    """``kernel(*arrays, *flags)`` in ``ways`` row blocks on the net run's pool, as
-    :func:`~unroll.engine.threads.split_ways` decides (the kernels release the GIL, and
-    each row is computed alone, so the split changes no bit): each array seen as
-    ``(rows, -1)`` and cut into the same row blocks. The callers test ``ways == 1``
-    themselves, so the unsplit call pays for no more than that test."""
-    rows = arrays[0].size // arrays[0].shape[-1]
-    views = [a.reshape((rows, -1)) for a in arrays]
-    split_rows(lambda start, stop: kernel(*(v[start:stop] for v in views), *flags), rows, ways)
-
-
+@njit(**KERNEL)
 def lstm_unit_forward(c_prev, x, cont, c, h):
     """LSTMUnit forward. Nothing is saved: backward recomputes the gates from x, as fast
     as writing them out and reading them back, and without their memory."""
-    ways = split_ways(cont.size, c.shape[-1])
-    if ways == 1:
-        _lstm_unit_forward(c_prev, x, cont, c, h)
-    else:
-        by_rows(_lstm_unit_forward, ways, (c_prev, x, cont, c, h))
-
-
-@njit(**KERNEL)
-def _lstm_unit_forward(c_prev, x, cont, c, h):
     T = c.dtype.type
     rows, H = cont.size, c.shape[-1]
     c_prev, c, h = c_prev.reshape((rows, H)), c.reshape((rows, H)), h.reshape((rows, H))
@@ -150,14 +128,10 @@ def _lstm_unit_forward(c_prev, x, cont, c, h):
 
 def lstm_unit_backward(c_prev, x, cont, dc, dh, dc_prev, dx):
     """LSTMUnit backward; ``dc_prev`` or ``dx`` may be None (not propagated)."""
-    arrays = (c_prev, x, cont, dc, dh, np.empty_like(dc) if dc_prev is None else dc_prev,
-              np.empty_like(x) if dx is None else dx)
-    flags = (dc_prev is not None, dx is not None)
-    ways = split_ways(cont.size, dc.shape[-1])
-    if ways == 1:
-        _lstm_unit_backward(*arrays, *flags)
-    else:
-        by_rows(_lstm_unit_backward, ways, arrays, *flags)
+    _lstm_unit_backward(c_prev, x, cont, dc, dh,
+                        np.empty_like(dc) if dc_prev is None else dc_prev,
+                        np.empty_like(x) if dx is None else dx,
+                        dc_prev is not None, dx is not None)
 
 
 @njit(**KERNEL)
@@ -187,17 +161,9 @@ def _lstm_unit_backward(c_prev, x, cont, dc, dh, dc_prev, dx, write_c_prev, writ
                 dxg[j] = dc_total * i * (one - g * g)
 
 
+@njit(**KERNEL)
 def gru_unit_forward(h_prev, x, hh, cont, h):
     """GRUUnit forward; nothing saved (see :func:`lstm_unit_forward`)."""
-    ways = split_ways(cont.size, h.shape[-1])
-    if ways == 1:
-        _gru_unit_forward(h_prev, x, hh, cont, h)
-    else:
-        by_rows(_gru_unit_forward, ways, (h_prev, x, hh, cont, h))
-
-
-@njit(**KERNEL)
-def _gru_unit_forward(h_prev, x, hh, cont, h):
     T = h.dtype.type
     rows, H = cont.size, h.shape[-1]
     h_prev, h, cont = h_prev.reshape((rows, H)), h.reshape((rows, H)), cont.reshape(rows)
@@ -215,14 +181,11 @@ def _gru_unit_forward(h_prev, x, hh, cont, h):
 
 def gru_unit_backward(h_prev, x, hh, cont, dh, dh_prev, dx, dhh):
     """GRUUnit backward; ``dh_prev``, ``dx`` or ``dhh`` may be None."""
-    arrays = (h_prev, x, hh, cont, dh, np.empty_like(dh) if dh_prev is None else dh_prev,
-              np.empty_like(x) if dx is None else dx, np.empty_like(hh) if dhh is None else dhh)
-    flags = (dh_prev is not None, dx is not None, dhh is not None)
-    ways = split_ways(cont.size, dh.shape[-1])
-    if ways == 1:
-        _gru_unit_backward(*arrays, *flags)
-    else:
-        by_rows(_gru_unit_backward, ways, arrays, *flags)
+    _gru_unit_backward(h_prev, x, hh, cont, dh,
+                       np.empty_like(dh) if dh_prev is None else dh_prev,
+                       np.empty_like(x) if dx is None else dx,
+                       np.empty_like(hh) if dhh is None else dhh,
+                       dh_prev is not None, dx is not None, dhh is not None)
 
 
 @njit(**KERNEL)
