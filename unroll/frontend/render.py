@@ -150,22 +150,13 @@ class _Shape:
     layers: list
     roles: dict  # this step's name -> role
     reusable: bool
-    literals: frozenset  # the names in its layers that no role gives: the same in every step
 
     @classmethod
     def of(cls, layers: list, text: str, roles: dict) -> _Shape:
         # reusable when every name in the text sits in a field renamed() rewrites
         in_text = sum(m[1] in roles for m in _QUOTED.finditer(text))
-        names = [v for lp in layers for v in _names(lp)]
-        in_fields = sum(v in roles for v in names)
-        return cls(layers, roles, in_text == in_fields,
-                   frozenset(v for v in names if v not in roles))
-
-    def one_to_one(self, roles: dict) -> bool:
-        """Whether the step whose name -> role map is ``roles`` renames these layers one to
-        one: no name of it is one of the names every step keeps. (Two roles of one name
-        make a step ambiguous, and it is parsed.)"""
-        return self.literals.isdisjoint(roles)
+        in_fields = sum(v in roles for lp in layers for v in _names(lp))
+        return cls(layers, roles, in_text == in_fields)
 
     def renamed(self, roles: dict) -> list:
         """The layers with the names of the step whose name -> role map is ``roles``."""
@@ -197,8 +188,10 @@ class ParseCache:
         """The layers of step ``s``: its text parsed, or, where an earlier step rendered the
         same text up to its names, that step's layers given this step's names.
 
-        ``check(layers)`` runs for each step but those renamed one to one from a step of
-        their shape it passed: names are all a check compares, so it would pass again."""
+        ``check(layers)`` runs for each step but those renamed from a step of their shape it
+        passed: the renaming is one to one (the shape's key marks every name by its role,
+        literal names included, and a name of two roles is parsed), and a check compares
+        names only, so it would pass again."""
         text = macro_text(template, module, "step", s)
         if s.ambiguous:
             return _checked(check, parse_layers(text, _origin(template, "step", s)))
@@ -210,8 +203,7 @@ class ParseCache:
             return layers
         if not shape.reusable:
             return _checked(check, parse_layers(text, _origin(template, "step", s)))
-        layers = shape.renamed(s.roles)
-        return layers if shape.one_to_one(s.roles) else _checked(check, layers)
+        return shape.renamed(s.roles)
 
 
 def _checked(check, layers: list) -> list:
