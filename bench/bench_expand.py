@@ -1,10 +1,10 @@
 """How long the front half of planning takes: ``unroll.expand``, ``Net()`` without a budget, and
 ``unroll memory --budget`` for the char LM.
 
-Prints, for one LSTM layer (N=32, H=256, a Euclidean loss at every step, as
-``bench_recompute`` builds it) at T = 1,000, 5,000 and 20,000 (``--steps``): the
-seconds of ``expand`` (rendering, renaming, the check that builds its net) and of
-``Net()`` of the result with no budget; then the seconds of ``unroll memory
+Prints, for one LSTM layer (N=32, H=256) at T = 1,000, 5,000 and 20,000 (``--steps``):
+the seconds of ``expand`` (rendering, renaming, the check that builds its net) and of
+``Net()`` with no budget of the net ``bench_recompute`` plans its budgets for (that
+layer with a Euclidean loss at every step); then the seconds of ``unroll memory
 --budget`` (half the full plan; ``--charlm-budget``) for the char LM's net at T=2000
 (N=32, H=256, 132 symbols, one SoftmaxWithLoss over the whole output), the whole
 command in a process of its own, its prototxt written first. ``--clock cpu``
@@ -55,26 +55,26 @@ def least(run, repeat: int, now) -> float:
     return best
 
 
-def lstm_net(T: int):
-    """bench_recompute's LSTM layer under a loss at every step (its budgets' net), expanded
-    anew (not from expand's cache)."""
-    from bench.bench_recompute import lstm_net as made
+def lstm_expand(T: int):
+    """The LSTM layer's net (N=32, H=256), expanded anew (not from expand's cache)."""
+    from unroll import expand
     from unroll.frontend import unroller
 
     unroller._EXPANDED.clear()
-    return made(T, 32, 256, per_step=True)
+    return expand("lstm", steps=T, batch=32, input_dim=256, hidden=256)
 
 
 def lstm_figures(args, now) -> None:
+    from bench.bench_recompute import lstm_net
     from unroll import Net
 
-    Net(lstm_net(40))  # imports and compiled kernels: not the figures'
+    Net(lstm_net(40, 32, 256, per_step=True))  # imports and compiled kernels: not the figures'
     for T in args.steps:
-        nets = []
-        expand = least(lambda T=T, nets=nets: nets.append(lstm_net(T)), args.repeat, now)
-        build = least(lambda nets=nets: Net(nets[-1]), args.repeat, now)
+        expand = least(lambda T=T: lstm_expand(T), args.repeat, now)
+        net_param = lstm_net(T, 32, 256, per_step=True)
+        build = least(lambda net_param=net_param: Net(net_param), args.repeat, now)
         print(f"LSTM T={T}: expand {expand:.2f} s, Net() without a budget {build:.2f} s "
-              f"({len(nets[-1].layer):,} layers)", flush=True)
+              f"({len(net_param.layer):,} layers with a loss at every step)", flush=True)
 
 
 def charlm_figures(args) -> None:
