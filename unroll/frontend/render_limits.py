@@ -235,8 +235,9 @@ def _check_size(size: int) -> None:
                                f"{limit} ({CHARS_ENV})")
 
 
-#: what the sandbox may wrap (``str.format``), so judges value by value
+#: the methods the sandbox may wrap (``str.format``), judged value by value
 _METHODS = (types.MethodType, types.BuiltinMethodType)
+_WRAPPED = frozenset({"format", "format_map"})
 
 #: str methods and filters whose result can be far larger than their inputs
 _AMPLIFIERS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "replace", "indent",
@@ -362,14 +363,14 @@ class BoundedEnvironment(SandboxedEnvironment):
         return tree
 
     def getattr(self, obj, attribute):
-        # the sandbox's verdict on an attribute whose value is no method (which it may wrap)
+        # the sandbox's verdict on an attribute whose value it does not wrap (a str.format)
         # depends on the attribute's name and the object's type alone: reached once per
-        # (type, name), not at every ``s.prev.h`` of every step
+        # (type, name), not at every ``s.prev.h`` and ``s.blob`` of every step
         try:
             value = getattr(obj, attribute)
         except AttributeError:
             return super().getattr(obj, attribute)
-        if isinstance(value, _METHODS):
+        if isinstance(value, _METHODS) and value.__name__ in _WRAPPED:
             return super().getattr(obj, attribute)
         key = (type(obj), attribute)
         safe = self._safe_values.get(key)
