@@ -71,11 +71,22 @@ def test_strings_with_escapes_quotes_and_unicode_read_as_protobuf_reads_them(one
     'layer { name: "a" } layer { name: "b" "c" }',
     'layer { name: "a" }}',
     'layer { name: "a" ',
+    'name: "a"layer { name: "b" } "c"',  # text after the layers: it would join the name
+    'layer { name: "a" } force_backward: true',
+    'state < layer { name: "a" } >',
 ])
 def test_a_text_it_does_not_read_is_left_to_protobuf(text):
     net = NetParameter()
     assert not unroll.core.net_text.parse_net_text(text, net)
     assert net == NetParameter()
+
+
+def test_comments_between_and_after_the_layers_are_read_past():
+    text = ('name: "n" # the net\nlayer { name: "a" type: "ReLU" }\n# between\n'
+            'layer { name: "b" type: "ReLU" } # after\n')
+    net = NetParameter()
+    assert unroll.core.net_text.parse_net_text(text, net)
+    assert net.SerializeToString() == _protobuf(text).SerializeToString()
 
 
 def test_a_mistake_is_protobufs_error_naming_its_line():

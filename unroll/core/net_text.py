@@ -7,9 +7,10 @@ is keyed by its text with every quoted string taken out (its **shape**); the
 first block of a shape is parsed with a marker in place of each string, which
 says which field each string lands in, and every block of that shape is that
 message with its own strings put there, unescaped as the text parser does.
-What is not a layer block is parsed as it is. Anything unusual (adjacent
-strings making one value, a block that does not parse, ``layer`` written
-another way) and :func:`parse_net_text` declines, and the caller parses the
+The text before the first block (a net's other fields, which protobuf prints
+first) is parsed as it is. Anything unusual (adjacent strings making one value,
+a block that does not parse, ``layer`` written another way, more than comments
+between or after the blocks) and :func:`parse_net_text` declines, and the caller parses the
 whole text with protobuf: the result is the same message in every case, and
 errors are protobuf's own.
 
@@ -35,6 +36,7 @@ __all__ = ["parse_net_text"]
 #: the word ``layer`` (not inside an identifier, which may hold ``+ - .``): leftmost first,
 #: so quotes in comments and ``#`` in strings are inert
 _TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|#[^\n]*|[{}]|(?<![\w+.-])layer\b')
+_COMMENT = re.compile(r"#[^\n]*")
 _TEXT_TYPES = (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES)
 
 
@@ -42,10 +44,17 @@ def _marker(i: int) -> str:
     return f"\x01{i}\x01"
 
 
+def _blank(text: str) -> bool:
+    """Whether ``text`` (between tokens) holds only whitespace and comments."""
+    return not _COMMENT.sub("", text).strip()
+
+
 def _blocks(text: str):
-    """(the text outside layer blocks, [(shape key, [quoted tokens]) per block]), or None
-    where a ``layer`` is not a plain ``layer { ... }`` at the top level."""
-    rest, blocks = [], []
+    """(the text before the layer blocks, [(shape key, [quoted tokens]) per block]), or
+    None where a ``layer`` is not a plain ``layer { ... }`` at the top level, or the blocks
+    have more than comments between and after them (as a net's text has: its other fields
+    come first), which would read differently without the blocks in between."""
+    head, blocks = None, []
     depth, done = 0, 0  # done: where the text not yet assigned starts
     start = pieces = strings = None
     at = 0  # where the current block's next piece starts
@@ -75,13 +84,17 @@ def _blocks(text: str):
                 blocks.append(("\x00".join(pieces), strings))
                 done, start = m.end(), None
         elif depth == 0:  # the word layer, at the top level
-            rest.append(text[done:m.start()])
+            if head is None:
+                head = text[:m.start()]
+            elif not _blank(text[done:m.start()]):
+                return None
             start, pieces, strings, at = m.start(), [], [], m.start()
             after_layer = m.end()
     if depth or start is not None or after_layer is not None:
         return None
-    rest.append(text[done:])
-    return "".join(rest), blocks
+    if not _blank(text[done:]):
+        return None
+    return text if head is None else head, blocks
 
 
 def _locations(message, path=()):
