@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 from unroll.core._generated import unroll_pb2 as pb
 from unroll.core.errors import FileFormatError
 from unroll.core.json_files import read_bytes
+from unroll.core.net_text import parse_net_text
 
 __all__ = ["BlobProto", "BlobShape", "DimCheckMode", "EltwiseOp", "EltwiseParameter",
            "FillerParameter", "LayerParameter", "LossParameter", "NetParameter", "NetState",
@@ -76,6 +77,9 @@ def parse_text(text: str, message, source: str = "<prototxt>"):
     # protobuf counts lines by "\n" only: a file saved with CR-only endings would be
     # one line, and its error would name line 1 and print the whole file
     text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if (isinstance(message, NetParameter) and not message.ListFields()
+            and parse_net_text(text, message)):  # an unrolled net: once per layer shape
+        return message
     try:
         text_format.Parse(text, message)
     except text_format.ParseError as e:

@@ -20,6 +20,7 @@ no build), is not there, and the caller builds it as before.
 
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -64,6 +65,9 @@ def checked_nets(build):
 def build_checked(net_param: NetParameter, keep) -> Net:
     """The net the check of ``net_param`` builds: the enclosing block's (whose build need
     not keep ``keep``: the check reads their shapes, which every blob keeps), or its own
-    keeping ``keep``."""
+    keeping ``keep``, unplanned and unlimited: the check never runs it, and the caller's
+    own build plans the memory and refuses a net that does not fit (before allocating it)."""
     nets = _CHECKED.get()
-    return Net(net_param, keep=keep) if nets is None else nets.build(net_param)
+    if nets is None:
+        return Net(net_param, keep=keep, plan_memory=False, max_bytes=sys.maxsize)
+    return nets.build(net_param)

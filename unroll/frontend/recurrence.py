@@ -170,8 +170,8 @@ class Recurrence:
 
     def fill_step(self, t: int, s: Step, prev: dict, state: dict, extra: dict) -> None:
         """Render step ``t`` with the names ``s`` holds, check it, and add its layers."""
-        layers = self.parses.step_layers(self.template, self.module, s)
-        check_step(self.template.name, layers, s, prev, state, extra, t)
+        layers = self.parses.step_layers(self.template, self.module, s, lambda layers: check_step(
+            self.template.name, layers, s, prev, state, extra, t))
         params = {p.name for lp in layers for p in lp.param if p.name}
         if self.params is None:
             self.params = params

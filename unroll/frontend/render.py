@@ -16,7 +16,7 @@ keeps expansion linear in T.
 >>> macros = run_module(t, {"hidden": 2, "weight_filler": "xavier", "bias_value": 0.0})
 >>> s = Step("", 0, 1, cont="cont_t0", input={"x": "x_t0"}, prev={"h": "h_0"},
 ...          state={"h": "h_1"})
->>> [lp.type for lp in ParseCache().step_layers(t, macros, s)]
+>>> [lp.type for lp in ParseCache().step_layers(t, macros, s, check=lambda layers: None)]
 ['Scale', 'InnerProduct', 'Eltwise', 'TanH']
 """
 
@@ -128,6 +128,13 @@ def render_macro(template, module, macro: str, s) -> list:
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
+def _shape_key(text: str, roles: dict) -> str:
+    """``text`` with each quoted name that has a role replaced by ``\\0`` and its role."""
+    pieces = _QUOTED.split(text)  # text, a quoted string's inside, text, ...
+    pieces[1::2] = [f"\0{roles[v]}" if v in roles else f'"{v}"' for v in pieces[1::2]]
+    return "".join(pieces)
+
+
 def _names(lp: LayerParameter):
     yield lp.name
     yield from lp.bottom
@@ -177,17 +184,28 @@ class ParseCache:
     def __init__(self):
         self._shapes: dict[str, _Shape] = {}
 
-    def step_layers(self, template, module, s) -> list:
+    def step_layers(self, template, module, s, check) -> list:
         """The layers of step ``s``: its text parsed, or, where an earlier step rendered the
-        same text up to its names, that step's layers given this step's names."""
+        same text up to its names, that step's layers given this step's names.
+
+        ``check(layers)`` runs for each step but those renamed from a step of their shape it
+        passed: the renaming is one to one (the shape's key marks every name by its role,
+        literal names included, and a name of two roles is parsed), and a check compares
+        names only, so it would pass again."""
         text = macro_text(template, module, "step", s)
         if s.ambiguous:
-            return parse_layers(text, _origin(template, "step", s))
-        key = _QUOTED.sub(lambda m: "\0" + s.roles.get(m[1], m[0]), text)
+            return _checked(check, parse_layers(text, _origin(template, "step", s)))
+        key = _shape_key(text, s.roles)
         shape = self._shapes.get(key)
         if shape is None:
-            layers = parse_layers(text, _origin(template, "step", s))
+            layers = _checked(check, parse_layers(text, _origin(template, "step", s)))
             self._shapes[key] = _Shape.of(layers, text, s.roles)
             return layers
-        return shape.renamed(s.roles) if shape.reusable else parse_layers(
-            text, _origin(template, "step", s))
+        if not shape.reusable:
+            return _checked(check, parse_layers(text, _origin(template, "step", s)))
+        return shape.renamed(s.roles)
+
+
+def _checked(check, layers: list) -> list:
+    check(layers)
+    return layers

@@ -37,6 +37,7 @@ import functools
 import math
 import os
 import time
+import types
 from dataclasses import dataclass
 
 import jinja2
@@ -215,7 +216,9 @@ def _iterations(context, iterable):
 @jinja2.pass_context
 def _output(context, value) -> str:
     text = str(value)
-    _budget().spend(len(text))
+    budget = _BUDGET.get()  # an output per name of every step: no call it can save
+    if budget is not None:
+        budget.spend(len(text))
     return text
 
 
@@ -231,6 +234,10 @@ def _check_size(size: int) -> None:
         raise RenderLimitError(f"a value of {size} items or characters passes the limit of "
                                f"{limit} ({CHARS_ENV})")
 
+
+#: the methods the sandbox may wrap (``str.format``), judged value by value
+_METHODS = (types.MethodType, types.BuiltinMethodType)
+_WRAPPED = frozenset({"format", "format_map"})
 
 #: str methods and filters whose result can be far larger than their inputs
 _AMPLIFIERS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "replace", "indent",
@@ -337,6 +344,7 @@ class BoundedEnvironment(SandboxedEnvironment):
                              for name in _AMPLIFIERS if name in self.filters})
         self.filters.update(unroll_iterations=_iterations, unroll_output=_output,
                             unroll_made=_made)
+        self._safe_values: dict[tuple, bool] = {}
 
     def _parse(self, source, name, filename):
         # Jinja2 has no public hook between parsing and compiling; this one sees the
@@ -353,6 +361,22 @@ class BoundedEnvironment(SandboxedEnvironment):
                 elif isinstance(value, list):
                     value[:] = [_filtered(v, "unroll_made") if _grows(v) else v for v in value]
         return tree
+
+    def getattr(self, obj, attribute):
+        # the sandbox's verdict on an attribute whose value it does not wrap (a str.format)
+        # depends on the attribute's name and the object's type alone: reached once per
+        # (type, name), not at every ``s.prev.h`` and ``s.blob`` of every step
+        try:
+            value = getattr(obj, attribute)
+        except AttributeError:
+            return super().getattr(obj, attribute)
+        if isinstance(value, _METHODS) and value.__name__ in _WRAPPED:
+            return super().getattr(obj, attribute)
+        key = (type(obj), attribute)
+        safe = self._safe_values.get(key)
+        if safe is None:
+            safe = self._safe_values[key] = self.is_safe_attribute(obj, attribute, value)
+        return value if safe else self.unsafe_undefined(obj, attribute)
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: B902 (the sandbox's names)
         _budget().tick()

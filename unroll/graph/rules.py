@@ -150,24 +150,33 @@ def _resolve_names(layer_params) -> list[_Value]:
         seen.add(lp.name)
     current: dict[str, _Value] = {}
     values: list[_Value] = []
+    intern = sys.intern
     for li, lp in enumerate(layer_params):
-        for bi, b in enumerate(lp.bottom):
-            if b not in current:
+        # each read of a message's repeated field makes a container: read them once
+        bottom, top = list(lp.bottom), lp.top
+        for bi, b in enumerate(bottom):
+            value = current.get(b)
+            if value is None:
                 raise NetError(
                     f"layer '{lp.name}' ({lp.type}): bottom '{b}' is not produced by any "
                     f"layer above it"
                 )
-            current[b].consumers.append((li, bi))
-        tvals, names = [], set()
-        for ti, t in enumerate(lp.top):
-            t = sys.intern(t)  # the nets of every T share one string per blob name
-            in_place = ti < len(lp.bottom) and lp.bottom[ti] == t
+            value.consumers.append((li, bi))
+        if len(top) == 1:  # most layers: nothing to compare within the layer
+            t = intern(top[0])  # the nets of every T share one string per blob name
+            in_place = bool(bottom) and bottom[0] == t
             if t in current and not in_place:
-                raise NetError(
-                    f"layer '{lp.name}' ({lp.type}): top '{t}' is already produced by layer "
-                    f"'{layer_params[current[t].producer].name}'; a top may reuse a name "
-                    f"only in place (as the same layer's bottom at the same position)"
-                )
+                _taken(layer_params, lp, t, current)
+            v = _Value(t, current[t].version + 1 if in_place else 0, li, 0)
+            values.append(v)
+            current[t] = v
+            continue
+        tvals, names = [], set()
+        for ti, t in enumerate(top):
+            t = intern(t)
+            in_place = ti < len(bottom) and bottom[ti] == t
+            if t in current and not in_place:
+                _taken(layer_params, lp, t, current)
             if t in names:
                 raise NetError(f"layer '{lp.name}' ({lp.type}): top '{t}' is listed twice")
             names.add(t)
@@ -177,6 +186,14 @@ def _resolve_names(layer_params) -> list[_Value]:
         for v in tvals:
             current[v.name] = v
     return values
+
+
+def _taken(layer_params, lp, t: str, current: dict) -> None:
+    raise NetError(
+        f"layer '{lp.name}' ({lp.type}): top '{t}' is already produced by layer "
+        f"'{layer_params[current[t].producer].name}'; a top may reuse a name "
+        f"only in place (as the same layer's bottom at the same position)"
+    )
 
 
 def _bottom_values(values, layer_params) -> list[list[_Value]]:
@@ -325,7 +342,8 @@ def backward_needs(steps: list[Step], layers, force: bool):
     for step, layer in zip(steps, layers):
         bottoms = step.bottoms
         split = layer.type == "Split"  # inserted: no prototxt settings of its own
-        pd = [] if split else list(layer.param.propagate_down)
+        param = None if split else layer.param
+        pd = list(param.propagate_down) if param is not None else []
         if pd and len(pd) != len(bottoms):
             raise NetError(
                 f"layer '{layer.name}' ({layer.type}): propagate_down gives {len(pd)} values "
@@ -342,7 +360,7 @@ def backward_needs(steps: list[Step], layers, force: bool):
             need[t] = lneed
         layer_need.append(lneed)
         bottom_need.append(bneed)
-        if not split and (layer.is_loss or layer.param.loss_weight):  # else every weight is 0
+        if not split and (layer.is_loss or param.loss_weight):  # else every weight is 0
             for t, w in zip(step.tops, _loss_weights(layer)):
                 if w == 0:
                     continue
@@ -356,8 +374,8 @@ def backward_needs(steps: list[Step], layers, force: bool):
     refused: set[int] = set()
     for i in reversed(range(len(steps))):
         tops, bottoms = steps[i].tops, steps[i].bottoms
-        skip = bool(tops) and all(t in refused for t in tops)
-        if any(t in under_loss for t in tops) and not skip:
+        skip = bool(tops) and refused.issuperset(tops)
+        if not under_loss.isdisjoint(tops) and not skip:
             under_loss.update(bottoms)
         elif not force:
             layer_need[i] = False
