@@ -68,6 +68,10 @@ class StepperDecoder:
         #: {static input: its batch axis}, complete once :meth:`start` has run
         self.batch_axes = self._batch_axes(None)
         self._rows_static = dict(self.static)
+        # the static inputs, as the rows are now, go into the net once before the next step
+        # (Stepper.set_static), not on every step: greedy decoding moves them only when its
+        # batch shrinks
+        self._unset = True
 
     def _batch_axes(self, batch: int | None) -> dict:
         """Each static input's batch axis, where it is known: given, or the one axis the
@@ -97,14 +101,17 @@ class StepperDecoder:
         self.stepper.reset(state)
         if len(self.batch_axes) < len(self.static):
             self.batch_axes = self._batch_axes(np.shape(next(iter(state.values())))[1])
-        self._rows_static = dict(self.static)
+        self._rows_static, self._unset = dict(self.static), True
 
     def step(self, tokens) -> np.ndarray:
         """The log probabilities (M, V) of the next token after each hypothesis' ``tokens``."""
         tokens = np.asarray(tokens, dtype=np.float64)[None]
         ndim = len(self.stepper.declared[self.token])
+        if self._unset:
+            self.stepper.set_static(**self._rows_static)
+            self._unset = False
         out = self.stepper(**{self.token: tokens.reshape(*tokens.shape, *[1] * (ndim - 2)),
-                              self.cont: np.ones_like(tokens)}, **self._rows_static)[self.output]
+                              self.cont: np.ones_like(tokens)})[self.output]
         values = np.asarray(out, dtype=np.float64).reshape(tokens.shape[1], -1)
         return values if self.log else np.log(np.maximum(values, 1e-30))
 
@@ -114,6 +121,7 @@ class StepperDecoder:
         self.stepper.reorder(rows)
         self._rows_static = {name: np.take(value, rows, axis=self.batch_axes[name])
                              for name, value in self._rows_static.items()}
+        self._unset = bool(self._rows_static)
 
 
 def greedy(decoder, batch: int, bos: int, eos: int, max_len: int) -> list[tuple[list[int], float]]:
