@@ -22,7 +22,9 @@ idle machine.
 Workloads: the LSTM step of ``bench/bench_lstm.py`` (T=25/100 x H=128/512, N=32, D=100,
 float32), the seq2seq step of ``bench/bench_seq2seq.py`` (its defaults), and greedy
 decoding (``unroll.train.decoding.greedy``) by a one-step LSTM (H=256) with a softmax
-head over 40 tokens, 32 sequences of 20 steps, one Stepper call per step.
+head over 40 tokens, 32 sequences of 20 steps, one Stepper call per step; and greedy
+decoding by the attending lemmatizer of ``examples/lemmatize`` (256 dev words, its
+encoder included).
 
 The row split of the recurrent units' kernels (``unroll.engine.kernels.cpu``) follows
 ``UNROLL_SPLIT_ROWS`` (0 off, 1 on); run this with each to measure it alone.
@@ -188,6 +190,29 @@ layer {{ name: "probs" type: "Softmax" bottom: "scores" top: "probs"
     return decode, [stepper.net], None
 
 
+def lemmatizer_decoding(length: int = 6, batch: int = 256):
+    """Greedy decoding by the attending lemmatizer (examples/lemmatize, untrained: it
+    decodes to its max_len) of ``batch`` dev words of ``length`` characters, one Stepper
+    call per step, the attention memory a static input, the encoder run once per call."""
+    from examples.lemmatize.conll import read_lemmas
+    from examples.lemmatize.model import Lemmatizer, LemmatizerConfig
+    from examples.lemmatize.train import words_of
+    from unroll.tools.ewt import DEV_FILE, TRAIN_FILE, data_dir
+
+    data = data_dir(None)
+    lemmatizer = Lemmatizer.build(words_of(read_lemmas(data / TRAIN_FILE)[:300]),
+                                  LemmatizerConfig(), seed=0)
+    words = sorted({(f, u) for f, u, _ in words_of(read_lemmas(data / DEV_FILE))
+                    if len(f) == length})
+    words = (words * (batch // len(words) + 1))[:batch]
+
+    def decode():
+        lemmatizer.predict(words, edits=False)
+
+    decode()  # builds the encoder of this length
+    return decode, [lemmatizer.stepper.net, *lemmatizer.encoders.nets.values()], None
+
+
 def workloads(only: str | None):
     if only in (None, "lstm"):
         for T, H in LSTM_SIZES:
@@ -196,6 +221,8 @@ def workloads(only: str | None):
         yield "seq2seq step", seq2seq_step
     if only in (None, "greedy"):
         yield "greedy decoding (20 steps)", greedy_decoding
+    if only in (None, "lemmatizer"):
+        yield "lemmatizer greedy decoding (256 words of 6 characters)", lemmatizer_decoding
 
 
 def report(name: str, counts, results) -> None:
@@ -215,7 +242,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", nargs="+", default=["1", "2"],
                         help='counts, or "policy" for the measured one (default 1 2)')
-    parser.add_argument("--only", choices=["lstm", "seq2seq", "greedy"])
+    parser.add_argument("--only", choices=["lstm", "seq2seq", "greedy", "lemmatizer"])
     parser.add_argument("--iters", type=int, default=10, help="calls timed per count")
     args = parser.parse_args(argv)
     print(f"machine: {threads.cores()} cores, others busy {threads.others_busy():.2f} "
