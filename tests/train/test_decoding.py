@@ -262,3 +262,17 @@ def test_the_static_inputs_go_into_the_net_once_per_reorder_not_per_step(attendi
     search(counted, n, BOS, VOCAB, max_len=6)
     assert len(counted.rows) == 6
     assert len(sets) == (1 if beam == 1 else 6)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_decoding_is_the_same_bits_at_one_and_two_threads(attending, beam):
+    decoder, n = attending
+    search = greedy if beam == 1 else functools.partial(beam_search, beam=beam)
+    found = []
+    try:
+        for threads in (1, 2):
+            unroll.engine.threads.set_num_threads(threads)
+            found.append(search(decoder(np.arange(n)), n, BOS, EOS, max_len=8))
+    finally:
+        unroll.engine.threads.set_num_threads(None)
+    assert found[0] == found[1]
