@@ -22,10 +22,13 @@ idle machine.
 Workloads: the LSTM step of ``bench/bench_lstm.py`` (T=25/100 x H=128/512, N=32, D=100,
 float32), the seq2seq step of ``bench/bench_seq2seq.py`` (its defaults), and greedy
 decoding (``unroll.train.decoding.greedy``) by a one-step LSTM (H=256) with a softmax
-head over 40 tokens, 32 sequences of 20 steps, one Stepper call per step.
+head over 40 tokens, 32 sequences of 20 steps, one Stepper call per step; and greedy
+decoding by the attending lemmatizer of ``examples/lemmatize`` (256 dev words, its
+encoder included).
 
     python -m bench.profile_threads                       (from the repository root)
     python -m bench.profile_threads --only lstm --threads 1 2 policy
+    python -m bench.profile_threads --products    # the decoder's GEMMs by rows, 1 and 2 threads
 """
 
 from __future__ import annotations
@@ -184,6 +187,29 @@ layer {{ name: "probs" type: "Softmax" bottom: "scores" top: "probs"
     return decode, [stepper.net], None
 
 
+def lemmatizer_decoding(length: int = 6, batch: int = 256):
+    """Greedy decoding by the attending lemmatizer (examples/lemmatize, untrained: it
+    decodes to its max_len) of ``batch`` dev words of ``length`` characters, one Stepper
+    call per step, the attention memory a static input, the encoder run once per call."""
+    from examples.lemmatize.conll import read_lemmas
+    from examples.lemmatize.model import Lemmatizer, LemmatizerConfig
+    from examples.lemmatize.train import words_of
+    from unroll.tools.ewt import DEV_FILE, TRAIN_FILE, data_dir
+
+    data = data_dir(None)
+    lemmatizer = Lemmatizer.build(words_of(read_lemmas(data / TRAIN_FILE)[:300]),
+                                  LemmatizerConfig(), seed=0)
+    words = sorted({(f, u) for f, u, _ in words_of(read_lemmas(data / DEV_FILE))
+                    if len(f) == length})
+    words = (words * (batch // len(words) + 1))[:batch]
+
+    def decode():
+        lemmatizer.predict(words, edits=False)
+
+    decode()  # builds the encoder of this length
+    return decode, [lemmatizer.stepper.net, *lemmatizer.encoders.nets.values()], None
+
+
 def workloads(only: str | None):
     if only in (None, "lstm"):
         for T, H in LSTM_SIZES:
@@ -192,6 +218,52 @@ def workloads(only: str | None):
         yield "seq2seq step", seq2seq_step
     if only in (None, "greedy"):
         yield "greedy decoding (20 steps)", greedy_decoding
+    if only in (None, "lemmatizer"):
+        yield "lemmatizer greedy decoding (256 words of 6 characters)", lemmatizer_decoding
+
+
+#: the products of the lemmatizer's decoder step, (K, num_output): the input projection,
+#: the recurrent one, the attention's combination and the output scores (V = 100)
+DECODER_PRODUCTS = ((64, 1024), (256, 1024), (512, 256), (256, 100))
+
+
+def products(counts, rows=(1, 2, 4, 8, 16, 32, 64, 128, 256), calls: int = 20,
+             rounds: int = 9) -> None:
+    """µs per product y = x W^T of the decoder step's shapes at each number of rows M, at
+    each thread count (the least of ``rounds``, the counts in turns): where a second thread
+    starts to pay, the size below which a product had better run on one."""
+    from bench.timing import least_us_per_call
+    from unroll.engine.layers.inner_product import FEW_ROWS, FEW_ROWS_MIN_WIDTH
+    from unroll.engine.threads import run_threads
+
+    def product(x, W, y):  # as InnerProduct's forward computes it
+        if len(x) <= FEW_ROWS and min(W.shape) >= FEW_ROWS_MIN_WIDTH:
+            yT = np.empty(y.shape[::-1], np.float32)
+            np.matmul(W, x.T, out=yT)
+            np.copyto(y, yT.T)
+        else:
+            np.matmul(x, W.T, out=y)
+
+    rng = np.random.default_rng(0)
+    print(f"\nproducts x (M, K) W^T (K, n), float32, as InnerProduct runs them: µs per "
+          f"product (wall, least of "
+          f"{rounds}), threads {' / '.join(counts)}")
+    for K, n in DECODER_PRODUCTS:
+        W = rng.standard_normal((n, K)).astype(np.float32)
+        cells = []
+        for M in rows:
+            x = rng.standard_normal((M, K)).astype(np.float32)
+            y = np.empty((M, n), np.float32)
+            best = {c: float("inf") for c in counts}
+            for _ in range(rounds):
+                for c in counts:
+                    with run_threads(int(c)):
+                        us = least_us_per_call(
+                            {c: lambda x=x, W=W, y=y: product(x, W, y)},
+                            time.perf_counter, calls, rounds=1, warmup=3)
+                    best[c] = min(best[c], us[c])
+            cells.append(f"M={M}: " + "/".join(f"{best[c]:.0f}" for c in counts))
+        print(f"  K={K} n={n}: " + ", ".join(cells))
 
 
 def report(name: str, counts, results) -> None:
@@ -211,11 +283,16 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", nargs="+", default=["1", "2"],
                         help='counts, or "policy" for the measured one (default 1 2)')
-    parser.add_argument("--only", choices=["lstm", "seq2seq", "greedy"])
+    parser.add_argument("--only", choices=["lstm", "seq2seq", "greedy", "lemmatizer"])
     parser.add_argument("--iters", type=int, default=10, help="calls timed per count")
+    parser.add_argument("--products", action="store_true",
+                        help="only the decoder step's products at 1..256 rows, per count")
     args = parser.parse_args(argv)
     print(f"machine: {threads.cores()} cores, others busy {threads.others_busy():.2f} "
           f"cores over the last second")
+    if args.products:
+        products([c for c in args.threads if c != "policy"])
+        return
     for name, build in workloads(args.only):
         run, nets, solver = build()
         results = []

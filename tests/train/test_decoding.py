@@ -241,3 +241,38 @@ def test_ended_hypotheses_leave_the_batch_by_halves():
     assert [tokens for tokens, _ in found] == [[2] * i for i in range(8)]
     assert [score for _, score in found] == [-0.5 - i for i in range(8)]
     assert decoder.rows == [8, 8, 8, 8, 4, 4, 2, 1]
+
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_the_static_inputs_go_into_the_net_once_per_reorder_not_per_step(attending, beam,
+                                                                         monkeypatch):
+    """The memory is set into the step net (Stepper.set_static) at the first step and at
+    the first after each reorder, when its rows move: greedy decoding that nothing ends
+    (eos is never drawn) sets it once, beam search (which reorders every step) each step."""
+    decoder, n = attending
+    made = decoder(np.arange(n))
+    sets = []
+    net = made.stepper.net
+    set_input = net.set_input
+    monkeypatch.setattr(net, "set_input", lambda name, value: (
+        sets.append(name) if name == "memory" else None, set_input(name, value))[1])
+    counted = Counting(made)
+    search = greedy if beam == 1 else functools.partial(beam_search, beam=beam)
+    search(counted, n, BOS, VOCAB, max_len=6)
+    assert len(counted.rows) == 6
+    assert len(sets) == (1 if beam == 1 else 6)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_decoding_is_the_same_bits_at_one_and_two_threads(attending, beam):
+    decoder, n = attending
+    search = greedy if beam == 1 else functools.partial(beam_search, beam=beam)
+    found = []
+    try:
+        for threads in (1, 2):
+            unroll.engine.threads.set_num_threads(threads)
+            found.append(search(decoder(np.arange(n)), n, BOS, EOS, max_len=8))
+    finally:
+        unroll.engine.threads.set_num_threads(None)
+    assert found[0] == found[1]

@@ -178,3 +178,48 @@ def test_from_given_states_a_cont_other_than_0_or_1_is_an_error(cont):
     stepper.reset({"h_0": np.ones((1, N, H))})
     with pytest.raises(NetError, match=r"input 'cont' holds 0.5 at index \(0, 1\)"):
         stepper(x=np.zeros((1, N, D)), cont=np.array([cont]))
+
+
+def _attending(store=None):
+    return Stepper(unroll.expand("lstm_attention", steps=1, batch=N, input_dim=D, hidden=H,
+                                 expose_hidden=True), store=store, dtype="float64")
+
+
+def test_static_inputs_set_once_give_what_they_give_on_every_call():
+    """set_static copies a memory into the net once; every later call reads it as a call
+    that is given it does, bit for bit, though the caller's array changes after."""
+    each = _attending()
+    once = _attending(store=each.store)
+    static = static_inputs("lstm_attention", N, hidden=H)
+    rng = np.random.default_rng(5)
+    x, cont = rng.normal(size=(T, N, D)), np.ones((T, N))
+    cont[3] = 0
+    want = [each(x=x[t:t + 1], cont=cont[t:t + 1], **static)["h"] for t in range(T)]
+    given = {name: value.copy() for name, value in static.items()}
+    once.set_static(**given)
+    for value in given.values():
+        value[...] = 0  # set_static copied them
+    got = [once(x=x[t:t + 1], cont=cont[t:t + 1])["h"] for t in range(T)]
+    np.testing.assert_array_equal(np.concatenate(got), np.concatenate(want))
+    assert once.static == {"memory", "memory_mask"}
+    with pytest.raises(ValueError, match=r"\['memory'\] are static inputs \(set_static\)"):
+        once(x=x[:1], cont=cont[:1], memory=static["memory"])
+
+
+def test_a_static_input_is_neither_a_state_nor_a_cont_nor_a_stranger():
+    stepper = _attending()
+    with pytest.raises(ValueError, match=r"'h_0' is a state .* reset\(\{'h_0': \.\.\.\}\)"):
+        stepper.set_static(h_0=np.zeros((1, N, H)))
+    with pytest.raises(ValueError, match=r"'cont' gates state\(s\) \['c_0', 'h_0'\]"):
+        stepper.set_static(cont=np.ones((1, N)))
+    with pytest.raises(ValueError, match="'y' is not an input of the step net"):
+        stepper.set_static(y=np.ones(1))
+    assert stepper.static == frozenset()
+
+
+def test_an_input_the_net_writes_in_place_is_not_static():
+    net = _make("gru", 1)(1)
+    relu = unroll.core.proto.LayerParameter(name="relu", type="ReLU", bottom=["x"], top=["x"])
+    net.layer.insert(1, relu)
+    with pytest.raises(ValueError, match="writes into input 'x' in place"):
+        Stepper(net).set_static(x=np.zeros((1, N, D)))

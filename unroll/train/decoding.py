@@ -17,6 +17,7 @@ included). Each function returns one (tokens, score) per sequence.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -68,6 +69,10 @@ class StepperDecoder:
         #: {static input: its batch axis}, complete once :meth:`start` has run
         self.batch_axes = self._batch_axes(None)
         self._rows_static = dict(self.static)
+        # the static inputs, as the rows are now, go into the net once before the next step
+        # (Stepper.set_static), not on every step: greedy decoding moves them only when its
+        # batch shrinks
+        self._unset = True
 
     def _batch_axes(self, batch: int | None) -> dict:
         """Each static input's batch axis, where it is known: given, or the one axis the
@@ -97,14 +102,17 @@ class StepperDecoder:
         self.stepper.reset(state)
         if len(self.batch_axes) < len(self.static):
             self.batch_axes = self._batch_axes(np.shape(next(iter(state.values())))[1])
-        self._rows_static = dict(self.static)
+        self._rows_static, self._unset = dict(self.static), True
 
     def step(self, tokens) -> np.ndarray:
         """The log probabilities (M, V) of the next token after each hypothesis' ``tokens``."""
         tokens = np.asarray(tokens, dtype=np.float64)[None]
         ndim = len(self.stepper.declared[self.token])
+        if self._unset:
+            self.stepper.set_static(**self._rows_static)
+            self._unset = False
         out = self.stepper(**{self.token: tokens.reshape(*tokens.shape, *[1] * (ndim - 2)),
-                              self.cont: np.ones_like(tokens)}, **self._rows_static)[self.output]
+                              self.cont: np.ones_like(tokens)})[self.output]
         values = np.asarray(out, dtype=np.float64).reshape(tokens.shape[1], -1)
         return values if self.log else np.log(np.maximum(values, 1e-30))
 
@@ -114,6 +122,7 @@ class StepperDecoder:
         self.stepper.reorder(rows)
         self._rows_static = {name: np.take(value, rows, axis=self.batch_axes[name])
                              for name, value in self._rows_static.items()}
+        self._unset = bool(self._rows_static)
 
 
 def greedy(decoder, batch: int, bos: int, eos: int, max_len: int) -> list[tuple[list[int], float]]:
@@ -174,8 +183,8 @@ def _one_best(decoder, batch: int, bos: int, eos: int, max_len: int,
         picked = np.asarray(pick(logp[at]), dtype=np.int64)
         scores[live] += logp[at, picked]
         going = picked != eos
-        for i, token in zip(live[going], picked[going]):
-            out[i].append(int(token))
+        for i, token in zip(live[going].tolist(), picked[going].tolist()):
+            out[i].append(token)
         if not going.any():
             break
         tokens[at] = picked
@@ -220,32 +229,34 @@ def beam_search(decoder, batch: int, bos: int, eos: int, max_len: int,
         logp = decoder.step(tokens)[:len(scores)]  # after them, rows of ended searches
         vocab = logp.shape[1]
         total = (scores[:, None] + logp).reshape(len(active), k * vocab)
+        # the 2k best extensions of each sequence hold at least k that do not end (or the
+        # beam is spent); ranked for every sequence at once, read as Python numbers
+        ranked = np.argsort(-total, axis=1, kind="stable")[:, :2 * k]
+        ranked_values = np.take_along_axis(total, ranked, axis=1).tolist()
         rows, new_tokens, new_scores, new_prefixes, still = [], [], [], [], []
-        for j, b in enumerate(active):
+        for j, (b, flats, values) in enumerate(zip(active, ranked.tolist(), ranked_values)):
             beam_rows = []
-            # the 2k best extensions hold at least k that do not end (or the beam is spent)
-            for rank, flat in enumerate(np.argsort(-total[j], kind="stable")[:2 * k]):
-                value = total[j, flat]
-                if not np.isfinite(value):
+            for rank, (flat, value) in enumerate(zip(flats, values)):
+                if not math.isfinite(value):
                     break
-                row, token = j * k + flat // vocab, int(flat % vocab)
+                row, token = j * k + flat // vocab, flat % vocab
                 if token == eos:  # an end counts where it is among the k best (fairseq's rule)
                     if rank < k and (best[b] is None or value > best[b][1]):
-                        best[b] = (prefixes[row], float(value))
+                        best[b] = (prefixes[row], value)
                     continue
                 if len(beam_rows) < k:  # once the beam is full, only ends may still count
                     beam_rows.append((row, token, value))
             finished = best[b] is not None and best[b][1] >= max(
-                (v for _, _, v in beam_rows), default=-np.inf)
+                (v for _, _, v in beam_rows), default=-math.inf)
             if finished or not beam_rows:
                 continue  # the sequence leaves the batch
-            beam_rows += [(beam_rows[0][0], eos, -np.inf)] * (k - len(beam_rows))  # dead rows
+            beam_rows += [(beam_rows[0][0], eos, -math.inf)] * (k - len(beam_rows))  # dead rows
             still.append(b)
             for row, token, value in beam_rows:
                 rows.append(row)
                 new_tokens.append(token)
                 new_scores.append(value)
-                new_prefixes.append([*prefixes[row], token] if np.isfinite(value) else [])
+                new_prefixes.append([*prefixes[row], token] if math.isfinite(value) else [])
         if not still:
             active = []
             break

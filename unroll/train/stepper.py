@@ -39,6 +39,10 @@ class Stepper:
     holds). cont gates the carried state as in the unrolled net: cont 0 starts
     a sequence from its initial state, zeros after :meth:`reset`.
 
+    :meth:`set_static` sets inputs that every following call reads as they are, such as
+    an attention memory: copied into the net once, not on every call, so a call then
+    takes only the inputs of its step.
+
     :meth:`reset` starts every sequence from zeros (sized by the batch of the next
     call), ``reset(state)`` from given states, ``{"h_0": (1, N, H), ...}``, as a
     decoder starts from its encoder's final states. A given state is an initial
@@ -85,6 +89,8 @@ class Stepper:
         #: {input: its shape as the net declares it} (the batch it was built for)
         self.declared = {name: tuple(self.net.blobs[name].shape) for name in self.net.inputs}
         self._names = frozenset(self.inputs)
+        #: the inputs set by :meth:`set_static`, which the calls do not take
+        self.static: frozenset = frozenset()
         self._finals = frozenset(self.pairs.values())
         #: the inputs that gate a state, and the cont each reads after reset(state)
         self._conts = sorted({cont for conts in self.gated_by.values() for cont in conts})
@@ -129,6 +135,39 @@ class Stepper:
         if self.initial is not None:
             self.initial = {name: value[:, rows] for name, value in self.initial.items()}
             self._checked = None
+
+    def set_static(self, **inputs) -> None:
+        """Set ``inputs`` (their values are copied) for every following call to read, until
+        set again; the calls no longer take them. Neither a state nor a cont that gates one
+        is static (each call changes them), nor an input the net writes into in place.
+
+        >>> import unroll
+        >>> text = unroll.to_prototxt(unroll.expand("gru", steps=1, batch=2, input_dim=3,
+        ...                                         hidden=4, expose_hidden=True))
+        >>> step = Stepper(text)
+        >>> step.set_static(x=np.ones((1, 2, 3)))
+        >>> step(cont=np.ones((1, 2)))["h"].shape, sorted(step.static)
+        ((1, 2, 4), ['x'])
+        """
+        for name in inputs:
+            if name in self.pairs:
+                raise ValueError(f"Stepper.set_static: '{name}' is a state the stepper "
+                                 f"carries; start from it with reset({{{name!r}: ...}})")
+            if name not in self.inputs:
+                raise ValueError(f"Stepper.set_static: '{name}' is not an input of the step "
+                                 f"net '{self.net.name}' (inputs: {self.inputs})")
+            if name in self._conts:
+                raise ValueError(f"Stepper.set_static: '{name}' gates state(s) "
+                                 f"{sorted(s for s, c in self.gated_by.items() if name in c)}"
+                                 f", which every call reads anew; give it to each call")
+            if len(self.net.blobs.versions(name)) > 1:
+                raise ValueError(f"Stepper.set_static: the step net '{self.net.name}' writes "
+                                 f"into input '{name}' in place, so a call cannot read it as "
+                                 f"it was set; give it to each call")
+        for name, value in inputs.items():
+            self.net.set_input(name, value)
+        self.static = self.static | inputs.keys()
+        self._names = frozenset(self.inputs) - self.static
 
     def __call__(self, blobs=(), **inputs) -> dict:
         """Run one step on ``inputs`` from the held states; returns {output: data} (and the
@@ -180,11 +219,16 @@ class Stepper:
         if given:
             raise ValueError(f"Stepper: {given} are states the stepper carries; start from "
                              f"them with reset({{{given[0]!r}: ...}})")
+        static = sorted(set(inputs) & self.static)
+        if static:
+            raise ValueError(f"Stepper: {static} are static inputs (set_static); set them "
+                             f"again to change them")
         missing = sorted(self._names - set(inputs))
         if missing:
-            raise ValueError(f"Stepper: the step needs inputs {missing} (inputs: {self.inputs})")
+            raise ValueError(f"Stepper: the step needs inputs {missing} (inputs: "
+                             f"{sorted(self._names)})")
         raise ValueError(f"Stepper: {sorted(set(inputs) - self._names)} are not inputs of the "
-                         f"step net '{self.net.name}' (inputs: {self.inputs})")
+                         f"step net '{self.net.name}' (inputs: {sorted(self._names)})")
 
     def _zeros(self, inputs: dict) -> dict:
         """Zero states, each axis that the net ties to a given input sized as that input."""
@@ -192,8 +236,10 @@ class Stepper:
         for name in self.pairs:
             shape = list(self.net.blobs[name].shape)
             for axis, tied in self._ties.get(name, {}).items():
-                sizes = {np.shape(inputs[other])[b] for other, b in tied
-                         if other in inputs and b < np.ndim(inputs[other])}
+                shapes = [(np.shape(inputs[other]) if other in inputs else
+                           self.net.blobs[other].shape, b) for other, b in tied
+                          if other in inputs or other in self.static]
+                sizes = {shape[b] for shape, b in shapes if b < len(shape)}
                 if len(sizes) == 1:
                     shape[axis] = sizes.pop()
             zeros[name] = self.net.xp.zeros(tuple(shape), self.net.dtype)
