@@ -26,16 +26,15 @@ def group_parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten) ->
     (``rewritten``: a write through the whole would change a part a backward
     still reads), nor for a part that keeps memory of its own (an input, say,
     which the user may reshape and fill between runs). Where backward runs
-    forward again, a part and its whole with a life per run (:class:`Liveness`)
-    are hosted life by life, where the same runs write both.
+    forward again, a part and its whole with a buffer per run
+    (:meth:`Liveness.data_buffers`) are hosted buffer by buffer, where the same
+    runs write both.
 
-    Returns ``(data_host, diff_host, flags, data_re_host)``: root (life id, in
-    ``data_re_host``) -> (host root or life, element offset), and step -> (data
-    in whole, diff in whole) per part.
+    Returns ``(data_host, diff_host, flags)``: data buffer / diff root -> (host
+    buffer, element offset), and step -> (data in whole, diff in whole) per part.
     """
     data_host: dict[int, tuple[int, int]] = {}
     diff_host: dict[int, tuple[int, int]] = {}
-    data_re_host: dict[int, tuple[int, int]] = {}
     flags: dict[int, tuple[list[bool], list[bool]]] = {}
     written = {plan.data_root[b] for b in rewritten}
     for s, (step, layer) in enumerate(zip(steps, layers)):
@@ -60,25 +59,25 @@ def group_parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten) ->
                     continue
                 if lives and (plan.relived(r) or plan.relived(w)):
                     pairs = _same_lives(plan, r, w)
-                    if pairs is None or any(j in data_re_host for j, _ in pairs):
+                    if pairs is None or any(j in host for j, _ in pairs):
                         continue
                     for j, i in pairs:
-                        data_re_host[j] = (i, offset)
+                        host[j] = (i, offset)
                 else:
                     host[r] = (w, offset)
                 fl[k] = True
             offset += math.prod(shapes[part])
-    return data_host, diff_host, flags, data_re_host
+    return data_host, diff_host, flags
 
 
 def _same_lives(plan, r: int, w: int) -> list[tuple[int, int]] | None:
-    """The lives of relived roots ``r`` and ``w`` paired, where the same runs write both
-    (None where not)."""
+    """The data buffers of relived roots ``r`` and ``w`` paired, where the same runs write
+    both (None where not)."""
     if not (plan.relived(r) and plan.relived(w)):
         return None
-    a, b = range(plan.re_index[r], plan.re_index[r + 1]), range(plan.re_index[w],
-                                                                plan.re_index[w + 1])
-    if len(a) != len(b) or any(plan.re_born[j] != plan.re_born[i] for j, i in zip(a, b)):
+    a, b, n = plan.data_buffers(r), plan.data_buffers(w), len(plan.data_root)
+    written_by = plan.written_by
+    if len(a) != len(b) or any(written_by[j - n] != written_by[i - n] for j, i in zip(a, b)):
         return None
     return list(zip(a, b))
 

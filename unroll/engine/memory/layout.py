@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -38,13 +38,13 @@ class LayerFlags(NamedTuple):
 class Layout:
     """Where a net's planned buffers sit in the workspace, for one set of shapes.
 
-    Per kind ("data", "diff"), read-only arrays by root: ``offset`` the
-    workspace byte offset of its own buffer (-1: none), ``whole`` the root it
-    lives inside (-1: none) and ``within`` its element offset there;
-    ``offset["data_re"]`` places the lives of data that backward's forward runs
-    write again, by life id (:class:`Liveness`). ``scratch`` maps (step, name)
-    to offsets (``scratch_re``: (step, name, run) in a step's runs in backward);
-    ``total`` is the bytes the
+    Per kind ("data", "diff"), read-only arrays by buffer (a data buffer is
+    numbered as its root, or after the blobs where backward's forward runs
+    write the root again: :meth:`Liveness.data_buffers`): ``offset`` the
+    workspace byte offset of its own memory (-1: none), ``whole`` the buffer
+    it lives inside (-1: none) and ``within`` its element offset there.
+    ``scratch`` maps (step, name, run) to offsets, run -1 the forward pass's,
+    0, 1, ... the step's runs in backward; ``total`` is the bytes the
     workspace needs; ``groups`` are the weight-gradient groups and ``sizes``
     the bytes of their buffers (roots numbered after the blobs); ``flags``
     pairs steps with the :class:`LayerFlags` of every layer that takes part
@@ -59,7 +59,6 @@ class Layout:
     groups: tuple
     sizes: Mapping
     flags: tuple
-    scratch_re: Mapping = field(default_factory=dict)
 
 
 def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
@@ -73,8 +72,7 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
     """
     told = {s: {} for s, layer in enumerate(layers)
             if layer.parts_of_whole or layer.passes_diffs or layer.batches_param_diffs}
-    data_host, diff_host, parts, data_re_host = group_parts(steps, layers, plan, shapes,
-                                                            rewritten)
+    data_host, diff_host, parts = group_parts(steps, layers, plan, shapes, rewritten)
     skipped = {}
     for s, (data_flags, diff_flags) in parts.items():
         told[s]["parts_in_whole"] = (tuple(data_flags), tuple(diff_flags))
@@ -83,9 +81,9 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
     aliased = alias_pass_through_diffs(steps, layers, plan, bottom_need, diff_host, rewritten)
     for s, fl in aliased.items():
         told[s]["diff_aliased"] = skipped[s] = tuple(fl)
-    n_blobs = len(shapes)
+    n_blobs, n_buffers = len(shapes), plan.buffers
     groups, counts = plan_weight_gradients(steps, layers, plan, bottom_need, shapes, data_host,
-                                           diff_host, rewritten, skipped, n_blobs, data_re_host)
+                                           diff_host, rewritten, skipped, n_buffers)
     for group in groups:
         for s in group.steps:
             told[s]["param_diffs_batched"] = True
@@ -94,67 +92,64 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
     # there (a time-major projection, re-read by the forward runs in backward): one buffer
     shared = (_data_then_diff(plan, data_host, diff_host, shapes) if plan.recompute is not None
               else set())
-    buffers, keys, spans_of = [], [], {}
-    lives = [("data", plan.data_life, data_host), ("diff", plan.diff_life, diff_host)]
-    if plan.data_re_life is not None:
-        # the lives of data written again in backward (a chunk's rows of a batched weight
-        # gradient back to back in a buffer of their own)
-        lives.append(("data_re", plan.data_re_life, data_re_host))
+    buffers, keys = [], []
     elems = [math.prod(shape) for shape in shapes]
-    for kind, life, host in lives:
-        own = dict(life.items())  # a dict: a Lifetimes lookup reads numpy scalars
+    data = dict(plan.data_life.items())  # a dict: a Lifetimes lookup reads numpy scalars
+    # the data of the blobs' own buffers, the diffs, then the buffers of values run again
+    # (a chunk's x rows of a batched weight gradient back to back in a buffer of their own)
+    for kind, own, host in (
+            ("data", {r: v for r, v in data.items() if r < n_blobs},
+             {r: v for r, v in data_host.items() if r < n_blobs}),
+            ("diff", dict(plan.diff_life.items()), diff_host),
+            ("data", {r: v for r, v in data.items() if r >= n_blobs},
+             {r: v for r, v in data_host.items() if r >= n_blobs})):
         spans = dict(own)
+        every = data_host if kind == "data" else diff_host
         for r in host:  # a buffer inside another lives as long as either
             if r in own:
                 top = r
-                while top in host:
-                    top = host[top][0]
+                while top in every:
+                    top = every[top][0]
                 first, last = own[r]
                 a, b = spans.get(top, (first, last))
                 spans[top] = (min(a, first), max(b, last))
-        spans_of[kind] = spans
-        relives = kind == "data_re"  # keys are life ids, not roots
         if kind == "diff":
             data_at = {r: i for i, (_, r) in enumerate(keys)}  # every key so far is data's
             for r in shared:
                 a, b = buffers[data_at[r]][:2]
                 c, d = spans.pop(r)
                 buffers[data_at[r]] = (min(a, c), max(b, d), elems[r] * itemsize)
-        private, re_root = plan.private, plan.re_root
         for r, (first, last) in spans.items():
-            if r not in host and (relives or r not in private):
+            if r not in every and r not in plan.private:
                 key = (kind, r)
                 nbytes = (sizes[key] if key in sizes else
-                          elems[re_root[r] if relives else r] * itemsize)
+                          elems[plan.root_of_buffer(r) if kind == "data" else r] * itemsize)
                 buffers.append((first, last, nbytes))
                 keys.append(key)
     for s, layer in enumerate(layers):
+        runs = range(-1, len(plan.again_at.get(s, ())))  # the forward pass's, then the runs'
         for name, (shape, dtype, lives) in layer.scratch_specs.items():
             nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-            span = plan.scratch_life(s, lives)
-            if span is not None:
-                buffers.append((span[0], span[1], nbytes))
-                keys.append(("scratch", (s, name)))
-            for run in range(len(plan.re_time.get(s, ()))):
-                span = plan.scratch_re_life(s, lives, run)
+            for run in runs:
+                span = plan.scratch_life(s, lives, run)
                 if span is not None:
                     buffers.append((span[0], span[1], nbytes))
-                    keys.append(("scratch_re", (s, name, run)))
+                    keys.append(("scratch", (s, name, run)))
     offsets, total = place(buffers)
-    # kept per net, and a bucketed model keeps many nets: arrays by root, not dicts
-    # the groups' buffers are numbered after the blobs (after the lives, for "data_re")
-    n = max(n_blobs, len(plan.re_root)) + len(sizes)
-    offset = {kind: np.full(n, -1, np.int64) for kind in ("data", "diff", "data_re")}
-    scratch: dict = {"scratch": {}, "scratch_re": {}}
+    # kept per net, and a bucketed model keeps many nets: arrays by buffer, not dicts;
+    # the groups' buffers are numbered after the data buffers
+    n = n_buffers + len(sizes)
+    offset = {kind: np.full(n, -1, np.int64) for kind in ("data", "diff")}
+    scratch: dict = {}
     for (kind, r), at in zip(keys, offsets):
-        if kind in scratch:
-            scratch[kind][r] = at
+        if kind == "scratch":
+            scratch[r] = at
         else:
             offset[kind][r] = at
     for r in shared:
         offset["diff"][r] = offset["data"][r]
     whole, within = {}, {}
-    for kind, host in (("data", data_host), ("diff", diff_host), ("data_re", data_re_host)):
+    for kind, host in (("data", data_host), ("diff", diff_host)):
         whole[kind], within[kind] = np.full(n, -1, np.int32), np.zeros(n, np.int64)
         if host:
             roots = np.fromiter(host, np.int64, len(host))
@@ -163,10 +158,8 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
         for a in arrays.values():
             a.flags.writeable = False
     return Layout(MappingProxyType(offset), MappingProxyType(whole), MappingProxyType(within),
-                  MappingProxyType(scratch["scratch"]), total, tuple(groups),
-                  MappingProxyType(sizes),
-                  tuple((s, LayerFlags(**flags)) for s, flags in told.items()),
-                  MappingProxyType(scratch["scratch_re"]))
+                  MappingProxyType(scratch), total, tuple(groups), MappingProxyType(sizes),
+                  tuple((s, LayerFlags(**flags)) for s, flags in told.items()))
 
 
 def planned_bytes(plan: Liveness, layout: Layout, shapes, itemsize: int,
@@ -194,7 +187,7 @@ def _data_then_diff(plan, data_host, diff_host, shapes) -> set[int]:
     data_life, diff_life = dict(plan.data_life.items()), dict(plan.diff_life.items())
     for kind, host, life in (("data", data_host, data_life), ("diff", diff_host, diff_life)):
         for r in host:
-            if r in life:
+            if r in life and r < len(shapes):  # a root, not a buffer of a run again
                 whole, first = resolve(host, r)
                 inside.setdefault((kind, whole), []).append((first, math.prod(shapes[r]), life[r]))
     out = set()
