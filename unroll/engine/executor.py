@@ -126,7 +126,7 @@ class NetMemory:
                     bottom_need=self.bottom_need, shapes=shapes,
                     rewritten=self.graph.rewritten, itemsize=self.dtype.itemsize),
                 self.graph.steps, self.layers, self.bottom_need, shapes, self.dtype.itemsize,
-                self.budget, self.recompute, self.limit.name)
+                self.budget, self.recompute, self.limit.name, self.graph.rewritten)
             # before the layers hear of it, or memory is taken
             self.limit.check_plan(liveness, new, self.blobs, self.graph.steps, self.layers)
             if len(self.layouts) >= LAYOUTS_KEPT:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from unroll.engine.memory.aliases import alias_pass_through_diffs, group_parts, resolve
+from unroll.engine.memory.aliases import Aliases, aliases_of, resolve
 from unroll.engine.memory.placement import place
 from unroll.engine.memory.weight_gradients import plan_weight_gradients
 
@@ -62,25 +62,29 @@ class Layout:
 
 
 def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
-           itemsize: int) -> Layout:
+           itemsize: int, aliases: Aliases | None = None) -> Layout:
     """The layout of ``plan`` for blob shapes ``shapes`` (``itemsize`` bytes per element).
 
     Besides each blob's own buffer: parts placed inside their whole (Concat,
     Slice), diffs passed through unchanged (Eltwise SUM) sharing one buffer,
     and the rows of layers that share a param placed back to back, so that its
-    gradient is one GEMM. ``rewritten`` lists the blobs written in place.
+    gradient is one GEMM. ``rewritten`` lists the blobs written in place;
+    ``aliases`` are the net's (:func:`~unroll.engine.memory.aliases.aliases_of`, found
+    once for every plan a budget weighs; None: found here).
     """
     told = {s: {} for s, layer in enumerate(layers)
             if layer.parts_of_whole or layer.passes_diffs or layer.batches_param_diffs}
-    data_host, diff_host, parts = group_parts(steps, layers, plan, shapes, rewritten)
+    if aliases is None:
+        again = plan.recompute.relived if plan.recompute is not None else b""
+        aliases = aliases_of(steps, layers, plan, shapes, rewritten, bottom_need, again)
+    data_host, diff_host, parts = aliases.resolved(plan)
     skipped = {}
     for s, (data_flags, diff_flags) in parts.items():
-        told[s]["parts_in_whole"] = (tuple(data_flags), tuple(diff_flags))
+        told[s]["parts_in_whole"] = (data_flags, diff_flags)
         # a Slice writes its whole's diff unless every part is inside it
         skipped[s] = diff_flags if layers[s].parts_of_whole == "bottoms" else [all(diff_flags)]
-    aliased = alias_pass_through_diffs(steps, layers, plan, bottom_need, diff_host, rewritten)
-    for s, fl in aliased.items():
-        told[s]["diff_aliased"] = skipped[s] = tuple(fl)
+    for s, fl in aliases.passed.items():
+        told[s]["diff_aliased"] = skipped[s] = fl
     n_blobs, n_buffers = len(shapes), plan.buffers
     groups, counts = plan_weight_gradients(steps, layers, plan, bottom_need, shapes, data_host,
                                            diff_host, rewritten, skipped, n_buffers)
