@@ -96,74 +96,112 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
     # there (a time-major projection, re-read by the forward runs in backward): one buffer
     shared = (_data_then_diff(plan, data_host, diff_host, shapes) if plan.recompute is not None
               else set())
-    buffers, keys = [], []
-    elems = [math.prod(shape) for shape in shapes]
-    data = dict(plan.data_life.items())  # a dict: a Lifetimes lookup reads numpy scalars
-    # the data of the blobs' own buffers, the diffs, then the buffers of values run again
-    # (a chunk's x rows of a batched weight gradient back to back in a buffer of their own)
-    for kind, own, host in (
-            ("data", {r: v for r, v in data.items() if r < n_blobs},
-             {r: v for r, v in data_host.items() if r < n_blobs}),
-            ("diff", dict(plan.diff_life.items()), diff_host),
-            ("data", {r: v for r, v in data.items() if r >= n_blobs},
-             {r: v for r, v in data_host.items() if r >= n_blobs})):
-        spans = dict(own)
-        every = data_host if kind == "data" else diff_host
-        for r in host:  # a buffer inside another lives as long as either
-            if r in own:
-                top = r
-                while top in every:
-                    top = every[top][0]
-                first, last = own[r]
-                a, b = spans.get(top, (first, last))
-                spans[top] = (min(a, first), max(b, last))
-        if kind == "diff":
-            data_at = {r: i for i, (_, r) in enumerate(keys)}  # every key so far is data's
-            for r in shared:
-                a, b = buffers[data_at[r]][:2]
-                c, d = spans.pop(r)
-                buffers[data_at[r]] = (min(a, c), max(b, d), elems[r] * itemsize)
-        for r, (first, last) in spans.items():
-            if r not in every and r not in plan.private:
-                key = (kind, r)
-                nbytes = (sizes[key] if key in sizes else
-                          elems[plan.root_of_buffer(r) if kind == "data" else r] * itemsize)
-                buffers.append((first, last, nbytes))
-                keys.append(key)
-    for s, layer in enumerate(layers):
-        runs = range(-1, len(plan.again_at.get(s, ())))  # the forward pass's, then the runs'
-        for name, (shape, dtype, lives) in layer.scratch_specs.items():
-            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-            for run in runs:
-                span = plan.scratch_life(s, lives, run)
-                if span is not None:
-                    buffers.append((span[0], span[1], nbytes))
-                    keys.append(("scratch", (s, name, run)))
-    offsets, total = place(buffers)
     # kept per net, and a bucketed model keeps many nets: arrays by buffer, not dicts;
     # the groups' buffers are numbered after the data buffers
     n = n_buffers + len(sizes)
-    offset = {kind: np.full(n, -1, np.int64) for kind in ("data", "diff")}
-    scratch: dict = {}
-    for (kind, r), at in zip(keys, offsets):
-        if kind == "scratch":
-            scratch[r] = at
-        else:
-            offset[kind][r] = at
-    for r in shared:
-        offset["diff"][r] = offset["data"][r]
     whole, within = {}, {}
     for kind, host in (("data", data_host), ("diff", diff_host)):
         whole[kind], within[kind] = np.full(n, -1, np.int32), np.zeros(n, np.int64)
         if host:
             roots = np.fromiter(host, np.int64, len(host))
             whole[kind][roots], within[kind][roots] = zip(*host.values())
+    elems = np.array([math.prod(shape) for shape in shapes], np.int64)
+    private = np.zeros(n, bool)
+    private[list(plan.private)] = True
+    nbytes = {"data": np.zeros(n, np.int64), "diff": np.zeros(n, np.int64)}
+    nbytes["data"][:n_buffers] = elems[np.concatenate(
+        [np.arange(n_blobs), np.asarray(plan.root_of, np.int64)])] * itemsize
+    nbytes["diff"][:n_blobs] = elems * itemsize
+    for (kind, r), size in sizes.items():
+        nbytes[kind][r] = size
+    data_ids, data_first, data_last = _spans_of(plan.data_life)
+    data_keys = np.fromiter(data_host, np.int64, len(data_host))
+    # the data of the blobs' own buffers, the diffs, then the buffers of values run again
+    # (a chunk's x rows of a batched weight gradient back to back in a buffer of their own)
+    roots = data_ids < n_blobs
+    passes = []
+    for kind, (ids, first, last), keys in (
+            ("data", (data_ids[roots], data_first[roots], data_last[roots]),
+             data_keys[data_keys < n_blobs]),
+            ("diff", _spans_of(plan.diff_life), np.fromiter(diff_host, np.int64, len(diff_host))),
+            ("data", (data_ids[~roots], data_first[~roots], data_last[~roots]),
+             data_keys[data_keys >= n_blobs])):
+        ids, first, last = _placed(ids, first, last, keys, whole[kind], private)
+        passes.append((kind, ids, first, last, nbytes[kind][ids]))
+    if shared:  # the data buffer takes in the diff's lifetime, and the diff goes
+        _, ids, first, last, size = passes[0]
+        _, dids, dfirst, dlast, dsize = passes[1]
+        both = np.array(sorted(shared), np.int64)
+        at, dat = np.flatnonzero(np.isin(ids, both)), np.flatnonzero(np.isin(dids, both))
+        at, dat = at[np.argsort(ids[at])], dat[np.argsort(dids[dat])]  # both by root
+        first[at] = np.minimum(first[at], dfirst[dat])
+        last[at] = np.maximum(last[at], dlast[dat])
+        keep = np.ones(len(dids), bool)
+        keep[dat] = False
+        passes[1] = ("diff", dids[keep], dfirst[keep], dlast[keep], dsize[keep])
+    buffers = [span for _, _, first, last, size in passes
+               for span in zip(first.tolist(), last.tolist(), size.tolist())]
+    scratch_keys = []
+    for s, layer in enumerate(layers):
+        if not layer.scratch_specs:
+            continue
+        runs = range(-1, len(plan.again_at.get(s, ())))  # the forward pass's, then the runs'
+        for name, (shape, dtype, lives) in layer.scratch_specs.items():
+            size = math.prod(shape) * np.dtype(dtype).itemsize
+            for run in runs:
+                span = plan.scratch_life(s, lives, run)
+                if span is not None:
+                    buffers.append((span[0], span[1], size))
+                    scratch_keys.append((s, name, run))
+    offsets, total = place(buffers)
+    offset = {kind: np.full(n, -1, np.int64) for kind in ("data", "diff")}
+    at = 0
+    for kind, ids, *_ in passes:
+        offset[kind][ids] = offsets[at : at + len(ids)]
+        at += len(ids)
+    scratch = dict(zip(scratch_keys, offsets[at:]))
+    for r in shared:
+        offset["diff"][r] = offset["data"][r]
     for arrays in (offset, whole, within):
         for a in arrays.values():
             a.flags.writeable = False
     return Layout(MappingProxyType(offset), MappingProxyType(whole), MappingProxyType(within),
                   MappingProxyType(scratch), total, tuple(groups), MappingProxyType(sizes),
                   tuple((s, LayerFlags(**flags)) for s, flags in told.items()))
+
+
+def _spans_of(life) -> tuple:
+    """A :class:`~unroll.engine.memory.lifetimes.Lifetimes`' buffers, ascending, and their
+    first and last times, as arrays."""
+    ids = np.flatnonzero(life._first >= 0)
+    return ids, life._first[ids].astype(np.int64), life._last[ids].astype(np.int64)
+
+
+def _placed(ids, first, last, hosted, whole, private) -> tuple:
+    """The buffers placed in the workspace, of those with spans ``ids`` (ascending) and
+    those ``hosted`` inside others (``whole``: each buffer's host, -1 none): a host lives
+    as long as any buffer inside it, and comes after the buffers with spans of their own
+    where it has none, in the order the buffers inside it were hosted; neither hosted
+    buffers nor ``private`` ones are placed."""
+    n = len(whole)
+    lo, hi = np.full(n, np.iinfo(np.int64).max), np.full(n, -1, np.int64)
+    lo[ids], hi[ids] = first, last
+    spanned = np.zeros(n, bool)
+    spanned[ids] = True
+    inside = hosted[spanned[hosted]]
+    top = inside.copy()
+    while len(top):
+        up = whole[top]
+        if not (up >= 0).any():
+            break
+        top = np.where(up >= 0, up, top)
+    np.minimum.at(lo, top, lo[inside])
+    np.maximum.at(hi, top, hi[inside])
+    new = top[~spanned[top]]
+    _, seen = np.unique(new, return_index=True)
+    every = np.concatenate([ids, new[np.sort(seen)]])
+    every = every[(whole[every] < 0) & ~private[every]]
+    return every, lo[every], hi[every]
 
 
 def planned_bytes(plan: Liveness, layout: Layout, shapes, itemsize: int,

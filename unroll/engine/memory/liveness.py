@@ -147,12 +147,15 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     windows = [w for r in regions
                for w in ((r.start, r.stop - 1), (2 * S - r.stop + 1, 2 * S - r.start))]
     step_at = dict(zip(back, range(S)))
+
+    def spans(life) -> dict:  # the planned buffers', over every concurrent region they meet
+        if windows:
+            return {r: widened(v, windows) for r, v in life.items() if r not in private}
+        return {r: v for r, v in life.items() if r not in private}
+
     return Liveness(
         S, array("i", data_root), array("i", diff_root), private,
-        Lifetimes({r: widened(v, windows) for r, v in data_life.items() if r not in private},
-                  n_blobs + len(lives)),
-        Lifetimes({r: widened(v, windows) for r, v in diffs.life.items()
-                   if r not in private}, n_blobs),
+        Lifetimes(spans(data_life), n_blobs + len(lives)), Lifetimes(spans(diffs.life), n_blobs),
         diffs.zero_before(loss_blobs, private, S, step_at.__getitem__), list(layer_need),
         tuple(back), windows, MappingProxyType({s: tuple(v) for s, v in again_at.items()}),
         array("i", roots.tolist()), array("i", (life[3] for life in lives)),
