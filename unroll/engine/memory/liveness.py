@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from unroll.engine.memory.segments import Recompute
     from unroll.graph import Step
 
-__all__ = ["forward_runs", "liveness", "private_blobs"]
+__all__ = ["backward_reads", "forward_runs", "liveness", "private_blobs"]
 
 
 def private_blobs(steps, layers, table, named, phase: str, loss_blobs) -> set[int]:
@@ -84,6 +84,8 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
             recompute = forward_runs(steps, layers, data_root, layer_need, bottom_need,
                                      recompute)
         order, runs, again = recompute.order, recompute.runs, recompute.relived
+    reads = (recompute.reads if recompute is not None and recompute.reads else
+             backward_reads(steps, layers, data_root, layer_need, bottom_need))
     # one walk over the actions in time order: the forward pass, the loss at S, then
     # backward's; a value run again gets a buffer per run that writes it
     data_life: dict[int, list[int]] = {}
@@ -135,7 +137,7 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
         for s in reversed(range(bounds[~a], bounds[~a + 1])):
             back[s] = t
             if layer_need[s]:
-                for r in _backward_reads(steps[s], layers[s], data_root, bottom_need[s]):
+                for r in reads[s]:
                     touch(r, t)
                 diffs.backward(steps[s], layers[s], t, bottom_need[s])
             t += 1
@@ -226,14 +228,14 @@ def forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute: R
     # which steps each forward run needs, walking backward in time: a run writing what
     # something reads before the next write runs, and so do the steps it reads from
     pending = bytearray(len(data_root))
+    reads = recompute.reads or backward_reads(steps, layers, data_root, layer_need, bottom_need)
     runs: list = [None] * len(order)
     for i in reversed(range(len(order))):
         a = order[i]
         if a < 0:
             for s in range(bounds[~a], bounds[~a + 1]):
-                if layer_need[s]:
-                    for r in _backward_reads(steps[s], layers[s], data_root, bottom_need[s]):
-                        pending[r] = 1
+                for r in reads[s]:
+                    pending[r] = 1
             continue
         ran = []
         for s in reversed(recompute.steps[a]):
@@ -251,13 +253,20 @@ def forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute: R
     return dataclasses.replace(recompute, order=tuple(order), runs=tuple(runs))
 
 
-def _backward_reads(step, layer, data_root, need):
-    """The data roots a step's backward reads."""
-    if "top" in layer.backward_reads:
-        yield from (data_root[b] for b in step.tops)
-    for k, b in enumerate(step.bottoms):
-        if layer.reads_in_backward(k, need):
-            yield data_root[b]
+def backward_reads(steps, layers, data_root, layer_need, bottom_need) -> tuple:
+    """Per step, the data roots its backward reads (none where it runs no backward): its
+    tops' where its layer's ``backward_reads`` names "top", and the bottoms its
+    :meth:`~unroll.engine.layer.Layer.reads_in_backward` names."""
+    out = []
+    for step, layer, runs, need in zip(steps, layers, layer_need, bottom_need):
+        reads = []
+        if runs:
+            if "top" in layer.backward_reads:
+                reads += [data_root[b] for b in step.tops]
+            reads += [data_root[b] for k, b in enumerate(step.bottoms)
+                      if layer.reads_in_backward(k, need)]
+        out.append(tuple(reads))
+    return tuple(out)
 
 
 def _saves_scratch(layer, runs_backward) -> bool:
