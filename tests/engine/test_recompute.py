@@ -2,6 +2,7 @@
 recomputed in backward, and every result is bit-identical to the plan without a budget."""
 
 import heapq
+import importlib
 
 import numpy as np
 import pytest
@@ -278,6 +279,7 @@ def test_an_attempt_is_one_liveness_walk_and_one_layout(monkeypatch):
     from unroll.core import proto
     from unroll.engine import memory
     from unroll.engine.memory import budget as mechanism
+    layout_module = importlib.import_module("unroll.engine.memory.layout")  # not the function
 
     counts: dict[str, int] = {}
 
@@ -295,6 +297,10 @@ def test_an_attempt_is_one_liveness_walk_and_one_layout(monkeypatch):
         "layout", memory.layout, lambda a, kw: a[0].recompute is not None))
     monkeypatch.setattr(mechanism, "recomputable", counted(
         "recomputable", mechanism.recomputable, lambda a, kw: True))
+    # what lives inside what: once for the full plan, once for every attempt
+    for module, attempt in ((layout_module, False), (mechanism, True)):
+        monkeypatch.setattr(module, "aliases_of", counted(
+            "aliases", module.aliases_of, lambda a, kw, attempt=attempt: attempt))
     # the prototxt is parsed once per net, not once per attempt
     monkeypatch.setattr(proto.text_format, "Parse", counted(
         "parse", proto.text_format.Parse, lambda a, kw: False))
@@ -307,14 +313,15 @@ def test_an_attempt_is_one_liveness_walk_and_one_layout(monkeypatch):
     attempts = counts["layout attempt"]
     assert attempts >= 2 and counts == {"parse full": 1, "liveness full": 1,
                                         "layout full": 1, "liveness attempt": attempts,
-                                        "recomputable attempt": 1, "layout attempt": attempts}
+                                        "recomputable attempt": 1, "layout attempt": attempts,
+                                        "aliases full": 1, "aliases attempt": 1}
     rng = np.random.default_rng(0)  # a batch of 1, not 2 (axis 1 of every input)
     feed = {name: rng.normal(size=(net.blobs[name].shape[0], 1, *net.blobs[name].shape[2:]))
             for name in net.inputs}
     feed["cont"] = cont_from_lengths([T], T)
     net.forward(**feed)  # a new layout, and plan
     assert counts["liveness full"] == 1 and counts["layout full"] == 2
-    assert counts["recomputable attempt"] == 2
+    assert counts["recomputable attempt"] == 2 and counts["aliases attempt"] == 2
     assert counts["liveness attempt"] == counts["layout attempt"]
 
 

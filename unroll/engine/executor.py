@@ -126,7 +126,7 @@ class NetMemory:
                     bottom_need=self.bottom_need, shapes=shapes,
                     rewritten=self.graph.rewritten, itemsize=self.dtype.itemsize),
                 self.graph.steps, self.layers, self.bottom_need, shapes, self.dtype.itemsize,
-                self.budget, self.recompute, self.limit.name)
+                self.budget, self.recompute, self.limit.name, self.graph.rewritten)
             # before the layers hear of it, or memory is taken
             self.limit.check_plan(liveness, new, self.blobs, self.graph.steps, self.layers)
             if len(self.layouts) >= LAYOUTS_KEPT:
@@ -172,27 +172,26 @@ def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[list, set[int],
     memory of the values run again (:func:`relive`; else none).
     """
     offset, whole, within = layout.offset, layout.whole, layout.within
-    n_blobs, n_lives = len(blobs), len(plan.re_root)
+    n_buffers = plan.buffers
     workspace.grow(layout.total)
     arrays: dict = {}
     wholes = np.unique(whole["data"][whole["data"] >= 0]).tolist()
-    bound_wholes = {id(blobs[w]) for w in wholes if w < n_blobs}
+    bound_wholes = {id(blobs[w]) for w in wholes if w < len(blobs)}
 
     def array(kind, r):
         if (kind, r) in arrays:
             return arrays[(kind, r)]
-        relives = kind == "data_re"  # keys are life ids
         host, at = int(whole[kind][r]), int(offset[kind][r])
-        if r >= (n_lives if relives else n_blobs):  # a buffer holding several blobs' rows
+        if r >= n_buffers:  # a buffer holding several blobs' rows
             a = workspace.view(at, (layout.sizes[(kind, r)] // dtype.itemsize,), dtype)
         else:
-            blob = blobs[plan.re_root[r]] if relives else blobs[r]
+            blob = blobs[plan.root_of_buffer(r) if kind == "data" else r]
             if host >= 0:
                 flat = array(kind, host)
                 a = None if flat is None else _inside(flat, int(within[kind][r]), blob)
             elif at >= 0:
                 a = workspace.view(at, blob.shape, dtype)
-            elif not relives and r in plan.private:
+            elif r in plan.private:
                 a = getattr(blob, kind)  # its own memory
             else:
                 a = None  # never used by this net (no backward: no diff)
@@ -205,31 +204,30 @@ def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[list, set[int],
             continue
         # a root no step touches (a diff where nothing runs backward) gets no memory
         diff = array("diff", r) if r in plan.diff_life else None
-        if plan.relived(r):  # its life in the forward pass
-            data = array("data_re", int(plan.re_index[r]))
+        first = plan.data_buffers(r)[0]  # its buffer in the forward pass
+        data = array("data", first) if first in plan.data_life else None
+        if plan.relived(r):
             first_lives.append((blobs[r], data))
-        else:
-            data = array("data", r) if r in plan.data_life else None
         blobs[r].bind(data, diff)
     for s, layer in enumerate(layers):
         for name, (shape, dtype_, _) in layer.scratch_specs.items():
-            if (s, name) in layout.scratch:
-                layer.scratch_memory[name] = workspace.view(layout.scratch[(s, name)], shape,
-                                                            dtype_)
+            if (s, name, -1) in layout.scratch:
+                layer.scratch_memory[name] = workspace.view(layout.scratch[(s, name, -1)],
+                                                            shape, dtype_)
     gemms = []
     for group in layout.groups:
         layer = layers[group.after]
         (xr, x0), (gr, g0) = group.x, group.gy
         batched = layer.memory.batched_param_gradient
         K, n = batched.row_widths(layer)
-        x = array(group.x_kind, xr).reshape(-1)[x0 : x0 + group.rows * K].reshape(-1, K)
+        x = array("data", xr).reshape(-1)[x0 : x0 + group.rows * K].reshape(-1, K)
         gy = array("diff", gr).reshape(-1)[g0 : g0 + group.rows * n].reshape(-1, n)
         gemms.append((layer, x, gy, batched.backward))
     lives = ((), {})
     if plan.recompute is not None:
-        # the buffers that hold lives inside them, for the views made at each run
-        hosts = {h: array("data_re", h)
-                 for h in np.unique(whole["data_re"][whole["data_re"] >= 0]).tolist()}
+        # the buffers that hold buffers of values run again, for the views made at each run
+        inside = whole["data"][len(blobs):n_buffers]
+        hosts = {h: array("data", h) for h in np.unique(inside[inside >= 0]).tolist()}
         lives = relive(layout, plan, layers, workspace, first_lives, hosts, blobs)
     arrays.clear()  # array() refers to itself: left to the collector, the dict would
     # keep views of an old arena alive after the workspace grows
@@ -239,27 +237,28 @@ def bind(layout, plan, blobs, layers, workspace, dtype) -> tuple[list, set[int],
 def relive(layout, plan, layers, workspace, first_lives, hosts, blobs) -> tuple[list, dict]:
     """The actions that bind the memory of values backward's forward runs write again:
     the forward pass's (its ``first_lives``, ``(blob, array)``, and its steps' scratch),
-    and per forward run of ``plan.recompute``, the lives it starts and its steps' scratch.
+    and per forward run of ``plan.recompute``, the buffers it writes and its steps' scratch.
     Each is ``(BIND, None, binder, what, where)``; a run's views are made as it starts: a
-    long chain keeps offsets, not arrays, for every life.
+    long chain keeps offsets, not arrays, for every buffer.
     """
     restore = [(BIND, None, _given, tuple(b for b, _ in first_lives),
                 tuple(a for _, a in first_lives))] if first_lives else []
-    offset, whole, within = (layout.offset["data_re"], layout.whole["data_re"],
-                             layout.within["data_re"])
+    n_blobs = len(blobs)
+    offset, whole, within = (layout.offset["data"][n_blobs:], layout.whole["data"][n_blobs:],
+                             layout.within["data"][n_blobs:])
     views = functools.partial(_views, workspace)
-    born = np.asarray(plan.re_born, np.int64)
-    ids = np.argsort(born, kind="stable")  # life ids by the run starting them
+    born = np.asarray(plan.written_by, np.int64)
+    ids = np.argsort(born, kind="stable")  # the buffers by the run writing them
     starts = np.searchsorted(born[ids], np.arange(len(plan.recompute.order) + 1))
     runs: dict[int, list] = {}
-    roots = plan.re_root
+    roots = plan.root_of
     for i in range(len(plan.recompute.order)):
         lives = ids[starts[i] : starts[i + 1]]
         if not len(lives):
             continue
         own, inside = lives[whole[lives] < 0], lives[whole[lives] >= 0]
         runs[i] = [(BIND, None, views, tuple(blobs[roots[j]] for j in own.tolist()),
-                    offset[own])]  # arrays: 8 bytes a life
+                    offset[own])]  # arrays: 8 bytes a buffer
         if len(inside):
             runs[i].append((BIND, None, functools.partial(
                 _insides, tuple(hosts[h] for h in whole[inside].tolist())),
@@ -275,9 +274,9 @@ def relive(layout, plan, layers, workspace, first_lives, hosts, blobs) -> tuple[
             if k == 0:
                 restore.append((BIND, None, _scratch_given, table,
                                 tuple((name, table.get(name)) for name in layer.scratch_specs)))
-            places = tuple((name, layout.scratch_re[(s, name, k)], shape, dtype_)
+            places = tuple((name, layout.scratch[(s, name, k)], shape, dtype_)
                            for name, (shape, dtype_, _) in layer.scratch_specs.items()
-                           if (s, name, k) in layout.scratch_re)
+                           if (s, name, k) in layout.scratch)
             if places:
                 runs.setdefault(i, []).append(
                     (BIND, None, functools.partial(_scratch_views, workspace), table, places))

@@ -15,7 +15,8 @@ One module a job:
 - :mod:`~unroll.engine.memory.liveness` and :mod:`~unroll.engine.memory.lifetimes`:
   every buffer's lifetime, from the graph alone;
 - :mod:`~unroll.engine.memory.aliases`: the parts of a Concat or Slice inside their
-  whole, a diff passed through unchanged (Eltwise SUM) as its bottoms' diff too;
+  whole, a diff passed through unchanged (Eltwise SUM) as its bottoms' diff too, resolved
+  once per net and shapes into one immutable :class:`Aliases`;
 - :mod:`~unroll.engine.memory.weight_gradients`: the rows of the layers that share a
   param back to back, so that its gradient is one GEMM per chunk of
   :data:`GRADIENT_CHUNK` timesteps;
@@ -50,7 +51,7 @@ One module a job:
 128
 """
 
-from unroll.engine.memory.aliases import alias_pass_through_diffs, group_parts
+from unroll.engine.memory.aliases import Aliases, aliases_of
 from unroll.engine.memory.budget import Plans, within_budget
 from unroll.engine.memory.hsm import bptt_hsm, hsm_order, hsm_units
 from unroll.engine.memory.layout import LayerFlags, Layout, input_roots, layout, planned_bytes
@@ -89,13 +90,13 @@ from unroll.engine.memory.weight_gradients import (
     time_chunks,
 )
 
-__all__ = ["Action", "BPTTHSM", "GRADIENT_CHUNK", "HSM_MOST_FORWARDS", "Chain", "ChenSegments",
+__all__ = ["Action", "Aliases", "BPTTHSM", "GRADIENT_CHUNK", "HSM_MOST_FORWARDS", "Chain",
+           "ChenSegments",
            "Checkpoints", "FewestRecomputed", "Layout", "LayerFlags", "Lifetimes", "Liveness",
            "NoRecompute", "Plan", "Plans", "Policy", "Recomputable", "Recompute", "Region",
            "Schedule", "WeightGradGroup",
-           "alias_pass_through_diffs",
-           "allowed_cuts", "bptt_hsm", "concurrent_regions", "crossing_bytes",
-           "gradient_chunks", "greedy_cuts", "group_parts", "hsm_order", "hsm_units",
+           "aliases_of", "allowed_cuts", "bptt_hsm", "concurrent_regions", "crossing_bytes",
+           "gradient_chunks", "greedy_cuts", "hsm_order", "hsm_units",
            "input_roots", "layout", "liveness", "one_level_order", "place",
            "plan_weight_gradients", "planned_bytes", "policy_named", "private_blobs",
            "recomputable", "schedule", "separate_losses", "time_chunks", "within_budget"]

@@ -1,22 +1,72 @@
 """Aliases: buffers that live inside others, so that a layer moves no memory (docs/design.md,
-6. Memory): the parts of a Concat or Slice inside their whole (:func:`group_parts`) and a
-diff passed through unchanged as its bottoms' diff too (:func:`alias_pass_through_diffs`).
-A placement is ``root -> (host root, element offset)``; :func:`resolve` follows the chain.
+6. Memory): the parts of a Concat or Slice inside their whole and a diff passed through
+unchanged as its bottoms' diff too (Eltwise SUM). :func:`aliases_of` resolves them once per
+net and shapes into one immutable :class:`Aliases` (``buffer -> (host buffer, element
+offset)``), which every plan a budget weighs reads; :meth:`Aliases.resolved` adds a plan's
+buffers of values run again. :func:`resolve` follows the chain.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from unroll.engine.memory.lifetimes import Liveness
     from unroll.graph import Step
 
-__all__ = ["alias_pass_through_diffs", "group_parts", "resolve"]
+__all__ = ["Aliases", "aliases_of", "resolve"]
 
 
-def group_parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten) -> tuple:
+@dataclass(frozen=True)
+class Aliases:
+    """What lives inside what, for one net and set of shapes, whatever the cuts.
+
+    ``data`` and ``diff`` map a root to ``(host root, element offset)``;
+    ``parts`` gives each Concat or Slice step its (data in whole, diff in
+    whole) flags per part, ``passed`` each pass-through step its per-bottom
+    flags (the layer writes no diff for those). ``again`` lists the parts
+    ``(step, part, root, whole root, element offset)`` whose data a plan's
+    forward runs write again: hosted buffer by buffer (:meth:`resolved`).
+    """
+
+    data: Mapping
+    diff: Mapping
+    parts: Mapping
+    passed: Mapping
+    again: tuple
+
+    def resolved(self, plan: Liveness) -> tuple[dict, dict, dict]:
+        """``(data_host, diff_host, parts)`` for ``plan``: data buffer / diff root ->
+        (host, element offset), new dicts the weight-gradient rows may join; the parts of
+        a whole run again inside its buffers, where the same runs write both."""
+        data_host, parts = dict(self.data), dict(self.parts)
+        for s, k, r, w, offset in self.again:
+            pairs = _same_lives(plan, r, w)
+            if pairs is None or any(j in data_host for j, _ in pairs):
+                continue
+            for j, i in pairs:
+                data_host[j] = (i, offset)
+            data_flags, diff_flags = parts[s]
+            parts[s] = (data_flags[:k] + (True,) + data_flags[k + 1:], diff_flags)
+        return data_host, dict(self.diff), parts
+
+
+def aliases_of(steps: list[Step], layers, plan: Liveness, shapes, rewritten, bottom_need,
+               again: bytes = b"") -> Aliases:
+    """The :class:`Aliases` of a net's run order for blob ``shapes``; ``again`` says per
+    data root whether a plan's forward runs may write it again (none: the full plan)."""
+    data_host, diff_host, parts, relived = _parts(steps, layers, plan, shapes, rewritten,
+                                                  again)
+    passed = _pass_through(steps, layers, plan, bottom_need, diff_host, rewritten)
+    return Aliases(MappingProxyType(data_host), MappingProxyType(diff_host),
+                   MappingProxyType(parts), MappingProxyType(passed), tuple(relived))
+
+
+def _parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten, again) -> tuple:
     """Concat bottoms and Slice tops placed inside their whole, so they move no memory.
 
     Along axis 0 (or any axis with only 1s before it) the parts of a Concat
@@ -25,18 +75,17 @@ def group_parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten) ->
     alike, and the layer skips its copy. Not for memory written in place
     (``rewritten``: a write through the whole would change a part a backward
     still reads), nor for a part that keeps memory of its own (an input, say,
-    which the user may reshape and fill between runs). Where backward runs
-    forward again, a part and its whole with a life per run (:class:`Liveness`)
-    are hosted life by life, where the same runs write both.
+    which the user may reshape and fill between runs). A part or whole whose
+    data backward's forward runs write again (``again``) is left to
+    :meth:`Aliases.resolved`.
 
-    Returns ``(data_host, diff_host, flags, data_re_host)``: root (life id, in
-    ``data_re_host``) -> (host root or life, element offset), and step -> (data
-    in whole, diff in whole) per part.
+    Returns ``(data_host, diff_host, flags, again)``: root -> (host root, element
+    offset), step -> (data in whole, diff in whole) per part, and the parts run again.
     """
     data_host: dict[int, tuple[int, int]] = {}
     diff_host: dict[int, tuple[int, int]] = {}
-    data_re_host: dict[int, tuple[int, int]] = {}
-    flags: dict[int, tuple[list[bool], list[bool]]] = {}
+    flags: dict[int, tuple[tuple[bool, ...], tuple[bool, ...]]] = {}
+    relived = []
     written = {plan.data_root[b] for b in rewritten}
     for s, (step, layer) in enumerate(zip(steps, layers)):
         kind = layer.memory.parts_of_whole
@@ -58,27 +107,23 @@ def group_parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten) ->
                 if (r == w or r in host or r in written or w in written
                         or r in plan.private):
                     continue
-                if lives and (plan.relived(r) or plan.relived(w)):
-                    pairs = _same_lives(plan, r, w)
-                    if pairs is None or any(j in data_re_host for j, _ in pairs):
-                        continue
-                    for j, i in pairs:
-                        data_re_host[j] = (i, offset)
-                else:
-                    host[r] = (w, offset)
+                if lives and again and (again[r] or again[w]):
+                    relived.append((s, k, r, w, offset))
+                    continue
+                host[r] = (w, offset)
                 fl[k] = True
             offset += math.prod(shapes[part])
-    return data_host, diff_host, flags, data_re_host
+    return data_host, diff_host, {s: (tuple(a), tuple(b)) for s, (a, b) in flags.items()}, relived
 
 
 def _same_lives(plan, r: int, w: int) -> list[tuple[int, int]] | None:
-    """The lives of relived roots ``r`` and ``w`` paired, where the same runs write both
-    (None where not)."""
+    """The data buffers of relived roots ``r`` and ``w`` paired, where the same runs write
+    both (None where not)."""
     if not (plan.relived(r) and plan.relived(w)):
         return None
-    a, b = range(plan.re_index[r], plan.re_index[r + 1]), range(plan.re_index[w],
-                                                                plan.re_index[w + 1])
-    if len(a) != len(b) or any(plan.re_born[j] != plan.re_born[i] for j, i in zip(a, b)):
+    a, b, n = plan.data_buffers(r), plan.data_buffers(w), len(plan.data_root)
+    written_by = plan.written_by
+    if len(a) != len(b) or any(written_by[j - n] != written_by[i - n] for j, i in zip(a, b)):
         return None
     return list(zip(a, b))
 
@@ -92,8 +137,8 @@ def resolve(host, r: int) -> tuple[int, int]:
     return r, offset
 
 
-def alias_pass_through_diffs(steps: list[Step], layers, plan: Liveness, bottom_need,
-                             diff_host: dict, rewritten) -> dict[int, list[bool]]:
+def _pass_through(steps: list[Step], layers, plan: Liveness, bottom_need, diff_host: dict,
+                  rewritten) -> dict[int, tuple[bool, ...]]:
     """Bottom diffs equal to their top's diff (Eltwise SUM, coefficient 1) share its memory.
 
     The top's diff and those bottoms' diffs become one buffer, placed where
@@ -105,7 +150,7 @@ def alias_pass_through_diffs(steps: list[Step], layers, plan: Liveness, bottom_n
     Returns step -> per-bottom flags: the layer writes no diff for those.
     """
     written = {plan.diff_root[b] for b in rewritten}
-    aliased: dict[int, list[bool]] = {}
+    aliased: dict[int, tuple[bool, ...]] = {}
     for s, (step, layer) in enumerate(zip(steps, layers)):
         passes = layer.memory.passes_diff
         if passes is None or not plan.layer_need[s]:
@@ -132,5 +177,5 @@ def alias_pass_through_diffs(steps: list[Step], layers, plan: Liveness, bottom_n
             if k is not None:
                 flags[k] = True
         if any(flags):
-            aliased[s] = flags
+            aliased[s] = tuple(flags)
     return aliased

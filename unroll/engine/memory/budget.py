@@ -13,10 +13,11 @@ import math
 from collections import Counter
 
 from unroll.core.errors import MemoryBudgetError
+from unroll.engine.memory.aliases import aliases_of
 from unroll.engine.memory.hsm import hsm_units
 from unroll.engine.memory.layout import Layout, input_roots, planned_bytes
 from unroll.engine.memory.lifetimes import Liveness
-from unroll.engine.memory.liveness import forward_runs
+from unroll.engine.memory.liveness import backward_reads, forward_runs
 from unroll.engine.memory.policy import Chain, FewestRecomputed, Plan, Policy
 from unroll.engine.memory.segments import allowed_cuts, crossing_bytes, recomputable
 from unroll.engine.memory.weight_gradients import gradient_chunks
@@ -30,11 +31,15 @@ class Plans:
     again is found once, for all of them (``again``, a
     :class:`~unroll.engine.memory.segments.Recomputable`): an attempt is one liveness walk
     and one layout; :meth:`recomputed` is a plan's cost in forward steps without either
-    (``runs_of``: :func:`~unroll.engine.memory.liveness.forward_runs` of the net)."""
+    (``runs_of``: :func:`~unroll.engine.memory.liveness.forward_runs` of the net).
+    ``aliases(relived)`` gives what lives inside what where the runs may write the roots
+    ``relived`` again (:func:`~unroll.engine.memory.aliases.aliases_of`), found once, on
+    the first plan made."""
 
     def __init__(self, make, lay_out, runs_of, chain: Chain, again, bytes_of, base,
-                 full_layout, policy):
+                 full_layout, policy, aliases):
         self._make, self._lay_out, self._runs_of, self._again = make, lay_out, runs_of, again
+        self._aliases_of, self._aliases = aliases, None
         self._bytes_of, self._policy, self._steps = bytes_of, policy, chain.steps
         self._allowed = frozenset(chain.allowed)
         self._made: dict[tuple, Plan] = {}
@@ -66,7 +71,9 @@ class Plans:
         key = (cuts, order)
         if key not in self._made:
             liveness = self._make(self._recompute(cuts, order, slots))
-            layout = self._lay_out(liveness)
+            if self._aliases is None:
+                self._aliases = self._aliases_of(liveness, again=self._again.relived)
+            layout = self._lay_out(liveness, aliases=self._aliases)
             plan = Plan(self._bytes_of(liveness, layout), liveness.recompute.recomputed,
                         liveness, layout)
             self._made[key] = plan
@@ -95,16 +102,17 @@ def chain_of(steps, layers, shapes, itemsize: int, base: Liveness) -> tuple[Chai
 
 
 def within_budget(base: Liveness, make, lay_out, steps, layers, bottom_need, shapes,
-                  itemsize: int, budget=None, policy: Policy | None = None, name: str = ""
-                  ) -> tuple[Liveness, Layout]:
+                  itemsize: int, budget=None, policy: Policy | None = None, name: str = "",
+                  rewritten=()) -> tuple[Liveness, Layout]:
     """The liveness and layout that ``policy`` chooses (None: :class:`FewestRecomputed`)
     within ``budget`` bytes (:func:`~unroll.engine.memory.layout.planned_bytes`; None: no
     budget, and without a policy the full plan).
 
     ``base`` is the net's :class:`Liveness` without recomputation (made once per net: it
     depends on the graph alone), ``make(recompute)`` its liveness for a
-    :class:`~unroll.engine.memory.segments.Recompute` plan, ``lay_out(liveness)`` a
-    layout for the current shapes. A budget the chosen plan does not fit is a
+    :class:`~unroll.engine.memory.segments.Recompute` plan, ``lay_out(liveness,
+    aliases=)`` a layout for the current shapes (``rewritten``: the blobs written in
+    place). A budget the chosen plan does not fit is a
     :class:`~unroll.core.errors.MemoryBudgetError` giving the smallest plan made.
     """
     full = lay_out(base)
@@ -116,9 +124,13 @@ def within_budget(base: Liveness, make, lay_out, steps, layers, bottom_need, sha
     runs_of = functools.partial(forward_runs, steps, layers, base.data_root, base.layer_need,
                                 bottom_need)
     plans = Plans(make, lay_out, runs_of, chain,
-                  recomputable(steps, layers, base.data_root, base.private, chunks),
+                  recomputable(steps, layers, base.data_root, base.private, chunks,
+                               backward_reads(steps, layers, base.data_root, base.layer_need,
+                                              bottom_need)),
                   lambda plan, layout_: planned_bytes(plan, layout_, shapes, itemsize, inputs),
-                  base, full, policy)
+                  base, full, policy,
+                  functools.partial(aliases_of, steps, layers, shapes=shapes,
+                                    rewritten=rewritten, bottom_need=bottom_need))
     got = policy.choose(chain, plans, budget) or plans.full
     if budget is not None and got.bytes > budget:
         raise MemoryBudgetError(

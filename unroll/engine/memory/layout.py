@@ -8,13 +8,13 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from unroll.engine.memory.aliases import alias_pass_through_diffs, group_parts, resolve
+from unroll.engine.memory.aliases import Aliases, aliases_of, resolve
 from unroll.engine.memory.placement import place
 from unroll.engine.memory.weight_gradients import plan_weight_gradients
 
@@ -38,13 +38,13 @@ class LayerFlags(NamedTuple):
 class Layout:
     """Where a net's planned buffers sit in the workspace, for one set of shapes.
 
-    Per kind ("data", "diff"), read-only arrays by root: ``offset`` the
-    workspace byte offset of its own buffer (-1: none), ``whole`` the root it
-    lives inside (-1: none) and ``within`` its element offset there;
-    ``offset["data_re"]`` places the lives of data that backward's forward runs
-    write again, by life id (:class:`Liveness`). ``scratch`` maps (step, name)
-    to offsets (``scratch_re``: (step, name, run) in a step's runs in backward);
-    ``total`` is the bytes the
+    Per kind ("data", "diff"), read-only arrays by buffer (a data buffer is
+    numbered as its root, or after the blobs where backward's forward runs
+    write the root again: :meth:`Liveness.data_buffers`): ``offset`` the
+    workspace byte offset of its own memory (-1: none), ``whole`` the buffer
+    it lives inside (-1: none) and ``within`` its element offset there.
+    ``scratch`` maps (step, name, run) to offsets, run -1 the forward pass's,
+    0, 1, ... the step's runs in backward; ``total`` is the bytes the
     workspace needs; ``groups`` are the weight-gradient groups and ``sizes``
     the bytes of their buffers (roots numbered after the blobs); ``flags``
     pairs steps with the :class:`LayerFlags` of every layer that takes part
@@ -59,34 +59,36 @@ class Layout:
     groups: tuple
     sizes: Mapping
     flags: tuple
-    scratch_re: Mapping = field(default_factory=dict)
 
 
 def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
-           itemsize: int) -> Layout:
+           itemsize: int, aliases: Aliases | None = None) -> Layout:
     """The layout of ``plan`` for blob shapes ``shapes`` (``itemsize`` bytes per element).
 
     Besides each blob's own buffer: parts placed inside their whole (Concat,
     Slice), diffs passed through unchanged (Eltwise SUM) sharing one buffer,
     and the rows of layers that share a param placed back to back, so that its
-    gradient is one GEMM. ``rewritten`` lists the blobs written in place.
+    gradient is one GEMM. ``rewritten`` lists the blobs written in place;
+    ``aliases`` are the net's (:func:`~unroll.engine.memory.aliases.aliases_of`, found
+    once for every plan a budget weighs; None: found here).
     """
     told = {s: {} for s, m in enumerate(layer.memory for layer in layers)
             if m.parts_of_whole or m.passes_diff or m.batched_param_gradient}
-    data_host, diff_host, parts, data_re_host = group_parts(steps, layers, plan, shapes,
-                                                            rewritten)
+    if aliases is None:
+        again = plan.recompute.relived if plan.recompute is not None else b""
+        aliases = aliases_of(steps, layers, plan, shapes, rewritten, bottom_need, again)
+    data_host, diff_host, parts = aliases.resolved(plan)
     skipped = {}
     for s, (data_flags, diff_flags) in parts.items():
-        told[s]["parts_in_whole"] = (tuple(data_flags), tuple(diff_flags))
+        told[s]["parts_in_whole"] = (data_flags, diff_flags)
         # a Slice writes its whole's diff unless every part is inside it
         whole_of_bottoms = layers[s].memory.parts_of_whole == "bottoms"
         skipped[s] = diff_flags if whole_of_bottoms else [all(diff_flags)]
-    aliased = alias_pass_through_diffs(steps, layers, plan, bottom_need, diff_host, rewritten)
-    for s, fl in aliased.items():
-        told[s]["diff_aliased"] = skipped[s] = tuple(fl)
-    n_blobs = len(shapes)
+    for s, fl in aliases.passed.items():
+        told[s]["diff_aliased"] = skipped[s] = fl
+    n_blobs, n_buffers = len(shapes), plan.buffers
     groups, counts = plan_weight_gradients(steps, layers, plan, bottom_need, shapes, data_host,
-                                           diff_host, rewritten, skipped, n_blobs, data_re_host)
+                                           diff_host, rewritten, skipped, n_buffers)
     for group in groups:
         for s in group.steps:
             told[s]["param_diffs_batched"] = True
@@ -95,79 +97,112 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
     # there (a time-major projection, re-read by the forward runs in backward): one buffer
     shared = (_data_then_diff(plan, data_host, diff_host, shapes) if plan.recompute is not None
               else set())
-    buffers, keys, spans_of = [], [], {}
-    lives = [("data", plan.data_life, data_host), ("diff", plan.diff_life, diff_host)]
-    if plan.data_re_life is not None:
-        # the lives of data written again in backward (a chunk's rows of a batched weight
-        # gradient back to back in a buffer of their own)
-        lives.append(("data_re", plan.data_re_life, data_re_host))
-    elems = [math.prod(shape) for shape in shapes]
-    for kind, life, host in lives:
-        own = dict(life.items())  # a dict: a Lifetimes lookup reads numpy scalars
-        spans = dict(own)
-        for r in host:  # a buffer inside another lives as long as either
-            if r in own:
-                top = r
-                while top in host:
-                    top = host[top][0]
-                first, last = own[r]
-                a, b = spans.get(top, (first, last))
-                spans[top] = (min(a, first), max(b, last))
-        spans_of[kind] = spans
-        relives = kind == "data_re"  # keys are life ids, not roots
-        if kind == "diff":
-            data_at = {r: i for i, (_, r) in enumerate(keys)}  # every key so far is data's
-            for r in shared:
-                a, b = buffers[data_at[r]][:2]
-                c, d = spans.pop(r)
-                buffers[data_at[r]] = (min(a, c), max(b, d), elems[r] * itemsize)
-        private, re_root = plan.private, plan.re_root
-        for r, (first, last) in spans.items():
-            if r not in host and (relives or r not in private):
-                key = (kind, r)
-                nbytes = (sizes[key] if key in sizes else
-                          elems[re_root[r] if relives else r] * itemsize)
-                buffers.append((first, last, nbytes))
-                keys.append(key)
-    for s, layer in enumerate(layers):
-        for name, (shape, dtype, lives) in layer.scratch_specs.items():
-            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-            span = plan.scratch_life(s, lives)
-            if span is not None:
-                buffers.append((span[0], span[1], nbytes))
-                keys.append(("scratch", (s, name)))
-            for run in range(len(plan.re_time.get(s, ()))):
-                span = plan.scratch_re_life(s, lives, run)
-                if span is not None:
-                    buffers.append((span[0], span[1], nbytes))
-                    keys.append(("scratch_re", (s, name, run)))
-    offsets, total = place(buffers)
-    # kept per net, and a bucketed model keeps many nets: arrays by root, not dicts
-    # the groups' buffers are numbered after the blobs (after the lives, for "data_re")
-    n = max(n_blobs, len(plan.re_root)) + len(sizes)
-    offset = {kind: np.full(n, -1, np.int64) for kind in ("data", "diff", "data_re")}
-    scratch: dict = {"scratch": {}, "scratch_re": {}}
-    for (kind, r), at in zip(keys, offsets):
-        if kind in scratch:
-            scratch[kind][r] = at
-        else:
-            offset[kind][r] = at
-    for r in shared:
-        offset["diff"][r] = offset["data"][r]
+    # kept per net, and a bucketed model keeps many nets: arrays by buffer, not dicts;
+    # the groups' buffers are numbered after the data buffers
+    n = n_buffers + len(sizes)
     whole, within = {}, {}
-    for kind, host in (("data", data_host), ("diff", diff_host), ("data_re", data_re_host)):
+    for kind, host in (("data", data_host), ("diff", diff_host)):
         whole[kind], within[kind] = np.full(n, -1, np.int32), np.zeros(n, np.int64)
         if host:
             roots = np.fromiter(host, np.int64, len(host))
             whole[kind][roots], within[kind][roots] = zip(*host.values())
+    elems = np.array([math.prod(shape) for shape in shapes], np.int64)
+    private = np.zeros(n, bool)
+    private[list(plan.private)] = True
+    nbytes = {"data": np.zeros(n, np.int64), "diff": np.zeros(n, np.int64)}
+    nbytes["data"][:n_buffers] = elems[np.concatenate(
+        [np.arange(n_blobs), np.asarray(plan.root_of, np.int64)])] * itemsize
+    nbytes["diff"][:n_blobs] = elems * itemsize
+    for (kind, r), size in sizes.items():
+        nbytes[kind][r] = size
+    data_ids, data_first, data_last = _spans_of(plan.data_life)
+    data_keys = np.fromiter(data_host, np.int64, len(data_host))
+    # the data of the blobs' own buffers, the diffs, then the buffers of values run again
+    # (a chunk's x rows of a batched weight gradient back to back in a buffer of their own)
+    roots = data_ids < n_blobs
+    passes = []
+    for kind, (ids, first, last), keys in (
+            ("data", (data_ids[roots], data_first[roots], data_last[roots]),
+             data_keys[data_keys < n_blobs]),
+            ("diff", _spans_of(plan.diff_life), np.fromiter(diff_host, np.int64, len(diff_host))),
+            ("data", (data_ids[~roots], data_first[~roots], data_last[~roots]),
+             data_keys[data_keys >= n_blobs])):
+        ids, first, last = _placed(ids, first, last, keys, whole[kind], private)
+        passes.append((kind, ids, first, last, nbytes[kind][ids]))
+    if shared:  # the data buffer takes in the diff's lifetime, and the diff goes
+        _, ids, first, last, size = passes[0]
+        _, dids, dfirst, dlast, dsize = passes[1]
+        both = np.array(sorted(shared), np.int64)
+        at, dat = np.flatnonzero(np.isin(ids, both)), np.flatnonzero(np.isin(dids, both))
+        at, dat = at[np.argsort(ids[at])], dat[np.argsort(dids[dat])]  # both by root
+        first[at] = np.minimum(first[at], dfirst[dat])
+        last[at] = np.maximum(last[at], dlast[dat])
+        keep = np.ones(len(dids), bool)
+        keep[dat] = False
+        passes[1] = ("diff", dids[keep], dfirst[keep], dlast[keep], dsize[keep])
+    buffers = [span for _, _, first, last, size in passes
+               for span in zip(first.tolist(), last.tolist(), size.tolist())]
+    scratch_keys = []
+    for s, layer in enumerate(layers):
+        if not layer.scratch_specs:
+            continue
+        runs = range(-1, len(plan.again_at.get(s, ())))  # the forward pass's, then the runs'
+        for name, (shape, dtype, lives) in layer.scratch_specs.items():
+            size = math.prod(shape) * np.dtype(dtype).itemsize
+            for run in runs:
+                span = plan.scratch_life(s, lives, run)
+                if span is not None:
+                    buffers.append((span[0], span[1], size))
+                    scratch_keys.append((s, name, run))
+    offsets, total = place(buffers)
+    offset = {kind: np.full(n, -1, np.int64) for kind in ("data", "diff")}
+    at = 0
+    for kind, ids, *_ in passes:
+        offset[kind][ids] = offsets[at : at + len(ids)]
+        at += len(ids)
+    scratch = dict(zip(scratch_keys, offsets[at:]))
+    for r in shared:
+        offset["diff"][r] = offset["data"][r]
     for arrays in (offset, whole, within):
         for a in arrays.values():
             a.flags.writeable = False
     return Layout(MappingProxyType(offset), MappingProxyType(whole), MappingProxyType(within),
-                  MappingProxyType(scratch["scratch"]), total, tuple(groups),
-                  MappingProxyType(sizes),
-                  tuple((s, LayerFlags(**flags)) for s, flags in told.items()),
-                  MappingProxyType(scratch["scratch_re"]))
+                  MappingProxyType(scratch), total, tuple(groups), MappingProxyType(sizes),
+                  tuple((s, LayerFlags(**flags)) for s, flags in told.items()))
+
+
+def _spans_of(life) -> tuple:
+    """A :class:`~unroll.engine.memory.lifetimes.Lifetimes`' buffers, ascending, and their
+    first and last times, as arrays."""
+    ids = np.flatnonzero(life._first >= 0)
+    return ids, life._first[ids].astype(np.int64), life._last[ids].astype(np.int64)
+
+
+def _placed(ids, first, last, hosted, whole, private) -> tuple:
+    """The buffers placed in the workspace, of those with spans ``ids`` (ascending) and
+    those ``hosted`` inside others (``whole``: each buffer's host, -1 none): a host lives
+    as long as any buffer inside it, and comes after the buffers with spans of their own
+    where it has none, in the order the buffers inside it were hosted; neither hosted
+    buffers nor ``private`` ones are placed."""
+    n = len(whole)
+    lo, hi = np.full(n, np.iinfo(np.int64).max), np.full(n, -1, np.int64)
+    lo[ids], hi[ids] = first, last
+    spanned = np.zeros(n, bool)
+    spanned[ids] = True
+    inside = hosted[spanned[hosted]]
+    top = inside.copy()
+    while len(top):
+        up = whole[top]
+        if not (up >= 0).any():
+            break
+        top = np.where(up >= 0, up, top)
+    np.minimum.at(lo, top, lo[inside])
+    np.maximum.at(hi, top, hi[inside])
+    new = top[~spanned[top]]
+    _, seen = np.unique(new, return_index=True)
+    every = np.concatenate([ids, new[np.sort(seen)]])
+    every = every[(whole[every] < 0) & ~private[every]]
+    return every, lo[every], hi[every]
 
 
 def planned_bytes(plan: Liveness, layout: Layout, shapes, itemsize: int,
@@ -195,7 +230,7 @@ def _data_then_diff(plan, data_host, diff_host, shapes) -> set[int]:
     data_life, diff_life = dict(plan.data_life.items()), dict(plan.diff_life.items())
     for kind, host, life in (("data", data_host, data_life), ("diff", diff_host, diff_life)):
         for r in host:
-            if r in life:
+            if r in life and r < len(shapes):  # a root, not a buffer of a run again
                 whole, first = resolve(host, r)
                 inside.setdefault((kind, whole), []).append((first, math.prod(shapes[r]), life[r]))
     out = set()

@@ -1,10 +1,10 @@
 """What liveness gives: every planned buffer's lifetime (:class:`Liveness`), from the graph
 alone, with no shapes (docs/design.md, 6. Memory).
 
-Time, for lifetimes, counts forward steps ``0..S-1``, then ``S`` when loss diffs are
-filled, then backward steps, step ``s`` at ``2S - s`` (with a
-:class:`~unroll.engine.memory.segments.Recompute` plan, its actions' steps one after
-another).
+Time, for lifetimes, counts the actions of the run order one after another: forward steps
+``0..S-1``, then ``S`` when loss diffs are filled, then backward's actions (step ``s``'s
+backward at ``2S - s`` without a :class:`~unroll.engine.memory.segments.Recompute` plan;
+with one, its actions' steps one after another).
 """
 
 from __future__ import annotations
@@ -63,18 +63,21 @@ class Liveness:
     """Lifetimes of a net's memory, from its graph alone (no shapes).
 
     ``data_root[b]`` / ``diff_root[b]``: the blob whose memory blob b's data /
-    diff is (a view or Split top shares its bottom's). ``data_life`` and
-    ``diff_life`` map each root placed in the workspace to its (first, last)
-    time; roots in ``private`` keep memory of their own (inputs, outputs,
-    losses, ``keep=``). ``zero_before[s]`` lists diff roots that backward
-    reads before anything writes them: zeroed right before step s's backward.
+    diff is (a view or Split top shares its bottom's). A buffer is a root's
+    memory over one lifetime: ``data_life`` and ``diff_life`` map each buffer
+    placed in the workspace to its (first, last) time; roots in ``private``
+    keep memory of their own (inputs, outputs, losses, ``keep=``).
+    ``zero_before[s]`` lists diff roots that backward reads before anything
+    writes them: zeroed right before step s's backward. ``back[s]`` is step s's
+    backward time.
 
-    With a :class:`Recompute` plan, a value that backward's forward runs write
-    again has a life per run, each a buffer of its own: ``data_re_life`` maps
-    life ids to their spans, ``re_root`` gives each life's root, lives of root
-    r are ids ``re_index[r]`` to ``re_index[r + 1] - 1`` in time order, and
-    ``re_born`` gives the action of ``recompute.order`` that starts each one
-    (-1: the forward pass). Such roots are not in ``data_life``.
+    A data buffer is numbered as its root, except where backward's forward
+    runs (a :class:`Recompute` plan) write the root again: the root then has a
+    buffer per run that writes it (the forward pass's first), numbered after
+    the blobs, ``data_buffers(r)`` in time order; ``root_of`` gives each such
+    buffer's root and ``written_by`` the action of ``recompute.order`` that
+    writes it (-1: the forward pass). ``again_at[s]``: step s's times in
+    backward's forward runs, for the steps that keep scratch.
     """
 
     steps: int
@@ -85,54 +88,66 @@ class Liveness:
     diff_life: Lifetimes
     zero_before: dict[int, list[int]]
     layer_need: list[bool]
+    back: tuple
     windows: list = field(default_factory=list)  # of concurrent regions, as time spans
-    #: with a Recompute plan: each step's backward time, each step's times in backward's
-    #: forward runs (of the steps that keep scratch), the lives described above, the plan
-    back: tuple | None = None
-    re_time: Mapping = field(default_factory=dict)
-    data_re_life: Lifetimes | None = None
-    re_root: array = field(default_factory=lambda: array("i"))
-    re_index: np.ndarray | None = None
-    re_born: array = field(default_factory=lambda: array("i"))
+    again_at: Mapping = field(default_factory=dict)
+    root_of: array = field(default_factory=lambda: array("i"))
+    written_by: array = field(default_factory=lambda: array("i"))
+    #: data root -> where its buffers start among those numbered after the blobs
+    first_buffer: np.ndarray | None = None
     recompute: Recompute | None = None
 
-    def backward_time(self, step: int) -> int:
-        return self.back[step] if self.back is not None else 2 * self.steps - step
+    @property
+    def buffers(self) -> int:
+        """How many data buffers there are: one a blob, then those of roots run again."""
+        return len(self.data_root) + len(self.root_of)
 
     def relived(self, root: int) -> bool:
-        """Whether ``root``'s data has a life per forward run (in ``data_re_life``)."""
-        return self.re_index is not None and self.re_index[root + 1] > self.re_index[root]
+        """Whether ``root``'s data has a buffer per forward run."""
+        return (self.first_buffer is not None
+                and self.first_buffer[root + 1] > self.first_buffer[root])
 
-    def life_at(self, root: int, time: int) -> int:
-        """The id of the life of relived ``root`` that holds its value at ``time``."""
-        lo, hi = int(self.re_index[root]), int(self.re_index[root + 1])
-        return bisect_right(self.data_re_life._first, time, lo + 1, hi) - 1
+    def data_buffers(self, root: int) -> range:
+        """The data buffers of ``root`` in time order: itself, or one per forward run."""
+        if not self.relived(root):
+            return range(root, root + 1)
+        n = len(self.data_root)
+        return range(n + int(self.first_buffer[root]), n + int(self.first_buffer[root + 1]))
 
-    def scratch_life(self, step: int, lives: str) -> tuple[int, int] | None:
-        """When scratch of step ``step`` is live in the forward pass: ``lives`` is "forward",
-        "backward" or "both". A step that backward runs forward again saves its scratch
-        anew then (:meth:`scratch_re_life`)."""
-        f, b = step, self.backward_time(step)
-        runs_backward = self.layer_need[step]
+    def buffer_at(self, root: int, time: int) -> int:
+        """The data buffer that holds ``root``'s value at ``time``."""
+        ids = self.data_buffers(root)
+        if len(ids) == 1:
+            return ids[0]
+        return bisect_right(self.data_life._first, time, ids.start + 1, ids.stop) - 1
+
+    def root_of_buffer(self, buffer: int) -> int:
+        n = len(self.data_root)
+        return buffer if buffer < n else self.root_of[buffer - n]
+
+    def scratch_life(self, step: int, lives: str, run: int = -1) -> tuple[int, int] | None:
+        """When scratch of step ``step`` is live (None: never) in the forward pass (``run``
+        -1) or in its ``run``-th forward run in backward: ``lives`` is "forward",
+        "backward" or "both". Of a step that backward runs forward again, the last run
+        saves what its backward reads."""
+        times = self.again_at.get(step, ())
+        b, runs_backward = self.back[step], self.layer_need[step]
+        if run >= 0:
+            again = times[run]
+            if lives == "backward":
+                return None
+            if lives == "forward" or not runs_backward or run < len(times) - 1:
+                return (again, again)
+            return (again, b)
+        f = step
         if lives == "forward":
             span = (f, f)
         elif lives == "backward":
             if not runs_backward:
                 return None
             span = (b, b)
-        elif step in self.re_time:
+        elif times:
             span = (f, f)  # what backward reads, its last run saves again
         else:
             span = (f, b) if runs_backward else (f, f)
         return widened(span, self.windows)
-
-    def scratch_re_life(self, step: int, lives: str, run: int) -> tuple[int, int] | None:
-        """When scratch of a step is live in its ``run``-th forward run in backward (None:
-        not): its last run saves what its backward reads."""
-        times = self.re_time[step]
-        again = times[run]
-        if lives == "backward":
-            return None
-        if lives == "forward" or not self.layer_need[step] or run < len(times) - 1:
-            return (again, again)
-        return (again, self.backward_time(step))

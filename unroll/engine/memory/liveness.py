@@ -1,8 +1,8 @@
 """Liveness: a net's run order in, every buffer's lifetime out (a
 :class:`~unroll.engine.memory.lifetimes.Liveness`), from the graph alone (docs/design.md,
-6. Memory). A walk over the forward pass and backward, or, with a
-:class:`~unroll.engine.memory.segments.Recompute` plan, over the forward pass and
-backward's actions, in which a value run again has a life per run.
+6. Memory). One walk over the forward pass and backward's actions (with a
+:class:`~unroll.engine.memory.segments.Recompute` plan, its actions), in which a value
+run again is a buffer per run.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from unroll.engine.memory.segments import Recompute
     from unroll.graph import Step
 
-__all__ = ["forward_runs", "liveness", "private_blobs"]
+__all__ = ["backward_reads", "forward_runs", "liveness", "private_blobs"]
 
 
 def private_blobs(steps, layers, table, named, phase: str, loss_blobs) -> set[int]:
@@ -63,47 +63,105 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     once, forward or backward, every buffer the region touches lives through
     all of it: the branches' order is not known in advance.
 
-    With a :class:`Recompute` plan, backward runs the plan's actions in order,
-    each the forward of a segment's steps again or a segment's backward. A
-    value those runs write again has a life per run that writes it, each a
-    buffer of its own, from its writing to its last reader before the next
-    (``data_re_life``); a run writes only what something reads before the next
-    run does (or what its backward reads, in the run right before it).
+    One walk over the actions in time order. Without a :class:`Recompute`
+    plan, backward is every step's backward, last first; with one, the plan's
+    actions in order, each the forward of a segment's steps again or a
+    segment's backward. A value those runs write again has a buffer per run
+    that writes it, from its writing to its last reader before the next
+    (:meth:`Liveness.data_buffers`); a run writes only what something reads
+    before the next run does (or what its backward reads, in the run right
+    before it).
     """
     data_root = _roots(steps, layers, n_blobs, "data")
     diff_root = _roots(steps, layers, n_blobs, "diff")
     private = {data_root[b] for b in private_blobs} | {diff_root[b] for b in private_blobs}
-    if recompute is not None:
-        return _liveness_recomputed(steps, layers, n_blobs, data_root, diff_root, private,
-                                    layer_need, bottom_need, loss_blobs, recompute)
     S = len(steps)
+    if recompute is None:  # backward in one segment, run forward again never
+        bounds, order, runs, again = [0, S], (-1,), (), bytes(n_blobs)
+    else:
+        bounds = [0, *recompute.cuts, S]
+        if not recompute.runs:
+            recompute = forward_runs(steps, layers, data_root, layer_need, bottom_need,
+                                     recompute)
+        order, runs, again = recompute.order, recompute.runs, recompute.relived
+    reads = (recompute.reads if recompute is not None and recompute.reads else
+             backward_reads(steps, layers, data_root, layer_need, bottom_need))
+    # one walk over the actions in time order: the forward pass, the loss at S, then
+    # backward's; a value run again gets a buffer per run that writes it
     data_life: dict[int, list[int]] = {}
+    lives: list[list[int]] = []  # [root, first, last, action]
+    current = [-1] * n_blobs  # root -> its life now
+    born = [-2] * n_blobs  # root -> the action whose run wrote its current life
+    again_at: dict[int, list[int]] = {}
+
+    def touch(r, t) -> None:  # root r's current buffer is used at time t
+        if current[r] >= 0:
+            lives[current[r]][2] = t
+        else:
+            _touch(data_life, r, t)
+
+    def run(run_steps, action: int, t: int) -> int:
+        # a forward run (action -1: the forward pass) from time t; the time after it
+        for s in run_steps:
+            step = steps[s]
+            for b in step.tops:
+                r = data_root[b]
+                if again[r] and born[r] != action:
+                    born[r], current[r] = action, len(lives)
+                    lives.append([r, t, t, action])
+            for b in step.tops + step.bottoms:  # touch(), inlined: every step of a walk
+                r = data_root[b]
+                if current[r] >= 0:
+                    lives[current[r]][2] = t
+                else:
+                    span = data_life.get(r)
+                    if span is None:
+                        data_life[r] = [t, t]
+                    elif t < span[0]:
+                        span[0] = t
+                    elif t > span[1]:
+                        span[1] = t
+            if action >= 0 and layers[s].scratch_specs:
+                again_at.setdefault(s, []).append(t)
+            t += 1
+        return t
+
+    run(range(S), -1, 0)
+    back = [0] * S
     diffs = _Diffs(diff_root)
-    for s, (step, layer) in enumerate(zip(steps, layers)):
-        back = 2 * S - s
-        runs_backward = layer_need[s]
-        for b in step.tops:
-            r = data_root[b]
-            _touch(data_life, r, s)
-            if runs_backward and "top" in layer.backward_reads:
-                _touch(data_life, r, back)
-        for k, b in enumerate(step.bottoms):
-            r = data_root[b]
-            _touch(data_life, r, s)
-            if runs_backward and layer.memory.reads_in_backward(layer, k, bottom_need[s]):
-                _touch(data_life, r, back)
-        if runs_backward:
-            diffs.backward(step, layer, back, bottom_need[s])
+    t = S + 1
+    for i, a in enumerate(order):
+        if a >= 0:
+            t = run(runs[i], i, t)
+            continue
+        for s in reversed(range(bounds[~a], bounds[~a + 1])):
+            back[s] = t
+            if layer_need[s]:
+                for r in reads[s]:
+                    touch(r, t)
+                diffs.backward(steps[s], layers[s], t, bottom_need[s])
+            t += 1
+    # the buffers of roots run again, numbered after the blobs by root, then time: a
+    # root's buffers are consecutive
+    lives.sort(key=lambda life: (life[0], life[1]))
+    roots = np.fromiter((life[0] for life in lives), np.int64, len(lives))
+    data_life.update((n_blobs + j, life[1:3]) for j, life in enumerate(lives))
     windows = [w for r in regions
                for w in ((r.start, r.stop - 1), (2 * S - r.stop + 1, 2 * S - r.start))]
+    step_at = dict(zip(back, range(S)))
+
+    def spans(life) -> dict:  # the planned buffers', over every concurrent region they meet
+        if windows:
+            return {r: widened(v, windows) for r, v in life.items() if r not in private}
+        return {r: v for r, v in life.items() if r not in private}
+
     return Liveness(
         S, array("i", data_root), array("i", diff_root), private,
-        Lifetimes({r: widened(v, windows) for r, v in data_life.items() if r not in private},
-                  n_blobs),
-        Lifetimes({r: widened(v, windows) for r, v in diffs.life.items()
-                   if r not in private}, n_blobs),
-        diffs.zero_before(loss_blobs, private, S, lambda t: 2 * S - t), list(layer_need),
-        windows)
+        Lifetimes(spans(data_life), n_blobs + len(lives)), Lifetimes(spans(diffs.life), n_blobs),
+        diffs.zero_before(loss_blobs, private, S, step_at.__getitem__), list(layer_need),
+        tuple(back), windows, MappingProxyType({s: tuple(v) for s, v in again_at.items()}),
+        array("i", roots.tolist()), array("i", (life[3] for life in lives)),
+        np.searchsorted(roots, np.arange(n_blobs + 1)) if lives else None, recompute)
 
 
 def _touch(life, root, t) -> None:
@@ -170,14 +228,14 @@ def forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute: R
     # which steps each forward run needs, walking backward in time: a run writing what
     # something reads before the next write runs, and so do the steps it reads from
     pending = bytearray(len(data_root))
+    reads = recompute.reads or backward_reads(steps, layers, data_root, layer_need, bottom_need)
     runs: list = [None] * len(order)
     for i in reversed(range(len(order))):
         a = order[i]
         if a < 0:
             for s in range(bounds[~a], bounds[~a + 1]):
-                if layer_need[s]:
-                    for r in _backward_reads(steps[s], layers[s], data_root, bottom_need[s]):
-                        pending[r] = 1
+                for r in reads[s]:
+                    pending[r] = 1
             continue
         ran = []
         for s in reversed(recompute.steps[a]):
@@ -195,90 +253,20 @@ def forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute: R
     return dataclasses.replace(recompute, order=tuple(order), runs=tuple(runs))
 
 
-def _liveness_recomputed(steps, layers, n_blobs, data_root, diff_root, private, layer_need,
-                         bottom_need, loss_blobs, recompute) -> Liveness:
-    S = len(steps)
-    bounds = [0, *recompute.cuts, S]
-    if not recompute.runs:
-        recompute = forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute)
-    order, runs, again = recompute.order, recompute.runs, recompute.relived
-    # lives, walking forward in time: the forward pass, the loss at S, then the actions
-    data_life: dict[int, list[int]] = {}
-    lives: list[list[int]] = []  # [root, first, last, action]
-    current = [-1] * n_blobs  # root -> its life now
-    born = [-2] * n_blobs  # root -> the action whose run wrote its current life
-    re_time: dict[int, list[int]] = {}
-
-    def touch(r, t) -> None:  # root r's current life is used at time t
-        if current[r] >= 0:
-            lives[current[r]][2] = t
-        else:
-            _touch(data_life, r, t)
-
-    def run(run_steps, action: int, t: int) -> int:
-        # a forward run (action -1: the forward pass) from time t; the time after it
-        for s in run_steps:
-            step = steps[s]
-            for b in step.tops:
-                r = data_root[b]
-                if again[r] and born[r] != action:
-                    born[r], current[r] = action, len(lives)
-                    lives.append([r, t, t, action])
-            for b in step.tops + step.bottoms:  # touch(), inlined: every step of a walk
-                r = data_root[b]
-                if current[r] >= 0:
-                    lives[current[r]][2] = t
-                else:
-                    span = data_life.get(r)
-                    if span is None:
-                        data_life[r] = [t, t]
-                    elif t < span[0]:
-                        span[0] = t
-                    elif t > span[1]:
-                        span[1] = t
-            if action >= 0 and layers[s].scratch_specs:
-                re_time.setdefault(s, []).append(t)
-            t += 1
-        return t
-
-    run(range(S), -1, 0)
-    back = [0] * S
-    diffs = _Diffs(diff_root)
-    t = S + 1
-    for i, a in enumerate(order):
-        if a >= 0:
-            t = run(runs[i], i, t)
-            continue
-        for s in reversed(range(bounds[~a], bounds[~a + 1])):
-            back[s] = t
-            if layer_need[s]:
-                for r in _backward_reads(steps[s], layers[s], data_root, bottom_need[s]):
-                    touch(r, t)
-                diffs.backward(steps[s], layers[s], t, bottom_need[s])
-            t += 1
-    # lives numbered by root, then time: a root's lives are consecutive ids
-    lives.sort(key=lambda life: (life[0], life[1]))
-    roots = np.fromiter((life[0] for life in lives), np.int64, len(lives))
-    step_at = dict(zip(back, range(S)))
-    return Liveness(
-        S, array("i", data_root), array("i", diff_root), private,
-        Lifetimes({r: tuple(v) for r, v in data_life.items() if r not in private}, n_blobs),
-        Lifetimes({r: tuple(v) for r, v in diffs.life.items() if r not in private}, n_blobs),
-        diffs.zero_before(loss_blobs, private, S, step_at.__getitem__), list(layer_need), [],
-        tuple(back), MappingProxyType({s: tuple(v) for s, v in re_time.items()}),
-        Lifetimes({j: (life[1], life[2]) for j, life in enumerate(lives)}, len(lives)),
-        array("i", roots.tolist()), np.searchsorted(roots, np.arange(n_blobs + 1)),
-        array("i", (life[3] for life in lives)),
-        recompute)
-
-
-def _backward_reads(step, layer, data_root, need):
-    """The data roots a step's backward reads."""
-    if "top" in layer.backward_reads:
-        yield from (data_root[b] for b in step.tops)
-    for k, b in enumerate(step.bottoms):
-        if layer.memory.reads_in_backward(layer, k, need):
-            yield data_root[b]
+def backward_reads(steps, layers, data_root, layer_need, bottom_need) -> tuple:
+    """Per step, the data roots its backward reads (none where it runs no backward): its
+    tops' where its layer's ``backward_reads`` names "top", and the bottoms its
+    :meth:`~unroll.engine.layer.Layer.reads_in_backward` names."""
+    out = []
+    for step, layer, runs, need in zip(steps, layers, layer_need, bottom_need):
+        reads = []
+        if runs:
+            if "top" in layer.backward_reads:
+                reads += [data_root[b] for b in step.tops]
+            reads += [data_root[b] for k, b in enumerate(step.bottoms)
+                      if layer.memory.reads_in_backward(layer, k, need)]
+        out.append(tuple(reads))
+    return tuple(out)
 
 
 def _saves_scratch(layer, runs_backward) -> bool:

@@ -34,9 +34,12 @@ class Recompute:
     runs: tuple = ()
     #: BPTT-HSM's slots, where ``order`` is its policy (:func:`hsm_order`)
     slots: int | None = None
-    #: per data root, whether backward's forward runs may write it again (a life per run;
+    #: per data root, whether backward's forward runs may write it again (a buffer per run;
     #: :class:`Recomputable`)
     relived: bytes = b""
+    #: per step, the data roots its backward reads (:func:`~unroll.engine.memory.liveness.
+    #: backward_reads`; empty: found by the walk)
+    reads: tuple = ()
 
     @property
     def recomputed(self) -> int:
@@ -69,11 +72,13 @@ class Recomputable:
     and shapes (:func:`recomputable`), shared by every plan a budget weighs. ``kept``: the
     steps that never run again; ``relived``: per data root, whether the runs may write it
     again; ``chunks``: the weight-gradient chunks
-    (:func:`~unroll.engine.memory.weight_gradients.gradient_chunks`)."""
+    (:func:`~unroll.engine.memory.weight_gradients.gradient_chunks`); ``reads``: per step,
+    the data roots its backward reads."""
 
     kept: frozenset
     relived: bytes
     chunks: tuple
+    reads: tuple = ()
 
     def plan(self, n_steps: int, cuts, order=(), slots=None) -> Recompute:
         """The :class:`Recompute` plan of segments starting at ``cuts`` of a run order of
@@ -83,17 +88,19 @@ class Recomputable:
         segments = tuple(tuple(s for s in range(a, b) if s not in self.kept)
                          for a, b in zip(bounds[:-1], bounds[1:]))
         return Recompute(tuple(cuts), segments, self.chunks, tuple(order), slots=slots,
-                         relived=self.relived)
+                         relived=self.relived, reads=self.reads)
 
 
-def recomputable(steps, layers, data_root, private, chunks=()) -> Recomputable:
-    """What may run again in backward, from the layers' declarations (``memory.recomputable``,
+def recomputable(steps, layers, data_root, private, chunks=(), reads=()) -> Recomputable:
+    """What may run again in backward, from the layers' declarations (``recomputable``,
     ``draws_random``): ``private`` are the roots that keep memory of their own, ``chunks``
-    the weight-gradient chunks, none of which a cut may split."""
+    the weight-gradient chunks, none of which a cut may split; ``reads`` per step the data
+    roots its backward reads, carried to every plan."""
     chunks = tuple(map(tuple, chunks))
     kept = _kept_steps(steps, layers, data_root)
     return Recomputable(frozenset(kept),
-                        _relived_roots(steps, layers, data_root, private, kept, chunks), chunks)
+                        _relived_roots(steps, layers, data_root, private, kept, chunks), chunks,
+                        tuple(reads))
 
 
 def _kept_steps(steps, layers, data_root) -> set[int]:

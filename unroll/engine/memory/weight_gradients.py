@@ -47,7 +47,7 @@ class WeightGradGroup:
 
     ``steps`` are the members in row order; after the backward of step
     ``after`` (the last member backward reaches) the net runs the GEMM over
-    ``x`` (data, of ``x_kind``) and ``gy`` (diff), each ``(root, first element)`` of a
+    ``x`` (data) and ``gy`` (diff), each ``(buffer, first element)`` of a
     buffer holding every member's rows back to back, ``rows`` of them.
     """
 
@@ -56,7 +56,6 @@ class WeightGradGroup:
     x: tuple[int, int]
     gy: tuple[int, int]
     rows: int
-    x_kind: str = "data"  # "data_re": a relived chunk's x rows, in their lives at the GEMM
 
 
 def _tiling(roots, host, counts):
@@ -109,8 +108,7 @@ def gradient_chunks(steps: list[Step], layers, layer_need, shapes) -> list[tuple
 
 def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need, shapes,
                           data_host: dict, diff_host: dict, rewritten, skipped,
-                          n_roots: int, data_re_host: dict | None = None
-                          ) -> tuple[list[WeightGradGroup], dict]:
+                          n_roots: int) -> tuple[list[WeightGradGroup], dict]:
     """Group the layers that share a param, so that its gradient is one GEMM per chunk.
 
     A layer declaring a ``memory.batched_param_gradient`` computes its param
@@ -124,23 +122,20 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
     group's GEMM. A group needs every member's x and gy planned (not kept),
     written nowhere in place, and no backward write landing in a member's gy
     rows between its backward and the GEMM. Where a recomputation plan runs
-    a chunk's x rows again, their lives at the GEMM (the run's right before
-    it) go back to back in a buffer (``data_re_host``) and the GEMM reads
-    them there.
+    a chunk's x rows again, their buffers at the GEMM (the run's right before
+    it) go back to back in a buffer and the GEMM reads them there.
 
-    ``n_roots`` numbers the new buffers (roots ``n_roots, n_roots + 1, ...``).
-    Returns the groups and ``{(kind, root): elements}`` of the new buffers;
-    ``data_host``/``diff_host``/``data_re_host`` gain the placements.
+    ``n_roots`` numbers the new buffers (``n_roots, n_roots + 1, ...``).
+    Returns the groups and ``{(kind, buffer): elements}`` of the new buffers;
+    ``data_host``/``diff_host`` gain the placements.
     """
     # a recomputation plan carries the chunks of these shapes, found once for every attempt
     groups = (plan.recompute.chunks if plan.recompute is not None else
               gradient_chunks(steps, layers, plan.layer_need, shapes))
     if not groups:
         return [], {}
-    n_lives = len(plan.re_root)
-    data_re_host = {} if data_re_host is None else data_re_host
     written = {plan.data_root[b] for b in rewritten} | {plan.diff_root[b] for b in rewritten}
-    at = plan.backward_time
+    at = plan.back.__getitem__
     writes: dict[int, list] = {}
 
     def write(root, time, count):
@@ -184,10 +179,10 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
                 any(again) and not all(again)):
             continue
         if all(again):  # the GEMM reads each row's life of the run right before it
-            x_roots = [plan.life_at(r, at(members[0])) for r in x_roots]
+            x_roots = [plan.buffer_at(r, at(members[0])) for r in x_roots]
         if len(set(x_roots)) < len(members) or len(set(gy_roots)) < len(members):
             continue
-        x_tiles = _tiling(x_roots, data_re_host if all(again) else data_host, x_counts)
+        x_tiles = _tiling(x_roots, data_host, x_counts)
         gy_tiles = _tiling(gy_roots, diff_host, gy_counts)
         if x_tiles is False or gy_tiles is False:
             continue  # some rows live inside other buffers, but not as one block
@@ -201,17 +196,13 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
                  zip((resolve(diff_host, r) for r in gy_roots), gy_counts)]):
             continue
         blocks = []
-        x_kind, x_host = ("data_re", data_re_host) if all(again) else ("data", data_host)
-        for kind, tiles, roots, counts, host in ((x_kind, x_tiles, x_roots, x_counts, x_host),
+        for kind, tiles, roots, counts, host in (("data", x_tiles, x_roots, x_counts, data_host),
                                                  ("diff", gy_tiles, gy_roots, gy_counts,
                                                   diff_host)):
             if tiles is not None:
                 blocks.append(tiles[:2])
                 continue
-            if kind == "data_re":  # numbered after the lives
-                whole, n_lives, offset = n_lives, n_lives + 1, 0
-            else:
-                whole, n_roots, offset = n_roots, n_roots + 1, 0
+            whole, n_roots, offset = n_roots, n_roots + 1, 0
             for i in order:
                 host[roots[i]] = (whole, offset)
                 offset += counts[i]
@@ -219,5 +210,5 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
             blocks.append((whole, 0))
         gy_width = layer.memory.batched_param_gradient.row_widths(layer)[1]
         out.append(WeightGradGroup([members[i] for i in order], members[0], blocks[0],
-                                   blocks[1], sum(gy_counts) // gy_width, x_kind))
+                                   blocks[1], sum(gy_counts) // gy_width))
     return out, sizes
