@@ -302,8 +302,8 @@ def test_an_attempt_is_one_liveness_walk_and_one_layout(monkeypatch):
         monkeypatch.setattr(module, "aliases_of", counted(
             "aliases", module.aliases_of, lambda a, kw, attempt=attempt: attempt))
     # the prototxt is parsed once per net, not once per attempt
-    monkeypatch.setattr(proto.text_format, "Parse", counted(
-        "parse", proto.text_format.Parse, lambda a, kw: False))
+    monkeypatch.setattr(proto, "parse_text", counted(
+        "parse", proto.parse_text, lambda a, kw: False))
     T = 3 * GRADIENT_CHUNK
     text = per_step_loss_net("gru", T, 2, 4, 4)
     least = smallest_budget(text, "float64")
