@@ -18,8 +18,9 @@ backward and batched weight gradient timed and summed by part of the model:
 
 Batch assembly (``batch_inputs``: word dropout, features, character packing, the one
 transfer) is outside training's timed region; it is timed apart, per batch. Each part
-is also split by layer type (GEMMs are the InnerProducts). With ``--cprofile`` the run
-at the first thread count is also profiled and its top functions printed.
+is also split by layer type, and its GEMMs (the InnerProducts) by product and pass.
+With ``--cprofile`` the run at the first thread count is also profiled and its top
+functions printed.
 
 Both clocks are printed: wall time and the process's CPU time (all its threads). On a
 busy machine only CPU time at one thread is steady.
@@ -53,6 +54,17 @@ def part_of(layer) -> str:
     if layer.type in ("SoftmaxWithLoss", "Accuracy") or layer.name == "scores":
         return "output + loss"
     return "other layers"
+
+
+def kind_of(layer, method: str) -> str:
+    """The layer's type, or for a GEMM which product: the input projection over every
+    step, a step's recurrent product, or another; its forward, backward (the bottom's
+    diff, and the weights' where not batched) or batched weight gradient."""
+    if layer.type != "InnerProduct":
+        return layer.type
+    role = ("input projection" if "x_proj" in layer.name
+            else "recurrent" if "_hc_t" in layer.name else "other")
+    return f"GEMM {role}, {method}"
 
 
 class Clock:
@@ -89,9 +101,8 @@ def instrumented(clock: Clock, nets, solver, average):
         for layer in net.layers:
             batched = getattr(layer, "param_diffs_batched", False)
             for name in ("forward", "backward") + (("param_backward",) if batched else ()):
-                kind = "GEMM" if layer.type == "InnerProduct" else layer.type
                 patch(layer, name, clock.timed(getattr(layer, name), part_of(layer),
-                                               (part_of(layer), kind)))
+                                               (part_of(layer), kind_of(layer, name))))
     patch(solver, "_update", clock.timed(solver._update, "update"))
     patch(average, "update", clock.timed(average.update, "averaging"))
     try:
