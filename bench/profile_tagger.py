@@ -39,6 +39,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench.timing import layer_passes, patched
+
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ud_english_ewt"
 PARTS = ("word BiLSTM", "char LSTM", "Embeds", "output + loss", "other layers", "update",
          "averaging", "Python fixed cost")
@@ -90,29 +92,13 @@ class Clock:
 @contextmanager
 def instrumented(clock: Clock, nets, solver, average):
     """Every layer of ``nets``, the solver's update and the average's update timed."""
-    saved = []
-
-    def patch(owner, name, wrapper):
-        own = name in vars(owner)  # else the class's method, which deleting ours restores
-        saved.append((owner, name, getattr(owner, name) if own else None))
-        setattr(owner, name, wrapper)
-
-    for net in nets:
-        for layer in net.layers:
-            batched = getattr(layer, "param_diffs_batched", False)
-            for name in ("forward", "backward") + (("param_backward",) if batched else ()):
-                patch(layer, name, clock.timed(getattr(layer, name), part_of(layer),
-                                               (part_of(layer), kind_of(layer, name))))
-    patch(solver, "_update", clock.timed(solver._update, "update"))
-    patch(average, "update", clock.timed(average.update, "averaging"))
-    try:
+    with patched() as patch:
+        for layer, name in layer_passes(nets):
+            patch(layer, name, clock.timed(getattr(layer, name), part_of(layer),
+                                           (part_of(layer), kind_of(layer, name))))
+        patch(solver, "_update", clock.timed(solver._update, "update"))
+        patch(average, "update", clock.timed(average.update, "averaging"))
         yield
-    finally:
-        for owner, name, value in reversed(saved):
-            if value is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
 
 
 def build(data: Path, iters: int, seed: int):
