@@ -27,6 +27,7 @@ busy machine only CPU time at one thread is steady.
 
     python -m bench.profile_tagger                     (from the repository root)
     python -m bench.profile_tagger --threads 1 2 --iters 40 --cprofile
+    python -m bench.profile_tagger --threads 1 --root ../before    (another checkout's step)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import argparse
 import collections
 import cProfile
 import pstats
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -171,8 +173,6 @@ def report(counts, results, assembly: float) -> None:
 
 
 def main(argv=None) -> None:
-    from unroll.engine import threads
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
@@ -180,7 +180,14 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cprofile", action="store_true",
                         help="profile the first count's run too; print its top functions")
+    parser.add_argument("--root", type=Path,
+                        help="the checkout whose unroll and examples are profiled (default: this)")
     args = parser.parse_args(argv)
+    if args.root is not None:
+        sys.path.insert(0, str(args.root.resolve()))
+    from unroll.engine import threads
+
+    print(f"profiling {Path(threads.__file__).resolve().parents[2]}")
     tagger, solver, average, feeds, assembly = build(args.data, args.iters, args.seed)
     nets = list(tagger.train_model.nets.values())
 
