@@ -8,27 +8,48 @@ only on the sentence lengths.
 
 With ``--time N`` it then trains the default tagger for N batches of each of
 the training's two samplers (length buckets, ``--no-pack``; packed rows, the
-default), each in a fresh process, every net built and a few batches run
-before the clock starts, and prints training tokens/s (forward, backward,
-update and averaging, as ``train`` times them) and peak RSS. A benchmark: run
-it on an idle machine.
+default; ``--modes`` picks), each in a fresh process, every net built and a few
+batches run before the clock starts, and prints training tokens/s (forward,
+backward, update and averaging, as ``train`` times them) and peak RSS. A
+benchmark: run it on an idle machine.
+
+``--threads`` runs every worker at each of those BLAS thread counts
+(``UNROLL_NUM_THREADS``; unset: the engine's policy); ``--twin PYTHON`` adds,
+at each count, the PyTorch twin of the default tagger
+(../shared/bench/torch_full_tagger.py at the default's sizes, in the
+interpreter that has torch) for as many batches, warmup included, and prints
+unroll's tokens/s over the twin's; ``--baseline PATH`` adds this script's
+workers run on another checkout (the commit before a change), and ``--turns K``
+repeats the whole round K times, so that the ratios come from runs side by side
+while the machine's load changes. ``--clock cpu`` times by the process's CPU
+time instead of the wall clock (the twin's too): on a busy machine the steady
+measure, at one thread only.
 
     python -m bench.bench_packing                    (from the repository root)
     python -m bench.bench_packing --batch-size 64 --data DIR
     python -m bench.bench_packing --time 150
+    python -m bench.bench_packing --time 150 --modes packed --threads 1 2 --turns 3 \
+        --twin ../torchenv/bin/python --baseline ../before
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "ud_english_ewt"
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "ud_english_ewt"
+TWIN = ROOT.parent / "shared" / "bench" / "torch_full_tagger.py"
+#: the twin's sizes of the default tagger (``TaggerConfig()``)
+TWIN_SIZES = ["--hidden", "256", "--dropout", "0.5", "--char-embed", "32", "--char-hidden", "64",
+              "--char-length", "16"]
 
 
 def describe(name: str, sampler, epochs: int) -> str:
@@ -61,34 +82,85 @@ def train_worker(args) -> dict:
     for length in sampler.bucket_lengths:  # every net built before the clock starts
         tagger.train_model.net(length)
     batches = sampler.epoch_batches(0)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     tokens, seconds = 0, 0.0
     for k, batch in enumerate(batches[: args.warmup + args.time]):
         inputs, n = batch_inputs(tagger, encoded, gold, batch, sampler)
-        start = time.perf_counter()
+        start = clock()
         solver.step(1, feed=inputs)
         average.update()
         if k >= args.warmup:
-            seconds += time.perf_counter() - start
+            seconds += clock() - start
             tokens += n
     return {"tokens_per_s": tokens / seconds, "nets": sampler.num_buckets,
             "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def run_worker(args, mode: str, threads: str | None, root: Path = ROOT) -> dict:
+    """One training worker in a fresh process, on the checkout at ``root``."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--worker", mode,
+               "--data", str(args.data), "--batch-size", str(args.batch_size),
+               "--time", str(args.time), "--warmup", str(args.warmup), "--clock", args.clock]
+    env = dict(os.environ, PYTHONPATH=str(root))  # root's unroll and examples
+    if threads is not None:
+        env["UNROLL_NUM_THREADS"] = threads
+    done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=root,
+                          env=env)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_twin(args, threads: str | None) -> dict:
+    """The PyTorch twin on one epoch's first warmup + time batches, in ``args.twin``."""
+    # the twin times with perf_counter; --clock cpu makes that the process's CPU time
+    clock = "import time; time.perf_counter = time.process_time; " if args.clock == "cpu" else ""
+    command = [args.twin, "-c", f"{clock}import runpy, sys; sys.argv = sys.argv[1:]; "
+               f"runpy.run_path(sys.argv[0], run_name='__main__')", str(TWIN),
+               "--data", str(args.data), "--epochs", "1",
+               "--max-batches", str(args.warmup + args.time), "--threads", threads or "2",
+               *TWIN_SIZES]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    epoch = next(line for line in done.stdout.splitlines() if line.startswith("epoch 1:"))
+    rss = next(line for line in done.stdout.splitlines() if line.startswith("peak RSS"))
+    return {"tokens_per_s": float(epoch.split(" tokens/s")[0].split()[-1]),
+            "peak_mb": float(rss.split()[2])}
+
+
 def time_training(args) -> None:
     print(f"training the default tagger, {args.time} batches after {args.warmup} "
-          f"(each in its own process)")
-    results = {}
-    for mode in ("bucketed", "packed"):
-        command = [sys.executable, "-m", "bench.bench_packing", "--worker", mode,
-                   "--data", str(args.data), "--batch-size", str(args.batch_size),
-                   "--time", str(args.time), "--warmup", str(args.warmup)]
-        done = subprocess.run(command, capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parents[1])
-        results[mode] = r = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{mode:<10} {r['tokens_per_s']:9.0f} tokens/s  {r['nets']:3d} nets  "
-              f"peak {r['peak_mb']:.0f} MB")
-    print(f"packed / bucketed tokens/s: "
-          f"{results['packed']['tokens_per_s'] / results['bucketed']['tokens_per_s']:.2f}")
+          f"(each in its own process), clock {args.clock}")
+    counts = args.threads or [None]
+    sides = [(f"unroll {mode}", mode, ROOT) for mode in args.modes]
+    if args.baseline:
+        sides += [(f"baseline {mode}", mode, Path(args.baseline).resolve())
+                  for mode in args.modes]
+    results: dict = {}
+    for turn in range(args.turns):
+        for threads in counts:
+            at = f"threads {threads or 'policy'}"
+            for name, mode, root in sides:
+                r = run_worker(args, mode, threads, root)
+                results.setdefault((at, name), []).append(r["tokens_per_s"])
+                print(f"turn {turn + 1} {at:<14} {name:<18} {r['tokens_per_s']:9.0f} tokens/s"
+                      f"  {r['nets']:3d} nets  peak {r['peak_mb']:.0f} MB", flush=True)
+            if args.twin:
+                r = run_twin(args, threads)
+                results.setdefault((at, "twin"), []).append(r["tokens_per_s"])
+                print(f"turn {turn + 1} {at:<14} {'twin (torch)':<18} "
+                      f"{r['tokens_per_s']:9.0f} tokens/s  peak {r['peak_mb']:.0f} MB",
+                      flush=True)
+    print("\nmedian tokens/s, and the ratios of each turn's runs (median)")
+    for (at, name), rates in results.items():
+        print(f"  {at:<14} {name:<18} {statistics.median(rates):9.0f}")
+    pairs = [(a, b) for a in ("packed", "bucketed") if a in args.modes
+             for b in ("twin", "baseline " + a, "unroll bucketed") if b != "unroll " + a]
+    for threads in counts:
+        at = f"threads {threads or 'policy'}"
+        for a, b in pairs:
+            mine, theirs = results.get((at, f"unroll {a}")), results.get((at, b))
+            if mine and theirs:
+                ratios = [x / y for x, y in zip(mine, theirs)]
+                print(f"  {at:<14} unroll {a} / {b}: {statistics.median(ratios):.2f} "
+                      f"({', '.join(f'{r:.2f}' for r in ratios)})")
 
 
 def main(argv=None) -> None:
@@ -103,6 +175,16 @@ def main(argv=None) -> None:
     parser.add_argument("--time", type=int, default=0, metavar="N",
                         help="then time N training batches of the default tagger per sampler")
     parser.add_argument("--warmup", type=int, default=10, help="untimed batches first")
+    parser.add_argument("--modes", nargs="+", choices=["bucketed", "packed"],
+                        default=["bucketed", "packed"], help="the samplers --time trains")
+    parser.add_argument("--threads", nargs="+", metavar="N",
+                        help="BLAS thread counts to time at (default: the engine's policy)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    parser.add_argument("--twin", metavar="PYTHON",
+                        help="an interpreter with torch: time the PyTorch twin too")
+    parser.add_argument("--baseline", metavar="PATH",
+                        help="another checkout whose workers join the turns")
+    parser.add_argument("--turns", type=int, default=1, help="rounds of every run, in turns")
     parser.add_argument("--worker", choices=["bucketed", "packed"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:

@@ -40,6 +40,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from bench.timing import layer_passes, patched
+
 PHASES = ("GEMMs", "elementwise", "update", "thread policy", "Python fixed cost")
 LSTM_SIZES = ((25, 128), (25, 512), (100, 128), (100, 512))
 
@@ -72,41 +74,25 @@ def instrumented(clock: Clock, nets, solver=None):
     """Every layer of ``nets``, the ``solver``'s update and the thread policy timed."""
     from unroll.engine import executor
 
-    saved = []
+    with patched() as patch:
+        for layer, name in layer_passes(nets):
+            patch(layer, name, clock.timed(getattr(layer, name), phase_of(layer)))
+        if solver is not None:
+            # step() applies its update through _update, not the public update()
+            patch(solver, "_update", clock.timed(solver._update, "update"))
+        policy = executor.run_threads
 
-    def patch(owner, name, wrapper):
-        own = name in vars(owner)  # else the class's method, which deleting ours restores
-        saved.append((owner, name, getattr(owner, name) if own else None))
-        setattr(owner, name, wrapper)
+        class timed_threads(policy):
+            def __init__(self, n=None):
+                clock.timed(policy.__init__, "thread policy")(self, n)
+                clock.pools[self.n] += 1
 
-    for net in nets:
-        for layer in net.layers:
-            batched = getattr(layer, "param_diffs_batched", False)
-            for name in ("forward", "backward") + (("param_backward",) if batched else ()):
-                patch(layer, name, clock.timed(getattr(layer, name), phase_of(layer)))
-    if solver is not None:
-        # step() applies its update through _update, not the public update()
-        patch(solver, "_update", clock.timed(solver._update, "update"))
-    policy = executor.run_threads
+            __enter__ = clock.timed(policy.__enter__, "thread policy")
+            __exit__ = clock.timed(policy.__exit__, "thread policy")
 
-    class timed_threads(policy):
-        def __init__(self, n=None):
-            clock.timed(policy.__init__, "thread policy")(self, n)
-            clock.pools[self.n] += 1
-
-        __enter__ = clock.timed(policy.__enter__, "thread policy")
-        __exit__ = clock.timed(policy.__exit__, "thread policy")
-
-    patch(executor, "num_threads", clock.timed(executor.num_threads, "thread policy"))
-    patch(executor, "run_threads", timed_threads)
-    try:
+        patch(executor, "num_threads", clock.timed(executor.num_threads, "thread policy"))
+        patch(executor, "run_threads", timed_threads)
         yield
-    finally:
-        for owner, name, value in reversed(saved):
-            if value is None:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
 
 
 def measure(run, iters: int, nets, solver=None) -> tuple[dict, dict, dict]:

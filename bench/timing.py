@@ -1,9 +1,12 @@
-"""Timing for the benchmarks: medians over rounds, after a warm-up."""
+"""Timing for the benchmarks: medians over rounds, after a warm-up; timers put in place."""
 
 from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
+
+_NONE = object()
 
 
 def median_seconds(run, iters: int, rounds: int, warmup: int = 3) -> float:
@@ -35,3 +38,33 @@ def least_us_per_call(runs: dict, clock, calls: int, rounds: int, warmup: int = 
                 run()
             best[name] = min(best[name], (clock() - start) / calls * 1e6)
     return best
+
+
+@contextmanager
+def patched():
+    """A ``patch(owner, name, value)`` that sets ``owner.name`` for the block: after it the
+    owner's own attribute comes back, or where it had none the class's shows through."""
+    saved = []
+
+    def patch(owner, name, value):
+        saved.append((owner, name, vars(owner).get(name, _NONE)))
+        setattr(owner, name, value)
+
+    try:
+        yield patch
+    finally:
+        for owner, name, value in reversed(saved):
+            if value is _NONE:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+def layer_passes(nets):
+    """``(layer, method name)`` of every layer's forward, backward and, where the net
+    batches it, weight gradient (``param_backward``) in ``nets``: what a profile times."""
+    for net in nets:
+        for layer in net.layers:
+            batched = getattr(layer, "param_diffs_batched", False)
+            for name in ("forward", "backward") + (("param_backward",) if batched else ()):
+                yield layer, name

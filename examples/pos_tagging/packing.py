@@ -46,7 +46,12 @@ def packed_inputs(tagger, encoded: list[dict], rows, length: int, tags=None, tra
     host = tagger.host_inputs(join_rows(encoded, rows), length, joined_tags, train=train)
     # the rows' own cont replaces the one-sentence cont on the host, so the batch still
     # goes to the device in one transfer
-    _, host["cont"], spans = time_major_packed(rows, [e["word"] for e in encoded], length)
+    # the batch's own sentences, renumbered in row order: not a list of every sentence's
+    words, local = [], []
+    for row in rows:
+        local.append(list(range(len(words), len(words) + len(row))))
+        words += [encoded[i]["word"] for i in row]
+    _, host["cont"], spans = time_major_packed(local, words, length)
     return tagger.send(host, length, labelled=tags is not None), spans
 
 

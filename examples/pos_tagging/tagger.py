@@ -129,20 +129,25 @@ def pack_columns(lengths: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray
     """
     columns: list[int] = []  # slots used, per column
     free: list[list[int]] = [[] for _ in range(size + 1)]  # free[r]: the columns with r left
-    column = np.empty(len(lengths), np.int64)
-    start = np.empty(len(lengths), np.int64)
-    for k in np.argsort(-lengths, kind="stable").tolist():
-        length = int(lengths[k])
-        room = next((r for r in range(length, size + 1) if free[r]), None)
-        if room is None:
+    rooms = 0  # bit r set: free[r] is not empty (the least room that fits is one bit scan)
+    order = np.argsort(-lengths, kind="stable").tolist()
+    column, start = [0] * len(order), [0] * len(order)
+    for k, length in zip(order, lengths[order].tolist()):
+        fits = rooms >> length
+        if fits:
+            room = length + (fits & -fits).bit_length() - 1
+            c = free[room].pop()
+            if not free[room]:
+                rooms &= ~(1 << room)
+        else:
             c = len(columns)
             columns.append(0)
-        else:
-            c = free[room].pop()
         column[k], start[k] = c, columns[c]
         columns[c] += length
-        free[size - columns[c]].append(c)
-    return column, start
+        room = size - columns[c]
+        free[room].append(c)
+        rooms |= 1 << room
+    return np.array(column, np.int64), np.array(start, np.int64)
 
 
 class Tagger:

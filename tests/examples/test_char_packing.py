@@ -122,6 +122,14 @@ def test_columns_per_grid_only_grow(tagger):
     assert columns([["quickly"] * 17], 20) == 32
 
 
+def test_pack_columns_puts_each_word_in_the_fullest_column_it_fits_the_latest_of_equals():
+    """The placement is part of the results: the character nets' weight gradients sum over
+    the columns in their order, so training is bit-identical only while it stays."""
+    column, start = pack_columns(np.array([3, 3, 2, 2, 1, 1, 4]), 4)
+    assert column.tolist() == [1, 2, 3, 3, 2, 1, 0]
+    assert start.tolist() == [0, 0, 0, 2, 3, 3, 0]
+
+
 @given(st.lists(st.integers(1, 6), max_size=30))
 def test_pack_columns_fills_each_slot_at_most_once(lengths):
     lengths = np.array(lengths, np.int64)

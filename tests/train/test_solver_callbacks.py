@@ -179,3 +179,27 @@ def test_the_non_finite_check_sees_the_gradients_after_the_all_reduce():
     solver = Solver(net, base_lr=0.1, comm=OneRankSentNaN(), nonfinite="skip", max_skipped=1)
     solver.step(1, feed=batch)
     assert [s.iter for s in solver.skipped] == [0] and np.isfinite(net.store.data).all()
+
+
+class OneRankSentHugeValues(Comm):
+    """A rank whose all-reduce brings ``value`` (finite gradients whose squares overflow
+    float32, or an infinite one)."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def allreduce_sum(self, array):
+        array[:2] = self.value
+
+
+@pytest.mark.parametrize("value, skipped", [(1e30, []), (np.inf, [0]), (-np.inf, [0])])
+def test_the_non_finite_check_skips_only_where_a_gradient_is_not_finite(value, skipped):
+    """Gradients of 1e30 have a sum of squares that overflows float32; they are finite, so
+    the update is applied; an infinite one is skipped."""
+    net = Net(NET)
+    solver = Solver(net, base_lr=1e-35, comm=OneRankSentHugeValues(value), nonfinite="skip",
+                    max_skipped=1)
+    solver.step(1, feed=batch)
+    assert [s.iter for s in solver.skipped] == skipped
+    assert np.isfinite(net.store.data).all()

@@ -20,6 +20,7 @@ from unroll.train import model_folder as folder
 from unroll.train.trainer import (
     Batches,
     Metric,
+    ParamAverage,
     Trainer,
     TrainingDiverged,
     epoch_streams,
@@ -336,3 +337,20 @@ def test_unshuffled_batches_deal_the_items_in_order_to_every_rank_alike_each_epo
     dealt = [rows for k in range(steps) for rows in (share[k] for share in shares)]
     assert dealt == [list(range(k * batch_size, (k + 1) * batch_size))
                      for k in range(steps * size)]
+
+
+def test_the_average_moves_each_param_by_its_rate_bit_for_bit():
+    """Polyak averaging (docs/design.md, Training): ``avg += rate * (param - avg)``, each
+    param in its own shape and size, with rate 1 - min(decay, (1 + n) / (10 + n))."""
+    net = Net(NET.replace("num_output: 2", "num_output: 2 bias_filler { type: \"gaussian\" }"))
+    average = ParamAverage(net.learnable_params)
+    expected = [p.blob.data.copy() for p in average.params]
+    rng = np.random.default_rng(0)
+    for n in range(1, 4):
+        for p in average.params:
+            p.blob.data[...] = rng.normal(size=p.blob.shape)
+        average.update()
+        rate = 1 - min(average.decay, (1 + n) / (10 + n))
+        expected = [e + rate * (p.blob.data - e) for e, p in zip(expected, average.params)]
+        assert all(np.array_equal(v, e) for v, e in zip(average.values, expected))
+    assert [v.shape for v in average.values] == [(2, 3), (2,)]

@@ -172,12 +172,15 @@ class NonFiniteCheck(SolverCallback):
     def on_gradients_ready(self, solver, it: Iteration) -> None:
         loss = it.mean_loss
         diff = solver.net.store.diff
-        if diff is None:
+        xp = None if diff is None else module_of(diff)
+        # on the host, a finite sum of squares (one BLAS pass) proves every diff finite; the
+        # float64 sum (a pass that casts every element, 7x the dot's time on the tagger's
+        # 4.5M params) decides only when it is not (an overflow, or a diff that is not)
+        if diff is None or (xp is np and _finite_squares(diff)):
             it.checked = float(loss)
         else:
             # a float64 sum of the diffs is finite exactly when they all are, short of
             # overflowing it
-            xp = module_of(diff)
             it.checked = float(xp.where(xp.isfinite(xp.sum(diff, dtype=xp.float64)), loss,
                                         xp.nan))
         if not math.isfinite(it.checked):
@@ -201,6 +204,12 @@ class NonFiniteCheck(SolverCallback):
         log.warning("Skipped %s (%d of at most %d)", what, len(solver.skipped), self.max_skipped)
 
 
+def _finite_squares(diff: np.ndarray) -> bool:
+    """Whether the host ``diff``'s sum of squares is finite (an overflow is not)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return math.isfinite(diff @ diff)
+
+
 def clip_gradients(diff, clip: float) -> None:
     """Caffe's ClipGradients, on the device: ``diff *= clip / max(norm, clip)``.
 
@@ -215,7 +224,9 @@ def clip_gradients(diff, clip: float) -> None:
     """
     xp = module_of(diff)
     norm = xp.sqrt(diff @ diff, dtype=xp.float64)
-    diff *= (clip / xp.fmax(norm, clip)).astype(diff.dtype)
+    scale = (clip / xp.fmax(norm, clip)).astype(diff.dtype)
+    if xp is not np or scale != 1:  # on the host, a pass that would change nothing is skipped
+        diff *= scale
     if log.isEnabledFor(logging.INFO) and float(norm) > clip:
         log.info("Gradient clipping: scaling down gradients (L2 norm %g > %g) by %g",
                  float(norm), clip, clip / float(norm))
