@@ -1,0 +1,316 @@
+"""The LSTM step's GEMMs, bare: NumPy's OpenBLAS against MKL's sgemm and MKL's packed sgemm.
+
+Each product of one training step of ``unroll.expand("lstm")`` at N=32 rows, D=100 inputs,
+H hidden, float32, as the engine computes it today (``InnerProductLayer``: y = x W^T through
+W x^T for a few rows; the weight gradient over the T*N rows of every step at once, added
+into the diff):
+
+    x@W^T    the input projection, (C*N, D) by the input weights W (4H, D), once a chunk
+             of C = min(T, 32) steps (expand's chunk)
+    h@U^T    (N, H) by the recurrent weights U (4H, H), once a step
+    g@U      the recurrent bottom diff, (N, 4H) by U, once a step
+    g@W      the input bottom diff, (C*N, 4H) by W, once a chunk
+    gU+=g'h  U's gradient over T*N rows: (4H, T*N) by (T*N, H), once a run
+    gW+=g'x  W's gradient over T*N rows: (4H, T*N) by (T*N, D), once a run
+
+against MKL's ``cblas_sgemm`` (with beta=1 where the diff is added) and, for the four
+products by a weight, ``cblas_sgemm_compute`` on the weight packed once
+(``cblas_sgemm_pack``; its cost is printed apart, as it is paid once per weight update,
+not once per step). MKL is loaded with ctypes from the ``mkl`` wheel
+(``pip install mkl``: libmkl_rt beside this interpreter's lib/).
+
+Each side runs in a process of its own (MKL's OpenMP workers spin after a call and would
+slow an OpenBLAS timed beside them; MKL fixes its reproducibility mode at its first
+call), at one and two threads (threadpoolctl's OpenBLAS limit; MKL's
+``mkl_set_num_threads_local``), the sides in turns, ``--turns`` times: the median µs per
+call over the turns is printed, with each MKL time's median ratio to NumPy's time of
+the same turn, so a machine whose speed drifts slows each alike. ``--clock cpu`` times
+by the process's CPU time, which other processes' time slices do not inflate (steady at
+one thread; at two it counts a pool's spinning). Each product's result is checked bit
+for bit between one and two threads.
+
+The MKL sides are MKL's conditional numerical reproducibility modes (``mkl_cbwr_set``):
+``off`` (MKL picks its code path), ``strict`` (MKL_CBWR_AUTO | MKL_CBWR_STRICT: the same
+bits at any thread count) and ``compatible`` (MKL_CBWR_COMPATIBLE | MKL_CBWR_STRICT, the
+SSE2 path). The instruction-set branches (MKL_CBWR_AVX2, MKL_CBWR_AVX512) are refused on
+AMD CPUs. A benchmark, not a test.
+
+    python -m bench.bench_gemm                                 (from the repository root)
+    python -m bench.bench_gemm --hidden 512 --steps 100 --sides numpy off --turns 9
+    python -m bench.bench_gemm --clock cpu
+
+Unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for this command where they are set: they
+slow a current NumPy's OpenBLAS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROW_MAJOR, NO_TRANS, TRANS, PACKED = 101, 111, 112, 151
+B_MATRIX = 162
+CBWR_STRICT = 0x10000
+#: the MKL sides: MKL's conditional numerical reproducibility mode of each (mkl_cbwr_set).
+#: The instruction-set branches (MKL_CBWR_AVX2, ...) are refused on AMD CPUs; AUTO with
+#: STRICT (the same result at any thread count) and COMPATIBLE (SSE2) are accepted
+CBWR = {"off": 0, "strict": 2 | CBWR_STRICT, "compatible": 3 | CBWR_STRICT}
+CBWR_ERRORS = {-1: "invalid settings", -2: "invalid input", -3: "branch not supported on this CPU",
+               -4: "unknown branch", -8: "mode already fixed by an earlier MKL call"}
+#: the multiply-adds of one timed round of a product (a product at least once)
+WORK = 1e8
+
+
+#: the steps of one input projection (``unroll.expand``'s default chunk)
+CHUNK = 32
+
+
+def load_mkl() -> ctypes.CDLL:
+    """libmkl_rt from the ``mkl`` wheel, beside this interpreter's lib/."""
+    for name in ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so"):
+        path = Path(sys.prefix) / "lib" / name
+        if path.exists():
+            break
+    else:
+        sys.exit(f"bench_gemm: no libmkl_rt in {Path(sys.prefix) / 'lib'}; pip install mkl")
+    mkl = ctypes.CDLL(str(path))
+    f32p, i = ctypes.c_void_p, ctypes.c_int
+    mkl.cblas_sgemm.argtypes = [i, i, i, i, i, i, ctypes.c_float, f32p, i, f32p, i,
+                                ctypes.c_float, f32p, i]
+    mkl.cblas_sgemm.restype = None
+    mkl.cblas_sgemm_pack_get_size.argtypes = [i, i, i, i]
+    mkl.cblas_sgemm_pack_get_size.restype = ctypes.c_size_t
+    mkl.cblas_sgemm_pack.argtypes = [i, i, i, i, i, i, ctypes.c_float, f32p, i, f32p]
+    mkl.cblas_sgemm_pack.restype = None
+    mkl.cblas_sgemm_compute.argtypes = [i, i, i, i, i, i, f32p, i, f32p, i, ctypes.c_float,
+                                        f32p, i]
+    mkl.cblas_sgemm_compute.restype = None
+    mkl.MKL_Set_Num_Threads_Local.argtypes = [i]
+    mkl.MKL_Set_Num_Threads_Local.restype = i
+    mkl.MKL_CBWR_Set.argtypes = [i]
+    mkl.MKL_CBWR_Set.restype = i
+    mkl.MKL_CBWR_Get_Auto_Branch.restype = i
+    mkl.MKL_Get_Version_String.argtypes = [ctypes.c_char_p, i]
+    mkl.MKL_Get_Version_String.restype = None
+    return mkl
+
+
+def operand(a: np.ndarray) -> tuple[int, int, int]:
+    """(transposition, address, leading dimension) of a row-major array or a transposed one."""
+    if a.flags.c_contiguous:
+        return NO_TRANS, a.ctypes.data, a.shape[1]
+    assert a.T.flags.c_contiguous, "operands are row-major arrays or their transposes"
+    return TRANS, a.ctypes.data, a.shape[0]
+
+
+class Product:
+    """C (M, N) = A (M, K) B (K, N), A and B row-major arrays or their transposes; ``add``:
+    C += instead of C =. Gives the NumPy, MKL and packed-MKL calls over fixed arrays."""
+
+    def __init__(self, name, mkl, a, b, add, few_rows):
+        self.name, self.mkl, self.a, self.b = name, mkl, a, b
+        self.add, self.few_rows = add, few_rows
+        self.M, self.K = a.shape
+        self.N = b.shape[1]
+        self.c = np.zeros((self.M, self.N), np.float32)
+        self.cT = np.zeros((self.N, self.M), np.float32)
+        self.packed = None
+
+    def numpy(self):
+        if self.add:
+            self.c += self.a @ self.b
+        elif self.few_rows:  # InnerProductLayer's W x^T for a few rows
+            np.matmul(self.b.T, self.a.T, out=self.cT)
+            np.copyto(self.c, self.cT.T)
+        else:
+            np.matmul(self.a, self.b, out=self.c)
+
+    def sgemm(self):
+        (ta, a, lda), (tb, b, ldb) = operand(self.a), operand(self.b)
+        self.mkl.cblas_sgemm(ROW_MAJOR, ta, tb, self.M, self.N, self.K, 1.0, a, lda, b, ldb,
+                             1.0 if self.add else 0.0, self.c.ctypes.data, self.N)
+
+    def pack(self):
+        size = self.mkl.cblas_sgemm_pack_get_size(B_MATRIX, self.M, self.N, self.K)
+        if self.packed is None:
+            self.packed = np.empty(size // 4 + 1, np.float32)
+        tb, b, ldb = operand(self.b)
+        self.mkl.cblas_sgemm_pack(ROW_MAJOR, B_MATRIX, tb, self.M, self.N, self.K, 1.0, b, ldb,
+                                  self.packed.ctypes.data)
+
+    def compute(self):
+        ta, a, lda = operand(self.a)
+        self.mkl.cblas_sgemm_compute(ROW_MAJOR, ta, PACKED, self.M, self.N, self.K, a, lda,
+                                     self.packed.ctypes.data, self.N,
+                                     1.0 if self.add else 0.0, self.c.ctypes.data, self.N)
+
+    def result(self, run) -> bytes:
+        self.c[...] = 0.0
+        run()
+        return self.c.tobytes()
+
+
+def products(mkl, steps: int, hidden: int, batch: int, inputs: int) -> list[Product]:
+    rng = np.random.default_rng(0)
+
+    def rand(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    H4 = 4 * hidden
+    W, U = rand(H4, inputs), rand(H4, hidden)
+    chunk = min(steps, CHUNK) * batch
+    return [
+        Product("x@W^T", mkl, rand(chunk, inputs), W.T, False, chunk <= 32),
+        Product("h@U^T", mkl, rand(batch, hidden), U.T, False, batch <= 32),
+        Product("g@U", mkl, rand(batch, H4), U, False, False),
+        Product("g@W", mkl, rand(chunk, H4), W, False, False),
+        Product("gU+=g'h", mkl, rand(steps * batch, H4).T, rand(steps * batch, hidden),
+                True, False),
+        Product("gW+=g'x", mkl, rand(steps * batch, H4).T, rand(steps * batch, inputs),
+                True, False),
+    ]
+
+
+def set_threads(mkl, n: int) -> None:
+    """This process's BLAS pools at ``n`` threads: NumPy's OpenBLAS, and MKL where loaded."""
+    from threadpoolctl import ThreadpoolController
+
+    ThreadpoolController().select(internal_api="openblas").limit(limits=n)
+    if mkl is not None:
+        mkl.MKL_Set_Num_Threads_Local(n)
+
+
+def per_call_us(runs: dict, calls: int, rounds: int, clock) -> dict:
+    """{name: median over ``rounds`` of the µs per call}, the runs' rounds in turns."""
+    times = {name: [] for name in runs}
+    for run in runs.values():
+        for _ in range(2):
+            run()
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start = clock()
+            for _ in range(calls):
+                run()
+            times[name].append((clock() - start) / calls * 1e6)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def side(args) -> dict:
+    """One side at one thread count, in this process: {row: {impl: µs}}, and {row: {impl:
+    hash of the result}} under "hashes". A row is "H T product"."""
+    mkl = None
+    if args.side != "numpy":
+        mkl = load_mkl()
+        code = mkl.MKL_CBWR_Set(CBWR[args.side])
+        if code:
+            return {"error": f"mkl_cbwr_set: {CBWR_ERRORS.get(code, code)}"}
+    set_threads(mkl, args.threads)
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    times, hashes = {}, {}
+    for H in args.hidden:
+        for T in args.steps:
+            for p in products(mkl, T, H, args.batch, args.input_dim):
+                row = f"{H} {T} {p.name}"
+                runs = {"numpy": p.numpy} if mkl is None else {"sgemm": p.sgemm}
+                if mkl is not None and not p.add:
+                    p.pack()
+                    runs["packed"] = p.compute
+                hashes[row] = {k: hashlib.sha1(p.result(run)).hexdigest()
+                               for k, run in runs.items()}
+                calls = max(1, round(WORK / (p.M * p.N * p.K)))
+                times[row] = per_call_us(runs, calls, args.rounds, clock)
+                if "packed" in runs:
+                    times[row]["pack"] = per_call_us({"pack": p.pack}, calls, 3, clock)["pack"]
+    return {"times": times, "hashes": hashes}
+
+
+def run_side(args, name: str, threads: int) -> dict:
+    argv = [sys.executable, "-m", "bench.bench_gemm", "--side", name, "--threads",
+            str(threads), "--hidden", *map(str, args.hidden), "--steps", *map(str, args.steps),
+            "--batch", str(args.batch), "--input-dim", str(args.input_dim),
+            "--rounds", str(args.rounds), "--clock", args.clock]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def report(args, results: dict) -> None:
+    """The median µs per call of each row, and each MKL side's ratio to NumPy's, turn by turn."""
+    sides = [s for s in args.sides if s != "numpy"]
+    for name in sides:
+        for turn in results[name, 1]:
+            if "error" in turn:
+                print(f"{name}: {turn['error']}; left out")
+                sides.remove(name)
+                break
+    print(f"median {args.clock}-clock µs per call over {args.turns} turns; in brackets the "
+          "median of the turns' ratios to numpy; pack: µs, once per weight update; "
+          "same: the result equal bit for bit at 1 and 2 threads")
+    head = f"{'H':>4} {'T':>4} {'product':9} {'thr':>3} {'numpy':>9}"
+    for name in sides:
+        head += f" | {name + ' sgemm':>17} {name + ' packed':>17} {'pack':>7}"
+    print(head + " | same")
+    rows = results["numpy", 1][0]["times"]
+    for row in rows:
+        H, T, product = row.split()
+        for n in (1, 2):
+            base = [turn["times"][row]["numpy"] for turn in results["numpy", n]]
+            line = f"{H:>4} {T:>4} {product:9} {n:>3} {statistics.median(base):9.1f}"
+            for name in sides:
+                turns = [turn["times"][row] for turn in results[name, n]]
+                for impl in ("sgemm", "packed"):
+                    if impl not in turns[0]:
+                        line += f" {'-':>17}"
+                        continue
+                    us = statistics.median(t[impl] for t in turns)
+                    ratio = statistics.median(t[impl] / b for t, b in zip(turns, base))
+                    line += f" {us:9.1f} ({ratio:4.2f}x)"
+                pack = [t["pack"] for t in turns if "pack" in t]
+                line += f" {statistics.median(pack):7.1f}" if pack else f" {'-':>7}"
+            same = []
+            for name in ("numpy", *sides):
+                got = [results[name, k][0]["hashes"][row] for k in (1, 2)]
+                same += [f"{name}:{impl}:{'yes' if got[0][impl] == got[1][impl] else 'NO'}"
+                         for impl in got[0]]
+            print(line + (" | " + " ".join(same) if n == 2 else ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hidden", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--steps", type=int, nargs="+", default=[25, 100])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--input-dim", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds a side, a turn")
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: the process's CPU time (meaningful at one thread)")
+    parser.add_argument("--sides", nargs="+", choices=["numpy", *CBWR],
+                        default=["numpy", "off", "strict"])
+    parser.add_argument("--side", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side:
+        print(json.dumps(side(args)))
+        return
+    if "numpy" not in args.sides:
+        args.sides.insert(0, "numpy")
+    results = {}
+    for turn in range(args.turns):
+        for n in (1, 2):
+            for name in args.sides:
+                results.setdefault((name, n), []).append(run_side(args, name, n))
+        print(f"turn {turn + 1} of {args.turns} done", file=sys.stderr)
+    report(args, results)
+
+
+if __name__ == "__main__":
+    main()
