@@ -22,12 +22,15 @@ not once per step). MKL is loaded with ctypes from the ``mkl`` wheel
 Each side runs in a process of its own (MKL's OpenMP workers spin after a call and would
 slow an OpenBLAS timed beside them; MKL fixes its reproducibility mode at its first
 call), at one and two threads (threadpoolctl's OpenBLAS limit; MKL's
-``mkl_set_num_threads_local``), the sides in turns, ``--turns`` times: the median µs per
-call over the turns is printed, with each MKL time's median ratio to NumPy's time of
-the same turn, so a machine whose speed drifts slows each alike. ``--clock cpu`` times
-by the process's CPU time, which other processes' time slices do not inflate (steady at
-one thread; at two it counts a pool's spinning). Each product's result is checked bit
-for bit between one and two threads.
+``mkl_set_num_threads_local``), the sides in turns, ``--turns`` times: within a turn a
+product's time is the least µs per call of its rounds (the round the machine slowed
+least), and the median over the turns is printed, with each MKL time's median ratio to
+NumPy's time of the same turn, so a machine whose speed drifts slows each alike.
+``--clock cpu`` times by the process's CPU time, which other processes' time slices do
+not inflate (steady at one thread; at two it counts a pool's spinning). Each product's
+result is checked bit for bit between one and two threads. The side ``at-once`` times
+the run's two weight gradients (gU, gW) at two threads, one after the other on a pool
+of two, and at once on two Python threads with one BLAS thread each.
 
 The MKL sides are MKL's conditional numerical reproducibility modes (``mkl_cbwr_set``):
 ``off`` (MKL picks its code path), ``strict`` (MKL_CBWR_AUTO | MKL_CBWR_STRICT: the same
@@ -41,6 +44,16 @@ AMD CPUs. A benchmark, not a test.
 
 Unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for this command where they are set: they
 slow a current NumPy's OpenBLAS.
+
+Measured on a 2-core AMD Zen 4 (AVX-512) shared with other work (load 8), MKL 2026.2
+against NumPy 2.4's OpenBLAS 0.3.31 (SkylakeX kernels), ``--clock cpu``, 5 turns: at one
+thread MKL's sgemm took 1.03-1.27x OpenBLAS's time on every product but h@U^T at H=128
+(0.95x); the recurrent products at H=512 1.06-1.22x, packed or not (packing pays nothing
+over MKL's own sgemm here; MKL_VERBOSE names no instruction set on this CPU, a generic
+path). MKL with MKL_CBWR_AUTO | MKL_CBWR_STRICT was slower still (up to 1.87x). Every
+product gave the same bits at one and two threads, in every mode. So the engine keeps
+NumPy's GEMMs: MKL does not pay at one thread, and using it at two threads only would
+give other bits at two threads than at one.
 """
 
 from __future__ import annotations
@@ -56,6 +69,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from bench.timing import least_us_per_call
 
 ROW_MAJOR, NO_TRANS, TRANS, PACKED = 101, 111, 112, 151
 B_MATRIX = 162
@@ -189,24 +204,44 @@ def set_threads(mkl, n: int) -> None:
         mkl.MKL_Set_Num_Threads_Local(n)
 
 
-def per_call_us(runs: dict, calls: int, rounds: int, clock) -> dict:
-    """{name: median over ``rounds`` of the µs per call}, the runs' rounds in turns."""
-    times = {name: [] for name in runs}
-    for run in runs.values():
-        for _ in range(2):
-            run()
-    for _ in range(rounds):
-        for name, run in runs.items():
-            start = clock()
-            for _ in range(calls):
-                run()
-            times[name].append((clock() - start) / calls * 1e6)
-    return {name: statistics.median(t) for name, t in times.items()}
+def at_once(args) -> dict:
+    """The two weight gradients of a run (U's, W's) in NumPy: one after the other on a pool
+    of two threads, and at once, one on this thread and one on another, each GEMM on one
+    thread: {"H T": {"series": µs, "at once": µs}} under "times"."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import ThreadpoolController
+
+    openblas = ThreadpoolController().select(internal_api="openblas")
+    worker = ThreadPoolExecutor(1)
+    clock = time.perf_counter if args.clock == "wall" else time.process_time
+    times = {}
+    for H in args.hidden:
+        for T in args.steps:
+            gU, gW = products(None, T, H, args.batch, args.input_dim)[4:]
+
+            def series(gU=gU, gW=gW):
+                openblas.limit(limits=2)
+                gU.numpy()
+                gW.numpy()
+
+            def both(gU=gU, gW=gW):
+                openblas.limit(limits=1)
+                other = worker.submit(gW.numpy)
+                gU.numpy()
+                other.result()
+
+            calls = max(1, round(WORK / (gU.M * gU.N * gU.K + gW.M * gW.N * gW.K)))
+            runs = {"series": series, "at once": both}
+            times[f"{H} {T}"] = least_us_per_call(runs, clock, calls, args.rounds, warmup=2)
+    return {"times": times}
 
 
 def side(args) -> dict:
     """One side at one thread count, in this process: {row: {impl: µs}}, and {row: {impl:
     hash of the result}} under "hashes". A row is "H T product"."""
+    if args.side == "at-once":
+        return at_once(args)
     mkl = None
     if args.side != "numpy":
         mkl = load_mkl()
@@ -227,9 +262,10 @@ def side(args) -> dict:
                 hashes[row] = {k: hashlib.sha1(p.result(run)).hexdigest()
                                for k, run in runs.items()}
                 calls = max(1, round(WORK / (p.M * p.N * p.K)))
-                times[row] = per_call_us(runs, calls, args.rounds, clock)
+                times[row] = least_us_per_call(runs, clock, calls, args.rounds, warmup=2)
                 if "packed" in runs:
-                    times[row]["pack"] = per_call_us({"pack": p.pack}, calls, 3, clock)["pack"]
+                    times[row]["pack"] = least_us_per_call({"pack": p.pack}, clock, calls, 3,
+                                                          warmup=2)["pack"]
     return {"times": times, "hashes": hashes}
 
 
@@ -244,7 +280,7 @@ def run_side(args, name: str, threads: int) -> dict:
 
 def report(args, results: dict) -> None:
     """The median µs per call of each row, and each MKL side's ratio to NumPy's, turn by turn."""
-    sides = [s for s in args.sides if s != "numpy"]
+    sides = [s for s in args.sides if s not in ("numpy", "at-once")]
     for name in sides:
         for turn in results[name, 1]:
             if "error" in turn:
@@ -281,6 +317,20 @@ def report(args, results: dict) -> None:
                 same += [f"{name}:{impl}:{'yes' if got[0][impl] == got[1][impl] else 'NO'}"
                          for impl in got[0]]
             print(line + (" | " + " ".join(same) if n == 2 else ""))
+    if ("at-once", 2) not in results:
+        return
+    print(f"\nthe two weight gradients (gU, gW) of a run at two threads, NumPy: median "
+          f"{args.clock}-clock µs over {args.turns} turns, in series on a pool of two or at "
+          "once on two Python threads with one BLAS thread each; in brackets the median of "
+          "the turns' ratios at once / in series")
+    print(f"{'H':>4} {'T':>4} {'series':>9} {'at once':>17}")
+    for key in results["at-once", 2][0]["times"]:
+        turns = [turn["times"][key] for turn in results["at-once", 2]]
+        series = statistics.median(t["series"] for t in turns)
+        both = statistics.median(t["at once"] for t in turns)
+        ratio = statistics.median(t["at once"] / t["series"] for t in turns)
+        H, T = key.split()
+        print(f"{H:>4} {T:>4} {series:9.1f} {both:9.1f} ({ratio:4.2f}x)")
 
 
 def main() -> None:
@@ -293,8 +343,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: the process's CPU time (meaningful at one thread)")
-    parser.add_argument("--sides", nargs="+", choices=["numpy", *CBWR],
-                        default=["numpy", "off", "strict"])
+    parser.add_argument("--sides", nargs="+", choices=["numpy", *CBWR, "at-once"],
+                        default=["numpy", "off", "strict", "at-once"],
+                        help="at-once: the weight gradients in series or at once (NumPy)")
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -307,7 +358,8 @@ def main() -> None:
     for turn in range(args.turns):
         for n in (1, 2):
             for name in args.sides:
-                results.setdefault((name, n), []).append(run_side(args, name, n))
+                if name != "at-once" or n == 2:
+                    results.setdefault((name, n), []).append(run_side(args, name, n))
         print(f"turn {turn + 1} of {args.turns} done", file=sys.stderr)
     report(args, results)
 
