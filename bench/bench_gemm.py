@@ -50,7 +50,7 @@ against NumPy 2.4's OpenBLAS 0.3.31 (SkylakeX kernels), ``--clock cpu``, 5 turns
 thread MKL's sgemm took 1.03-1.27x OpenBLAS's time on every product but h@U^T at H=128
 (0.95x); the recurrent products at H=512 1.06-1.22x, packed or not (packing pays nothing
 over MKL's own sgemm here; MKL_VERBOSE names no instruction set on this CPU, a generic
-path). MKL with MKL_CBWR_AUTO | MKL_CBWR_STRICT was slower still (up to 1.87x). Every
+path). MKL with MKL_CBWR_AUTO | MKL_CBWR_STRICT was slower still (up to 1.46x). Every
 product gave the same bits at one and two threads, in every mode. So the engine keeps
 NumPy's GEMMs: MKL does not pay at one thread, and using it at two threads only would
 give other bits at two threads than at one.
@@ -89,15 +89,18 @@ WORK = 1e8
 CHUNK = 32
 
 
-def load_mkl() -> ctypes.CDLL:
-    """libmkl_rt from the ``mkl`` wheel, beside this interpreter's lib/."""
+def mkl_path() -> Path | None:
+    """libmkl_rt of the ``mkl`` wheel, beside this interpreter's lib/, if installed."""
     for name in ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so"):
         path = Path(sys.prefix) / "lib" / name
         if path.exists():
-            break
-    else:
-        sys.exit(f"bench_gemm: no libmkl_rt in {Path(sys.prefix) / 'lib'}; pip install mkl")
-    mkl = ctypes.CDLL(str(path))
+            return path
+    return None
+
+
+def load_mkl() -> ctypes.CDLL:
+    """MKL's runtime library, with the signatures of the calls timed here."""
+    mkl = ctypes.CDLL(str(mkl_path()))
     f32p, i = ctypes.c_void_p, ctypes.c_int
     mkl.cblas_sgemm.argtypes = [i, i, i, i, i, i, ctypes.c_float, f32p, i, f32p, i,
                                 ctypes.c_float, f32p, i]
@@ -354,6 +357,9 @@ def main() -> None:
         return
     if "numpy" not in args.sides:
         args.sides.insert(0, "numpy")
+    if set(args.sides) & set(CBWR) and mkl_path() is None:
+        sys.exit(f"bench_gemm: no libmkl_rt in {Path(sys.prefix) / 'lib'} for the MKL sides: "
+                 "pip install mkl, or --sides numpy at-once")
     results = {}
     for turn in range(args.turns):
         for n in (1, 2):
