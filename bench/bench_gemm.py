@@ -46,14 +46,16 @@ Unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for this command where they are set
 slow a current NumPy's OpenBLAS.
 
 Measured on a 2-core AMD Zen 4 (AVX-512) shared with other work (load 8), MKL 2026.2
-against NumPy 2.4's OpenBLAS 0.3.31 (SkylakeX kernels), ``--clock cpu``, 5 turns: at one
-thread MKL's sgemm took 1.03-1.27x OpenBLAS's time on every product but h@U^T at H=128
-(0.95x); the recurrent products at H=512 1.06-1.22x, packed or not (packing pays nothing
-over MKL's own sgemm here; MKL_VERBOSE names no instruction set on this CPU, a generic
-path). MKL with MKL_CBWR_AUTO | MKL_CBWR_STRICT was slower still (up to 1.46x). Every
-product gave the same bits at one and two threads, in every mode. So the engine keeps
-NumPy's GEMMs: MKL does not pay at one thread, and using it at two threads only would
-give other bits at two threads than at one.
+against NumPy 2.4's OpenBLAS 0.3.31 (SkylakeX kernels), ``--clock cpu``, 5 turns, two
+runs: at one thread MKL's sgemm took 1.00-1.27x OpenBLAS's time on every product but
+h@U^T at H=128 (0.88-0.96x); the recurrent products at H=512 1.06-1.22x, packed or not
+(packing pays nothing over MKL's own sgemm here; MKL_VERBOSE names no instruction set on
+this CPU, a generic path). MKL_CBWR_AUTO | MKL_CBWR_STRICT was no faster (0.90-1.46x).
+Every product gave the same bits at one and two threads, in every mode. So the engine
+keeps NumPy's GEMMs: MKL does not pay at one thread, and MKL at two threads only would
+give other bits at two threads than at one. Two-thread wall times on that machine
+measured its load (OpenBLAS's pool of two waiting on a descheduled partner), not the
+libraries: they are for an idle machine to tell.
 """
 
 from __future__ import annotations
