@@ -20,15 +20,21 @@ not once per step). MKL is loaded with ctypes from the ``mkl`` wheel
 (``pip install mkl``: libmkl_rt beside this interpreter's lib/).
 
 Each side runs in a process of its own (MKL's OpenMP workers spin after a call and would
-slow an OpenBLAS timed beside them; MKL fixes its reproducibility mode at its first
-call), at one and two threads (threadpoolctl's OpenBLAS limit; MKL's
-``mkl_set_num_threads_local``), the sides in turns, ``--turns`` times: within a turn a
-product's time is the least µs per call of its rounds (the round the machine slowed
-least), and the median over the turns is printed, with each MKL time's median ratio to
-NumPy's time of the same turn, so a machine whose speed drifts slows each alike.
-``--clock cpu`` times by the process's CPU time, which other processes' time slices do
-not inflate (steady at one thread; at two it counts a pool's spinning). Each product's
-result is checked bit for bit between one and two threads. The side ``at-once`` times
+slow an OpenBLAS timed beside them; MKL fixes its threading layer and reproducibility
+mode when it loads and at its first call), at one and two threads (threadpoolctl's
+OpenBLAS limit; MKL's ``mkl_set_num_threads_local``), the sides in turns, ``--turns``
+times. At one thread an MKL side loads MKL's SEQUENTIAL threading layer (no OpenMP pool
+at all, as a single-threaded caller gets it); at two, ``--layer`` (GNU: libgomp, the
+default; INTEL: libiomp5). Within a turn a product's time is the least µs per call of its
+rounds (the round the machine slowed least), and the median over the turns is printed,
+with each time's median ratio to NumPy's time of the same turn, so a machine whose speed
+drifts slows each alike. ``--clock cpu`` times by the process's CPU time, which other
+processes' time slices do not inflate (steady at one thread; at two it counts a pool's
+spinning). The NumPy column is the product as the engine computes it (a few rows by a
+transposed weight as W x^T, ``InnerProductLayer``'s FEW_ROWS); "numpy plain" is such a
+product as written, x W^T. Each product's result is checked bit for bit between one and
+two threads, and MKL's sgemm over two column blocks of the result (one call a block, as
+two Python threads would share a product) against one call. The side ``at-once`` times
 the run's two weight gradients (gU, gW) at two threads, one after the other on a pool
 of two, and at once on two Python threads with one BLAS thread each.
 
@@ -46,16 +52,21 @@ Unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for this command where they are set
 slow a current NumPy's OpenBLAS.
 
 Measured on a 2-core AMD Zen 4 (AVX-512) shared with other work (load 8), MKL 2026.2
-against NumPy 2.4's OpenBLAS 0.3.31 (SkylakeX kernels), ``--clock cpu``, 5 turns, two
-runs: at one thread MKL's sgemm took 1.00-1.27x OpenBLAS's time on every product but
-h@U^T at H=128 (0.88-0.96x); the recurrent products at H=512 1.06-1.22x, packed or not
-(packing pays nothing over MKL's own sgemm here; MKL_VERBOSE names no instruction set on
-this CPU, a generic path). MKL_CBWR_AUTO | MKL_CBWR_STRICT was no faster (0.90-1.46x).
-Every product gave the same bits at one and two threads, in every mode. So the engine
-keeps NumPy's GEMMs: MKL does not pay at one thread, and MKL at two threads only would
-give other bits at two threads than at one. Two-thread wall times on that machine
-measured its load (OpenBLAS's pool of two waiting on a descheduled partner), not the
-libraries: they are for an idle machine to tell.
+(SEQUENTIAL layer at one thread) against NumPy 2.4's OpenBLAS 0.3.31 (SkylakeX kernels),
+``--clock cpu --steps 100 --sides numpy off strict``, 3 turns of 3 rounds, two runs. At one
+thread MKL's sgemm of a few rows by a transposed weight beats OpenBLAS's product as
+written by far (h@U^T at H=512: 882-911 against 1176-1251 µs, the 0.7x a bare comparison
+finds), but the engine does not compute it as written: through W x^T OpenBLAS takes
+835-873 µs, and MKL's sgemm 1.02-1.06x that (0.90-0.93x at H=128, 54 against 58-60 µs).
+The input projection x@W^T took 0.97-1.01x OpenBLAS's time (the "off" side of one run
+1.37x at H=512), the bottom diffs g@U and g@W and the weight gradients 1.02-1.31x,
+packed or not; MKL_CBWR_AUTO | MKL_CBWR_STRICT changed no figure beyond the noise.
+Every product gave the same bits at one thread (SEQUENTIAL) and two (GNU), in every mode,
+and over two column blocks as in one call. So the engine keeps NumPy's GEMMs: against the
+products the engine runs, MKL does not pay at one thread.
+Two-thread times on that machine measured its load (a pool of two waiting on a
+descheduled partner: 0.08-13x between runs), not the libraries: they are for an idle
+machine to tell.
 """
 
 from __future__ import annotations
@@ -64,6 +75,7 @@ import argparse
 import ctypes
 import hashlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -154,10 +166,26 @@ class Product:
         else:
             np.matmul(self.a, self.b, out=self.c)
 
+    def plain(self):
+        """A product of a few rows as it is written, x W^T, not through W x^T."""
+        np.matmul(self.a, self.b, out=self.c)
+
     def sgemm(self):
         (ta, a, lda), (tb, b, ldb) = operand(self.a), operand(self.b)
         self.mkl.cblas_sgemm(ROW_MAJOR, ta, tb, self.M, self.N, self.K, 1.0, a, lda, b, ldb,
                              1.0 if self.add else 0.0, self.c.ctypes.data, self.N)
+
+    def sgemm_columns(self, blocks: int = 2):
+        """cblas_sgemm over ``blocks`` column blocks of C, one call a block, as two
+        Python threads would split a product between them."""
+        (ta, a, lda), (tb, b, ldb) = operand(self.a), operand(self.b)
+        bounds = [self.N * k // blocks for k in range(blocks + 1)]
+        for lo, hi in zip(bounds, bounds[1:]):
+            # column lo of B: element lo of its first row, or row lo of the stored B^T
+            b_lo = b + 4 * (lo if tb == NO_TRANS else lo * ldb)
+            self.mkl.cblas_sgemm(ROW_MAJOR, ta, tb, self.M, hi - lo, self.K, 1.0, a, lda, b_lo,
+                                 ldb, 1.0 if self.add else 0.0, self.c.ctypes.data + 4 * lo,
+                                 self.N)
 
     def pack(self):
         size = self.mkl.cblas_sgemm_pack_get_size(B_MATRIX, self.M, self.N, self.K)
@@ -261,11 +289,16 @@ def side(args) -> dict:
             for p in products(mkl, T, H, args.batch, args.input_dim):
                 row = f"{H} {T} {p.name}"
                 runs = {"numpy": p.numpy} if mkl is None else {"sgemm": p.sgemm}
+                if mkl is None and p.few_rows:
+                    runs["plain"] = p.plain
                 if mkl is not None and not p.add:
                     p.pack()
                     runs["packed"] = p.compute
                 hashes[row] = {k: hashlib.sha1(p.result(run)).hexdigest()
                                for k, run in runs.items()}
+                if mkl is not None:
+                    split = hashlib.sha1(p.result(p.sgemm_columns)).hexdigest()
+                    hashes[row]["split"] = "yes" if split == hashes[row]["sgemm"] else "NO"
                 calls = max(1, round(WORK / (p.M * p.N * p.K)))
                 times[row] = least_us_per_call(runs, clock, calls, args.rounds, warmup=2)
                 if "packed" in runs:
@@ -275,11 +308,15 @@ def side(args) -> dict:
 
 
 def run_side(args, name: str, threads: int) -> dict:
+    """One side's figures from a process of its own; an MKL side's process loads MKL's
+    sequential layer at one thread and ``--layer`` at two (MKL reads
+    MKL_THREADING_LAYER once, when libmkl_rt loads)."""
+    env = dict(os.environ, MKL_THREADING_LAYER="SEQUENTIAL" if threads == 1 else args.layer)
     argv = [sys.executable, "-m", "bench.bench_gemm", "--side", name, "--threads",
             str(threads), "--hidden", *map(str, args.hidden), "--steps", *map(str, args.steps),
             "--batch", str(args.batch), "--input-dim", str(args.input_dim),
             "--rounds", str(args.rounds), "--clock", args.clock]
-    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.splitlines()[-1])
 
 
@@ -294,8 +331,10 @@ def report(args, results: dict) -> None:
                 break
     print(f"median {args.clock}-clock µs per call over {args.turns} turns; in brackets the "
           "median of the turns' ratios to numpy; pack: µs, once per weight update; "
-          "same: the result equal bit for bit at 1 and 2 threads")
-    head = f"{'H':>4} {'T':>4} {'product':9} {'thr':>3} {'numpy':>9}"
+          "plain: NumPy's product of a few rows as written, x W^T, not as the engine "
+          "computes it (W x^T); same: the result equal bit for bit at 1 and 2 threads; "
+          "split: MKL's sgemm over two column blocks equal bit for bit to one call")
+    head = f"{'H':>4} {'T':>4} {'product':9} {'thr':>3} {'numpy':>9} {'numpy plain':>17}"
     for name in sides:
         head += f" | {name + ' sgemm':>17} {name + ' packed':>17} {'pack':>7}"
     print(head + " | same")
@@ -305,22 +344,26 @@ def report(args, results: dict) -> None:
         for n in (1, 2):
             base = [turn["times"][row]["numpy"] for turn in results["numpy", n]]
             line = f"{H:>4} {T:>4} {product:9} {n:>3} {statistics.median(base):9.1f}"
-            for name in sides:
+            for name in ["numpy", *sides]:
                 turns = [turn["times"][row] for turn in results[name, n]]
-                for impl in ("sgemm", "packed"):
+                for impl in ("plain",) if name == "numpy" else ("sgemm", "packed"):
                     if impl not in turns[0]:
                         line += f" {'-':>17}"
                         continue
                     us = statistics.median(t[impl] for t in turns)
                     ratio = statistics.median(t[impl] / b for t, b in zip(turns, base))
                     line += f" {us:9.1f} ({ratio:4.2f}x)"
+                if name == "numpy":
+                    continue
                 pack = [t["pack"] for t in turns if "pack" in t]
                 line += f" {statistics.median(pack):7.1f}" if pack else f" {'-':>7}"
             same = []
             for name in ("numpy", *sides):
                 got = [results[name, k][0]["hashes"][row] for k in (1, 2)]
                 same += [f"{name}:{impl}:{'yes' if got[0][impl] == got[1][impl] else 'NO'}"
-                         for impl in got[0]]
+                         for impl in got[0] if impl != "split"]
+                if "split" in got[0]:
+                    same.append(f"{name}:split:{got[0]['split']}/{got[1]['split']}")
             print(line + (" | " + " ".join(same) if n == 2 else ""))
     if ("at-once", 2) not in results:
         return
@@ -351,6 +394,8 @@ def main() -> None:
     parser.add_argument("--sides", nargs="+", choices=["numpy", *CBWR, "at-once"],
                         default=["numpy", "off", "strict", "at-once"],
                         help="at-once: the weight gradients in series or at once (NumPy)")
+    parser.add_argument("--layer", choices=["GNU", "INTEL", "TBB"], default="GNU",
+                        help="MKL's threading layer at two threads (one: SEQUENTIAL)")
     parser.add_argument("--side", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
