@@ -2,12 +2,15 @@
 and a check per step shape, one net built to check it, whatever T is. Never timed here: the
 seconds are bench/bench_expand.py's."""
 
+from collections import OrderedDict
+
 import pytest
 
 import unroll.frontend.checked_nets
 import unroll.frontend.recurrence
 import unroll.frontend.render
 import unroll.frontend.template
+import unroll.frontend.unroller
 from unroll.frontend.unroller import expand
 
 
@@ -16,6 +19,8 @@ def counted(monkeypatch):
     """Counts of step renders, parses of step text, step checks and nets built, as
     expansions run (the sequence macro's chunks, a render and parse per 32 steps, aside)."""
     counts = dict.fromkeys(["renders", "parses", "checks", "nets"], 0)
+    # an expansion another test made is served from expand's cache, with nothing to count
+    monkeypatch.setattr(unroll.frontend.unroller, "_EXPANDED", OrderedDict())
 
     def counting(module, name, what, only=None):
         original = getattr(module, name)
