@@ -203,19 +203,11 @@ class _Diffs:
     def backward(self, step, layer, back: int, need) -> None:
         if "diff" in layer.memory.shares_bottom:
             return  # a view's diff is its bottom's: its backward moves nothing
-        # _touch inlined: this runs for every step of every attempt's walk
-        root, life = self.diff_root, self.life
         for bs, firsts in ((step.tops, self.reads),
                            ([b for b, down in zip(step.bottoms, need) if down], self.writes)):
             for b in bs:
-                r = root[b]
-                span = life.get(r)
-                if span is None:
-                    life[r] = [back, back]
-                elif back < span[0]:
-                    span[0] = back
-                elif back > span[1]:
-                    span[1] = back
+                r = self.diff_root[b]
+                _touch(self.life, r, back)
                 if firsts.get(r, back) >= back:
                     firsts[r] = back
 
