@@ -273,6 +273,27 @@ def test_a_policy_is_held_to_the_budget_and_to_the_cuts_allowed():
         Net(text, recompute=OutOfOrder())
 
 
+@settings(max_examples=8, deadline=None)
+@given(cell=st.sampled_from(CELLS), layers=st.integers(1, 2),
+       T=st.sampled_from([3 * GRADIENT_CHUNK, 4 * GRADIENT_CHUNK]),
+       direction=st.sampled_from(["forward", "bidirectional"]),
+       options=st.sampled_from([{"recompute": "sqrt"}, {"recompute": "hsm"}, "smallest"]))
+def test_a_plan_moves_the_full_plans_diff_lifetimes_to_its_own_times(cell, layers, T,
+                                                                      direction, options):
+    # docs/design.md, 6. Memory: every backward touches the same diffs in every plan, so an
+    # attempt takes the full plan's diff lifetimes and zeroing at its own backward times;
+    # walking the layers' diffs for the plan gives the same
+    text = recurrent_net(cell, T, 2, layers, direction, dropout=True)
+    if options == "smallest":
+        options = {"memory_budget": smallest_budget(text, "float64")}
+    executor = Net(text, dtype="float64", **options).memory
+    plan = executor.liveness.recompute
+    moved, walked = executor.make(plan, base=executor.base), executor.make(plan)
+    assert plan is not None and moved.back == walked.back
+    assert list(moved.diff_life.items()) == list(walked.diff_life.items())
+    assert list(moved.zero_before.items()) == list(walked.zero_before.items())
+
+
 def test_an_attempt_is_one_liveness_walk_and_one_layout(monkeypatch):
     # planning cost, counted (bench/bench_recompute.py times it): what does not depend on
     # the cuts is found once, the full plan's liveness once per net, whatever its shapes

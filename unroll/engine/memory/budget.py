@@ -109,7 +109,7 @@ def within_budget(base: Liveness, make, lay_out, steps, layers, bottom_need, sha
     budget, and without a policy the full plan).
 
     ``base`` is the net's :class:`Liveness` without recomputation (made once per net: it
-    depends on the graph alone), ``make(recompute)`` its liveness for a
+    depends on the graph alone), ``make(recompute, base=base)`` its liveness for a
     :class:`~unroll.engine.memory.segments.Recompute` plan, ``lay_out(liveness,
     aliases=)`` a layout for the current shapes (``rewritten``: the blobs written in
     place). A budget the chosen plan does not fit is a
@@ -123,7 +123,7 @@ def within_budget(base: Liveness, make, lay_out, steps, layers, bottom_need, sha
     policy = FewestRecomputed() if policy is None else policy
     runs_of = functools.partial(forward_runs, steps, layers, base.data_root, base.layer_need,
                                 bottom_need)
-    plans = Plans(make, lay_out, runs_of, chain,
+    plans = Plans(functools.partial(make, base=base), lay_out, runs_of, chain,
                   recomputable(steps, layers, base.data_root, base.private, chunks,
                                backward_reads(steps, layers, base.data_root, base.layer_need,
                                               bottom_need)),

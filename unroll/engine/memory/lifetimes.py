@@ -39,6 +39,16 @@ class Lifetimes(Mapping):
             firsts, lasts = zip(*spans.values())
             self._first[roots], self._last[roots] = firsts, lasts
 
+    def moved(self, times: np.ndarray) -> Lifetimes:
+        """These lifetimes with every time t moved to ``times[t]`` (``times[-1]`` is -1).
+
+        >>> Lifetimes({0: (1, 2)}, 2).moved(np.array([0, 5, 7, -1])).items().__next__()
+        (0, (5, 7))
+        """
+        out = Lifetimes({}, len(self._first))
+        out._first, out._last = times[self._first], times[self._last]
+        return out
+
     def __getitem__(self, root: int) -> tuple[int, int]:
         if 0 <= root < len(self._first) and self._first[root] >= 0:
             return int(self._first[root]), int(self._last[root])

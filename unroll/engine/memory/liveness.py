@@ -49,8 +49,8 @@ def _roots(steps, layers, n_blobs: int, what: str) -> list[int]:
 
 
 def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
-             bottom_need, loss_blobs, regions=(), recompute: Recompute | None = None
-             ) -> Liveness:
+             bottom_need, loss_blobs, regions=(), recompute: Recompute | None = None,
+             base: Liveness | None = None) -> Liveness:
     """The lifetime of every buffer of the net, from the graph alone.
 
     A value's data lives from its producer's forward until its last reader:
@@ -71,6 +71,13 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     (:meth:`Liveness.data_buffers`); a run writes only what something reads
     before the next run does (or what its backward reads, in the run right
     before it).
+
+    ``base`` is the net's liveness without a plan (made with ``recompute`` None), or None.
+    Every diff a backward touches is the same in every plan; only the times move. Where
+    backward runs the steps last first, as segments do, and no region widens lifetimes, the
+    diffs' lifetimes and zeroing are ``base``'s, moved to this plan's backward times, and
+    the walk never reads the layers for diffs (an attempt of a budget walks T steps' diffs
+    no more).
     """
     data_root = _roots(steps, layers, n_blobs, "data")
     diff_root = _roots(steps, layers, n_blobs, "diff")
@@ -128,7 +135,6 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
 
     run(range(S), -1, 0)
     back = [0] * S
-    diffs = _Diffs(diff_root)
     t = S + 1
     for i, a in enumerate(order):
         if a >= 0:
@@ -139,7 +145,6 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
             if layer_need[s]:
                 for r in reads[s]:
                     touch(r, t)
-                diffs.backward(steps[s], layers[s], t, bottom_need[s])
             t += 1
     # the buffers of roots run again, numbered after the blobs by root, then time: a
     # root's buffers are consecutive
@@ -148,17 +153,31 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     data_life.update((n_blobs + j, life[1:3]) for j, life in enumerate(lives))
     windows = [w for r in regions
                for w in ((r.start, r.stop - 1), (2 * S - r.stop + 1, 2 * S - r.start))]
-    step_at = dict(zip(back, range(S)))
 
     def spans(life) -> dict:  # the planned buffers', over every concurrent region they meet
         if windows:
             return {r: widened(v, windows) for r, v in life.items() if r not in private}
         return {r: v for r, v in life.items() if r not in private}
 
+    backs = np.array(back, np.int32)
+    if base is not None and not windows and (np.diff(backs) < 0).all():
+        # base's step s ran backward at 2S - s; the moved times keep their order, so every
+        # first and last touch, and which backward reads a diff before one writes it, stay
+        moved = np.full(2 * S + 2, -1, np.int32)  # moved[-1]: no time stays no time
+        moved[2 * S - np.arange(S)] = backs
+        diff_life, zero_before = base.diff_life.moved(moved), base.zero_before
+    else:
+        diffs = _Diffs(diff_root)
+        for s in sorted(range(S), key=back.__getitem__):  # backward's steps in time order
+            if layer_need[s]:
+                diffs.backward(steps[s], layers[s], back[s], bottom_need[s])
+        step_at = dict(zip(back, range(S)))
+        diff_life = Lifetimes(spans(diffs.life), n_blobs)
+        zero_before = diffs.zero_before(loss_blobs, private, S, step_at.__getitem__)
     return Liveness(
         S, array("i", data_root), array("i", diff_root), private,
-        Lifetimes(spans(data_life), n_blobs + len(lives)), Lifetimes(spans(diffs.life), n_blobs),
-        diffs.zero_before(loss_blobs, private, S, step_at.__getitem__), list(layer_need),
+        Lifetimes(spans(data_life), n_blobs + len(lives)), diff_life, zero_before,
+        list(layer_need),
         tuple(back), windows, MappingProxyType({s: tuple(v) for s, v in again_at.items()}),
         array("i", roots.tolist()), array("i", (life[3] for life in lives)),
         np.searchsorted(roots, np.arange(n_blobs + 1)) if lives else None, recompute)
@@ -184,19 +203,11 @@ class _Diffs:
     def backward(self, step, layer, back: int, need) -> None:
         if "diff" in layer.memory.shares_bottom:
             return  # a view's diff is its bottom's: its backward moves nothing
-        # _touch inlined: this runs for every step of every attempt's walk
-        root, life = self.diff_root, self.life
         for bs, firsts in ((step.tops, self.reads),
                            ([b for b, down in zip(step.bottoms, need) if down], self.writes)):
             for b in bs:
-                r = root[b]
-                span = life.get(r)
-                if span is None:
-                    life[r] = [back, back]
-                elif back < span[0]:
-                    span[0] = back
-                elif back > span[1]:
-                    span[1] = back
+                r = self.diff_root[b]
+                _touch(self.life, r, back)
                 if firsts.get(r, back) >= back:
                     firsts[r] = back
 
