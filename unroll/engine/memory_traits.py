@@ -48,7 +48,6 @@ class BatchedParamGradient:
     backward: Callable
 
 
-
 @dataclass(frozen=True)
 class MemoryTraits:
     """What the memory plan reads of a layer class; every field has a safe default.
