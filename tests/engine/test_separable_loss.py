@@ -174,6 +174,14 @@ def test_a_kept_output_a_test_net_and_a_net_without_recomputation_are_left_whole
     assert "loss/1" not in Net(text, phase="test", recompute="hsm").layer_names
 
 
+def test_the_off_switch_leaves_every_net_as_written(monkeypatch):
+    from unroll.engine.memory import separable
+
+    text = whole_output_net(GRADIENT_CHUNK + 3, 2, 2, 3, loss="softmax")
+    monkeypatch.setattr(separable, "SEPARATE", False)
+    assert "loss/1" not in Net(text, recompute="hsm").layer_names
+
+
 def test_the_char_lm_fits_in_its_smallest_budget_by_chunks():
     from examples.charlm.model import IGNORE as CHARLM_IGNORE
     from examples.charlm.model import TEMPLATE

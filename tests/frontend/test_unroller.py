@@ -723,7 +723,8 @@ def broken(tmp_path, body, name="broken"):
 
 
 def test_a_step_that_never_reads_its_state_is_refused(tmp_path):
-    """The issue's cell: built, gave h (3, 5) not (3, 2, 5), and left cont_t*/h_0 as outputs."""
+    """A cell that ignores its state: unchecked, it built, gave h (3, 5) not (3, 2, 5), and left
+    cont_t*/h_0 as outputs."""
     path = broken(tmp_path, """\
 layer { name: "{{ s.layer('ip') }}" type: "InnerProduct" bottom: "{{ s.input.x }}"
         top: "{{ s.state.h }}" param { name: "{{ s.param('W') }}" }

@@ -236,7 +236,7 @@ def test_the_peephole_mistake_passes_every_gradient_check_and_fails_the_referenc
     wrong = peephole(tmp_path, "s.blob('c_cont')", "peephole_wrong")  # o reads c_{t-1}
     report = catches(check_template(wrong, peephole_step, strict=False, devices=["cpu"],
                                     **SMALL), "forward vs reference")
-    # what the user saw: the gradient checks alone prove nothing about the equation
+    # the gradient checks alone prove nothing about the equation: only the reference catches it
     assert report.caught_by() == ["forward vs reference"]
     assert check_template(wrong, strict=False, devices=["cpu"], configs=["forward"],
                           **SMALL).passed

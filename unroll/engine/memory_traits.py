@@ -25,7 +25,13 @@ __all__ = ["BatchedParamGradient", "MemoryTraits", "check_traits", "reads_declar
 
 def reads_declared_bottoms(layer, k: int, bottom_need) -> bool:
     """Whether backward reads bottom ``k``'s data, by the layer's ``backward_reads`` and
-    ``backward_reads_bottoms`` alone (the default of :attr:`MemoryTraits.reads_in_backward`)."""
+    ``backward_reads_bottoms`` alone (the default of :attr:`MemoryTraits.reads_in_backward`).
+
+    >>> from types import SimpleNamespace
+    >>> scale = SimpleNamespace(backward_reads=("bottom",), backward_reads_bottoms=(1,))
+    >>> [reads_declared_bottoms(scale, k, [True, True]) for k in (0, 1)]
+    [False, True]
+    """
     return "bottom" in layer.backward_reads and (
         layer.backward_reads_bottoms is None or k in layer.backward_reads_bottoms)
 
@@ -46,7 +52,6 @@ class BatchedParamGradient:
     key: Callable
     row_widths: Callable
     backward: Callable
-
 
 
 @dataclass(frozen=True)

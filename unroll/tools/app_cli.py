@@ -223,7 +223,12 @@ def training_options(epochs: int, lr: str) -> argparse.ArgumentParser:
 
 def checkpoint_options() -> argparse.ArgumentParser:
     """``--checkpoint``: which of a trained folder's weights a command loads (best or last,
-    :data:`unroll.train.model_folder.CHECKPOINTS`; default best)."""
+    :data:`unroll.train.model_folder.CHECKPOINTS`; default best).
+
+    >>> parser = argparse.ArgumentParser(parents=[checkpoint_options()])
+    >>> parser.parse_args([]).checkpoint, parser.parse_args(["--checkpoint", "last"]).checkpoint
+    ('best', 'last')
+    """
     group = argparse.ArgumentParser(add_help=False)
     group.add_argument("--checkpoint", choices=CHECKPOINTS, default="best",
                        help="best: the best dev epoch's weights; last: the last epoch's")

@@ -36,6 +36,7 @@ class SharedStoreModel:
 
     @property
     def learnable_params(self):
+        """Every param of the store, once, whichever nets share it."""
         return list(self.store)
 
     @property
@@ -49,6 +50,7 @@ class SharedStoreModel:
         return (self._canonical() if self.active is None else self.active).device_loss
 
     def backward(self) -> None:
+        """Backward through the last forward's net (an error before any forward)."""
         if self.active is None:
             raise RuntimeError(f"{type(self).__name__}.backward before forward")
         self.active.backward()
@@ -66,4 +68,5 @@ class SharedStoreModel:
         self._canonical().copy_from(source, strict=strict)
 
     def save(self, path) -> None:
+        """Write :meth:`to_proto` to ``path`` (a .caffemodel), atomically."""
         write_atomic(path, self.to_proto().SerializeToString())

@@ -202,6 +202,15 @@ def test_euclidean_loss_needs_matching_bottoms():
         run('name: "e" type: "EuclideanLoss"', [np.zeros((2, 3)), np.zeros((3, 2))])
 
 
+@pytest.mark.parametrize("input_param", ["", "input_param { shape { dim: 0 } }",
+                                         "input_param { shape { dim: 4 } shape { dim: 4 } }"])
+def test_euclidean_loss_chunk_needs_the_whole_length(input_param):
+    with pytest.raises(NetError, match=r"layer 'e' \(EuclideanLossChunk\): input_param needs "
+                                       r"one shape .* \(>= 1\), found shapes \["):
+        run(f'name: "e" type: "EuclideanLossChunk" {input_param}',
+            [np.zeros((1, 2)), np.zeros((1, 2))])
+
+
 # -- Accuracy -----------------------------------------------------------------
 
 

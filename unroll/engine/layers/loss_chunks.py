@@ -81,8 +81,9 @@ class EuclideanLossChunkLayer(EuclideanLossLayer):
     def layer_setup(self, bottoms, tops):
         shape = self.param.input_param.shape
         if len(shape) != 1 or not shape[0].dim or shape[0].dim[0] < 1:
-            raise self.error("input_param needs one shape whose dim 0 is the whole output's "
-                             "length (>= 1)")
+            found = [list(s.dim) for s in shape]
+            raise self.error(f"input_param needs one shape whose dim 0 is the whole output's "
+                             f"length (>= 1), found shapes {found}")
         self.steps = shape[0].dim[0]
 
     def reshape(self, bottoms, tops):

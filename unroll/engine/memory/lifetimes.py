@@ -132,6 +132,8 @@ class Liveness:
         return bisect_right(self.data_life._first, time, ids.start + 1, ids.stop) - 1
 
     def root_of_buffer(self, buffer: int) -> int:
+        """The root whose data ``buffer`` holds: the buffer itself, or for one numbered after
+        the blobs (a root run again), that root (``root_of``)."""
         n = len(self.data_root)
         return buffer if buffer < n else self.root_of[buffer - n]
 

@@ -141,10 +141,12 @@ def _renamed(lp: LayerParameter, k: int, params: dict[str, list[str]]) -> LayerP
 
 def _param_names(lp: LayerParameter) -> list[str]:
     """The names of an InnerProduct's params, as the net names them (given or
-    ``"<layer>.<index>"``)."""
-    count = 1 + (lp.inner_product_param.bias_term if lp.type == "InnerProduct" else 0)
+    ``"<layer>.<index>"``); none for the other layers of a chain, which have no params."""
+    if lp.type != "InnerProduct":
+        return []
+    count = 1 + lp.inner_product_param.bias_term
     return [lp.param[i].name if i < len(lp.param) and lp.param[i].name else f"{lp.name}.{i}"
-            for i in range(count if lp.type == "InnerProduct" else 0)]
+            for i in range(count)]
 
 
 def _rewrite(layer_params, chain: _Chain) -> list[LayerParameter]:

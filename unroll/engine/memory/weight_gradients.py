@@ -178,7 +178,7 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
         if any(r in plan.private or r in written for r in x_roots + gy_roots) or (
                 any(again) and not all(again)):
             continue
-        if all(again):  # the GEMM reads each row's life of the run right before it
+        if all(again):  # the GEMM reads each row's buffer of the run right before it
             x_roots = [plan.buffer_at(r, at(members[0])) for r in x_roots]
         if len(set(x_roots)) < len(members) or len(set(gy_roots)) < len(members):
             continue
