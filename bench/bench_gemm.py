@@ -1,4 +1,5 @@
-"""The LSTM step's GEMMs, bare: NumPy's OpenBLAS against MKL's sgemm and MKL's packed sgemm.
+"""The LSTM step's GEMMs, bare: NumPy's OpenBLAS against MKL's sgemm, MKL's packed sgemm
+and torch's product.
 
 Each product of one training step of ``unroll.expand("lstm")`` at N=32 rows, D=100 inputs,
 H hidden, float32, as the engine computes it today (``InnerProductLayer``: y = x W^T through
@@ -64,6 +65,29 @@ packed or not; MKL_CBWR_AUTO | MKL_CBWR_STRICT changed no figure beyond the nois
 Every product gave the same bits at one thread (SEQUENTIAL) and two (GNU), in every mode,
 and over two column blocks as in one call. So the engine keeps NumPy's GEMMs: against the
 products the engine runs, MKL does not pay at one thread.
+The side ``torch`` runs each product with ``torch.mm`` (``addmm_`` where the diff is added)
+on the same arrays, under ``--torch-python``, with ``torch.set_num_threads``: torch's CPU
+wheel calls its own MKL's SGEMM there (``MKL_VERBOSE=1`` shows it; 2024.0 in torch 2.13),
+not oneDNN. Its nn.LSTM does not go through ``torch.mm`` at all but through oneDNN's
+fused RNN primitive (``python -m bench.profile_lstm --torch-python ...``). The column
+``relaid`` is a step's product by a row-major copy of the weight stored the other way
+round (x W^T by W^T where the engine runs W x^T; g U as (U^T g^T)^T by U^T), as a copy
+made once per weight update would hold it; it gives the same bits as the engine's product
+(OpenBLAS accumulates each output in the same order either way).
+
+Measured on the same machine, busy (load 2-8), ``--clock cpu --sides numpy torch``, 3 turns
+of 3 rounds, one thread, two runs (and MKL 2024.0's wheel as the ``off`` side, one run).
+torch.mm takes 0.73-0.87x NumPy's time on the step's forward product h@U^T at every size
+(MKL 2024.0's sgemm 0.78-0.82x; 2026.2's 1.02-1.06x, above), 0.90-0.96x on g@U at H=512
+but 0.96-1.06x at H=128, and 0.88-1.34x on the products over all steps (the weight
+gradient gU at T=100 H=512 1.11-1.29x). So torch's lead over the engine's GEMMs at one
+thread is in oneDNN's RNN primitive and, for its products, in one MKL build's kernels for
+32-row products, not in a layout NumPy could take: "relaid" pays 0.80-0.84x on h@U^T at
+H=128 (about 12 µs a step, 1% of the step) and 0.91-1.04x on g@U at H=512 (at most 80 µs
+a step, 2%, less a copy of U per run), and takes 0.99-1.22x elsewhere. MKL 2024.0's
+sgemm gives other bits than OpenBLAS on most of these products (h@U^T at H=512 and every
+backward one), so an MKL product would change the engine's results. The engine keeps its
+products.
 Two-thread times on that machine measured its load (a pool of two waiting on a
 descheduled partner: 0.08-13x between runs), not the libraries: they are for an idle
 machine to tell.
