@@ -32,6 +32,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -149,7 +150,8 @@ def main(argv=None) -> None:
     if args.torch_python:
         command = [args.torch_python, "-m", "bench.profile_lstm", "--side", "torch",
                    *(sys.argv[1:] if argv is None else argv)]
-        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(command, capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parents[1]).stdout
         ops = json.loads(out.strip().splitlines()[-1])
         total = sum(ops.values())
         print(f"torch nn.LSTM, {args.threads} thread(s): {total:.2f} ms per step (operators"
