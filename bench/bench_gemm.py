@@ -48,6 +48,7 @@ AMD CPUs. A benchmark, not a test.
     python -m bench.bench_gemm                                 (from the repository root)
     python -m bench.bench_gemm --hidden 512 --steps 100 --sides numpy off --turns 9
     python -m bench.bench_gemm --clock cpu
+    python -m bench.bench_gemm --sides numpy torch --torch-python VENV/bin/python --clock cpu
 
 Unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for this command where they are set: they
 slow a current NumPy's OpenBLAS.
