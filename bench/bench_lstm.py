@@ -27,6 +27,13 @@ inflate (meaningful with ``--threads 1``).
 
 ``python -m bench.profile_threads`` splits a step by phase at each thread count.
 
+Measured on a 2-core Zen 4 shared with other work (load 10), ``--threads 1 --clock cpu
+--steps 100 --hidden 512 --turns 3``: the step's GEMMs alone take 1.18x (turns 1.15-1.42)
+nn.LSTM's whole step in NumPy and 1.23x (1.18-1.25) by ``torch.matmul``. So PyTorch's
+lead is its fused layer (oneDNN's RNN primitive), not its GEMMs: its own products one by
+one are no faster than NumPy's (``bench/bench_gemm.py --sides numpy torch`` has them
+product by product).
+
 PyTorch runs under ``--torch-python`` (default: this interpreter); where it
 cannot import torch, that side is skipped.
 """
