@@ -1,4 +1,5 @@
-"""The LSTM step's GEMMs, bare: NumPy's OpenBLAS against MKL's sgemm and MKL's packed sgemm.
+"""The LSTM step's GEMMs, bare: NumPy's OpenBLAS against MKL's sgemm, MKL's packed sgemm
+and torch's product.
 
 Each product of one training step of ``unroll.expand("lstm")`` at N=32 rows, D=100 inputs,
 H hidden, float32, as the engine computes it today (``InnerProductLayer``: y = x W^T through
@@ -47,6 +48,7 @@ AMD CPUs. A benchmark, not a test.
     python -m bench.bench_gemm                                 (from the repository root)
     python -m bench.bench_gemm --hidden 512 --steps 100 --sides numpy off --turns 9
     python -m bench.bench_gemm --clock cpu
+    python -m bench.bench_gemm --sides numpy torch --torch-python VENV/bin/python --clock cpu
 
 Unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for this command where they are set: they
 slow a current NumPy's OpenBLAS.
@@ -64,6 +66,29 @@ packed or not; MKL_CBWR_AUTO | MKL_CBWR_STRICT changed no figure beyond the nois
 Every product gave the same bits at one thread (SEQUENTIAL) and two (GNU), in every mode,
 and over two column blocks as in one call. So the engine keeps NumPy's GEMMs: against the
 products the engine runs, MKL does not pay at one thread.
+The side ``torch`` runs each product with ``torch.mm`` (``addmm_`` where the diff is added)
+on the same arrays, under ``--torch-python``, with ``torch.set_num_threads``: torch's CPU
+wheel calls its own MKL's SGEMM there (``MKL_VERBOSE=1`` shows it; 2024.0 in torch 2.13),
+not oneDNN. Its nn.LSTM does not go through ``torch.mm`` at all but through oneDNN's
+fused RNN primitive (``python -m bench.profile_lstm --torch-python ...``). The column
+``relaid`` is a step's product by a row-major copy of the weight stored the other way
+round (x W^T by W^T where the engine runs W x^T; g U as (U^T g^T)^T by U^T), as a copy
+made once per weight update would hold it; it gives the same bits as the engine's product
+(OpenBLAS accumulates each output in the same order either way).
+
+Measured on the same machine, busy (load 2-8), ``--clock cpu --sides numpy torch``, 3 turns
+of 3 rounds, one thread, two runs (and MKL 2024.0's wheel as the ``off`` side, one run).
+torch.mm takes 0.73-0.87x NumPy's time on the step's forward product h@U^T at every size
+(MKL 2024.0's sgemm 0.78-0.82x; 2026.2's 1.02-1.06x, above), 0.90-0.96x on g@U at H=512
+but 0.96-1.06x at H=128, and 0.88-1.34x on the products over all steps (the weight
+gradient gU at T=100 H=512 1.11-1.29x). So torch's lead over the engine's GEMMs at one
+thread is in oneDNN's RNN primitive and, for its products, in one MKL build's kernels for
+32-row products, not in a layout NumPy could take: "relaid" pays 0.80-0.84x on h@U^T at
+H=128 (about 12 µs a step, 1% of the step) and 0.91-1.04x on g@U at H=512 (at most 80 µs
+a step, 2%, less a copy of U per run), and takes 0.99-1.22x elsewhere. MKL 2024.0's
+sgemm gives other bits than OpenBLAS on most of these products (h@U^T at H=512 and every
+backward one), so an MKL product would change the engine's results. The engine keeps its
+products.
 Two-thread times on that machine measured its load (a pool of two waiting on a
 descheduled partner: 0.08-13x between runs), not the libraries: they are for an idle
 machine to tell.
@@ -98,6 +123,9 @@ CBWR_ERRORS = {-1: "invalid settings", -2: "invalid input", -3: "branch not supp
 #: the multiply-adds of one timed round of a product (a product at least once)
 WORK = 1e8
 
+
+#: the columns of the table of each side that is not an MKL side (which has sgemm, packed)
+IMPLS = {"numpy": ("plain", "relaid"), "torch": ("torch",)}
 
 #: the steps of one input projection (``unroll.expand``'s default chunk)
 CHUNK = 32
@@ -156,6 +184,8 @@ class Product:
         self.c = np.zeros((self.M, self.N), np.float32)
         self.cT = np.zeros((self.N, self.M), np.float32)
         self.packed = None
+        self.tensors = None
+        self.other = None  # the weight stored the other way round (relaid)
 
     def numpy(self):
         if self.add:
@@ -169,6 +199,18 @@ class Product:
     def plain(self):
         """A product of a few rows as it is written, x W^T, not through W x^T."""
         np.matmul(self.a, self.b, out=self.c)
+
+    def relaid(self):
+        """A product of a few rows by the weight stored the other way round, as a copy
+        made once per weight update would hold it: x W^T by a row-major W^T where the
+        engine runs W x^T, and g U as (U^T g^T)^T by a row-major U^T where it runs g U."""
+        if self.other is None:
+            self.other = np.ascontiguousarray(self.b if self.few_rows else self.b.T)
+        if self.few_rows:
+            np.matmul(self.a, self.other, out=self.c)
+        else:
+            np.matmul(self.other, self.a.T, out=self.cT)
+            np.copyto(self.c, self.cT.T)
 
     def sgemm(self):
         (ta, a, lda), (tb, b, ldb) = operand(self.a), operand(self.b)
@@ -200,6 +242,19 @@ class Product:
         self.mkl.cblas_sgemm_compute(ROW_MAJOR, ta, PACKED, self.M, self.N, self.K, a, lda,
                                      self.packed.ctypes.data, self.N,
                                      1.0 if self.add else 0.0, self.c.ctypes.data, self.N)
+
+    def torch(self):
+        """The product as torch computes it on the same arrays: ``torch.mm`` (MKL's sgemm in
+        torch's CPU wheels), ``addmm_`` where the diff is added."""
+        if self.tensors is None:  # torch's own views of the arrays: the same memory
+            import torch
+
+            self.tensors = (torch.mm, *map(torch.from_numpy, (self.a, self.b, self.c)))
+        mm, a, b, c = self.tensors
+        if self.add:
+            c.addmm_(a, b)
+        else:
+            mm(a, b, out=c)
 
     def result(self, run) -> bytes:
         self.c[...] = 0.0
@@ -276,21 +331,29 @@ def side(args) -> dict:
     if args.side == "at-once":
         return at_once(args)
     mkl = None
-    if args.side != "numpy":
+    if args.side == "torch":
+        import torch
+
+        torch.set_num_threads(args.threads)
+    elif args.side != "numpy":
         mkl = load_mkl()
         code = mkl.MKL_CBWR_Set(CBWR[args.side])
         if code:
             return {"error": f"mkl_cbwr_set: {CBWR_ERRORS.get(code, code)}"}
-    set_threads(mkl, args.threads)
+    if args.side != "torch":
+        set_threads(mkl, args.threads)
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     times, hashes = {}, {}
     for H in args.hidden:
         for T in args.steps:
             for p in products(mkl, T, H, args.batch, args.input_dim):
                 row = f"{H} {T} {p.name}"
-                runs = {"numpy": p.numpy} if mkl is None else {"sgemm": p.sgemm}
-                if mkl is None and p.few_rows:
+                runs = ({"torch": p.torch} if args.side == "torch"
+                        else {"numpy": p.numpy} if mkl is None else {"sgemm": p.sgemm})
+                if args.side == "numpy" and p.few_rows:
                     runs["plain"] = p.plain
+                if args.side == "numpy" and p.M <= CHUNK and not p.add:  # once a step
+                    runs["relaid"] = p.relaid
                 if mkl is not None and not p.add:
                     p.pack()
                     runs["packed"] = p.compute
@@ -312,7 +375,11 @@ def run_side(args, name: str, threads: int) -> dict:
     sequential layer at one thread and ``--layer`` at two (MKL reads
     MKL_THREADING_LAYER once, when libmkl_rt loads)."""
     env = dict(os.environ, MKL_THREADING_LAYER="SEQUENTIAL" if threads == 1 else args.layer)
-    argv = [sys.executable, "-m", "bench.bench_gemm", "--side", name, "--threads",
+    python = sys.executable
+    if name == "torch":  # torch's own MKL and OpenMP pool, set by torch.set_num_threads
+        env.pop("MKL_THREADING_LAYER")
+        python = args.torch_python
+    argv = [python, "-m", "bench.bench_gemm", "--side", name, "--threads",
             str(threads), "--hidden", *map(str, args.hidden), "--steps", *map(str, args.steps),
             "--batch", str(args.batch), "--input-dim", str(args.input_dim),
             "--rounds", str(args.rounds), "--clock", args.clock]
@@ -332,11 +399,16 @@ def report(args, results: dict) -> None:
     print(f"median {args.clock}-clock µs per call over {args.turns} turns; in brackets the "
           "median of the turns' ratios to numpy; pack: µs, once per weight update; "
           "plain: NumPy's product of a few rows as written, x W^T, not as the engine "
-          "computes it (W x^T); same: the result equal bit for bit at 1 and 2 threads; "
+          "computes it (W x^T); relaid: a step's product by a row-major copy of the weight "
+          "the other way round (x W^T for W x^T, (U^T g^T)^T for g U), relaid=numpy: the same "
+          "bits as numpy; torch.mm: torch's product on the same arrays; same: the result "
+          "equal bit for bit at 1 and 2 threads; "
           "split: MKL's sgemm over two column blocks equal bit for bit to one call")
-    head = f"{'H':>4} {'T':>4} {'product':9} {'thr':>3} {'numpy':>9} {'numpy plain':>17}"
+    head = (f"{'H':>4} {'T':>4} {'product':9} {'thr':>3} {'numpy':>9} {'numpy plain':>17} "
+            f"{'numpy relaid':>17}")
     for name in sides:
-        head += f" | {name + ' sgemm':>17} {name + ' packed':>17} {'pack':>7}"
+        head += (f" | {'torch.mm':>17}" if name == "torch" else
+                 f" | {name + ' sgemm':>17} {name + ' packed':>17} {'pack':>7}")
     print(head + " | same")
     rows = results["numpy", 1][0]["times"]
     for row in rows:
@@ -346,14 +418,14 @@ def report(args, results: dict) -> None:
             line = f"{H:>4} {T:>4} {product:9} {n:>3} {statistics.median(base):9.1f}"
             for name in ["numpy", *sides]:
                 turns = [turn["times"][row] for turn in results[name, n]]
-                for impl in ("plain",) if name == "numpy" else ("sgemm", "packed"):
+                for impl in IMPLS.get(name, ("sgemm", "packed")):
                     if impl not in turns[0]:
                         line += f" {'-':>17}"
                         continue
                     us = statistics.median(t[impl] for t in turns)
                     ratio = statistics.median(t[impl] / b for t, b in zip(turns, base))
                     line += f" {us:9.1f} ({ratio:4.2f}x)"
-                if name == "numpy":
+                if name in IMPLS:
                     continue
                 pack = [t["pack"] for t in turns if "pack" in t]
                 line += f" {statistics.median(pack):7.1f}" if pack else f" {'-':>7}"
@@ -362,6 +434,9 @@ def report(args, results: dict) -> None:
                 got = [results[name, k][0]["hashes"][row] for k in (1, 2)]
                 same += [f"{name}:{impl}:{'yes' if got[0][impl] == got[1][impl] else 'NO'}"
                          for impl in got[0] if impl != "split"]
+                if "relaid" in got[0]:
+                    same.append("relaid=numpy:"
+                                + ("yes" if got[0]["relaid"] == got[0]["numpy"] else "NO"))
                 if "split" in got[0]:
                     same.append(f"{name}:split:{got[0]['split']}/{got[1]['split']}")
             print(line + (" | " + " ".join(same) if n == 2 else ""))
@@ -391,7 +466,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: the process's CPU time (meaningful at one thread)")
-    parser.add_argument("--sides", nargs="+", choices=["numpy", *CBWR, "at-once"],
+    parser.add_argument("--torch-python", default=sys.executable,
+                        help="a Python with torch for the torch side (default: this one)")
+    parser.add_argument("--sides", nargs="+", choices=["numpy", *CBWR, "torch", "at-once"],
                         default=["numpy", "off", "strict", "at-once"],
                         help="at-once: the weight gradients in series or at once (NumPy)")
     parser.add_argument("--layer", choices=["GNU", "INTEL", "TBB"], default="GNU",

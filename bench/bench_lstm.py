@@ -7,7 +7,9 @@ float32, time-major (T, N, D) input with T=25, N=32, D=100, H=128 unless told
 otherwise. Each side runs in its own process with the same number of threads;
 unroll runs twice, with its fused recurrent units and with their reference
 (``UNROLL_ENGINE=reference``), so the units' share shows, and the step's GEMMs
-alone run in bare NumPy, the floor of any NumPy implementation. Prints the median
+alone run in bare NumPy, the floor of any NumPy implementation, and by
+``torch.matmul`` (torch's MKL) on the same shapes: PyTorch's fused layer (oneDNN's
+RNN primitive) against its own products one by one. Prints the median
 milliseconds per step over several rounds and the ratios. A benchmark, not a
 test: run it on an idle machine.
 
@@ -24,6 +26,13 @@ inflate (meaningful with ``--threads 1``).
     python -m bench.bench_lstm --threads 1 --clock cpu --turns 5 --baseline ../before
 
 ``python -m bench.profile_threads`` splits a step by phase at each thread count.
+
+Measured on a 2-core Zen 4 shared with other work (load 10), ``--threads 1 --clock cpu
+--steps 100 --hidden 512 --turns 3``: the step's GEMMs alone take 1.18x (turns 1.15-1.42)
+nn.LSTM's whole step in NumPy and 1.23x (1.18-1.25) by ``torch.matmul``. So PyTorch's
+lead is its fused layer (oneDNN's RNN primitive), not its GEMMs: its own products one by
+one are no faster than NumPy's (``bench/bench_gemm.py --sides numpy torch`` has them
+product by product).
 
 PyTorch runs under ``--torch-python`` (default: this interpreter); where it
 cannot import torch, that side is skipped.
@@ -86,8 +95,9 @@ def unroll_side(args) -> float:
     return ms_per_step(lambda: solver.step(1, feed=feed), args)
 
 
-def gemm_side(args) -> float:
-    """The step's GEMMs alone in bare NumPy: the floor of any NumPy implementation.
+def gemm_side(args, library: str = "numpy") -> float:
+    """The step's GEMMs alone in bare NumPy (``library="torch"``: by ``torch.matmul`` on
+    the same arrays, torch's MKL): the floor of any NumPy implementation.
 
     The input projection of all steps, one recurrent GEMM per step forward and one
     per step backward, and the weight and input gradients as one GEMM each.
@@ -103,16 +113,24 @@ def gemm_side(args) -> float:
     xg, g, dh = np.empty((T * N, G), np.float32), np.empty((T, N, G), np.float32), np.empty_like(h)
     dWx, dWh, dx = np.empty_like(Wx), np.empty_like(Wh), np.empty_like(x)
     flat = dg.reshape(-1, G)
+    matmul = np.matmul
+    if library == "torch":
+        import torch
+
+        torch.set_num_threads(args.threads)
+        matmul = torch.matmul
+        x, h, dg, Wx, Wh, xg, g, dh, dWx, dWh, dx, flat = map(
+            torch.from_numpy, (x, h, dg, Wx, Wh, xg, g, dh, dWx, dWh, dx, flat))
 
     def step():
-        np.matmul(x, Wx.T, out=xg)
+        matmul(x, Wx.T, out=xg)
         for t in range(T):
-            np.matmul(h[t], Wh.T, out=g[t])
+            matmul(h[t], Wh.T, out=g[t])
         for t in range(T):
-            np.matmul(dg[t], Wh, out=dh[t])
-        np.matmul(flat.T, h.reshape(-1, H), out=dWh)
-        np.matmul(flat.T, x, out=dWx)
-        np.matmul(flat, Wx, out=dx)
+            matmul(dg[t], Wh, out=dh[t])
+        matmul(flat.T, h.reshape(-1, H), out=dWh)
+        matmul(flat.T, x, out=dWx)
+        matmul(flat, Wx, out=dx)
 
     return ms_per_step(step, args)
 
@@ -172,10 +190,12 @@ def main(argv=None) -> None:
     parser.add_argument("--turns", type=int, default=1,
                         help="run the sides in turns this many times; ratios turn by turn")
     parser.add_argument("--baseline", help="another checkout whose unroll side joins the turns")
-    parser.add_argument("--side", choices=["unroll", "torch", "gemms"], help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=["unroll", "torch", "gemms", "torch-gemms"],
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.side:
-        ms = {"unroll": unroll_side, "torch": torch_side, "gemms": gemm_side}[args.side](args)
+        ms = {"unroll": unroll_side, "torch": torch_side, "gemms": gemm_side,
+              "torch-gemms": lambda args: gemm_side(args, "torch")}[args.side](args)
         print(json.dumps({"ms": ms}))
         return
 
@@ -187,6 +207,7 @@ def main(argv=None) -> None:
         "unroll, reference units": lambda: run_side("unroll", sys.executable, args,
                                                     engine="reference"),
         "its GEMMs alone, NumPy": lambda: run_side("gemms", sys.executable, args),
+        "its GEMMs alone, torch": lambda: run_side("torch-gemms", args.torch_python, args),
         f"torch nn.{args.cell.upper()}": lambda: run_side("torch", args.torch_python, args),
     }
     if args.baseline:
@@ -203,6 +224,8 @@ def main(argv=None) -> None:
     for name, over, under in [("reference / fused units", "unroll, reference units", fused),
                               ("unroll / torch time", fused, torch),
                               ("NumPy GEMMs alone / torch time", "its GEMMs alone, NumPy", torch),
+                              ("torch.matmul GEMMs alone / torch time", "its GEMMs alone, torch",
+                               torch),
                               ("unroll / baseline time", fused, "baseline unroll, fused")]:
         pairs = [a / b for a, b in zip(turns.get(over, ()), turns.get(under, ())) if a and b]
         if pairs:
