@@ -14,6 +14,13 @@ the same encoder states, and prints words/s, the seq2seq's accuracy (decoder alo
 how often each beam agrees with greedy decoding. A benchmark, not a test: run it on an
 idle machine.
 
+The CPU clock is for ONE thread. With two BLAS threads it also counts OpenBLAS's worker,
+which spin-waits for its next GEMM through the decoder's Python and NumPy work between
+products (50 rounds of a 256x512x1024 sgemm, then 20,000 additions in Python: at two
+threads the worker burned 57 ms of CPU beside the main thread's 81 ms, on a busy 2-core
+machine): words/s on the CPU clock then fall at two threads while the wall clock gains,
+with no regression in the decoder. Compare two threads on the wall clock, idle.
+
     python -m bench.bench_decoding --epochs 1 --sentences 4000
     python -m bench.bench_decoding --epochs 3 --sentences 0   # bench_lemmatize's model
 """
@@ -70,7 +77,8 @@ def main(argv=None) -> int:
                         help="dev pairs decoded (0: all that fit, as bench_lemmatize)")
     parser.add_argument("--attention", choices=ATTENTION, default=LemmatizerConfig.attention)
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
-                        help="cpu: process CPU time (a busy machine), wall: elapsed time")
+                        help="cpu: process CPU time (a busy machine, one thread: it counts "
+                             "a spinning BLAS worker), wall: elapsed time")
     args = parser.parse_args(argv)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from unroll.train.stepper import Stepper
 
-__all__ = ["StepperDecoder", "beam_search", "greedy", "sample"]
+__all__ = ["StepperDecoder", "beam_search", "best_extensions", "greedy", "sample"]
 
 
 class StepperDecoder:
@@ -69,9 +69,12 @@ class StepperDecoder:
         #: {static input: its batch axis}, complete once :meth:`start` has run
         self.batch_axes = self._batch_axes(None)
         self._rows_static = dict(self.static)
+        # the row of the static inputs each hypothesis reads (None: its own, as given)
+        self._origin: np.ndarray | None = None
         # the static inputs, as the rows are now, go into the net once before the next step
-        # (Stepper.set_static), not on every step: greedy decoding moves them only when its
-        # batch shrinks
+        # (Stepper.set_static), not on every step, and only when a row's sequence changes:
+        # greedy decoding moves them only when its batch shrinks, beam search (whose rows
+        # stay with their sequence) only when a search ends
         self._unset = True
 
     def _batch_axes(self, batch: int | None) -> dict:
@@ -102,7 +105,7 @@ class StepperDecoder:
         self.stepper.reset(state)
         if len(self.batch_axes) < len(self.static):
             self.batch_axes = self._batch_axes(np.shape(next(iter(state.values())))[1])
-        self._rows_static, self._unset = dict(self.static), True
+        self._rows_static, self._origin, self._unset = dict(self.static), None, True
 
     def step(self, tokens) -> np.ndarray:
         """The log probabilities (M, V) of the next token after each hypothesis' ``tokens``."""
@@ -120,9 +123,12 @@ class StepperDecoder:
         """Hypothesis i continues hypothesis ``rows[i]``: its states and its static inputs."""
         rows = np.asarray(rows, dtype=np.int64)
         self.stepper.reorder(rows)
-        self._rows_static = {name: np.take(value, rows, axis=self.batch_axes[name])
-                             for name, value in self._rows_static.items()}
-        self._unset = bool(self._rows_static)
+        origin = rows if self._origin is None else self._origin[rows]
+        if self._origin is None or not np.array_equal(origin, self._origin):
+            self._rows_static = {name: np.take(value, origin, axis=self.batch_axes[name])
+                                 for name, value in self.static.items()}
+            self._unset = self._unset or bool(self._rows_static)
+        self._origin = origin
 
 
 def greedy(decoder, batch: int, bos: int, eos: int, max_len: int) -> list[tuple[list[int], float]]:
@@ -231,7 +237,7 @@ def beam_search(decoder, batch: int, bos: int, eos: int, max_len: int,
         total = (scores[:, None] + logp).reshape(len(active), k * vocab)
         # the 2k best extensions of each sequence hold at least k that do not end (or the
         # beam is spent); ranked for every sequence at once, read as Python numbers
-        ranked = np.argsort(-total, axis=1, kind="stable")[:, :2 * k]
+        ranked = best_extensions(total, 2 * k)
         ranked_values = np.take_along_axis(total, ranked, axis=1).tolist()
         rows, new_tokens, new_scores, new_prefixes, still = [], [], [], [], []
         for j, (b, flats, values) in enumerate(zip(active, ranked.tolist(), ranked_values)):
@@ -271,6 +277,31 @@ def beam_search(decoder, batch: int, bos: int, eos: int, max_len: int,
             top = j * k + int(np.argmax(scores[j * k:(j + 1) * k]))
             best[b] = (prefixes[top], float(scores[top]))
     return [found if found is not None else ([], float("-inf")) for found in best]
+
+
+def best_extensions(total: np.ndarray, count: int) -> np.ndarray:
+    """The columns of the ``count`` highest values of each row of ``total``, highest
+    first, equal values by column: ``np.argsort(-total, axis=1, kind="stable")[:, :count]``,
+    without sorting whole rows (a beam's row is ``beam`` x vocabulary wide, and only its
+    first ``count`` are read). Rows where the ``count``-th value has an equal outside the
+    ``count`` are ranked by the full stable sort, so ties fall alike.
+
+    >>> best_extensions(np.array([[0.1, 0.5, 0.5, 0.2, 0.5]]), 2)
+    array([[1, 2]])
+    """
+    neg = -total
+    if count >= neg.shape[1]:
+        return np.argsort(neg, axis=1, kind="stable")
+    part = np.argpartition(neg, count - 1, axis=1)[:, :count]
+    values = np.take_along_axis(neg, part, axis=1)
+    edge = values.max(axis=1, keepdims=True)
+    ranked = np.take_along_axis(part, np.lexsort((part, values), axis=-1), axis=1)
+    # argpartition keeps any of the values equal to the edge, the stable sort the first
+    # columns; a NaN edge counts nothing and is sorted too
+    tied = np.flatnonzero((neg <= edge).sum(axis=1) != count)
+    if len(tied):
+        ranked[tied] = np.argsort(neg[tied], axis=1, kind="stable")[:, :count]
+    return ranked
 
 
 class TableDecoder:
