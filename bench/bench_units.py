@@ -16,7 +16,10 @@ unit whole, its rows halved with the second half on a Python thread woken by an
 Event, or over numba's ``prange`` (the threading layer numba picks, or
 ``NUMBA_THREADING_LAYER``), each at every BLAS thread count: µs a step, the least
 of the rounds taken in turns, by wall and by process CPU time (a thread that
-spins, OpenBLAS's worker or numba's, shows as CPU time above the wall time).
+spins, OpenBLAS's worker or numba's, shows as CPU time above the wall time). It
+first prints how long OpenBLAS's workers spin after a GEMM: the process's CPU time
+while its one Python thread sleeps (``OPENBLAS_THREAD_TIMEOUT``, read when NumPy
+loads OpenBLAS, bounds it: 2^n cycles, n from 4 to 30, 28 by default).
 """
 
 from __future__ import annotations
@@ -147,9 +150,24 @@ def split_steps(N: int, H: int, dtype) -> dict:
             f"+ unit over prange ({layer})": over_prange}
 
 
+def spin_after_gemm(H: int, dtype, asleep: float = 0.2) -> float:
+    """CPU ms the process spends while its caller sleeps ``asleep`` s after one GEMM."""
+    x, W = np.ones((32, H), dtype), np.ones((4 * H, H), dtype)
+    for _ in range(20):
+        x @ W.T
+    cpu = time.process_time()
+    time.sleep(asleep)
+    return (time.process_time() - cpu) * 1e3
+
+
 def split(args, dtype) -> None:
     from unroll.engine.threads import run_threads
 
+    for count in args.threads:
+        with run_threads(count):
+            spun = spin_after_gemm(max(args.hidden), dtype)
+        print(f"BLAS threads {count}: {spun:.1f} ms of CPU while the caller slept 200 ms "
+              f"after a GEMM")
     print(f"the recurrent GEMM then LSTMUnit forward, N={args.batch}, {args.dtype}: µs a "
           f"step, wall | CPU, least of {args.rounds} rounds of {args.calls} calls in turns")
     for H in args.hidden:
