@@ -82,26 +82,20 @@ class HalfOnAThread:
 
 
 def prange_forward():
-    """lstm_unit_forward with its rows over numba's threads (compiled on first use)."""
+    """lstm_unit_forward on the two halves of the rows over numba's threads (compiled on
+    first use): the thread variant's split, each half on a thread of numba's layer."""
     from numba import njit, prange
 
-    from unroll.engine.kernels.cpu import FAST, gates4, sigmoid, tanh
+    from unroll.engine.kernels.cpu import lstm_unit_forward
 
-    @njit(parallel=True, nogil=True, **FAST)
+    @njit(parallel=True, nogil=True)
     def forward(c_prev, x, cont, c, h):
-        T = c.dtype.type
         rows, H = cont.size, c.shape[-1]
         c_prev, c, h = c_prev.reshape((rows, H)), c.reshape((rows, H)), h.reshape((rows, H))
         x, cont = x.reshape((rows, 4 * H)), cont.reshape(rows)
-        for m in prange(rows):
-            keep = cont[m]
-            xi, xf, xo, xg = gates4(x[m], H)
-            c_prev_m, c_m, h_m = c_prev[m], c[m], h[m]
-            for j in range(H):
-                i, f, o = sigmoid(xi[j], T), sigmoid(xf[j], T), sigmoid(xo[j], T)
-                g = tanh(xg[j], T)
-                c_new = f * c_prev_m[j] * keep + i * g
-                c_m[j], h_m[j] = c_new, o * tanh(c_new, T)
+        for k in prange(2):
+            a, b = k * (rows // 2), rows if k else rows // 2
+            lstm_unit_forward(c_prev[a:b], x[a:b], cont[a:b], c[a:b], h[a:b])
 
     return forward
 
