@@ -8,16 +8,30 @@ test: run it on an idle machine, with nothing else on the cores.
 
     python -m bench.bench_units                      (from the repository root)
     python -m bench.bench_units --hidden 128 --dtype float64
+    python -m bench.bench_units --split --threads 1 2
+
+``--split`` asks whether the unit's rows split over two cores can pay: a step's
+recurrent GEMM (N x H by H x 4H) and then the LSTMUnit forward on its output, the
+unit whole, its rows halved with the second half on a Python thread woken by an
+Event, or over numba's ``prange`` (the threading layer numba picks, or
+``NUMBA_THREADING_LAYER``), each at every BLAS thread count: µs a step, the least
+of the rounds taken in turns, by wall and by process CPU time (a thread that
+spins, OpenBLAS's worker or numba's, shows as CPU time above the wall time). It
+first prints how long OpenBLAS's workers spin after a GEMM: the process's CPU time
+while its one Python thread sleeps (``OPENBLAS_THREAD_TIMEOUT``, read when NumPy
+loads OpenBLAS, bounds it: 2^n cycles, n from 4 to 30, 28 by default).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import threading
+import time
 
 import numpy as np
 
-from bench.timing import median_seconds
+from bench.timing import least_us_per_call, median_seconds
 from unroll.core.proto import LayerParameter, parse_text
 from unroll.engine.blob import Blob
 from unroll.engine.kernels import ENGINE_VARIABLE
@@ -45,6 +59,122 @@ def build(unit: str, N: int, H: int, dtype, engine: str):
     return layer, bottoms, tops
 
 
+class HalfOnAThread:
+    """Runs ``second()`` on a waiting Python thread while the caller runs ``first()``."""
+
+    def __init__(self):
+        self.go, self.done, self.job = threading.Event(), threading.Event(), None
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            self.go.wait()
+            self.go.clear()
+            self.job()
+            self.done.set()
+
+    def __call__(self, first, second):
+        self.job = second
+        self.done.clear()
+        self.go.set()
+        first()
+        self.done.wait()
+
+
+def prange_forward():
+    """lstm_unit_forward on the two halves of the rows over numba's threads (compiled on
+    first use): the thread variant's split, each half on a thread of numba's layer."""
+    from numba import njit, prange
+
+    from unroll.engine.kernels.cpu import lstm_unit_forward
+
+    @njit(parallel=True, nogil=True)
+    def forward(c_prev, x, cont, c, h):
+        rows, H = cont.size, c.shape[-1]
+        c_prev, c, h = c_prev.reshape((rows, H)), c.reshape((rows, H)), h.reshape((rows, H))
+        x, cont = x.reshape((rows, 4 * H)), cont.reshape(rows)
+        for k in prange(2):
+            a, b = k * (rows // 2), rows if k else rows // 2
+            lstm_unit_forward(c_prev[a:b], x[a:b], cont[a:b], c[a:b], h[a:b])
+
+    return forward
+
+
+def split_steps(N: int, H: int, dtype) -> dict:
+    """{variant: a step}: the recurrent GEMM, then the unit whole, split or not at all."""
+    import numba
+
+    from unroll.engine.kernels import cpu
+
+    rng = np.random.default_rng(0)
+    h = rng.uniform(-1, 1, (N, H)).astype(dtype)
+    W = rng.uniform(-0.1, 0.1, (4 * H, H)).astype(dtype)
+    x = np.empty((1, N, 4 * H), dtype)
+    c_prev = rng.uniform(-1, 1, (1, N, H)).astype(dtype)
+    cont, c, c_h = np.ones((1, N), dtype), np.empty_like(c_prev), np.empty_like(c_prev)
+    halves = [tuple(a[:, rows] for a in (c_prev, x, cont, c, c_h))
+              for rows in (slice(None, N // 2), slice(N // 2, None))]
+    on_thread, forward = HalfOnAThread(), prange_forward()
+    unit = cpu.lstm_unit_forward
+
+    def gemm():
+        np.matmul(h, W.T, out=x[0])
+
+    def whole():
+        gemm()
+        unit(c_prev, x, cont, c, c_h)
+
+    def threaded():
+        gemm()
+        on_thread(lambda: unit(*halves[0]), lambda: unit(*halves[1]))
+
+    def over_prange():
+        gemm()
+        forward(c_prev, x, cont, c, c_h)
+
+    whole()
+    expected = c.copy(), c_h.copy()
+    for variant in (threaded, over_prange):
+        c[...], c_h[...] = 0, 0
+        variant()
+        if not (np.array_equal(c, expected[0]) and np.array_equal(c_h, expected[1])):
+            raise SystemExit(f"{variant.__name__}: results differ from the whole unit's")
+    layer = numba.threading_layer()
+    return {"GEMM alone": gemm, "GEMM + unit": whole, "+ unit, half on a thread": threaded,
+            f"+ unit over prange ({layer})": over_prange}
+
+
+def spin_after_gemm(H: int, dtype, asleep: float = 0.2) -> float:
+    """CPU ms the process spends while its caller sleeps ``asleep`` s after one GEMM."""
+    x, W = np.ones((32, H), dtype), np.ones((4 * H, H), dtype)
+    for _ in range(20):
+        x @ W.T
+    cpu = time.process_time()
+    time.sleep(asleep)
+    return (time.process_time() - cpu) * 1e3
+
+
+def split(args, dtype) -> None:
+    from unroll.engine.threads import run_threads
+
+    for count in args.threads:
+        with run_threads(count):
+            spun = spin_after_gemm(max(args.hidden), dtype)
+        print(f"BLAS threads {count}: {spun:.1f} ms of CPU while the caller slept 200 ms "
+              f"after a GEMM")
+    print(f"the recurrent GEMM then LSTMUnit forward, N={args.batch}, {args.dtype}: µs a "
+          f"step, wall | CPU, least of {args.rounds} rounds of {args.calls} calls in turns")
+    for H in args.hidden:
+        steps = split_steps(args.batch, H, dtype)
+        for count in args.threads:
+            with run_threads(count):
+                wall = least_us_per_call(steps, time.perf_counter, args.calls, args.rounds)
+                cpu = least_us_per_call(steps, time.process_time, args.calls, args.rounds)
+            for name in steps:
+                print(f"  H={H:4d} BLAS threads {count}  {name:32s} {wall[name]:8.1f} |"
+                      f"{cpu[name]:8.1f}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=32, help="N (default 32)")
@@ -52,8 +182,15 @@ def main(argv=None) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     parser.add_argument("--calls", type=int, default=200, help="calls per round")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--split", action="store_true",
+                        help="only the unit after a GEMM, whole and split over two cores")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+                        help="BLAS thread counts for --split (default 1 2)")
     args = parser.parse_args(argv)
     dtype = np.dtype(args.dtype)
+    if args.split:
+        split(args, dtype)
+        return
     propagate = {"LSTMUnit": [True, True, False], "GRUUnit": [True, True, True, False]}
     print(f"unit      H  engine     forward us  backward us  total us   ({args.dtype}, "
           f"N={args.batch}, median of {args.rounds} x {args.calls} calls)")

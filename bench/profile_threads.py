@@ -29,6 +29,11 @@ encoder included).
     python -m bench.profile_threads                       (from the repository root)
     python -m bench.profile_threads --only lstm --threads 1 2 policy
     python -m bench.profile_threads --products    # the decoder's GEMMs by rows, 1 and 2 threads
+    python -m bench.profile_threads --only lstm --by-layer   # each layer type's passes too
+
+``--by-layer`` adds each layer type's forward, backward and weight gradient (ms per
+call, wall | CPU, and µs a layer call at the first count): which layers of the
+elementwise phase cost, and how much of a small layer's time is its call.
 """
 
 from __future__ import annotations
@@ -53,15 +58,24 @@ class Clock:
         self.wall = collections.defaultdict(float)
         self.cpu = collections.defaultdict(float)
         self.pools = collections.Counter()
+        #: (layer type, pass) -> [wall, CPU, calls], for --by-layer
+        self.layers = collections.defaultdict(lambda: [0.0, 0.0, 0])
 
-    def timed(self, function, phase):
+    def timed(self, function, phase, layer_pass=None):
         def run(*args, **kwargs):
             wall, cpu = time.perf_counter(), time.process_time()
             try:
                 return function(*args, **kwargs)
             finally:
-                self.cpu[phase] += time.process_time() - cpu
-                self.wall[phase] += time.perf_counter() - wall
+                cpu = time.process_time() - cpu
+                wall = time.perf_counter() - wall
+                self.cpu[phase] += cpu
+                self.wall[phase] += wall
+                if layer_pass is not None:
+                    spent = self.layers[layer_pass]
+                    spent[0] += wall
+                    spent[1] += cpu
+                    spent[2] += 1
         return run
 
 
@@ -76,7 +90,8 @@ def instrumented(clock: Clock, nets, solver=None):
 
     with patched() as patch:
         for layer, name in layer_passes(nets):
-            patch(layer, name, clock.timed(getattr(layer, name), phase_of(layer)))
+            patch(layer, name, clock.timed(getattr(layer, name), phase_of(layer),
+                                           (layer.type, name)))
         if solver is not None:
             # step() applies its update through _update, not the public update()
             patch(solver, "_update", clock.timed(solver._update, "update"))
@@ -95,8 +110,9 @@ def instrumented(clock: Clock, nets, solver=None):
         yield
 
 
-def measure(run, iters: int, nets, solver=None) -> tuple[dict, dict, dict]:
-    """(wall ms, CPU ms) per call of ``run`` by phase, and the pool sizes chosen."""
+def measure(run, iters: int, nets, solver=None) -> tuple[dict, dict, dict, dict]:
+    """(wall ms, CPU ms) per call of ``run`` by phase, the pool sizes chosen, and
+    {(layer type, pass): (wall ms, CPU ms, layer calls) per call of ``run``}."""
     for _ in range(3):  # compilation, allocation
         run()
     wall, cpu = time.perf_counter(), time.process_time()
@@ -112,9 +128,11 @@ def measure(run, iters: int, nets, solver=None) -> tuple[dict, dict, dict]:
         clock.wall["Python fixed cost"] = time.perf_counter() - wall - sum(clock.wall.values())
         clock.cpu["Python fixed cost"] = time.process_time() - cpu - sum(clock.cpu.values())
     per = 1e3 / iters
+    layers = {key: (per * wall, per * cpu, calls / iters)
+              for key, (wall, cpu, calls) in clock.layers.items()}
     return ({p: per * clock.wall[p] for p in PHASES} | {"bare total": per * total_wall},
             {p: per * clock.cpu[p] for p in PHASES} | {"bare total": per * total_cpu},
-            dict(clock.pools))
+            dict(clock.pools), layers)
 
 
 def lstm_step(T: int, H: int, N: int = 32, D: int = 100):
@@ -256,11 +274,23 @@ def report(name: str, counts, results) -> None:
     print(f"\n{name}: ms per call, wall | CPU, at each thread count")
     print(f"  {'':18s}" + "".join(f"{'threads ' + c:>22s}" for c in counts))
     for phase in (*PHASES, "bare total"):
-        cells = "".join(f"{w[phase]:10.2f} |{c[phase]:9.2f}" for w, c, _ in results)
+        cells = "".join(f"{w[phase]:10.2f} |{c[phase]:9.2f}" for w, c, *_ in results)
         print(f"  {phase:18s}{cells}")
     pools = "   ".join(", ".join(f"{n}: {k}x" for n, k in sorted(p.items()))
-                       for _, _, p in results)
+                       for _, _, p, _ in results)
     print(f"  {'pool sizes chosen':18s}  {pools}")
+
+
+def report_layers(counts, results) -> None:
+    """Each layer type's passes, the costliest (by CPU at the first count) first."""
+    first = results[0][3]
+    print(f"  {'by layer':28s}" + "".join(f"{'threads ' + c:>22s}" for c in counts)
+          + f"{'calls':>8s}{'us a call':>11s}")
+    for key in sorted(first, key=lambda k: -first[k][1]):
+        cells = "".join(f"{r[3][key][0]:10.3f} |{r[3][key][1]:9.3f}" for r in results)
+        wall, _, calls = first[key]
+        label = f"{key[0]} {key[1]}"
+        print(f"  {label:28s}" + cells + f"{calls:8.0f}{1e3 * wall / calls:11.1f}")
 
 
 def main(argv=None) -> None:
@@ -271,6 +301,8 @@ def main(argv=None) -> None:
                         help='counts, or "policy" for the measured one (default 1 2)')
     parser.add_argument("--only", choices=["lstm", "seq2seq", "greedy", "lemmatizer"])
     parser.add_argument("--iters", type=int, default=10, help="calls timed per count")
+    parser.add_argument("--by-layer", action="store_true",
+                        help="each layer type's passes too")
     parser.add_argument("--products", action="store_true",
                         help="only the decoder step's products at 1..256 rows, per count")
     args = parser.parse_args(argv)
@@ -287,6 +319,8 @@ def main(argv=None) -> None:
             results.append(measure(run, args.iters, nets, solver))
         threads.set_num_threads(None)
         report(name, args.threads, results)
+        if args.by_layer:
+            report_layers(args.threads, results)
 
 
 if __name__ == "__main__":
