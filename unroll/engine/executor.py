@@ -23,13 +23,29 @@ from unroll.core.errors import NetError
 from unroll.engine import memory
 from unroll.engine.threads import num_threads, run_threads
 
-__all__ = ["NetMemory", "actions", "bind", "release", "run"]
+__all__ = ["NetMemory", "actions", "bind", "recomputes", "release", "run"]
 
 #: layouts a net keeps, by input shapes: a bucket's full batches and its last one
 LAYOUTS_KEPT = 2
 
 #: what the tuples of :func:`actions` do (their first field)
 FORWARD, BACKWARD, ZERO, GEMM, BIND, REGION = range(6)
+
+
+def recomputes(budget, policy) -> bool:
+    """Whether a net given memory ``budget`` (bytes, or None) and recompute ``policy`` (a
+    :class:`~unroll.engine.memory.Policy` or None, as :func:`unroll.engine.memory.policy_named`
+    gives it) may run forward again in backward: a budget or a policy, but ``"none"``.
+
+    >>> from unroll.engine.memory import policy_named
+    >>> recomputes(None, None), recomputes(10**6, None), recomputes(None, policy_named("sqrt"))
+    (False, True, True)
+    >>> recomputes(10**6, policy_named("none"))
+    False
+    """
+    return (budget is not None or policy is not None) and not isinstance(
+        policy, memory.NoRecompute)
+
 
 class NetMemory:
     """A net's memory plan, applied: the liveness of its run order, the layouts of its last
@@ -51,7 +67,7 @@ class NetMemory:
     def __init__(self, blobs, graph, layers, bottom_need, workspace, dtype, limit, fwd=(),
                  bwd=(), budget=None, recompute=None, regions=()):
         recompute = memory.policy_named(recompute)
-        if self._recomputes(budget, recompute) and regions:
+        if recomputes(budget, recompute) and regions:
             raise NetError(f"net '{limit.name}': concurrent=True runs branches at once, and "
                            f"a memory budget recomputes segments in order; choose one")
         self.blobs, self.graph, self.layers, self.bottom_need = blobs, graph, layers, bottom_need
@@ -65,12 +81,6 @@ class NetMemory:
         self.schedule: memory.Schedule | None = None
         self.actions: list = []
         self.backward = 0
-
-    @staticmethod
-    def _recomputes(budget, policy) -> bool:
-        """Whether a plan may recompute: a budget or a policy, but "none"."""
-        return (budget is not None or policy is not None) and not isinstance(
-            policy, memory.NoRecompute)
 
     def plan(self, make, gate) -> None:
         """Take a new liveness, ``make(recompute)`` for a recomputation plan: the layouts of
@@ -109,7 +119,7 @@ class NetMemory:
         check = functools.partial(self.limit.check_plan, self.liveness, blobs=self.blobs,
                                   steps=self.graph.steps, layers=self.layers)
         if not planned:
-            if self.budget is not None or self._recomputes(self.budget, self.recompute):
+            if self.budget is not None or recomputes(self.budget, self.recompute):
                 raise NetError(f"net '{self.limit.name}': plan_memory=False keeps every blob, "
                                f"so a memory budget cannot be planned")
             check(None)
