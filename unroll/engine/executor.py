@@ -93,8 +93,9 @@ class NetMemory:
             blob.guard = gate if planned else None
         self.make = make
         self.liveness = liveness
-        self.schedule = self._schedule_of(liveness, None)
-        self._actions()
+        # the schedule comes with the layout (lay_out, which follows): a long chain's takes
+        # a while to list, and a planned net's is another liveness's
+        self.schedule, self.actions = None, []
         self.layouts.clear()
 
     def _schedule_of(self, liveness, layout) -> memory.Schedule:
@@ -124,6 +125,9 @@ class NetMemory:
                                f"so a memory budget cannot be planned")
             check(None)
             self.layout = None
+            if self.schedule is None:
+                self.schedule = self._schedule_of(self.liveness, None)
+                self._actions()
             return
         # a bucket's last batch is smaller than the others, so a net's shapes go back and
         # forth: the layouts of the last shapes are kept, not computed again (a layout
@@ -354,7 +358,7 @@ def reshape(fwd, limit) -> None:
 
 
 def _each_layer(fwd, limit, method: str, what: str) -> None:
-    most = limit.bytes()
+    check_tops = limit.tops_check()
     for layer, bottoms, tops in fwd:
         try:
             getattr(layer, method)(bottoms, tops)
@@ -362,7 +366,7 @@ def _each_layer(fwd, limit, method: str, what: str) -> None:
             raise
         except Exception as e:
             raise layer_failure(layer, what, e, bottoms) from e
-        limit.check_tops(layer, tops, most)
+        check_tops(layer, tops)
 
 
 # -- the schedule's actions ----------------------------------------------------------------
