@@ -148,6 +148,23 @@ def test_a_huge_shape_is_refused_at_build_naming_blob_and_layer():
     assert "the memory available" in message
 
 
+def test_a_reshape_to_shapes_laid_out_before_asks_the_device_nothing(monkeypatch):
+    # docs/design.md, 6: a top no larger than what the net holds is refused by no limit,
+    # and a bucket's nets reshape back and forth to layouts they kept
+    from unroll.engine import memory_limit
+
+    net = Net(SMALL)
+    net.forward(x=np.ones((7, 3)))
+    net.forward(x=np.ones((4, 3)))
+    asked = []
+    monkeypatch.setattr(memory_limit, "available_bytes", lambda xp: asked.append(xp) or 1000)
+    assert net.forward(x=np.ones((7, 3)))["y"].shape == (7, 10)
+    assert asked == []
+    with pytest.raises(NetError) as error:  # a top beyond what it holds: asked, and refused
+        net.forward(x=np.zeros((2000, 3)))
+    assert len(asked) == 1 and "blob 'x' (2000, 3)" in str(error.value)
+
+
 def test_a_huge_param_is_refused_before_it_is_filled():
     text = SMALL.replace("num_output: 10", "num_output: 4000000000")
     with pytest.raises(NetError, match=r"param 0 \('ip.0'\) \(4000000000, 3\) 89.4 GiB, of "

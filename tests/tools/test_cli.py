@@ -291,3 +291,17 @@ def test_console_script(tmp_path):
                           timeout=limit(100))
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and "'nope'" in done.stderr
+
+
+def test_unroll_memory_plans_an_lstm_without_importing_numba_or_jsonschema(tmp_path):
+    # docs/design.md, 6: a net built to be planned never runs a kernel nor reads a JSON file,
+    # and their imports were a fifth of the command's time
+    path = tmp_path / "lstm.prototxt"
+    assert cli.main([*LSTM5, "-o", str(path)]) == 0
+    code = ("import sys; from unroll.tools import cli; "
+            f"status = cli.main(['memory', {str(path)!r}, '--budget', '1MB']); "
+            "print(status, sorted(m for m in ('numba', 'jsonschema') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=limit(100))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "0 []"

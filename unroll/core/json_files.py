@@ -20,13 +20,12 @@ unroll.core.errors.FileFormatError: ...config.json: hidden must be an integer >=
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import re
 import stat
-
-import jsonschema
 
 from unroll.core.errors import FileFormatError
 
@@ -61,14 +60,18 @@ def finite(maximum: float | None = None) -> dict:
 SHA256_HEX = {"type": "string", "pattern": "^[0-9a-f]{64}$", "description": "a SHA-256 in hex"}
 
 
-def _strict_types():
+@functools.cache
+def _validator():
+    """The validator class, made on first use: jsonschema takes a tenth of a second to
+    import, which every command reading a prototxt (this module's read_bytes) would pay."""
+    import jsonschema
+
     # JSON's 1.0 is an integer to jsonschema, and True one to Python: neither is a size here
     checker = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
         "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool))
     return jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=checker)
 
 
-_Validator = _strict_types()
 # a JSON string (with its escapes) or a bracket: the brackets outside strings give the depth
 _TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
@@ -169,7 +172,9 @@ def problem(value, schema: dict) -> str | None:
     ...         {"properties": {"chars": {"properties": {"length": count(256)}}}})
     'chars.length must be at most 256, found 1000000000'
     """
-    error = jsonschema.exceptions.best_match(_Validator(schema).iter_errors(value))
+    import jsonschema
+
+    error = jsonschema.exceptions.best_match(_validator()(schema).iter_errors(value))
     if error is None:
         return None
     field = _field(error.absolute_path)

@@ -23,13 +23,29 @@ from unroll.core.errors import NetError
 from unroll.engine import memory
 from unroll.engine.threads import num_threads, run_threads
 
-__all__ = ["NetMemory", "actions", "bind", "release", "run"]
+__all__ = ["NetMemory", "actions", "bind", "recomputes", "release", "run"]
 
 #: layouts a net keeps, by input shapes: a bucket's full batches and its last one
 LAYOUTS_KEPT = 2
 
 #: what the tuples of :func:`actions` do (their first field)
 FORWARD, BACKWARD, ZERO, GEMM, BIND, REGION = range(6)
+
+
+def recomputes(budget, policy) -> bool:
+    """Whether a net given memory ``budget`` (bytes, or None) and recompute ``policy`` (a
+    :class:`~unroll.engine.memory.Policy` or None, as :func:`unroll.engine.memory.policy_named`
+    gives it) may run forward again in backward: a budget or a policy, but ``"none"``.
+
+    >>> from unroll.engine.memory import policy_named
+    >>> recomputes(None, None), recomputes(10**6, None), recomputes(None, policy_named("sqrt"))
+    (False, True, True)
+    >>> recomputes(10**6, policy_named("none"))
+    False
+    """
+    return (budget is not None or policy is not None) and not isinstance(
+        policy, memory.NoRecompute)
+
 
 class NetMemory:
     """A net's memory plan, applied: the liveness of its run order, the layouts of its last
@@ -51,7 +67,7 @@ class NetMemory:
     def __init__(self, blobs, graph, layers, bottom_need, workspace, dtype, limit, fwd=(),
                  bwd=(), budget=None, recompute=None, regions=()):
         recompute = memory.policy_named(recompute)
-        if self._recomputes(budget, recompute) and regions:
+        if recomputes(budget, recompute) and regions:
             raise NetError(f"net '{limit.name}': concurrent=True runs branches at once, and "
                            f"a memory budget recomputes segments in order; choose one")
         self.blobs, self.graph, self.layers, self.bottom_need = blobs, graph, layers, bottom_need
@@ -66,12 +82,6 @@ class NetMemory:
         self.actions: list = []
         self.backward = 0
 
-    @staticmethod
-    def _recomputes(budget, policy) -> bool:
-        """Whether a plan may recompute: a budget or a policy, but "none"."""
-        return (budget is not None or policy is not None) and not isinstance(
-            policy, memory.NoRecompute)
-
     def plan(self, make, gate) -> None:
         """Take a new liveness, ``make(recompute)`` for a recomputation plan: the layouts of
         the old one are dropped, and every planned blob is readable only while ``gate`` is
@@ -83,8 +93,9 @@ class NetMemory:
             blob.guard = gate if planned else None
         self.make = make
         self.liveness = liveness
-        self.schedule = self._schedule_of(liveness, None)
-        self._actions()
+        # the schedule comes with the layout (lay_out, which follows): a long chain's takes
+        # a while to list, and a planned net's is another liveness's
+        self.schedule, self.actions = None, []
         self.layouts.clear()
 
     def _schedule_of(self, liveness, layout) -> memory.Schedule:
@@ -109,11 +120,14 @@ class NetMemory:
         check = functools.partial(self.limit.check_plan, self.liveness, blobs=self.blobs,
                                   steps=self.graph.steps, layers=self.layers)
         if not planned:
-            if self.budget is not None or self._recomputes(self.budget, self.recompute):
+            if self.budget is not None or recomputes(self.budget, self.recompute):
                 raise NetError(f"net '{self.limit.name}': plan_memory=False keeps every blob, "
                                f"so a memory budget cannot be planned")
             check(None)
             self.layout = None
+            if self.schedule is None:
+                self.schedule = self._schedule_of(self.liveness, None)
+                self._actions()
             return
         # a bucket's last batch is smaller than the others, so a net's shapes go back and
         # forth: the layouts of the last shapes are kept, not computed again (a layout
@@ -344,7 +358,7 @@ def reshape(fwd, limit) -> None:
 
 
 def _each_layer(fwd, limit, method: str, what: str) -> None:
-    most = limit.bytes()
+    check_tops = limit.tops_check()
     for layer, bottoms, tops in fwd:
         try:
             getattr(layer, method)(bottoms, tops)
@@ -352,7 +366,7 @@ def _each_layer(fwd, limit, method: str, what: str) -> None:
             raise
         except Exception as e:
             raise layer_failure(layer, what, e, bottoms) from e
-        limit.check_tops(layer, tops, most)
+        check_tops(layer, tops)
 
 
 # -- the schedule's actions ----------------------------------------------------------------

@@ -42,6 +42,7 @@ import dis
 import importlib
 import importlib.util
 import inspect
+import operator
 import os
 import sys
 import types
@@ -211,6 +212,23 @@ def _class_contract(cls, cached: bool = True) -> tuple:
 _CONTRACTS: dict[type, tuple] = {}
 
 
+def _contract_kept(layer) -> bool:
+    """Whether ``layer`` holds its class's value of every contract attribute (as cached by
+    :func:`_class_contract`): one read of them all and one comparison, since every layer of
+    an unrolled net is set up; naming a changed one is left to the slow path."""
+    cls = type(layer)
+    if cls not in _READERS:
+        pairs = _class_contract(cls)
+        # of one name, attrgetter gives the value, not a tuple: such a class looks closer
+        _READERS[cls] = ((operator.attrgetter(*(a for a, _ in pairs)),
+                          tuple(v for _, v in pairs)) if len(pairs) > 1 else None)
+    check = _READERS[cls]
+    return check is not None and all(map(operator.is_, check[0](layer), check[1]))
+
+
+_READERS: dict[type, tuple] = {}
+
+
 class _NoScratch(dict):
     """The scratch arrays of a layer that reserved none: one empty table shared by every such
     layer, so it must stay empty (``reserve`` gives a layer tables of its own)."""
@@ -367,7 +385,8 @@ class Layer:
         """
         self.check_counts(len(bottoms), len(tops))
         self.layer_setup(bottoms, tops)
-        changed = [a for a, value in _class_contract(type(self)) if getattr(self, a) is not value]
+        changed = [] if _contract_kept(self) else [
+            a for a, value in _class_contract(type(self)) if getattr(self, a) is not value]
         if changed:  # the class itself may have changed since it was cached: look again
             changed = [a for a, value in _class_contract(type(self), cached=False)
                        if getattr(self, a) is not value]

@@ -96,6 +96,25 @@ class MemoryLimit:
         if have + nbytes > limit:
             raise self._refuse(have + nbytes, limit, [culprit])
 
+    def tops_check(self):
+        """``check(layer, tops)``: :meth:`check_tops` against :meth:`bytes`, which asks the
+        device (psutil: near a millisecond) only once a top is larger than what the net
+        holds already (params, workspace), which every top of a net that ran is: each
+        reshape of a bucketed model's nets would ask it otherwise."""
+        floor = (self.max_bytes if self.max_bytes is not None
+                 else self.param_bytes() + self.workspace.nbytes)
+        most: list[int] = []
+
+        def check(layer, tops) -> None:
+            for top in tops:
+                if top.nbytes > floor:
+                    if not most:
+                        most.append(self.bytes())
+                    self.check_tops(layer, tops, most[0])
+                    return
+
+        return check
+
     def check_tops(self, layer, tops, limit: int) -> None:
         """Refuse a top larger than ``limit`` as soon as its shape is known: the layers
         after it could allocate in proportion to it (the whole plan comes later)."""

@@ -225,14 +225,15 @@ class Net:
         self._kept_blobs: set[int] = set()  # asked for by forward(blobs=...)
         self._loss, self._device_loss = 0.0, None  # read back on first access (see loss)
         self._borrowed: dict = {}  # input name -> the caller's device array it holds
-        layer_params = graph.legacy_inputs(net_param) + graph.filter_layers(net_param,
-                                                                         PHASES[phase])
-        if plan_memory and phase == "train" and executor.NetMemory._recomputes(
-                self.memory_budget, memory.policy_named(recompute)):
-            # a budget can reach below a whole-output loss only by chunks of time
-            layer_params = memory.separate_losses(layer_params, self.keep)
-        with self._gate.opened(), _collector_paused():
-            self._build(layer_params)
+        with _collector_paused():  # reading the layers' messages makes objects too
+            layer_params = graph.legacy_inputs(net_param) + graph.filter_layers(
+                net_param, PHASES[phase])
+            if plan_memory and phase == "train" and executor.recomputes(
+                    self.memory_budget, memory.policy_named(recompute)):
+                # a budget can reach below a whole-output loss only by chunks of time
+                layer_params = memory.separate_losses(layer_params, self.keep)
+            with self._gate.opened():
+                self._build(layer_params)
         # the parsed messages cost ~2 KB a layer (bucketed models keep many nets): from
         # now on the net and its layers keep them as bytes (see net_param, Layer.param)
         self._net_param_bytes = net_param.SerializeToString()

@@ -141,19 +141,24 @@ class Graph:
         return [(names[b], b) for b in self.order]
 
 
-def _resolve_names(layer_params) -> list[_Value]:
-    """Bottoms to the latest version of their name; tops to new versions (linear)."""
-    seen: set[str] = set()
-    for lp in layer_params:
-        if lp.name in seen:
-            raise NetError(f"two layers are named '{lp.name}'; layer names must be unique")
-        seen.add(lp.name)
+def _resolve_names(layer_params) -> tuple[list[_Value], list[list[_Value]]]:
+    """Bottoms to the latest version of their name; tops to new versions (linear). Returns
+    the values, and per layer the values its bottoms read."""
+    names = [lp.name for lp in layer_params]
+    if len(set(names)) < len(names):
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise NetError(f"two layers are named '{name}'; layer names must be unique")
+            seen.add(name)
     current: dict[str, _Value] = {}
     values: list[_Value] = []
-    intern = sys.intern
+    bottoms_of: list[list[_Value]] = []
+    intern, add, Value = sys.intern, values.append, _Value
     for li, lp in enumerate(layer_params):
         # each read of a message's repeated field makes a container: read them once
         bottom, top = list(lp.bottom), lp.top
+        read = []
         for bi, b in enumerate(bottom):
             value = current.get(b)
             if value is None:
@@ -162,13 +167,18 @@ def _resolve_names(layer_params) -> list[_Value]:
                     f"layer above it"
                 )
             value.consumers.append((li, bi))
+            read.append(value)
+        bottoms_of.append(read)
         if len(top) == 1:  # most layers: nothing to compare within the layer
             t = intern(top[0])  # the nets of every T share one string per blob name
-            in_place = bool(bottom) and bottom[0] == t
-            if t in current and not in_place:
+            before = current.get(t)
+            if before is None:
+                v = Value(t, 0, li, 0)
+            elif bottom and bottom[0] == t:  # in place
+                v = Value(t, before.version + 1, li, 0)
+            else:
                 _taken(layer_params, lp, t, current)
-            v = _Value(t, current[t].version + 1 if in_place else 0, li, 0)
-            values.append(v)
+            add(v)
             current[t] = v
             continue
         tvals, names = [], set()
@@ -185,7 +195,7 @@ def _resolve_names(layer_params) -> list[_Value]:
         values.extend(tvals)
         for v in tvals:
             current[v.name] = v
-    return values
+    return values, bottoms_of
 
 
 def _taken(layer_params, lp, t: str, current: dict) -> None:
@@ -194,14 +204,6 @@ def _taken(layer_params, lp, t: str, current: dict) -> None:
         f"'{layer_params[current[t].producer].name}'; a top may reuse a name "
         f"only in place (as the same layer's bottom at the same position)"
     )
-
-
-def _bottom_values(values, layer_params) -> list[list[_Value]]:
-    bottoms_of = [[None] * len(lp.bottom) for lp in layer_params]
-    for v in values:
-        for li, bi in v.consumers:
-            bottoms_of[li][bi] = v
-    return bottoms_of
 
 
 def _in_place_hazard(layers, li: int, prev: _Value, bottoms_of, keep) -> str | None:
@@ -253,12 +255,12 @@ def build_graph(layer_params: list[LayerParameter], layers, keep=()) -> Graph:
     InsertSplits). Linear in the number of layers and blobs.
     """
     keep = set(keep)
-    values = _resolve_names(layer_params)
-    bottoms_of = _bottom_values(values, layer_params)
+    values, bottoms_of = _resolve_names(layer_params)
     names: list[str] = []
     fallbacks: list[str] = []
     rewritten: set[int] = set()
     order = []
+    tops: list[list[int]] = [[] for _ in layer_params]
     for v in values:
         if v.version > 0:
             prev = bottoms_of[v.producer][v.top_index]
@@ -273,13 +275,12 @@ def build_graph(layer_params: list[LayerParameter], layers, keep=()) -> Graph:
             v.blob = len(names)
             names.append(v.name)
         order.append(v.blob)
+        tops[v.producer].append(v.blob)
+    produced = {v.name for v in values} if keep else ()
     for name in keep:
-        if not any(v.name == name for v in values):
+        if name not in produced:
             raise NetError(f"keep names blob '{name}', which no layer produces")
     bottoms = [[v.blob for v in bvals] for bvals in bottoms_of]
-    tops = [[] for _ in layer_params]
-    for v in values:
-        tops[v.producer].append(v.blob)
     all_params = list(layer_params)
     splits_after: dict[int, list[Step]] = {}
     for v in values:
@@ -339,6 +340,7 @@ def backward_needs(steps: list[Step], layers, force: bool):
     need: dict[int, bool] = {}
     layer_need, bottom_need, loss_tops = [], [], []
     consumed = {b for step in steps for b in step.bottoms}
+    get = need.get
     for step, layer in zip(steps, layers):
         bottoms = step.bottoms
         split = layer.type == "Split"  # inserted: no prototxt settings of its own
@@ -349,12 +351,12 @@ def backward_needs(steps: list[Step], layers, force: bool):
                 f"layer '{layer.name}' ({layer.type}): propagate_down gives {len(pd)} values "
                 f"for {len(bottoms)} bottoms"
             )
-        bneed = []
-        for k, b in enumerate(bottoms):
-            wanted = need.get(b, False) or (force and not pd)
-            if pd:
-                wanted = pd[k] and (need.get(b, False) or force)
-            bneed.append(bool(wanted) and layer.allow_force_backward(k))
+        if pd:
+            bneed = [bool(pd[k] and (get(b, False) or force)) and layer.allow_force_backward(k)
+                     for k, b in enumerate(bottoms)]
+        else:
+            bneed = [bool(get(b, False) or force) and layer.allow_force_backward(k)
+                     for k, b in enumerate(bottoms)]
         lneed = any(bneed) or learns(layer) or (force and bool(bottoms))
         for t in step.tops:
             need[t] = lneed
@@ -380,7 +382,8 @@ def backward_needs(steps: list[Step], layers, force: bool):
         elif not force:
             layer_need[i] = False
             bottom_need[i] = [False] * len(bottoms)
-        refused.update(b for b, n in zip(bottoms, bottom_need[i]) if not n)
+        if not all(bottom_need[i]):
+            refused.update(b for b, n in zip(bottoms, bottom_need[i]) if not n)
     # one tuple per pattern ((True,), (True, False), ...), shared by every step that has it
     patterns: dict[tuple, tuple] = {}
     bottom_need = [patterns.setdefault(t, t) for t in map(tuple, bottom_need)]

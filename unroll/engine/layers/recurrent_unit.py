@@ -39,13 +39,28 @@ class RecurrentUnit(Layer):
             self.engine = default_engine()
         except ValueError as e:
             raise self.error(str(e)) from None
+        self.working = {}
+
+    # the kernels are looked up on a unit's first run, then are attributes of the instance:
+    # numba's import takes a third of a second, which a net built only to be planned
+    # (``unroll memory``) never needs
+    def fused_forward(self, *arrays):
+        self._take_kernels()
+        self.fused_forward(*arrays)
+
+    def fused_backward(self, *arrays):
+        self._take_kernels()
+        self.fused_backward(*arrays)
+
+    def _take_kernels(self) -> None:
         kernels = fused_kernels(self.xp)
-        if kernels is None:
+        if kernels is None:  # a device without kernels: the reference, with the same arrays
             self.engine = "reference"
+            self.fused_forward, self.fused_backward = (self.reference_forward,
+                                                       self.reference_backward)
         else:
             self.fused_forward = getattr(kernels, f"{self.kernel}_forward")
             self.fused_backward = getattr(kernels, f"{self.kernel}_backward")
-        self.working = {}
 
     def reshape(self, bottoms, tops):
         state, *projections, cont = bottoms
