@@ -3,8 +3,9 @@
 Prints, for the bucketed sampler and for ``pack=True`` (default row lengths,
 the tagger's training rows, and a few fixed shortest row lengths), the padding
 fraction of the processed tokens, the number of distinct T (unrolled nets),
-batches per epoch and real tokens per batch. No timing: the figures depend
-only on the sentence lengths.
+batches per epoch and real tokens per batch, then the character LSTM's
+padding: its real characters against the slots it computes. No timing: the
+figures depend only on the sentence lengths (and the words' spelling).
 
 With ``--time N`` it then trains the default tagger for N batches of each of
 the training's two samplers (length buckets, ``--no-pack``; packed rows, the
@@ -60,6 +61,29 @@ def describe(name: str, sampler, epochs: int) -> str:
     shown = lengths if len(lengths) <= 6 else [*lengths[:3], "...", *lengths[-2:]]
     return (f"{name:<34} {100 * padding:8.3f}% {sampler.num_buckets:6d} {batches:9d} "
             f"{tokens:10.0f}   {shown}")
+
+
+def character_slots(args) -> None:
+    """The character LSTM's real characters against the slots it computes, on one epoch of
+    the tagger's training rows: its (C, columns) grid, columns rounded up to 16 and grown
+    to the most each (T, N) needed before (``Tagger._char_inputs``)."""
+    from examples.pos_tagging.features import Featurizer
+    from examples.pos_tagging.packing import join_rows, training_sampler
+    from examples.pos_tagging.tagger import Tagger, TaggerConfig
+    from unroll.tools.conllu import read_conllu
+
+    forms = [f for f, _ in read_conllu(args.data / "en_ewt-ud-train.conllu")]
+    tagger = Tagger(Featurizer.build(forms), TaggerConfig(), seed=0)
+    encoded = tagger.encode(forms)
+    sampler = training_sampler([len(f) for f in forms], args.batch_size)
+    real = computed = 0
+    for batch in sampler.epoch_batches(0):
+        host = tagger.host_inputs(join_rows(encoded, batch), sampler.bucket_length(batch))
+        # a word's first character has cont 0 and marks the word's cell in chars_at
+        real += int(host["chars_cont"].sum()) + int((host["chars_at"] >= 0).sum())
+        computed += host["chars_cont"].size
+    print(f"character LSTM, tagger's training rows: {real} characters in {computed} computed "
+          f"slots, {100 * (1 - real / computed):.1f}% of them padding")
 
 
 def train_worker(args) -> dict:
@@ -213,6 +237,7 @@ def main(argv=None) -> None:
     budget = bs * round(sum(lengths) / len(lengths))
     print(describe(f"pack=True, by_tokens={budget}",
                    BucketSampler(lengths, budget, by_tokens=True, pack=True), args.epochs))
+    character_slots(args)
     if args.time:
         time_training(args)
 

@@ -11,7 +11,8 @@ backward and batched weight gradient timed and summed by part of the model:
 - Embeds: every Embed (words, features, characters);
 - output + loss: the scores' InnerProduct, SoftmaxWithLoss, Accuracy;
 - other layers: dropout, the token concat, the input slices;
-- update: the solver's update (clipping, Adam over the flat buffers);
+- update: the solver's update (clipping, Adam over the flat buffers), its clipping
+  (the norm and the scaling of every diff) also on a line of its own;
 - averaging: ``ParamAverage.update``;
 - Python fixed cost: the rest of the timed run (the nets' loops, input views, the
   solver's bookkeeping, the timers' own few µs a call).
@@ -93,12 +94,17 @@ class Clock:
 
 @contextmanager
 def instrumented(clock: Clock, nets, solver, average):
-    """Every layer of ``nets``, the solver's update and the average's update timed."""
+    """Every layer of ``nets``, the solver's update (its clipping apart too) and the
+    average's update timed."""
+    from unroll.train import solver_callbacks
+
     with patched() as patch:
         for layer, name in layer_passes(nets):
             patch(layer, name, clock.timed(getattr(layer, name), part_of(layer),
                                            (part_of(layer), kind_of(layer, name))))
         patch(solver, "_update", clock.timed(solver._update, "update"))
+        patch(solver_callbacks, "clip_gradients",
+              clock.timed(solver_callbacks.clip_gradients, ("update", "clip_gradients")))
         patch(average, "update", clock.timed(average.update, "averaging"))
         yield
 

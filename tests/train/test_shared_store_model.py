@@ -47,3 +47,13 @@ def test_weights_saved_after_any_forward_load_into_a_twin(kind, tmp_path):
     np.testing.assert_array_equal(twin.forward(**inputs)["h"], first)
     assert [p.blob.data.tolist() for p in twin.learnable_params] == [
         p.blob.data.tolist() for p in model.learnable_params]
+
+
+def test_a_model_must_say_which_net_is_canonical():
+    from unroll.train.shared_store_model import SharedStoreModel
+
+    class Unsaid(SharedStoreModel):
+        pass
+
+    with pytest.raises(TypeError, match="_canonical"):
+        Unsaid()

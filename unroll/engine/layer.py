@@ -125,15 +125,23 @@ def register_layer(type_name: str):
     def wrap(cls):
         if not (isinstance(cls, type) and issubclass(cls, Layer)):
             raise TypeError(f"@register_layer({type_name!r}) needs a Layer subclass, got {cls!r}")
-        if type_name in LAYERS and LAYERS[type_name] is not cls:
+        if type_name in LAYERS and not _same_definition(LAYERS[type_name], cls):
             raise ValueError(
                 f"layer type {type_name!r} is already registered by {LAYERS[type_name]}"
             )
         cls.type = type_name
-        LAYERS[type_name] = cls
+        LAYERS.setdefault(type_name, cls)  # a class run again keeps the first one's entry
         return cls
 
     return wrap
+
+
+def _same_definition(registered: type, cls: type) -> bool:
+    """Whether ``cls`` is ``registered``, or the same class statement run again: a module
+    executed a second time under its own name (pytest's importlib mode runs a module's
+    doctests from a fresh copy once its package has imported it) re-registers its types."""
+    return registered is cls or (registered.__module__ == cls.__module__
+                                 and registered.__qualname__ == cls.__qualname__)
 
 
 #: set to 1 to let every Net import the modules its ``type: "Python"`` layers name

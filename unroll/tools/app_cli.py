@@ -320,12 +320,10 @@ def add_fetch(sub) -> None:
     f.set_defaults(run=_fetch)
 
 
-def run(parser: argparse.ArgumentParser, argv=None, user_errors: tuple = ()) -> int:
-    """Parse ``argv`` and run the command's ``run(args)``; its exit status (see the module).
-
-    ``user_errors`` are the application's own exceptions for a user's mistake, beside the
-    library's (bad input, a bad folder, a bad value: ValueError).
-    """
+def run(parser: argparse.ArgumentParser, argv=None) -> int:
+    """Parse ``argv`` and run the command's ``run(args)``; its exit status (see the module):
+    the library's exceptions for a user's mistake (bad input, a bad folder, a bad value:
+    ValueError) are one line and status 2."""
     from unroll.engine.threads import set_num_threads
 
     args = parser.parse_args(argv)
@@ -338,7 +336,7 @@ def run(parser: argparse.ArgumentParser, argv=None, user_errors: tuple = ()) -> 
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             return run_command(prog, args.run, args,
                                (*USER_ERRORS, CoNLLUError, FileFormatError,
-                                ModelFolderError, FetchError, ValueError, *user_errors),
+                                ModelFolderError, FetchError, ValueError),
                                (*FAILURES, TrainingDiverged))
     except KeyboardInterrupt:
         if getattr(args, "debug", False):

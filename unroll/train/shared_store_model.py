@@ -3,13 +3,15 @@ whichever net a batch takes (BucketedModel's lengths, TreeModel's level widths).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from unroll.core.atomic import write_atomic
 from unroll.engine.net import Net
 
 __all__ = ["SharedStoreModel"]
 
 
-class SharedStoreModel:
+class SharedStoreModel(ABC):
     """The part of a :class:`~unroll.train.solver.TrainableNet` of several nets over ONE
     ParamStore (``store``) that does not depend on which net runs: the last forward's net
     (``active``) runs backward and holds the loss; the canonical net (the subclass's
@@ -26,8 +28,9 @@ class SharedStoreModel:
     store: object
     active: Net | None
 
+    @abstractmethod
     def _canonical(self) -> Net:
-        raise NotImplementedError  # each model says which of its nets holds every param
+        """The net whose layers hold every param (each model says which of its nets)."""
 
     @property
     def workspace(self):

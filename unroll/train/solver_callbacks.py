@@ -211,7 +211,7 @@ def _finite_squares(diff: np.ndarray) -> bool:
 
 
 def clip_gradients(diff, clip: float) -> None:
-    """Caffe's ClipGradients, on the device: ``diff *= clip / max(norm, clip)``.
+    """Caffe's ClipGradients, on the host or the device: ``diff *= clip / max(norm, clip)``.
 
     The scale is 1 (bit for bit) while the norm is within ``clip``, and a NaN
     norm scales nothing (``fmax`` ignores it), as Caffe's ``norm > clip`` test;
@@ -225,8 +225,7 @@ def clip_gradients(diff, clip: float) -> None:
     xp = module_of(diff)
     norm = xp.sqrt(diff @ diff, dtype=xp.float64)
     scale = (clip / xp.fmax(norm, clip)).astype(diff.dtype)
-    if xp is not np or scale != 1:  # on the host, a pass that would change nothing is skipped
-        diff *= scale
+    diff *= scale
     if log.isEnabledFor(logging.INFO) and float(norm) > clip:
         log.info("Gradient clipping: scaling down gradients (L2 norm %g > %g) by %g",
                  float(norm), clip, clip / float(norm))

@@ -253,3 +253,25 @@ def test_a_same_shape_layer_gives_every_top_its_bottoms_shape(name, shape):
     tops = blobs(*[()] * n_tops)
     layer.set_up(blobs(*[shape] * n_bottoms), tops)
     assert [t.shape for t in tops] == [shape] * n_tops
+
+
+def test_a_layer_module_run_again_keeps_its_registration():
+    """A layer module executed a second time under its own name (pytest's importlib mode
+    does so for a module's doctests once its package has imported it) registers its types
+    again without error, and the registry keeps the first classes; another class under a
+    taken name is refused."""
+    import importlib.util
+
+    from unroll.engine.layer import register_layer
+    from unroll.engine.layers import loss_chunks
+
+    first = LAYERS["SoftmaxWithLossChunk"]
+    spec = importlib.util.spec_from_file_location(loss_chunks.__name__, loss_chunks.__file__)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert LAYERS["SoftmaxWithLossChunk"] is first
+
+    class SoftmaxWithLossChunkLayer(Layer):
+        pass
+
+    with pytest.raises(ValueError, match="'SoftmaxWithLossChunk' is already registered"):
+        register_layer("SoftmaxWithLossChunk")(SoftmaxWithLossChunkLayer)
