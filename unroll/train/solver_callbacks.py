@@ -225,7 +225,10 @@ def clip_gradients(diff, clip: float) -> None:
     xp = module_of(diff)
     norm = xp.sqrt(diff @ diff, dtype=xp.float64)
     scale = (clip / xp.fmax(norm, clip)).astype(diff.dtype)
-    diff *= scale
+    # on the host a pass that would change nothing is skipped (0.6 ms a tagger batch); on a
+    # device reading the scale back would wait for the stream, so it always multiplies
+    if xp is not np or scale != 1:
+        diff *= scale
     if log.isEnabledFor(logging.INFO) and float(norm) > clip:
         log.info("Gradient clipping: scaling down gradients (L2 norm %g > %g) by %g",
                  float(norm), clip, clip / float(norm))
