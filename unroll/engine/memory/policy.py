@@ -139,6 +139,8 @@ class FewestRecomputed(Policy):
         for c in sorted(cuts, key=plans.recomputed):
             if best is not None and plans.recomputed(c) > best.recomputed:
                 break
+            if plans.least(c) > budget:  # it cannot fit: never laid out
+                continue
             got = plans.of(c)
             if got.bytes <= budget and (best is None or got.bytes < best.bytes):
                 best = got
@@ -212,13 +214,18 @@ def hsm_within(chain: Chain, plans: Plans, budget: int | None) -> Plan | None:
     def fit(m):
         return plans.of(units, hsm_order(n, m), m)
 
-    least = fit(fewest)
-    if budget is None or least.bytes > budget:
-        return least if budget is None else None
+    def fits(m) -> bool:  # laid out only where its bound may fit
+        order = hsm_order(n, m)
+        return plans.least(units, order, m) <= budget and fit(m).bytes <= budget
+
+    if budget is None:
+        return fit(fewest)
+    if not fits(fewest):
+        return None
     lo, hi = fewest, n + 1  # the planned bytes grow with the slots: the most that fit
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fit(mid).bytes <= budget else (lo, mid)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return fit(lo)
 
 
