@@ -19,8 +19,9 @@ memory a training step adds: activations, diffs, scratch; inputs and params
 are there before), and the median time of a training step (forward and
 backward) after a first one. For unroll also the
 bytes planned (the workspace and kept blobs but the inputs), the workspace's
-high-water mark, the forward steps recomputed and how long planning took (wall
-and CPU seconds of ``Net()`` on the unrolled NetParameter, and apart from them the
+high-water mark, the forward steps recomputed, how long planning took (wall
+and CPU seconds of ``Net()`` on the unrolled NetParameter) and how many plans with
+recomputation it laid out of those a budget weighed (and apart from them the
 CPU seconds of the unroller, ``expand``, before it; ``--plan-only`` builds and plans
 the nets and runs no step). A
 budget no plan fits is reported with the smallest that works. Ratios are to
@@ -148,6 +149,7 @@ def unroll_side(args) -> dict:
         return net, step
 
     make(WARM_UP, {"recompute": "sqrt"})[1]()  # compiled kernels, imports: not the plan's
+    laid_out = count_attempts()
     start_cpu = time.process_time()  # the unroller, timed apart from the net's planning
     net_param = lstm_net(args.T, N, H, per_step=args.loss == "per-step")
     expand_cpu = time.process_time() - start_cpu
@@ -167,10 +169,26 @@ def unroll_side(args) -> dict:
             "workspace": net.workspace.nbytes, "recomputed": plan["recomputed_steps"],
             "factor": plan["factor"], "checkpoints": len(plan["checkpoints"]),
             "planning": planning, "planning_cpu": planning_cpu, "expand_cpu": expand_cpu,
+            "laid_out": len(laid_out),
             "policy": plan["policy"],
             "slots": rc.slots if rc is not None else None,
             "segment_runs": (len(rc.cuts) + 1 + sum(a >= 0 for a in rc.order)
                              if rc is not None else None)}
+
+
+def count_attempts() -> list:
+    """The plans with recomputation that planning lays out from now on, one entry each."""
+    from unroll.engine import memory
+
+    laid_out, layout = [], memory.layout
+
+    def counted(plan, *args, **kwargs):
+        if plan.recompute is not None:
+            laid_out.append(plan.recompute.cuts)
+        return layout(plan, *args, **kwargs)
+
+    memory.layout = counted
+    return laid_out
 
 
 def torch_side(args) -> dict:
@@ -354,8 +372,9 @@ def main(argv=None) -> None:
                 print(f"  {label:>6}: planned {got['planned'] / full['planned']:.3f}{ran} of "
                       f"full; forward x {got['factor']:.2f} ({got['recomputed']} steps again, "
                       f"{got['checkpoints']} checkpoints, {got['policy']}){step_time}; "
-                      f"planned in {got['planning']:.1f} s ({got['planning_cpu']:.1f} s of CPU; "
-                      f"the unroller before it {got['expand_cpu']:.1f} s)")
+                      f"planned in {got['planning']:.1f} s ({got['planning_cpu']:.1f} s of CPU, "
+                      f"{got['laid_out']} plans laid out; the unroller before it "
+                      f"{got['expand_cpu']:.1f} s)")
                 if got["slots"]:  # its segments' forward runs against the dynamic program's
                     n = got["checkpoints"] + 1
                     print(f"          segments run forward {got['segment_runs'] / n:.3f} times "

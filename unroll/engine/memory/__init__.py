@@ -35,6 +35,8 @@ One module a job:
 - :mod:`~unroll.engine.memory.separable`: a loss over a whole (T, N, ...) output rewritten
   into one piece per chunk of time (:func:`separate_losses`), so that a budget reaches below
   it;
+- :mod:`~unroll.engine.memory.costs`: what a recomputation plan costs without its liveness
+  or layout (:class:`PlanCosts`: its one-level forward runs, a lower bound on its bytes);
 - :mod:`~unroll.engine.memory.policy`: which checkpoints to keep, a :class:`Policy`
   (built in, or the user's own: :class:`Checkpoints`), apart from the mechanism,
   :mod:`~unroll.engine.memory.budget`, that plans what a policy weighs and holds it to a
@@ -53,6 +55,7 @@ One module a job:
 
 from unroll.engine.memory.aliases import Aliases, aliases_of
 from unroll.engine.memory.budget import Plans, within_budget
+from unroll.engine.memory.costs import PlanCosts, plan_costs
 from unroll.engine.memory.hsm import bptt_hsm, hsm_order, hsm_units
 from unroll.engine.memory.layout import LayerFlags, Layout, input_roots, layout, planned_bytes
 from unroll.engine.memory.lifetimes import Lifetimes, Liveness
@@ -93,10 +96,11 @@ from unroll.engine.memory.weight_gradients import (
 __all__ = ["Action", "Aliases", "BPTTHSM", "GRADIENT_CHUNK", "HSM_MOST_FORWARDS", "Chain",
            "ChenSegments",
            "Checkpoints", "FewestRecomputed", "Layout", "LayerFlags", "Lifetimes", "Liveness",
-           "NoRecompute", "Plan", "Plans", "Policy", "Recomputable", "Recompute", "Region",
+           "NoRecompute", "Plan", "PlanCosts", "Plans", "Policy", "Recomputable", "Recompute",
+           "Region",
            "Schedule", "WeightGradGroup",
            "aliases_of", "allowed_cuts", "bptt_hsm", "concurrent_regions", "crossing_bytes",
            "gradient_chunks", "greedy_cuts", "hsm_order", "hsm_units",
-           "input_roots", "layout", "liveness", "one_level_order", "place",
+           "input_roots", "layout", "liveness", "one_level_order", "place", "plan_costs",
            "plan_weight_gradients", "planned_bytes", "policy_named", "private_blobs",
            "recomputable", "schedule", "separate_losses", "time_chunks", "within_budget"]

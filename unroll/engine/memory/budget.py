@@ -14,6 +14,7 @@ from collections import Counter
 
 from unroll.core.errors import MemoryBudgetError
 from unroll.engine.memory.aliases import aliases_of
+from unroll.engine.memory.costs import plan_costs
 from unroll.engine.memory.hsm import hsm_units
 from unroll.engine.memory.layout import Layout, input_roots, planned_bytes
 from unroll.engine.memory.lifetimes import Liveness
@@ -27,39 +28,73 @@ __all__ = ["Plans", "within_budget"]
 
 class Plans:
     """The plans a policy weighs, each made once: :attr:`full` without recomputation,
-    :meth:`of` with segments; :attr:`smallest` the fewest bytes of any made. What may run
+    :meth:`of` with segments; :attr:`smallest` the fewest bytes of any weighed. What may run
     again is found once, for all of them (``again``, a
     :class:`~unroll.engine.memory.segments.Recomputable`): an attempt is one liveness walk
-    and one layout; :meth:`recomputed` is a plan's cost in forward steps without either
-    (``runs_of``: :func:`~unroll.engine.memory.liveness.forward_runs` of the net).
-    ``aliases(relived)`` gives what lives inside what where the runs may write the roots
-    ``relived`` again (:func:`~unroll.engine.memory.aliases.aliases_of`), found once, on
-    the first plan made."""
+    and one layout. Without either, :meth:`recomputed` gives a plan's cost in forward steps
+    (``runs_of``: :func:`~unroll.engine.memory.liveness.forward_runs` of the net, where
+    the plan is not one level) and :meth:`least` a lower bound on its bytes, from the
+    net's :class:`~unroll.engine.memory.costs.PlanCosts` (``costs(kept=)``, made once, on
+    the first use). ``aliases(relived)`` gives what lives inside what where the runs may
+    write the roots ``relived`` again (:func:`~unroll.engine.memory.aliases.aliases_of`),
+    found once, on the first plan made."""
 
     def __init__(self, make, lay_out, runs_of, chain: Chain, again, bytes_of, base,
-                 full_layout, policy, aliases):
+                 full_layout, policy, aliases, costs):
         self._make, self._lay_out, self._runs_of, self._again = make, lay_out, runs_of, again
         self._aliases_of, self._aliases = aliases, None
         self._bytes_of, self._policy, self._steps = bytes_of, policy, chain.steps
         self._allowed = frozenset(chain.allowed)
         self._made: dict[tuple, Plan] = {}
         self._runs: dict[tuple, object] = {}
+        self._bounded: dict[tuple, object] = {}
         self.full = Plan(bytes_of(base, full_layout), 0, base, full_layout)
-        self.smallest = self.full.bytes
+        self._costs_of, self._costs, self._kept = costs, None, self.full.bytes - full_layout.total
+
+    @property
+    def smallest(self) -> int:
+        """The fewest bytes of any plan made or bounded (:meth:`least`): those bounded are
+        made for it, so that a refused budget names the smallest plan the policy weighed."""
+        for cuts, order, slots in list(self._bounded.values()):
+            self.of(cuts, order, slots)
+        return min([self.full.bytes, *(plan.bytes for plan in self._made.values())])
+
+    @property
+    def costs(self):
+        """The net's :class:`~unroll.engine.memory.costs.PlanCosts`, made on the first use."""
+        if self._costs is None:
+            self._costs = self._costs_of(kept=self._kept)
+        return self._costs
 
     def recomputed(self, cuts, order=(), slots=None) -> int:
         """The forward steps backward runs again in the plan :meth:`of` would make."""
-        return self._recompute(tuple(cuts), tuple(order), slots).recomputed
+        cuts, order = self._checked(cuts), tuple(order)
+        if not order:  # one level: counted, without a walk
+            return self.costs.recomputed(cuts)
+        return self._recompute(cuts, order, slots).recomputed
+
+    def least(self, cuts, order=(), slots=None) -> int:
+        """A lower bound on the bytes of the plan :meth:`of` would make, found without
+        making it (:meth:`~unroll.engine.memory.costs.PlanCosts.least_bytes`): a plan whose
+        bound is over a budget need not be laid out to know it does not fit."""
+        cuts, order = self._checked(cuts), tuple(order)
+        self._bounded.setdefault((cuts, order), (cuts, order, slots))
+        return self.costs.least_bytes(cuts, one_level=not order)
+
+    def _checked(self, cuts) -> tuple:
+        cuts = tuple(cuts)
+        bad = [p for p in cuts if p not in self._allowed]
+        if bad or list(cuts) != sorted(set(cuts)):
+            raise ValueError(f"recompute policy {self._policy!r} cuts at steps "
+                             f"{list(cuts)[:8]}: expected ascending steps a segment may "
+                             f"start at (Chain.allowed), found {bad[:8] or 'an unsorted list'}")
+        return cuts
 
     def _recompute(self, cuts: tuple, order: tuple, slots):
         key = (cuts, order)
         if key not in self._runs:
-            bad = [p for p in cuts if p not in self._allowed]
-            if bad or list(cuts) != sorted(set(cuts)):
-                raise ValueError(f"recompute policy {self._policy!r} cuts at steps "
-                                 f"{list(cuts)[:8]}: expected ascending steps a segment may "
-                                 f"start at (Chain.allowed), found {bad[:8] or 'an unsorted list'}")
-            self._runs[key] = self._runs_of(self._again.plan(self._steps, cuts, order, slots))
+            self._runs[key] = self._runs_of(self._again.plan(self._steps, self._checked(cuts),
+                                                             order, slots))
         return self._runs[key]
 
     def of(self, cuts, order=(), slots=None) -> Plan:
@@ -74,10 +109,8 @@ class Plans:
             if self._aliases is None:
                 self._aliases = self._aliases_of(liveness, again=self._again.relived)
             layout = self._lay_out(liveness, aliases=self._aliases)
-            plan = Plan(self._bytes_of(liveness, layout), liveness.recompute.recomputed,
-                        liveness, layout)
-            self._made[key] = plan
-            self.smallest = min(self.smallest, plan.bytes)
+            self._made[key] = Plan(self._bytes_of(liveness, layout),
+                                   liveness.recompute.recomputed, liveness, layout)
         return self._made[key]
 
 
@@ -123,18 +156,21 @@ def within_budget(base: Liveness, make, lay_out, steps, layers, bottom_need, sha
     policy = FewestRecomputed() if policy is None else policy
     runs_of = functools.partial(forward_runs, steps, layers, base.data_root, base.layer_need,
                                 bottom_need)
-    plans = Plans(functools.partial(make, base=base), lay_out, runs_of, chain,
-                  recomputable(steps, layers, base.data_root, base.private, chunks,
-                               backward_reads(steps, layers, base.data_root, base.layer_need,
-                                              bottom_need)),
+    again = recomputable(steps, layers, base.data_root, base.private, chunks,
+                         backward_reads(steps, layers, base.data_root, base.layer_need,
+                                        bottom_need))
+    plans = Plans(functools.partial(make, base=base), lay_out, runs_of, chain, again,
                   lambda plan, layout_: planned_bytes(plan, layout_, shapes, itemsize, inputs),
                   base, full, policy,
                   functools.partial(aliases_of, steps, layers, shapes=shapes,
-                                    rewritten=rewritten, bottom_need=bottom_need))
+                                    rewritten=rewritten, bottom_need=bottom_need),
+                  functools.partial(plan_costs, steps, layers, base.data_root, base.private,
+                                    base.layer_need, again, shapes, itemsize))
     got = policy.choose(chain, plans, budget) or plans.full
     if budget is not None and got.bytes > budget:
+        smallest = plans.smallest
         raise MemoryBudgetError(
             f"net '{name}': memory_budget {budget:,} bytes is too small: the smallest plan "
-            f"found needs {plans.smallest:,} bytes (activations, diffs, scratch and kept "
-            f"blobs; params and inputs not counted)", plans.smallest)
+            f"found needs {smallest:,} bytes (activations, diffs, scratch and kept "
+            f"blobs; params and inputs not counted)", smallest)
     return got.liveness, got.layout

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from unroll.engine.memory.segments import Recompute
     from unroll.graph import Step
 
-__all__ = ["backward_reads", "forward_runs", "liveness", "private_blobs"]
+__all__ = ["backward_reads", "forward_runs", "liveness", "private_blobs", "saves_scratch"]
 
 
 def private_blobs(steps, layers, table, named, phase: str, loss_blobs) -> set[int]:
@@ -254,7 +254,7 @@ def forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute: R
             if "data" in layer.memory.shares_bottom:
                 continue  # a view writes nothing
             if any(pending[data_root[b]] and again[data_root[b]] for b in step.tops) or (
-                    final.get(a) == i and _saves_scratch(layer, layer_need[s])):
+                    final.get(a) == i and saves_scratch(layer, layer_need[s])):
                 for b in step.tops:
                     pending[data_root[b]] = 0
                 for b in step.bottoms:
@@ -280,6 +280,6 @@ def backward_reads(steps, layers, data_root, layer_need, bottom_need) -> tuple:
     return tuple(out)
 
 
-def _saves_scratch(layer, runs_backward) -> bool:
+def saves_scratch(layer, runs_backward) -> bool:
     """Whether a layer keeps scratch from its forward to its backward."""
     return runs_backward and any(lives == "both" for _, _, lives in layer.scratch_specs.values())

@@ -79,8 +79,9 @@ class Policy:
 
     A subclass defines :meth:`choose`. ``plans.of(cuts)`` plans segments starting at
     ``cuts`` (ascending, of ``chain.allowed``), each run forward again once right before
-    its backward; ``plans.recomputed(cuts)`` gives only its forward steps run again, at a
-    fraction of the cost; ``plans.full`` is the plan without recomputation. Every plan
+    its backward; ``plans.recomputed(cuts)`` gives only its forward steps run again and
+    ``plans.least(cuts)`` a lower bound on its bytes, each at a fraction of the cost;
+    ``plans.full`` is the plan without recomputation. Every plan
     gives the results of the full plan bit for bit: a policy decides memory and time only.
     """
 
@@ -125,20 +126,28 @@ class FewestRecomputed(Policy):
     more than BPTT-HSM with a slot for every chunk, so BPTT-HSM serves the budgets one level
     cannot reach."""
 
-    def choose(self, chain, plans, budget):
-        if budget is None or plans.full.bytes <= budget:
-            return None
+    @staticmethod
+    def candidates(chain: Chain) -> list[tuple]:
+        """The cuts of the one-level plans it weighs: Chen's greedy segments of every
+        halving of the steps' bytes down to a step each, then of a square root of them."""
         step = min((n for n in chain.sizes if n), default=chain.total) / 2  # a step, at least
         # memory falls then rises, and the steps run again do not follow the size
         tries = [chain.total / 2**k for k in range(1, 64) if chain.total / 2**k >= step]
         tries.append(chain.total / max(1.0, chain.steps ** 0.5))
+        return list(dict.fromkeys(segments_of(chain, segment) for segment in tries))
+
+    def choose(self, chain, plans, budget):
+        if budget is None or plans.full.bytes <= budget:
+            return None
         # the fewest steps run again first: a plan's memory is laid out only while no plan
-        # that fits has run fewer (the choice is the one of laying out every plan)
-        cuts = list(dict.fromkeys(segments_of(chain, segment) for segment in tries))
+        # that fits has run fewer, and only where its bound may fit (the choice is the one
+        # of laying out every plan)
         best = None
-        for c in sorted(cuts, key=plans.recomputed):
+        for c in sorted(self.candidates(chain), key=plans.recomputed):
             if best is not None and plans.recomputed(c) > best.recomputed:
                 break
+            if plans.least(c) > budget:  # it cannot fit: never laid out
+                continue
             got = plans.of(c)
             if got.bytes <= budget and (best is None or got.bytes < best.bytes):
                 best = got
@@ -212,13 +221,18 @@ def hsm_within(chain: Chain, plans: Plans, budget: int | None) -> Plan | None:
     def fit(m):
         return plans.of(units, hsm_order(n, m), m)
 
-    least = fit(fewest)
-    if budget is None or least.bytes > budget:
-        return least if budget is None else None
+    def fits(m) -> bool:  # laid out only where its bound may fit
+        order = hsm_order(n, m)
+        return plans.least(units, order, m) <= budget and fit(m).bytes <= budget
+
+    if budget is None:
+        return fit(fewest)
+    if not fits(fewest):
+        return None
     lo, hi = fewest, n + 1  # the planned bytes grow with the slots: the most that fit
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fit(mid).bytes <= budget else (lo, mid)
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return fit(lo)
 
 

@@ -4,7 +4,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 __all__ = ["CUT_WINDOW", "Recomputable", "Recompute", "allowed_cuts", "crossing_bytes",
            "greedy_cuts", "one_level_order", "recomputable"]
@@ -149,29 +152,42 @@ CUT_WINDOW = 64
 
 def greedy_cuts(sizes, allowed, segment_bytes: float, crossing=None) -> list[int]:
     """Chen et al.'s greedy segments over the run order: walking the steps, the bytes their
-    tops take (``sizes``, per step) add up, and a segment ends at the first allowed cut
-    after they pass ``segment_bytes``. With ``crossing`` (per step, :func:`crossing_bytes`),
-    the cut is the one the fewest bytes cross of the allowed cuts in a row there (up to
-    :data:`CUT_WINDOW` of them), and the next cut comes after them: between the chunks of
-    an unrolled chain, one cut, where only the state crosses.
+    tops take (``sizes``, per step, whole numbers) add up, and a segment ends at the first
+    allowed cut after they pass ``segment_bytes``. With ``crossing`` (per step,
+    :func:`crossing_bytes`), the cut is the one the fewest bytes cross of the allowed cuts
+    in a row there (up to :data:`CUT_WINDOW` of them), and the next cut comes after them:
+    between the chunks of an unrolled chain, one cut, where only the state crosses.
 
     >>> greedy_cuts([4, 4, 4, 4], [1, 2, 3], 8), greedy_cuts([4, 4, 4, 4], [1, 2, 3], 4,
     ...                                                       [0, 9, 9, 1])
     ([2], [3])
     """
-    allowed, cuts, total, s, hold = set(allowed), [], 0, 0, -1
-    while s < len(sizes):
-        if total >= segment_bytes and s in allowed and s > hold:
-            if crossing is not None:
-                hold = s
-                while hold + 1 in allowed and hold + 1 < s + CUT_WINDOW:
-                    hold += 1
-                s = min(range(s, hold + 1), key=crossing.__getitem__)
-            cuts.append(s)
-            total = 0
-        total += sizes[s]
-        s += 1
-    return cuts
+    n = len(sizes)
+    if math.isnan(segment_bytes) or segment_bytes == math.inf:
+        return []
+    need = math.ceil(segment_bytes)  # the sums are whole: at least the next whole number
+    # the bytes before each step, so that a segment's end is a search, not a walk
+    before = np.zeros(n + 1, np.int64)
+    np.cumsum(np.asarray(sizes, np.int64), out=before[1:])
+    cut_at = np.unique(np.array([p for p in allowed if 0 <= p < n], np.int64))
+    if crossing is not None:
+        crossing = np.asarray(crossing)
+        # per allowed cut, the last of the allowed cuts in a row from it
+        last = np.append(np.flatnonzero(np.diff(cut_at) != 1), len(cut_at) - 1)
+        run_end = cut_at[last[np.searchsorted(last, np.arange(len(cut_at)))]]
+    cuts: list[int] = []
+    start, s, hold = 0, 0, -1  # the current segment's first step; the next step to try
+    while True:
+        first = max(s, hold + 1, int(np.searchsorted(before, before[start] + need)))
+        k = int(np.searchsorted(cut_at, first))
+        if k == len(cut_at):
+            return cuts
+        s = int(cut_at[k])
+        if crossing is not None:
+            hold = min(int(run_end[k]), s + CUT_WINDOW - 1)
+            s += int(np.argmin(crossing[s : hold + 1]))
+        cuts.append(s)
+        start, s = s, s + 1
 
 
 def crossing_bytes(steps, data_root, private, sizes_of) -> list[int]:
