@@ -140,9 +140,7 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
         keep = np.ones(len(dids), bool)
         keep[dat] = False
         passes[1] = ("diff", dids[keep], dfirst[keep], dlast[keep], dsize[keep])
-    buffers = [span for _, _, first, last, size in passes
-               for span in zip(first.tolist(), last.tolist(), size.tolist())]
-    scratch_keys = []
+    scratch_keys, scratch_spans = [], []
     for s, layer in enumerate(layers):
         if not layer.scratch_specs:
             continue
@@ -152,15 +150,17 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
             for run in runs:
                 span = plan.scratch_life(s, lives, run)
                 if span is not None:
-                    buffers.append((span[0], span[1], size))
+                    scratch_spans.append((*span, size))
                     scratch_keys.append((s, name, run))
-    offsets, total = place(buffers)
+    scratch_spans = np.array(scratch_spans, np.int64).reshape(-1, 3)
+    offsets, total = place(*(np.concatenate([*(p[i] for p in passes), scratch_spans[:, i - 2]])
+                             for i in (2, 3, 4)))
     offset = {kind: np.full(n, -1, np.int64) for kind in ("data", "diff")}
     at = 0
     for kind, ids, *_ in passes:
         offset[kind][ids] = offsets[at : at + len(ids)]
         at += len(ids)
-    scratch = dict(zip(scratch_keys, offsets[at:]))
+    scratch = dict(zip(scratch_keys, offsets[at:].tolist()))
     for r in shared:
         offset["diff"][r] = offset["data"][r]
     for arrays in (offset, whole, within):
