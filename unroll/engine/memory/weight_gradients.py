@@ -6,9 +6,10 @@ placed back to back (:func:`plan_weight_gradients`).
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from unroll.engine.memory.aliases import resolve
 
@@ -71,6 +72,40 @@ def _tiling(roots, host, counts):
     if [placed[i][1] for i in order[1:]] != ends[:-1]:
         return False
     return placed[0][0], placed[order[0]][1], order
+
+
+def _backward_writes(steps, layers, plan: Liveness, bottom_need, shapes, diff_host,
+                     skipped) -> tuple:
+    """Every diff write of backward, as arrays by host: the whole each lands in (ascending),
+    its first and end element there and its time (a zeroing right before a backward half
+    a step before it). ``skipped`` flags the bottoms whose diff a layer writes nowhere."""
+    blobs, times = [], []
+    back, diff_root = plan.back, plan.diff_root
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        if not plan.layer_need[s] or "diff" in layer.memory.shares_bottom:
+            continue
+        flags, need = skipped.get(s, ()), bottom_need[s]
+        for k, b in enumerate(step.bottoms):
+            if need[k] and not (k < len(flags) and flags[k]):
+                blobs.append(b)
+                times.append(back[s])
+    for s, roots in plan.zero_before.items():
+        blobs += roots
+        times += [back[s] - 0.5] * len(roots)
+    blobs = np.array(blobs, np.int64)
+    counts = np.array([math.prod(shapes[b]) for b in blobs.tolist()], np.int64)
+    hosts = np.asarray(diff_root, np.int64)[blobs]
+    up, within = np.full(len(shapes), -1, np.int64), np.zeros(len(shapes), np.int64)
+    if diff_host:
+        inside = np.fromiter(diff_host, np.int64, len(diff_host))
+        up[inside], within[inside] = zip(*diff_host.values())
+    firsts = np.zeros(len(hosts), np.int64)
+    while len(moving := np.flatnonzero(up[hosts] >= 0)):  # up the chain of wholes
+        firsts[moving] += within[hosts[moving]]
+        hosts[moving] = up[hosts[moving]]
+    order = np.argsort(hosts, kind="stable")
+    return (hosts[order], firsts[order], firsts[order] + counts[order],
+            np.array(times, np.float64)[order])
 
 
 def gradient_chunks(steps: list[Step], layers, layer_need, shapes) -> list[tuple[int, ...]]:
@@ -136,36 +171,17 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
         return [], {}
     written = {plan.data_root[b] for b in rewritten} | {plan.diff_root[b] for b in rewritten}
     at = plan.back.__getitem__
-    writes: dict[int, list] = {}
-
-    def write(root, time, count):
-        whole, first = resolve(diff_host, root)
-        writes.setdefault(whole, []).append((time, first, first + count))
-
-    for s, (step, layer) in enumerate(zip(steps, layers)):
-        if not plan.layer_need[s] or "diff" in layer.memory.shares_bottom:
-            continue
-        flags = skipped.get(s, ())
-        for k, b in enumerate(step.bottoms):
-            if bottom_need[s][k] and not (k < len(flags) and flags[k]):
-                write(plan.diff_root[b], at(s), math.prod(shapes[b]))
-    for s, roots in plan.zero_before.items():
-        for r in roots:
-            write(r, at(s) - 0.5, math.prod(shapes[r]))
+    hosts, firsts, ends, times = _backward_writes(steps, layers, plan, bottom_need, shapes,
+                                                  diff_host, skipped)
 
     def untouched(members, whole, regions) -> bool:
         """No backward write lands in member i's rows from its backward to the GEMM."""
-        gemm = at(members[0])
-        spans = sorted((first, end, at(s)) for s, (first, end) in zip(members, regions))
-        firsts = [first for first, _, _ in spans]
-        for t, a, b in writes.get(whole, ()):
-            k = max(bisect_right(firsts, a) - 1, 0)
-            while k < len(spans) and spans[k][0] < b:  # every member block the write meets
-                first, end, since = spans[k]
-                if a < end and since <= t <= gemm:
-                    return False
-                k += 1
-        return True
+        lo, hi = np.searchsorted(hosts, whole, "left"), np.searchsorted(hosts, whole, "right")
+        a, b, t = firsts[lo:hi], ends[lo:hi], times[lo:hi]
+        late = t <= at(members[0])  # by the GEMM
+        # the members' rows tile one block: a write meets those it overlaps
+        return not any(((a < end) & (first < b) & (t >= at(s)) & late).any()
+                       for s, (first, end) in zip(members, regions))
 
     out, sizes = [], {}
     for members in groups:
