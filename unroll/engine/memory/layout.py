@@ -78,17 +78,13 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
         again = plan.recompute.relived if plan.recompute is not None else b""
         aliases = aliases_of(steps, layers, plan, shapes, rewritten, bottom_need, again)
     data_host, diff_host, parts = aliases.resolved(plan)
-    skipped = {}
-    for s, (data_flags, diff_flags) in parts.items():
-        told[s]["parts_in_whole"] = (data_flags, diff_flags)
-        # a Slice writes its whole's diff unless every part is inside it
-        whole_of_bottoms = layers[s].memory.parts_of_whole == "bottoms"
-        skipped[s] = diff_flags if whole_of_bottoms else [all(diff_flags)]
-    for s, fl in aliases.passed.items():
-        told[s]["diff_aliased"] = skipped[s] = fl
+    for s, flags in parts.items():
+        told[s]["parts_in_whole"] = flags
+    for s, flags in aliases.passed.items():
+        told[s]["diff_aliased"] = flags
     n_blobs, n_buffers = len(shapes), plan.buffers
     groups, counts = plan_weight_gradients(steps, layers, plan, bottom_need, shapes, data_host,
-                                           diff_host, rewritten, skipped, n_buffers)
+                                           diff_host, rewritten, aliases.writes, n_buffers)
     for group in groups:
         for s in group.steps:
             told[s]["param_diffs_batched"] = True

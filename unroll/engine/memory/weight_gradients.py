@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from unroll.engine.memory.aliases import resolve
+from unroll.engine.memory.aliases import landing, resolve
 
 if TYPE_CHECKING:
     from unroll.engine.memory.lifetimes import Liveness
@@ -74,38 +74,24 @@ def _tiling(roots, host, counts):
     return placed[0][0], placed[order[0]][1], order
 
 
-def _backward_writes(steps, layers, plan: Liveness, bottom_need, shapes, diff_host,
-                     skipped) -> tuple:
-    """Every diff write of backward, as arrays by host: the whole each lands in (ascending),
-    its first and end element there and its time (a zeroing right before a backward half
-    a step before it). ``skipped`` flags the bottoms whose diff a layer writes nowhere."""
-    blobs, times = [], []
-    back, diff_root = plan.back, plan.diff_root
-    for s, (step, layer) in enumerate(zip(steps, layers)):
-        if not plan.layer_need[s] or "diff" in layer.memory.shares_bottom:
-            continue
-        flags, need = skipped.get(s, ()), bottom_need[s]
-        for k, b in enumerate(step.bottoms):
-            if need[k] and not (k < len(flags) and flags[k]):
-                blobs.append(b)
-                times.append(back[s])
-    for s, roots in plan.zero_before.items():
-        blobs += roots
-        times += [back[s] - 0.5] * len(roots)
-    blobs = np.array(blobs, np.int64)
-    counts = np.array([math.prod(shapes[b]) for b in blobs.tolist()], np.int64)
-    hosts = np.asarray(diff_root, np.int64)[blobs]
-    up, within = np.full(len(shapes), -1, np.int64), np.zeros(len(shapes), np.int64)
-    if diff_host:
-        inside = np.fromiter(diff_host, np.int64, len(diff_host))
-        up[inside], within[inside] = zip(*diff_host.values())
-    firsts = np.zeros(len(hosts), np.int64)
-    while len(moving := np.flatnonzero(up[hosts] >= 0)):  # up the chain of wholes
-        firsts[moving] += within[hosts[moving]]
-        hosts[moving] = up[hosts[moving]]
-    order = np.argsort(hosts, kind="stable")
-    return (hosts[order], firsts[order], firsts[order] + counts[order],
-            np.array(times, np.float64)[order])
+def _writes_at(plan: Liveness, shapes, diff_host, writes) -> tuple:
+    """Backward's diff writes at ``plan``'s times: arrays of the host (ascending), first
+    and end element and time, the steps' ``writes`` and the zeroing of diffs (half a step
+    before the backward it comes before)."""
+    hosts, firsts, ends, writers = writes
+    back = np.asarray(plan.back, np.float64)
+    times = back[writers]
+    zeroed = [(r, s) for s, roots in plan.zero_before.items() for r in roots]
+    if not zeroed:
+        return hosts, firsts, ends, times
+    roots, steps = np.array(zeroed, np.int64).T
+    wholes, starts = landing(diff_host, roots)
+    counts = np.array([math.prod(shapes[r]) for r in roots.tolist()], np.int64)
+    hosts, firsts = np.concatenate([hosts, wholes]), np.concatenate([firsts, starts])
+    ends, times = np.concatenate([ends, starts + counts]), np.concatenate([times,
+                                                                          back[steps] - 0.5])
+    order = np.lexsort((firsts, hosts))
+    return hosts[order], firsts[order], ends[order], times[order]
 
 
 def gradient_chunks(steps: list[Step], layers, layer_need, shapes) -> list[tuple[int, ...]]:
@@ -142,7 +128,7 @@ def gradient_chunks(steps: list[Step], layers, layer_need, shapes) -> list[tuple
 
 
 def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need, shapes,
-                          data_host: dict, diff_host: dict, rewritten, skipped,
+                          data_host: dict, diff_host: dict, rewritten, writes,
                           n_roots: int) -> tuple[list[WeightGradGroup], dict]:
     """Group the layers that share a param, so that its gradient is one GEMM per chunk.
 
@@ -160,7 +146,8 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
     a chunk's x rows again, their buffers at the GEMM (the run's right before
     it) go back to back in a buffer and the GEMM reads them there.
 
-    ``n_roots`` numbers the new buffers (``n_roots, n_roots + 1, ...``).
+    ``writes`` are the net's backward diff writes (:attr:`~unroll.engine.memory.aliases.
+    Aliases.writes`), ``n_roots`` numbers the new buffers (``n_roots, n_roots + 1, ...``).
     Returns the groups and ``{(kind, buffer): elements}`` of the new buffers;
     ``data_host``/``diff_host`` gain the placements.
     """
@@ -171,17 +158,20 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
         return [], {}
     written = {plan.data_root[b] for b in rewritten} | {plan.diff_root[b] for b in rewritten}
     at = plan.back.__getitem__
-    hosts, firsts, ends, times = _backward_writes(steps, layers, plan, bottom_need, shapes,
-                                                  diff_host, skipped)
+    hosts, firsts, ends, times = _writes_at(plan, shapes, diff_host, writes)
 
     def untouched(members, whole, regions) -> bool:
         """No backward write lands in member i's rows from its backward to the GEMM."""
+        gemm, since = at(members[0]), [at(s) for s in members]
         lo, hi = np.searchsorted(hosts, whole, "left"), np.searchsorted(hosts, whole, "right")
-        a, b, t = firsts[lo:hi], ends[lo:hi], times[lo:hi]
-        late = t <= at(members[0])  # by the GEMM
-        # the members' rows tile one block: a write meets those it overlaps
-        return not any(((a < end) & (first < b) & (t >= at(s)) & late).any()
-                       for s, (first, end) in zip(members, regions))
+        start, end = min(first for first, _ in regions), max(end for _, end in regions)
+        stop = lo + np.searchsorted(firsts[lo:hi], end)  # the writes starting in the block
+        near = lo + np.flatnonzero((ends[lo:stop] > start) & (times[lo:stop] <= gemm)
+                                   & (times[lo:stop] >= min(since)))
+        return not any(a < end and first < b and t >= s_
+                       for a, b, t in zip(firsts[near].tolist(), ends[near].tolist(),
+                                          times[near].tolist())
+                       for s_, (first, end) in zip(since, regions))
 
     out, sizes = [], {}
     for members in groups:
