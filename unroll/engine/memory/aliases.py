@@ -100,18 +100,26 @@ def _diff_writes(steps: list[Step], layers, plan: Liveness, bottom_need, shapes,
 
 def landing(host, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """:func:`resolve` over an array of ``roots``: the wholes they live in, and their
-    element offsets there."""
+    element offsets there.
+
+    >>> wholes, offsets = landing({1: (0, 4), 2: (1, 3)}, np.array([2, 0]))
+    >>> wholes.tolist(), offsets.tolist()
+    ([0, 0], [7, 0])
+    """
     up = np.full(max(host, default=-1) + 1, -1, np.int64)
     within = np.zeros(len(up), np.int64)
     if host:
         inside = np.fromiter(host, np.int64, len(host))
         up[inside], within[inside] = zip(*host.values())
     wholes, firsts = roots.copy(), np.zeros(len(roots), np.int64)
-    moving = np.flatnonzero(wholes < len(up))
-    while len(moving := moving[up[wholes[moving]] >= 0]):  # up the chain of wholes
+    moving = np.arange(len(roots))
+    while True:  # up the chain of wholes
+        moving = moving[wholes[moving] < len(up)]
+        moving = moving[up[wholes[moving]] >= 0]
+        if not len(moving):
+            return wholes, firsts
         firsts[moving] += within[wholes[moving]]
         wholes[moving] = up[wholes[moving]]
-    return wholes, firsts
 
 
 def _parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten, again) -> tuple:

@@ -6,6 +6,7 @@ placed back to back (:func:`plan_weight_gradients`).
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -164,14 +165,20 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
         """No backward write lands in member i's rows from its backward to the GEMM."""
         gemm, since = at(members[0]), [at(s) for s in members]
         lo, hi = np.searchsorted(hosts, whole, "left"), np.searchsorted(hosts, whole, "right")
-        start, end = min(first for first, _ in regions), max(end for _, end in regions)
-        stop = lo + np.searchsorted(firsts[lo:hi], end)  # the writes starting in the block
-        near = lo + np.flatnonzero((ends[lo:stop] > start) & (times[lo:stop] <= gemm)
+        block = min(first for first, _ in regions), max(end for _, end in regions)
+        stop = lo + np.searchsorted(firsts[lo:hi], block[1])  # the writes starting in it
+        near = lo + np.flatnonzero((ends[lo:stop] > block[0]) & (times[lo:stop] <= gemm)
                                    & (times[lo:stop] >= min(since)))
-        return not any(a < end and first < b and t >= s_
-                       for a, b, t in zip(firsts[near].tolist(), ends[near].tolist(),
-                                          times[near].tolist())
-                       for s_, (first, end) in zip(since, regions))
+        spans = sorted((first, end, s_) for s_, (first, end) in zip(since, regions))
+        starts = [first for first, _, _ in spans]
+        for a, b, t in zip(firsts[near].tolist(), ends[near].tolist(), times[near].tolist()):
+            k = max(bisect_right(starts, a) - 1, 0)
+            while k < len(spans) and spans[k][0] < b:  # every member block the write meets
+                _, end, s_ = spans[k]
+                if a < end and s_ <= t:
+                    return False
+                k += 1
+        return True
 
     out, sizes = [], {}
     for members in groups:
