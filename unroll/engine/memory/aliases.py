@@ -48,7 +48,16 @@ class Aliases:
     def resolved(self, plan: Liveness) -> tuple[dict, dict, dict]:
         """``(data_host, diff_host, parts)`` for ``plan``: data buffer / diff root ->
         (host, element offset), new dicts the weight-gradient rows may join; the parts of
-        a whole run again inside its buffers, where the same runs write both."""
+        a whole run again inside its buffers, where the same runs write both.
+
+        Where nothing runs again they are the net's own, in new dicts (a part, root 1,
+        inside root 3 at element 6; ``plan`` is then not read):
+
+        >>> found = Aliases({1: (3, 6)}, {1: (3, 6)}, {4: ((True,), (True,))}, {}, (), ())
+        >>> data_host, diff_host, parts = found.resolved(plan=None)
+        >>> data_host, data_host is found.data, parts
+        ({1: (3, 6)}, False, {4: ((True,), (True,))})
+        """
         data_host, parts = dict(self.data), dict(self.parts)
         for s, k, r, w, offset in self.again:
             pairs = _same_lives(plan, r, w)
@@ -64,7 +73,24 @@ class Aliases:
 def aliases_of(steps: list[Step], layers, plan: Liveness, shapes, rewritten, bottom_need,
                again: bytes = b"") -> Aliases:
     """The :class:`Aliases` of a net's run order for blob ``shapes``; ``again`` says per
-    data root whether a plan's forward runs may write it again (none: the full plan)."""
+    data root whether a plan's forward runs may write it again (none: the full plan).
+
+    Two parts concatenated on axis 0 live inside the Concat's top, 6 elements apart:
+
+    >>> from unroll import Net
+    >>> net = Net('''
+    ...   layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+    ...   layer { name: "a" type: "ReLU" bottom: "x" top: "a" }
+    ...   layer { name: "b" type: "TanH" bottom: "x" top: "b" }
+    ...   layer { name: "c" type: "Concat" bottom: "a" bottom: "b" top: "c"
+    ...           concat_param { axis: 0 } }
+    ...   layer { name: "d" type: "Sigmoid" bottom: "c" top: "d" }''', phase="test")
+    >>> m = net.memory
+    >>> found = aliases_of(m.graph.steps, m.layers, m.liveness, [b.shape for b in m.blobs],
+    ...                    m.graph.rewritten, m.bottom_need)
+    >>> [m.blobs[r].name for r in (1, 2, 3)], dict(found.data)
+    (['a', 'b', 'c'], {1: (3, 0), 2: (3, 6)})
+    """
     data_host, diff_host, parts, relived = _parts(steps, layers, plan, shapes, rewritten,
                                                   again)
     passed = _pass_through(steps, layers, plan, bottom_need, diff_host, rewritten)
