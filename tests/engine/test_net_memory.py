@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from tests.net_helpers import T2, X, f64, host, inputs, ip, layer, loss, param_diffs, run
 from unroll import NetError, expand, testing
 from unroll.core.proto import NetParameter
-from unroll.engine.memory import place
 from unroll.engine.net import Net
 from unroll.engine.param_store import ParamStore
 from unroll.engine.workspace import Workspace
@@ -342,21 +341,6 @@ def test_bucketed_seed_makes_dropout_repeat_in_every_bucket():
 
     assert losses(7) == losses(7)
     assert losses(7) != losses(8)
-
-
-def test_place_never_overlaps_live_buffers():
-    rng = np.random.default_rng(0)
-    buffers = []
-    for _ in range(300):
-        first = int(rng.integers(0, 100))
-        buffers.append((first, first + int(rng.integers(0, 20)), int(rng.integers(1, 500))))
-    offsets, total = place(buffers)
-    for i, (f1, l1, n1) in enumerate(buffers):
-        assert offsets[i] + n1 <= total
-        for j in range(i):
-            f2, l2, n2 = buffers[j]
-            if f1 <= l2 and f2 <= l1:
-                assert offsets[i] + n1 <= offsets[j] or offsets[j] + n2 <= offsets[i]
 
 
 # -- the report and its command ------------------------------------------------------------------

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     from unroll.engine.memory.lifetimes import Liveness
     from unroll.graph import Step
@@ -31,6 +33,9 @@ class Aliases:
     flags (the layer writes no diff for those). ``again`` lists the parts
     ``(step, part, root, whole root, element offset)`` whose data a plan's
     forward runs write again: hosted buffer by buffer (:meth:`resolved`).
+    ``writes`` are the diffs backward's steps write, where they land: arrays of
+    the host (ascending), first and end element there, and the writing step
+    (what changes with the cuts is only when that step runs).
     """
 
     data: Mapping
@@ -38,11 +43,21 @@ class Aliases:
     parts: Mapping
     passed: Mapping
     again: tuple
+    writes: tuple
 
     def resolved(self, plan: Liveness) -> tuple[dict, dict, dict]:
         """``(data_host, diff_host, parts)`` for ``plan``: data buffer / diff root ->
         (host, element offset), new dicts the weight-gradient rows may join; the parts of
-        a whole run again inside its buffers, where the same runs write both."""
+        a whole run again inside its buffers, where the same runs write both.
+
+        Where nothing runs again they are the net's own, in new dicts (a part, root 1,
+        inside root 3 at element 6; ``plan`` is then not read):
+
+        >>> found = Aliases({1: (3, 6)}, {1: (3, 6)}, {4: ((True,), (True,))}, {}, (), ())
+        >>> data_host, diff_host, parts = found.resolved(plan=None)
+        >>> data_host, data_host is found.data, parts
+        ({1: (3, 6)}, False, {4: ((True,), (True,))})
+        """
         data_host, parts = dict(self.data), dict(self.parts)
         for s, k, r, w, offset in self.again:
             pairs = _same_lives(plan, r, w)
@@ -58,12 +73,79 @@ class Aliases:
 def aliases_of(steps: list[Step], layers, plan: Liveness, shapes, rewritten, bottom_need,
                again: bytes = b"") -> Aliases:
     """The :class:`Aliases` of a net's run order for blob ``shapes``; ``again`` says per
-    data root whether a plan's forward runs may write it again (none: the full plan)."""
+    data root whether a plan's forward runs may write it again (none: the full plan).
+
+    Two parts concatenated on axis 0 live inside the Concat's top, 6 elements apart:
+
+    >>> from unroll import Net
+    >>> net = Net('''
+    ...   layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 2 dim: 3 } } }
+    ...   layer { name: "a" type: "ReLU" bottom: "x" top: "a" }
+    ...   layer { name: "b" type: "TanH" bottom: "x" top: "b" }
+    ...   layer { name: "c" type: "Concat" bottom: "a" bottom: "b" top: "c"
+    ...           concat_param { axis: 0 } }
+    ...   layer { name: "d" type: "Sigmoid" bottom: "c" top: "d" }''', phase="test")
+    >>> m = net.memory
+    >>> found = aliases_of(m.graph.steps, m.layers, m.liveness, [b.shape for b in m.blobs],
+    ...                    m.graph.rewritten, m.bottom_need)
+    >>> [m.blobs[r].name for r in (1, 2, 3)], dict(found.data)
+    (['a', 'b', 'c'], {1: (3, 0), 2: (3, 6)})
+    """
     data_host, diff_host, parts, relived = _parts(steps, layers, plan, shapes, rewritten,
                                                   again)
     passed = _pass_through(steps, layers, plan, bottom_need, diff_host, rewritten)
+    writes = _diff_writes(steps, layers, plan, bottom_need, shapes, diff_host, parts, passed)
     return Aliases(MappingProxyType(data_host), MappingProxyType(diff_host),
-                   MappingProxyType(parts), MappingProxyType(passed), tuple(relived))
+                   MappingProxyType(parts), MappingProxyType(passed), tuple(relived), writes)
+
+
+def _diff_writes(steps: list[Step], layers, plan: Liveness, bottom_need, shapes, diff_host,
+                 parts, passed) -> tuple:
+    """The bottom diffs each backward step writes, as :attr:`Aliases.writes`: none for a
+    view, a part inside its whole (a Slice writes its whole's unless every part is inside
+    it) or a diff passed through."""
+    skipped = {s: diff_flags if layers[s].memory.parts_of_whole == "bottoms"
+               else (all(diff_flags),) for s, (_, diff_flags) in parts.items()}
+    skipped.update(passed)
+    blobs, writers = [], []
+    for s, (step, layer) in enumerate(zip(steps, layers)):
+        if not plan.layer_need[s] or "diff" in layer.memory.shares_bottom:
+            continue
+        flags, need = skipped.get(s, ()), bottom_need[s]
+        for k, b in enumerate(step.bottoms):
+            if need[k] and not (k < len(flags) and flags[k]):
+                blobs.append(b)
+                writers.append(s)
+    blobs = np.array(blobs, np.int64)
+    counts = np.array([math.prod(shapes[b]) for b in blobs.tolist()], np.int64)
+    hosts, firsts = landing(diff_host, np.asarray(plan.diff_root, np.int64)[blobs])
+    order = np.lexsort((firsts, hosts))
+    return (hosts[order], firsts[order], firsts[order] + counts[order],
+            np.array(writers, np.int64)[order])
+
+
+def landing(host, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`resolve` over an array of ``roots``: the wholes they live in, and their
+    element offsets there.
+
+    >>> wholes, offsets = landing({1: (0, 4), 2: (1, 3)}, np.array([2, 0]))
+    >>> wholes.tolist(), offsets.tolist()
+    ([0, 0], [7, 0])
+    """
+    up = np.full(max(host, default=-1) + 1, -1, np.int64)
+    within = np.zeros(len(up), np.int64)
+    if host:
+        inside = np.fromiter(host, np.int64, len(host))
+        up[inside], within[inside] = zip(*host.values())
+    wholes, firsts = roots.copy(), np.zeros(len(roots), np.int64)
+    moving = np.arange(len(roots))
+    while True:  # up the chain of wholes
+        moving = moving[wholes[moving] < len(up)]
+        moving = moving[up[wholes[moving]] >= 0]
+        if not len(moving):
+            return wholes, firsts
+        firsts[moving] += within[wholes[moving]]
+        wholes[moving] = up[wholes[moving]]
 
 
 def _parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten, again) -> tuple:

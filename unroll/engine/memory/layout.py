@@ -5,7 +5,6 @@ workspace, what lives inside what, and the :class:`LayerFlags` each layer is tol
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from unroll.engine.memory.aliases import Aliases, aliases_of, resolve
+from unroll.engine.memory.aliases import Aliases, aliases_of, landing
 from unroll.engine.memory.placement import place
 from unroll.engine.memory.weight_gradients import plan_weight_gradients
 
@@ -78,24 +77,21 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
         again = plan.recompute.relived if plan.recompute is not None else b""
         aliases = aliases_of(steps, layers, plan, shapes, rewritten, bottom_need, again)
     data_host, diff_host, parts = aliases.resolved(plan)
-    skipped = {}
-    for s, (data_flags, diff_flags) in parts.items():
-        told[s]["parts_in_whole"] = (data_flags, diff_flags)
-        # a Slice writes its whole's diff unless every part is inside it
-        whole_of_bottoms = layers[s].memory.parts_of_whole == "bottoms"
-        skipped[s] = diff_flags if whole_of_bottoms else [all(diff_flags)]
-    for s, fl in aliases.passed.items():
-        told[s]["diff_aliased"] = skipped[s] = fl
+    for s, flags in parts.items():
+        told[s]["parts_in_whole"] = flags
+    for s, flags in aliases.passed.items():
+        told[s]["diff_aliased"] = flags
     n_blobs, n_buffers = len(shapes), plan.buffers
     groups, counts = plan_weight_gradients(steps, layers, plan, bottom_need, shapes, data_host,
-                                           diff_host, rewritten, skipped, n_buffers)
+                                           diff_host, rewritten, aliases.writes, n_buffers)
     for group in groups:
         for s in group.steps:
             told[s]["param_diffs_batched"] = True
     sizes = {key: n * itemsize for key, n in counts.items()}
+    elems = np.array([math.prod(shape) for shape in shapes], np.int64)
     # with recomputation, a whole's data may die part by part before its diff is written
     # there (a time-major projection, re-read by the forward runs in backward): one buffer
-    shared = (_data_then_diff(plan, data_host, diff_host, shapes) if plan.recompute is not None
+    shared = (_data_then_diff(plan, data_host, diff_host, elems) if plan.recompute is not None
               else set())
     # kept per net, and a bucketed model keeps many nets: arrays by buffer, not dicts;
     # the groups' buffers are numbered after the data buffers
@@ -106,7 +102,6 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
         if host:
             roots = np.fromiter(host, np.int64, len(host))
             whole[kind][roots], within[kind][roots] = zip(*host.values())
-    elems = np.array([math.prod(shape) for shape in shapes], np.int64)
     private = np.zeros(n, bool)
     private[list(plan.private)] = True
     nbytes = {"data": np.zeros(n, np.int64), "diff": np.zeros(n, np.int64)}
@@ -140,9 +135,7 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
         keep = np.ones(len(dids), bool)
         keep[dat] = False
         passes[1] = ("diff", dids[keep], dfirst[keep], dlast[keep], dsize[keep])
-    buffers = [span for _, _, first, last, size in passes
-               for span in zip(first.tolist(), last.tolist(), size.tolist())]
-    scratch_keys = []
+    scratch_keys, scratch_spans = [], []
     for s, layer in enumerate(layers):
         if not layer.scratch_specs:
             continue
@@ -152,15 +145,17 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
             for run in runs:
                 span = plan.scratch_life(s, lives, run)
                 if span is not None:
-                    buffers.append((span[0], span[1], size))
+                    scratch_spans.append((*span, size))
                     scratch_keys.append((s, name, run))
-    offsets, total = place(buffers)
+    scratch_spans = np.array(scratch_spans, np.int64).reshape(-1, 3)
+    offsets, total = place(*(np.concatenate([*(p[i] for p in passes), scratch_spans[:, i - 2]])
+                             for i in (2, 3, 4)))
     offset = {kind: np.full(n, -1, np.int64) for kind in ("data", "diff")}
     at = 0
     for kind, ids, *_ in passes:
         offset[kind][ids] = offsets[at : at + len(ids)]
         at += len(ids)
-    scratch = dict(zip(scratch_keys, offsets[at:]))
+    scratch = dict(zip(scratch_keys, offsets[at:].tolist()))
     for r in shared:
         offset["diff"][r] = offset["data"][r]
     for arrays in (offset, whole, within):
@@ -222,32 +217,51 @@ def input_roots(steps, layers, data_root) -> set[int]:
             for t in step.tops}
 
 
-def _data_then_diff(plan, data_host, diff_host, shapes) -> set[int]:
+def _data_then_diff(plan, data_host, diff_host, elems) -> set[int]:
     """Roots whose data and diff may be one buffer: every element's data is last read
     before its diff is first written, for every value placed inside the root's data (by
-    its data life) and diff (by its diff life)."""
-    inside: dict[tuple, list] = {}
-    data_life, diff_life = dict(plan.data_life.items()), dict(plan.diff_life.items())
-    for kind, host, life in (("data", data_host, data_life), ("diff", diff_host, diff_life)):
-        for r in host:
-            if r in life and r < len(shapes):  # a root, not a buffer of a run again
-                whole, first = resolve(host, r)
-                inside.setdefault((kind, whole), []).append((first, math.prod(shapes[r]), life[r]))
-    out = set()
-    for (kind, r), items in inside.items():
-        if (kind != "data" or r in plan.private or r in data_host or r in diff_host
-                or r not in data_life or r not in diff_life):
-            continue
-        n = math.prod(shapes[r])
-        data = [(0, n, data_life[r]), *items]
-        diff = [(0, n, diff_life[r]), *inside.get(("diff", r), ())]
-        cuts = sorted({a for a, _, _ in data + diff} | {a + c for a, c, _ in data + diff})
-        last = [-1] * len(cuts)  # per piece between two cuts: the latest data read ...
-        first = [1 << 62] * len(cuts)  # ... and the earliest diff write
-        for items_, table, pick, better in ((data, last, 1, max), (diff, first, 0, min)):
-            for a, c, span in items_:
-                for i in range(bisect.bisect_left(cuts, a), bisect.bisect_left(cuts, a + c)):
-                    table[i] = better(table[i], span[pick])
-        if all(d < g for d, g in zip(last, first)):
-            out.add(r)
-    return out
+    its data life) and diff (by its diff life); ``elems`` are the blobs' element counts."""
+    n_blobs = len(elems)
+    items = []  # per kind: the wholes, first elements, counts and times of what is inside
+    for host, life, pick in ((data_host, plan.data_life, 1), (diff_host, plan.diff_life, 0)):
+        roots = np.fromiter(host, np.int64, len(host))
+        roots = roots[roots < n_blobs]  # roots, not buffers of a run again
+        roots = roots[life._first[roots] >= 0]
+        wholes, firsts = landing(host, roots)
+        times = (life._first, life._last)[pick][roots].astype(np.int64)
+        items.append((wholes, firsts, elems[roots], times))
+    data_first, data_last = plan.data_life._first, plan.data_life._last
+    diff_first = plan.diff_life._first
+    held = np.unique(items[0][0])  # a root's data whole holding something: may it be one?
+    held = held[held < n_blobs]
+    held = held[(diff_first[held] >= 0) & (data_first[held] >= 0)]
+    hosted = np.fromiter((*data_host, *diff_host), np.int64, len(data_host) + len(diff_host))
+    held = held[~np.isin(held, hosted) & ~np.isin(held, np.fromiter(plan.private, np.int64))]
+    if not len(held):
+        return set()
+    # each whole's own buffer, then what lives inside it, by kind (0: data, 1: diff)
+    kinds, wholes, starts, counts, times = [], [], [], [], []
+    for kind, (w, first, count, time), own in ((0, items[0], data_last), (1, items[1],
+                                                                         diff_first)):
+        inside = np.isin(w, held)
+        kinds += [np.full(len(held) + inside.sum(), kind)]
+        wholes += [held, w[inside]]
+        starts += [np.zeros(len(held), np.int64), first[inside]]
+        counts += [elems[held], count[inside]]
+        times += [own[held].astype(np.int64), time[inside]]
+    kinds, wholes, starts, counts, times = map(np.concatenate, (kinds, wholes, starts, counts,
+                                                               times))
+    # the pieces between every whole's cuts, as one sorted key a cut: whole, element
+    span = int((starts + counts).max()) + 1
+    cuts = np.unique(np.concatenate([wholes * span + starts, wholes * span + starts + counts]))
+    lo = np.searchsorted(cuts, wholes * span + starts)
+    hi = np.searchsorted(cuts, wholes * span + starts + counts)
+    widths = hi - lo
+    pieces = np.repeat(lo - np.cumsum(widths) + widths, widths) + np.arange(widths.sum())
+    last = np.full(len(cuts), -1, np.int64)  # per piece: the latest data read ...
+    first = np.full(len(cuts), 1 << 62, np.int64)  # ... and the earliest diff write
+    of_data = np.repeat(kinds == 0, widths)
+    np.maximum.at(last, pieces[of_data], np.repeat(times, widths)[of_data])
+    np.minimum.at(first, pieces[~of_data], np.repeat(times, widths)[~of_data])
+    late = np.unique(cuts[last >= first] // span)
+    return set(held[~np.isin(held, late)].tolist())

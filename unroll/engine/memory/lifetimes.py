@@ -137,7 +137,7 @@ class Liveness:
         n = len(self.data_root)
         return buffer if buffer < n else self.root_of[buffer - n]
 
-    def scratch_life(self, step: int, lives: str, run: int = -1) -> tuple[int, int] | None:
+    def scratch_life(self, step: int, lives: str, run: int) -> tuple[int, int] | None:
         """When scratch of step ``step`` is live (None: never) in the forward pass (``run``
         -1) or in its ``run``-th forward run in backward: ``lives`` is "forward",
         "backward" or "both". Of a step that backward runs forward again, the last run

@@ -1,62 +1,46 @@
 """Placement: buffers with lifetimes in, their offsets in one workspace out (docs/design.md,
-6. Memory). Nothing here knows blobs or layers: a buffer is ``(first, last, nbytes)``.
+6. Memory). Nothing here knows blobs or layers: a buffer is a first and last time and a
+size in bytes.
 """
 
 from __future__ import annotations
 
-import bisect
-import heapq
+import numpy as np
 
+from unroll.engine.kernels.placement import best_fit
 from unroll.engine.workspace import ALIGN
 
 __all__ = ["place"]
 
 
-def place(buffers) -> tuple[list[int], int]:
-    """Offsets for buffers ``(first, last, nbytes)`` live over steps first..last, and the total.
+def place(first, last, nbytes) -> tuple[np.ndarray, int]:
+    """Offsets for buffers of ``nbytes`` live over steps ``first``..``last`` (arrays, one
+    entry a buffer), and the total.
 
-    Two buffers whose lifetimes overlap never overlap in memory. A buffer
-    takes, in this order, a freed buffer of its exact size, the smallest freed
-    one at most twice its size, or new memory at the end: an unrolled net's
+    Two buffers whose lifetimes overlap never overlap in memory. In order of
+    first time (ties in the order given), a buffer takes, in this order, a
+    freed buffer of its exact size, the smallest freed one at most twice its
+    size (the lowest of those), or new memory at the end: an unrolled net's
     steps free and ask for the same sizes over and over, so this stays within
-    a few percent of the live peak, in O(n log n). Every buffer is aligned to
-    :data:`unroll.engine.workspace.ALIGN` bytes.
+    a few percent of the live peak, in O(n log n) (one compiled pass,
+    :func:`unroll.engine.kernels.placement.best_fit`). Every buffer is aligned
+    to :data:`unroll.engine.workspace.ALIGN` bytes.
 
-    >>> place([(0, 1, 64), (1, 2, 64), (2, 3, 64)])
+    >>> offsets, total = place([0, 1, 2], [1, 2, 3], [64, 64, 64])
+    >>> offsets.tolist(), total
     ([0, 64, 0], 128)
     """
-    firsts = [b[0] for b in buffers]
-    order = sorted(range(len(buffers)), key=firsts.__getitem__)
-    ending: list[tuple[int, int]] = []  # (last, index) of placed buffers, a heap by last
-    # freed blocks by size, each a heap of offsets, and the sizes that have any, sorted:
-    # the smallest (size, offset) at least a size is a bisect and a heap pop, where one
-    # sorted list of every freed block moved thousands of entries a step at T=20,000
-    free: dict[int, list[int]] = {}
-    free_sizes: list[int] = []
-    offsets = [0] * len(buffers)
-    sizes = [-(-max(b[2], 1) // ALIGN) * ALIGN for b in buffers]
-    top = 0
-    push, pop = heapq.heappush, heapq.heappop
-    for i in order:
-        first = firsts[i]
-        while ending and ending[0][0] < first:
-            j = pop(ending)[1]
-            size = sizes[j]
-            if size in free:
-                push(free[size], offsets[j])
-            else:
-                free[size] = [offsets[j]]
-                bisect.insort(free_sizes, size)
-        need = sizes[i]
-        k = bisect.bisect_left(free_sizes, need)
-        if k < len(free_sizes) and free_sizes[k] <= 2 * need:
-            size = free_sizes[k]
-            block = free[size]
-            offsets[i] = pop(block)
-            if not block:
-                del free[size], free_sizes[k]
-            sizes[i] = size  # the whole block returns to the free list with it
-        else:
-            offsets[i], top = top, top + need
-        push(ending, (buffers[i][1], i))
-    return offsets, top
+    first, last = np.asarray(first, np.int64), np.asarray(last, np.int64)
+    sizes = -(-np.maximum(np.asarray(nbytes, np.int64), 1) // ALIGN) * ALIGN
+    if not len(first) == len(last) == len(sizes):
+        raise ValueError(f"place: {len(first)} first times, {len(last)} last times and "
+                         f"{len(sizes)} sizes: expected one of each per buffer")
+    backwards = np.flatnonzero(last < first)
+    if len(backwards):
+        i = int(backwards[0])
+        raise ValueError(f"place: buffer {i} lives from {first[i]} to {last[i]}: expected "
+                         f"its last time at or after its first")
+    classes = np.unique(sizes)
+    offsets, top = best_fit(np.argsort(first, kind="stable"), np.argsort(last, kind="stable"),
+                            first, last, sizes, classes, np.searchsorted(classes, sizes))
+    return offsets, int(top)

@@ -10,7 +10,9 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from unroll.engine.memory.aliases import resolve
+import numpy as np
+
+from unroll.engine.memory.aliases import landing, resolve
 
 if TYPE_CHECKING:
     from unroll.engine.memory.lifetimes import Liveness
@@ -73,6 +75,26 @@ def _tiling(roots, host, counts):
     return placed[0][0], placed[order[0]][1], order
 
 
+def _writes_at(plan: Liveness, shapes, diff_host, writes) -> tuple:
+    """Backward's diff writes at ``plan``'s times: arrays of the host (ascending), first
+    and end element and time, the steps' ``writes`` and the zeroing of diffs (half a step
+    before the backward it comes before)."""
+    hosts, firsts, ends, writers = writes
+    back = np.asarray(plan.back, np.float64)
+    times = back[writers]
+    zeroed = [(r, s) for s, roots in plan.zero_before.items() for r in roots]
+    if not zeroed:
+        return hosts, firsts, ends, times
+    roots, steps = np.array(zeroed, np.int64).T
+    wholes, starts = landing(diff_host, roots)
+    counts = np.array([math.prod(shapes[r]) for r in roots.tolist()], np.int64)
+    hosts, firsts = np.concatenate([hosts, wholes]), np.concatenate([firsts, starts])
+    ends, times = np.concatenate([ends, starts + counts]), np.concatenate([times,
+                                                                          back[steps] - 0.5])
+    order = np.lexsort((firsts, hosts))
+    return hosts[order], firsts[order], ends[order], times[order]
+
+
 def gradient_chunks(steps: list[Step], layers, layer_need, shapes) -> list[tuple[int, ...]]:
     """The sharers of one param whose weight gradient may be one GEMM, in chunks.
 
@@ -107,7 +129,7 @@ def gradient_chunks(steps: list[Step], layers, layer_need, shapes) -> list[tuple
 
 
 def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need, shapes,
-                          data_host: dict, diff_host: dict, rewritten, skipped,
+                          data_host: dict, diff_host: dict, rewritten, writes,
                           n_roots: int) -> tuple[list[WeightGradGroup], dict]:
     """Group the layers that share a param, so that its gradient is one GEMM per chunk.
 
@@ -125,7 +147,8 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
     a chunk's x rows again, their buffers at the GEMM (the run's right before
     it) go back to back in a buffer and the GEMM reads them there.
 
-    ``n_roots`` numbers the new buffers (``n_roots, n_roots + 1, ...``).
+    ``writes`` are the net's backward diff writes (:attr:`~unroll.engine.memory.aliases.
+    Aliases.writes`), ``n_roots`` numbers the new buffers (``n_roots, n_roots + 1, ...``).
     Returns the groups and ``{(kind, buffer): elements}`` of the new buffers;
     ``data_host``/``diff_host`` gain the placements.
     """
@@ -136,33 +159,23 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
         return [], {}
     written = {plan.data_root[b] for b in rewritten} | {plan.diff_root[b] for b in rewritten}
     at = plan.back.__getitem__
-    writes: dict[int, list] = {}
-
-    def write(root, time, count):
-        whole, first = resolve(diff_host, root)
-        writes.setdefault(whole, []).append((time, first, first + count))
-
-    for s, (step, layer) in enumerate(zip(steps, layers)):
-        if not plan.layer_need[s] or "diff" in layer.memory.shares_bottom:
-            continue
-        flags = skipped.get(s, ())
-        for k, b in enumerate(step.bottoms):
-            if bottom_need[s][k] and not (k < len(flags) and flags[k]):
-                write(plan.diff_root[b], at(s), math.prod(shapes[b]))
-    for s, roots in plan.zero_before.items():
-        for r in roots:
-            write(r, at(s) - 0.5, math.prod(shapes[r]))
+    hosts, firsts, ends, times = _writes_at(plan, shapes, diff_host, writes)
 
     def untouched(members, whole, regions) -> bool:
         """No backward write lands in member i's rows from its backward to the GEMM."""
-        gemm = at(members[0])
-        spans = sorted((first, end, at(s)) for s, (first, end) in zip(members, regions))
-        firsts = [first for first, _, _ in spans]
-        for t, a, b in writes.get(whole, ()):
-            k = max(bisect_right(firsts, a) - 1, 0)
+        gemm, since = at(members[0]), [at(s) for s in members]
+        lo, hi = np.searchsorted(hosts, whole, "left"), np.searchsorted(hosts, whole, "right")
+        block = min(first for first, _ in regions), max(end for _, end in regions)
+        stop = lo + np.searchsorted(firsts[lo:hi], block[1])  # the writes starting in it
+        near = lo + np.flatnonzero((ends[lo:stop] > block[0]) & (times[lo:stop] <= gemm)
+                                   & (times[lo:stop] >= min(since)))
+        spans = sorted((first, end, s_) for s_, (first, end) in zip(since, regions))
+        starts = [first for first, _, _ in spans]
+        for a, b, t in zip(firsts[near].tolist(), ends[near].tolist(), times[near].tolist()):
+            k = max(bisect_right(starts, a) - 1, 0)
             while k < len(spans) and spans[k][0] < b:  # every member block the write meets
-                first, end, since = spans[k]
-                if a < end and since <= t <= gemm:
+                _, end, s_ = spans[k]
+                if a < end and s_ <= t:
                     return False
                 k += 1
         return True
