@@ -2,13 +2,14 @@
 
 import bisect
 import heapq
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unroll.engine.memory import place
+from unroll.engine.memory import place, placement
 from unroll.engine.workspace import ALIGN
 
 
@@ -47,12 +48,15 @@ def spans(longest):
                      st.one_of(st.integers(0, 300), st.sampled_from([64, 128, 4096])))
 
 
-@given(st.lists(st.one_of(spans(3), spans(40)), max_size=300))
-def test_place_gives_the_references_offsets(drawn):
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+@given(drawn=st.lists(st.one_of(spans(3), spans(40)), max_size=300))
+def test_place_gives_the_references_offsets(compiled, drawn):
     buffers = [(first, first + extra, n) for first, extra, n in drawn]
     first, last, nbytes = (np.array(column, np.int64).reshape(-1) for column in
                            (zip(*buffers) if buffers else ([], [], [])))
-    offsets, total = place(first, last, nbytes)
+    with mock.patch.object(placement, "COMPILED_FROM", 0 if compiled else len(first) + 1), \
+            mock.patch.object(placement, "_numba_loaded", lambda: False):
+        offsets, total = place(first, last, nbytes)
     want, want_total = reference_place(buffers)
     assert offsets.tolist() == want and total == want_total
 
