@@ -106,6 +106,9 @@ class Liveness:
     #: data root -> where its buffers start among those numbered after the blobs
     first_buffer: np.ndarray | None = None
     recompute: Recompute | None = None
+    #: per step, the data roots its backward reads
+    #: (:func:`~unroll.engine.memory.liveness.backward_reads`, found once per net)
+    reads: tuple = ()
 
     @property
     def buffers(self) -> int:

@@ -180,7 +180,7 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
         list(layer_need),
         tuple(back), windows, MappingProxyType({s: tuple(v) for s, v in again_at.items()}),
         array("i", roots.tolist()), array("i", (life[3] for life in lives)),
-        np.searchsorted(roots, np.arange(n_blobs + 1)) if lives else None, recompute)
+        np.searchsorted(roots, np.arange(n_blobs + 1)) if lives else None, recompute, reads)
 
 
 def _touch(life, root, t) -> None:
