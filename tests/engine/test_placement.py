@@ -1,7 +1,5 @@
 """place(): best-fit offsets for buffers with lifetimes (docs/design.md, 6. Memory)."""
 
-import bisect
-import heapq
 from unittest import mock
 
 import numpy as np
@@ -13,59 +11,48 @@ from unroll.engine.memory import place, placement
 from unroll.engine.workspace import ALIGN
 
 
-def reference_place(buffers) -> tuple[list[int], int]:
-    """place()'s rule in plain Python over ``(first, last, nbytes)``: by first time (ties
-    in order), free what ended before, take the exact size, else the smallest freed block
-    at most twice the size (its lowest offset), else new memory at the end."""
-    order = sorted(range(len(buffers)), key=lambda i: buffers[i][0])
-    ending: list[tuple[int, int]] = []
-    free: dict[int, list[int]] = {}
-    free_sizes: list[int] = []
-    offsets, top = [0] * len(buffers), 0
-    sizes = [-(-max(b[2], 1) // ALIGN) * ALIGN for b in buffers]
-    for i in order:
-        while ending and ending[0][0] < buffers[i][0]:
-            j = heapq.heappop(ending)[1]
-            if sizes[j] not in free:
-                free[sizes[j]] = []
-                bisect.insort(free_sizes, sizes[j])
-            heapq.heappush(free[sizes[j]], offsets[j])
-        k = bisect.bisect_left(free_sizes, sizes[i])
-        if k < len(free_sizes) and free_sizes[k] <= 2 * sizes[i]:
-            size = free_sizes[k]
-            offsets[i] = heapq.heappop(free[size])
-            if not free[size]:
-                del free[size], free_sizes[k]
-            sizes[i] = size
-        else:
-            offsets[i], top = top, top + sizes[i]
-        heapq.heappush(ending, (buffers[i][1], i))
-    return offsets, top
-
-
 def spans(longest):
     return st.tuples(st.integers(0, 60), st.integers(0, longest),
                      st.one_of(st.integers(0, 300), st.sampled_from([64, 128, 4096])))
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
-@given(drawn=st.lists(st.one_of(spans(3), spans(40)), max_size=300))
-def test_place_gives_the_references_offsets(compiled, drawn):
-    buffers = [(first, first + extra, n) for first, extra, n in drawn]
-    first, last, nbytes = (np.array(column, np.int64).reshape(-1) for column in
-                           (zip(*buffers) if buffers else ([], [], [])))
+def placed(first, last, nbytes, compiled: bool):
+    """place() by its compiled pass or by its Python loop."""
     with mock.patch.object(placement, "COMPILED_FROM", 0 if compiled else len(first) + 1), \
             mock.patch.object(placement, "_numba_loaded", lambda: False):
-        offsets, total = place(first, last, nbytes)
-    want, want_total = reference_place(buffers)
-    assert offsets.tolist() == want and total == want_total
+        return place(first, last, nbytes)
 
 
-def test_place_never_overlaps_live_buffers():
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_place_takes_the_exact_size_else_the_smallest_at_most_twice_else_new_memory(compiled):
+    a = ALIGN
+    buffers = [(0, 1, 2 * a), (0, 1, 4 * a), (0, 1, a), (0, 1, a),  # all new
+               (2, 3, a), (2, 3, 2 * a),  # exact sizes, the lowest of two first
+               (2, 3, 3 * a),  # the 4a block: the smallest at least 3a, within twice
+               (2, 3, a), (2, 3, a), (2, 3, 5 * a),  # the last a block, then new memory
+               (4, 4, a), (4, 4, 2 * a), (4, 4, a), (4, 4, a),
+               (4, 4, a)]  # only 4a and 5a are free: more than twice, so new memory
+    offsets, total = placed(*(np.array(c) for c in zip(*buffers)), compiled)
+    assert (offsets // a).tolist() == [0, 2, 6, 7, 6, 0, 2, 7, 8, 9, 6, 0, 7, 8, 14]
+    assert total == 15 * a
+
+
+@given(st.lists(st.one_of(spans(3), spans(40)), max_size=300))
+def test_the_compiled_pass_gives_the_python_loops_offsets(drawn):
+    buffers = [(first, first + extra, n) for first, extra, n in drawn]
+    columns = [np.array(column, np.int64).reshape(-1) for column in
+               (zip(*buffers) if buffers else ([], [], []))]
+    offsets, total = placed(*columns, compiled=True)
+    want, want_total = placed(*columns, compiled=False)
+    assert offsets.tolist() == want.tolist() and total == want_total
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_place_never_overlaps_live_buffers(compiled):
     rng = np.random.default_rng(0)
     first = rng.integers(0, 100, 300)
     last, nbytes = first + rng.integers(0, 20, 300), rng.integers(1, 500, 300)
-    offsets, total = place(first, last, nbytes)
+    offsets, total = placed(first, last, nbytes, compiled)
     for i in range(300):
         assert offsets[i] + nbytes[i] <= total
         for j in range(i):
