@@ -117,7 +117,7 @@ class Blob:
 
     @property
     def nbytes(self) -> int:
-        return self.count * self.dtype.itemsize
+        return math.prod(self._shape) * self.dtype.itemsize
 
     def reshape(self, shape) -> bool:
         """Give the blob ``shape`` (its memory comes on first use). True if the shape changed."""
@@ -126,7 +126,7 @@ class Blob:
         shape = _shape_tuple(shape)
         if shape == self._shape:
             return False
-        if any(d < 0 for d in shape):
+        if shape and min(shape) < 0:
             raise NetError(f"blob '{self.name}': negative dimension in shape {shape}")
         self._shape = shape
         self._data = self._diff = self._seen = self._seen_diff = None

@@ -345,7 +345,7 @@ def backward_needs(steps: list[Step], layers, force: bool):
         bottoms = step.bottoms
         split = layer.type == "Split"  # inserted: no prototxt settings of its own
         param = None if split else layer.param
-        pd = list(param.propagate_down) if param is not None else []
+        pd = param.propagate_down if param is not None else ()
         if pd and len(pd) != len(bottoms):
             raise NetError(
                 f"layer '{layer.name}' ({layer.type}): propagate_down gives {len(pd)} values "
