@@ -275,4 +275,5 @@ def backward_reads(steps, layers, data_root, layer_need, bottom_need) -> tuple:
 
 def saves_scratch(layer, runs_backward) -> bool:
     """Whether a layer keeps scratch from its forward to its backward."""
-    return runs_backward and any(lives == "both" for _, _, lives in layer.scratch_specs.values())
+    return bool(runs_backward and layer.scratch_specs
+                and any(lives == "both" for _, _, lives in layer.scratch_specs.values()))
