@@ -79,8 +79,11 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     the walk never reads the layers for diffs (an attempt of a budget walks T steps' diffs
     no more).
     """
-    data_root = _roots(steps, layers, n_blobs, "data")
-    diff_root = _roots(steps, layers, n_blobs, "diff")
+    if base is not None:  # the same steps: the same views
+        data_root, diff_root = base.data_root.tolist(), base.diff_root.tolist()
+    else:
+        data_root = _roots(steps, layers, n_blobs, "data")
+        diff_root = _roots(steps, layers, n_blobs, "diff")
     private = {data_root[b] for b in private_blobs} | {diff_root[b] for b in private_blobs}
     S = len(steps)
     if recompute is None:  # backward in one segment, run forward again never
