@@ -104,6 +104,17 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     born = [-2] * n_blobs  # root -> the action whose run wrote its current life
     again_at: dict[int, list[int]] = {}
 
+    def touch(roots, t) -> None:
+        # the buffers of ``roots`` used at time t; the walk runs in time order, so a use
+        # moves only a lifetime's end
+        for r in roots:
+            if current[r] >= 0:
+                lives[current[r]][2] = t
+            elif r in data_life:
+                data_life[r][1] = t
+            else:
+                data_life[r] = [t, t]
+
     def run(run_steps, action: int, t: int) -> int:
         # a forward run (action -1: the forward pass) from time t; the time after it
         for s in run_steps:
@@ -113,16 +124,7 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
                 if again[r] and born[r] != action:
                     born[r], current[r] = action, len(lives)
                     lives.append([r, t, t, action])
-            # a buffer's use at t, inlined: every step of a walk. The walk runs in time
-            # order, so a use moves only a lifetime's end
-            for b in step.tops + step.bottoms:
-                r = data_root[b]
-                if current[r] >= 0:
-                    lives[current[r]][2] = t
-                elif r in data_life:
-                    data_life[r][1] = t
-                else:
-                    data_life[r] = [t, t]
+            touch([data_root[b] for b in step.tops + step.bottoms], t)
             if action >= 0 and layers[s].scratch_specs:
                 again_at.setdefault(s, []).append(t)
             t += 1
@@ -138,13 +140,7 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
         for s in reversed(range(bounds[~a], bounds[~a + 1])):
             back[s] = t
             if layer_need[s]:
-                for r in reads[s]:  # a use at t, as in run()
-                    if current[r] >= 0:
-                        lives[current[r]][2] = t
-                    elif r in data_life:
-                        data_life[r][1] = t
-                    else:
-                        data_life[r] = [t, t]
+                touch(reads[s], t)
             t += 1
     # the buffers of roots run again, numbered after the blobs by root, then time: a
     # root's buffers are consecutive
