@@ -96,14 +96,15 @@ def plan_costs(steps, layers, data_root, private, layer_need, again, shapes, ite
     of the kept blobs."""
     S, n_roots = len(steps), len(data_root)
     reads = again.reads
-    first_read = np.full(n_roots, NEVER, np.int64)
+    # lists in the loops over steps, arrays once: a NumPy scalar a touch costs more
+    first_read = [NEVER] * n_roots
     for s in reversed(range(S)):
         for r in reads[s]:
             first_read[r] = s
     # walking the steps last first: a step runs again where a value it writes, which the
     # runs write again, is read by a backward or by a later step that runs, in its segment
-    needed_by = np.full(S, NEVER, np.int64)
-    via = np.full(n_roots, NEVER, np.int64)
+    needed_by = [NEVER] * S
+    via = [NEVER] * n_roots
     relived = again.relived
     for s in reversed(range(S)):
         step, layer = steps[s], layers[s]
@@ -124,7 +125,7 @@ def plan_costs(steps, layers, data_root, private, layer_need, again, shapes, ite
     read_step = np.repeat(np.arange(S, dtype=np.int64), [len(rs) for rs in reads])
     keep = np.frombuffer(bytes(counted), np.uint8)[read_root].astype(bool)
     pairs = np.unique(read_root[keep] * S + read_step[keep])  # by root, then step
-    last_write = np.full(n_roots, -1, np.int64)
+    last_write = [-1] * n_roots
     for s, step in enumerate(steps):
         for b in step.tops:
             last_write[data_root[b]] = s
@@ -134,9 +135,9 @@ def plan_costs(steps, layers, data_root, private, layer_need, again, shapes, ite
             scratch[s] = sum(math.prod(shape) * np.dtype(dtype).itemsize
                              for shape, dtype, lives in layer.scratch_specs.values()
                              if lives == "both")
-    return PlanCosts(needed_by, pairs % S, pairs // S,
+    return PlanCosts(np.array(needed_by, np.int64), pairs % S, pairs // S,
                      np.array([math.prod(shape) * itemsize for shape in shapes], np.int64),
-                     last_write, scratch, kept)
+                     np.array(last_write, np.int64), scratch, kept)
 
 
 def _counted_roots(steps, layers, data_root, private) -> bytearray:

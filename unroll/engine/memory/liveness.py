@@ -79,8 +79,11 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     the walk never reads the layers for diffs (an attempt of a budget walks T steps' diffs
     no more).
     """
-    data_root = _roots(steps, layers, n_blobs, "data")
-    diff_root = _roots(steps, layers, n_blobs, "diff")
+    if base is not None:  # the same steps: the same views
+        data_root, diff_root = base.data_root.tolist(), base.diff_root.tolist()
+    else:
+        data_root = _roots(steps, layers, n_blobs, "data")
+        diff_root = _roots(steps, layers, n_blobs, "diff")
     private = {data_root[b] for b in private_blobs} | {diff_root[b] for b in private_blobs}
     S = len(steps)
     if recompute is None:  # backward in one segment, run forward again never
@@ -101,11 +104,16 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     born = [-2] * n_blobs  # root -> the action whose run wrote its current life
     again_at: dict[int, list[int]] = {}
 
-    def touch(r, t) -> None:  # root r's current buffer is used at time t
-        if current[r] >= 0:
-            lives[current[r]][2] = t
-        else:
-            _touch(data_life, r, t)
+    def touch(roots, t) -> None:
+        # the buffers of ``roots`` used at time t; the walk runs in time order, so a use
+        # moves only a lifetime's end
+        for r in roots:
+            if current[r] >= 0:
+                lives[current[r]][2] = t
+            elif r in data_life:
+                data_life[r][1] = t
+            else:
+                data_life[r] = [t, t]
 
     def run(run_steps, action: int, t: int) -> int:
         # a forward run (action -1: the forward pass) from time t; the time after it
@@ -116,18 +124,7 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
                 if again[r] and born[r] != action:
                     born[r], current[r] = action, len(lives)
                     lives.append([r, t, t, action])
-            for b in step.tops + step.bottoms:  # touch(), inlined: every step of a walk
-                r = data_root[b]
-                if current[r] >= 0:
-                    lives[current[r]][2] = t
-                else:
-                    span = data_life.get(r)
-                    if span is None:
-                        data_life[r] = [t, t]
-                    elif t < span[0]:
-                        span[0] = t
-                    elif t > span[1]:
-                        span[1] = t
+            touch([data_root[b] for b in step.tops + step.bottoms], t)
             if action >= 0 and layers[s].scratch_specs:
                 again_at.setdefault(s, []).append(t)
             t += 1
@@ -143,8 +140,7 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
         for s in reversed(range(bounds[~a], bounds[~a + 1])):
             back[s] = t
             if layer_need[s]:
-                for r in reads[s]:
-                    touch(r, t)
+                touch(reads[s], t)
             t += 1
     # the buffers of roots run again, numbered after the blobs by root, then time: a
     # root's buffers are consecutive
@@ -183,19 +179,10 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
         np.searchsorted(roots, np.arange(n_blobs + 1)) if lives else None, recompute, reads)
 
 
-def _touch(life, root, t) -> None:
-    span = life.get(root)
-    if span is None:
-        life[root] = [t, t]
-    elif t < span[0]:
-        span[0] = t
-    elif t > span[1]:
-        span[1] = t
-
-
 class _Diffs:
     """Diff lifetimes as backward runs: from the first backward writing a diff to the
-    backward of its producer; and which diffs backward reads before anything writes them."""
+    backward of its producer; and which diffs backward reads before anything writes them.
+    Backward's steps come in time order."""
 
     def __init__(self, diff_root):
         self.diff_root, self.life, self.reads, self.writes = diff_root, {}, {}, {}
@@ -203,13 +190,18 @@ class _Diffs:
     def backward(self, step, layer, back: int, need) -> None:
         if "diff" in layer.memory.shares_bottom:
             return  # a view's diff is its bottom's: its backward moves nothing
-        for bs, firsts in ((step.tops, self.reads),
-                           ([b for b, down in zip(step.bottoms, need) if down], self.writes)):
-            for b in bs:
-                r = self.diff_root[b]
-                _touch(self.life, r, back)
-                if firsts.get(r, back) >= back:
-                    firsts[r] = back
+        root, life = self.diff_root, self.life
+        for bs, downs, firsts in ((step.tops, None, self.reads),
+                                  (step.bottoms, need, self.writes)):
+            for k, b in enumerate(bs):
+                if downs is not None and not downs[k]:
+                    continue
+                r = root[b]  # backward runs in time order: a touch moves only the end
+                if r in life:
+                    life[r][1] = back
+                else:
+                    life[r] = [back, back]
+                firsts.setdefault(r, back)
 
     def zero_before(self, loss_blobs, private, S: int, step_at) -> dict[int, list[int]]:
         """Step -> the diff roots zeroed right before its backward (``step_at``: the step
@@ -282,4 +274,5 @@ def backward_reads(steps, layers, data_root, layer_need, bottom_need) -> tuple:
 
 def saves_scratch(layer, runs_backward) -> bool:
     """Whether a layer keeps scratch from its forward to its backward."""
-    return runs_backward and any(lives == "both" for _, _, lives in layer.scratch_specs.values())
+    return bool(runs_backward and layer.scratch_specs
+                and any(lives == "both" for _, _, lives in layer.scratch_specs.values()))
