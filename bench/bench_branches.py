@@ -15,10 +15,9 @@ oversubscribe the cores).
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
+from bench.options import net_size_parser
 from bench.timing import median_seconds
 from unroll import Net, expand
 from unroll.train.bucketing import cont_from_lengths
@@ -36,12 +35,8 @@ def bidirectional_net(args, concurrent: bool):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=25)
-    parser.add_argument("--batch", type=int, default=32)
+    parser = net_size_parser(__doc__, steps=25, batch=32, hidden=128)
     parser.add_argument("--input-dim", type=int, default=100)
-    parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args(argv)

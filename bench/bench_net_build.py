@@ -17,11 +17,11 @@ and the unroller (``expand``) before it, apart. ``--charlm``: the CPU seconds of
 
 from __future__ import annotations
 
-import argparse
 import functools
 import time
 
 from bench.bench_recompute import lstm_net
+from bench.options import net_size_parser
 
 #: (module, function, label) of each part timed
 PARTS = (("unroll.engine.executor", "set_up", "layers set up"),
@@ -63,11 +63,7 @@ def timed_parts() -> dict[str, float]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=20000)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=32)
+    parser = net_size_parser(__doc__, steps=20000, batch=32, hidden=256)
     parser.add_argument("--loss", choices=["per-step", "whole"], default="per-step")
     parser.add_argument("--budget", type=float, default=0.02,
                         help="the budget, as a fraction of the full plan (default 1/50)")

@@ -1,4 +1,4 @@
-"""Prototxt builders and run helpers for the test_net_*.py files (tests/graph, tests/engine)."""
+"""Prototxt builders and run helpers for the tests that build and run nets."""
 
 import numpy as np
 
@@ -83,3 +83,21 @@ def outputs_and_gradients(net, x, cont, dh):
     net.backward()
     return h, {"x": net.blobs["x"].diff.copy(),
                **{p.name: p.blob.diff.copy() for p in net.learnable_params}}
+
+
+def assert_nets_agree(reference, net, rng, cont):
+    """``net`` has ``reference``'s params, by name and shape, in the same order, and given the
+    same random values, a random x, ``cont`` and a random diff of h, it gives the same h and
+    gradients (:func:`outputs_and_gradients`) as ``reference``."""
+    assert ([(p.name, p.blob.shape) for p in net.learnable_params]
+            == [(p.name, p.blob.shape) for p in reference.learnable_params])
+    for p, q in zip(reference.learnable_params, net.learnable_params):
+        p.blob.data[...] = q.blob.data[...] = rng.uniform(-0.8, 0.8, p.blob.shape)
+    x = rng.uniform(-1, 1, reference.blobs["x"].shape)
+    dh = rng.uniform(-1, 1, reference.blobs["h"].shape)
+    h1, g1 = outputs_and_gradients(reference, x, cont, dh)
+    h2, g2 = outputs_and_gradients(net, x, cont, dh)
+    np.testing.assert_allclose(h2, h1, rtol=1e-12, atol=1e-13)
+    assert g1.keys() == g2.keys()
+    for name in g1:
+        np.testing.assert_allclose(g2[name], g1[name], rtol=1e-10, atol=1e-12, err_msg=name)

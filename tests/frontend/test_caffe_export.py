@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.net_helpers import outputs_and_gradients
+from tests.net_helpers import assert_nets_agree
 from unroll import NetError, expand, to_prototxt
 from unroll.core.proto import NetParameter, parse_text
 from unroll.engine.layer import LAYERS, Layer
@@ -75,22 +75,10 @@ def test_the_lowered_net_equals_the_unrolled_one(case):
     lowered, _ = export_for_caffe(original)
     assert {lp.type for lp in lowered.layer} <= caffe_layer_types()
     a, b = net_of(original), net_of(lowered)
-    # the same params, by name and shape, in the same order: weight sharing is kept
-    assert ([(p.name, p.blob.shape) for p in a.learnable_params]
-            == [(p.name, p.blob.shape) for p in b.learnable_params])
     assert sorted(a.outputs) == sorted(b.outputs)
-    rng = np.random.default_rng(case["seed"])
-    for p, q in zip(a.learnable_params, b.learnable_params):
-        p.blob.data[...] = q.blob.data[...] = rng.uniform(-0.8, 0.8, p.blob.shape)
-    x = rng.uniform(-1, 1, (T, N, D))
-    cont = cont_from_lengths(case["lengths"], T, align=case["align"])
-    dh = rng.uniform(-1, 1, a.blobs["h"].shape)
-    h1, g1 = outputs_and_gradients(a, x, cont, dh)
-    h2, g2 = outputs_and_gradients(b, x, cont, dh)
-    np.testing.assert_allclose(h2, h1, rtol=1e-12, atol=1e-13)
-    assert g1.keys() == g2.keys()
-    for name in g1:
-        np.testing.assert_allclose(g2[name], g1[name], rtol=1e-10, atol=1e-12, err_msg=name)
+    # the same params, by name and shape, in the same order: weight sharing is kept
+    assert_nets_agree(a, b, np.random.default_rng(case["seed"]),
+                      cont_from_lengths(case["lengths"], T, align=case["align"]))
 
 
 @settings(max_examples=15, deadline=None)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.net_helpers import outputs_and_gradients
+from tests.net_helpers import assert_nets_agree
 from unroll.engine.kernels import ENGINE_VARIABLE, ENGINES
 from unroll.engine.net import Net
 from unroll.frontend.unroller import expand
@@ -43,22 +43,8 @@ def test_gru_equals_gru_primitive(engine, case, direction, layers):
         patch.setenv(ENGINE_VARIABLE, engine)
         fused = gru_net("gru", T, N, D, H, direction=direction, layers=layers)
     primitive = gru_net("gru_primitive", T, N, D, H, direction=direction, layers=layers)
-    assert ([(p.name, p.blob.shape) for p in fused.learnable_params]
-            == [(p.name, p.blob.shape) for p in primitive.learnable_params])
-    rng = np.random.default_rng(case["seed"])
-    for a, b in zip(fused.learnable_params, primitive.learnable_params):
-        a.blob.data[...] = b.blob.data[...] = rng.uniform(-0.8, 0.8, a.blob.shape)
-    x = rng.uniform(-1, 1, (T, N, D))
-    cont = cont_from_lengths(case["lengths"], T)
-    dh = rng.uniform(-1, 1, fused.blobs["h"].shape)
-
-    h1, g1 = outputs_and_gradients(fused, x, cont, dh)
-    h2, g2 = outputs_and_gradients(primitive, x, cont, dh)
-
-    np.testing.assert_allclose(h1, h2, rtol=1e-12, atol=1e-13)
-    assert g1.keys() == g2.keys()
-    for name in g1:
-        np.testing.assert_allclose(g1[name], g2[name], rtol=1e-10, atol=1e-12, err_msg=name)
+    assert_nets_agree(primitive, fused, np.random.default_rng(case["seed"]),
+                      cont_from_lengths(case["lengths"], T))
 
 
 def test_gru_steps_are_one_unit_each():

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.net_helpers import assert_nets_agree
 from unroll.engine.net import Net
 from unroll.frontend.unroller import expand
 from unroll.testing import builtin_templates, numeric_gradient, static_inputs
@@ -145,14 +146,6 @@ def set_params(net, rng, scale=0.8):
     return values
 
 
-def copy_params(src, dst, rename=lambda name: name):
-    """Copy every learnable param of ``src`` into ``dst`` param ``rename(name)``."""
-    by_name = {p.name: p for p in dst.learnable_params}
-    for p in src.learnable_params:
-        if rename(p.name) is not None:
-            by_name[rename(p.name)].blob.data[...] = p.blob.data
-
-
 def forward_backward(net, x, cont, R, static=None):
     """h and the gradients of sum(h * R) w.r.t. x, the static inputs and every learnable
     param."""
@@ -214,24 +207,10 @@ def test_unrolled_net_equals_numpy_recurrence(kind, case, direction):
        layers=st.integers(1, 2))
 def test_lstm_and_lstm_primitive_agree(case, direction, layers):
     T, N, D, H = case["T"], case["N"], case["D"], case["H"]
-    rng = np.random.default_rng(case["seed"])
     fused = build("lstm", T, N, D, H, direction=direction, layers=layers)
     primitive = build("lstm_primitive", T, N, D, H, direction=direction, layers=layers)
-    assert ([(p.name, p.blob.shape) for p in fused.learnable_params]
-            == [(p.name, p.blob.shape) for p in primitive.learnable_params])
-    set_params(fused, rng)
-    copy_params(fused, primitive)
-    x = rng.uniform(-1, 1, (T, N, D))
-    cont = cont_from_lengths(case["lengths"], T)
-    R = rng.uniform(-1, 1, fused.blobs["h"].shape)
-
-    h1, g1 = forward_backward(fused, x, cont, R)
-    h2, g2 = forward_backward(primitive, x, cont, R)
-
-    np.testing.assert_allclose(h1, h2, rtol=1e-12, atol=1e-13)
-    assert g1.keys() == g2.keys()
-    for name in g1:
-        np.testing.assert_allclose(g1[name], g2[name], rtol=1e-10, atol=1e-12, err_msg=name)
+    assert_nets_agree(primitive, fused, np.random.default_rng(case["seed"]),
+                      cont_from_lengths(case["lengths"], T))
 
 
 # -- the tagger net template --------------------------------------------------------------

@@ -17,6 +17,14 @@ with_xp = settings(
 
 
 
+def check_reshaped(spec, x, expected, xp):
+    """The layer of ``spec`` gives x's data in shape ``expected``, and its gradient checks."""
+    _, _, tops = run(spec, [x], xp)
+    assert tops[0].shape == expected
+    np.testing.assert_array_equal(to_numpy(tops[0].data), x.reshape(expected))
+    check_layer_gradient(spec, [x], xp=xp)
+
+
 @st.composite
 def reshape_cases(draw):
     """(bottom shape, reshape_param text, expected top shape)."""
@@ -52,12 +60,8 @@ def reshape_cases(draw):
 @given(case=reshape_cases(), data=st.data())
 def test_reshape_forward_and_gradient(xp, case, data):
     shape, param, expected = case
-    x = data.draw(arrays(shape))
-    spec = f'name: "r" type: "Reshape" reshape_param {{ {param} }}'
-    _, bottoms, tops = run(spec, [x], xp)
-    assert tops[0].shape == expected
-    np.testing.assert_array_equal(to_numpy(tops[0].data), x.reshape(expected))
-    check_layer_gradient(spec, [x], xp=xp)
+    check_reshaped(f'name: "r" type: "Reshape" reshape_param {{ {param} }}',
+                   data.draw(arrays(shape)), expected, xp)
 
 
 @st.composite
@@ -76,12 +80,8 @@ def flatten_cases(draw):
 @given(case=flatten_cases(), data=st.data())
 def test_flatten_forward_and_gradient(xp, case, data):
     shape, param, expected = case
-    x = data.draw(arrays(shape))
-    spec = f'name: "f" type: "Flatten" flatten_param {{ {param} }}'
-    _, _, tops = run(spec, [x], xp)
-    assert tops[0].shape == expected
-    np.testing.assert_array_equal(to_numpy(tops[0].data), x.reshape(expected))
-    check_layer_gradient(spec, [x], xp=xp)
+    check_reshaped(f'name: "f" type: "Flatten" flatten_param {{ {param} }}',
+                   data.draw(arrays(shape)), expected, xp)
 
 
 def test_flatten_default_keeps_the_first_axis():

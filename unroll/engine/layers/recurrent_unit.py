@@ -11,8 +11,19 @@ and reading them back, and keeps no per-step memory.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import cached_property
+from typing import NamedTuple
+
 from unroll.engine.kernels import default_engine, fused_kernels
 from unroll.engine.layer import Layer, register_layer
+
+
+class Kernels(NamedTuple):
+    """A unit's forward and backward functions (fused kernels, or its reference)."""
+
+    forward: Callable
+    backward: Callable
 
 
 class RecurrentUnit(Layer):
@@ -41,26 +52,26 @@ class RecurrentUnit(Layer):
             raise self.error(str(e)) from None
         self.working = {}
 
-    # the kernels are looked up on a unit's first run, then are attributes of the instance:
-    # numba's import takes a third of a second, which a net built only to be planned
-    # (``unroll memory``) never needs
-    def fused_forward(self, *arrays):
-        self._take_kernels()
-        self.fused_forward(*arrays)
+    @cached_property
+    def kernels(self) -> Kernels:
+        """The unit's fused forward and backward for its device, looked up on its first run:
+        numba's import takes a third of a second, which a net built only to be planned
+        (``unroll memory``) never needs. A device without kernels switches the unit to the
+        reference, whose functions take the same arrays.
 
-    def fused_backward(self, *arrays):
-        self._take_kernels()
-        self.fused_backward(*arrays)
-
-    def _take_kernels(self) -> None:
-        kernels = fused_kernels(self.xp)
-        if kernels is None:  # a device without kernels: the reference, with the same arrays
+        >>> from unroll.testing import run_layer
+        >>> import numpy as np
+        >>> lstm, _, _ = run_layer('type: "LSTMUnit"', [np.zeros((1, 2)), np.zeros((1, 8)),
+        ...                                             np.ones(1)], n_tops=2)
+        >>> lstm.kernels.forward.__name__, lstm.kernels.backward.__name__
+        ('lstm_unit_forward', 'lstm_unit_backward')
+        """
+        module = fused_kernels(self.xp)
+        if module is None:
             self.engine = "reference"
-            self.fused_forward, self.fused_backward = (self.reference_forward,
-                                                       self.reference_backward)
-        else:
-            self.fused_forward = getattr(kernels, f"{self.kernel}_forward")
-            self.fused_backward = getattr(kernels, f"{self.kernel}_backward")
+            return Kernels(self.reference_forward, self.reference_backward)
+        return Kernels(getattr(module, f"{self.kernel}_forward"),
+                       getattr(module, f"{self.kernel}_backward"))
 
     def reshape(self, bottoms, tops):
         state, *projections, cont = bottoms
@@ -85,7 +96,7 @@ class RecurrentUnit(Layer):
     def forward(self, bottoms, tops):
         arrays = [b.data for b in bottoms] + [t.data for t in tops]
         if self.fusable(arrays):
-            self.fused_forward(*arrays)
+            self.kernels.forward(*arrays)
         else:
             self.reference_forward(*arrays)
 
@@ -97,7 +108,7 @@ class RecurrentUnit(Layer):
             return
         arrays = [b.data for b in bottoms] + [t.diff for t in tops]
         if self.fusable(arrays + written):
-            self.fused_backward(*arrays, *diffs)
+            self.kernels.backward(*arrays, *diffs)
         else:
             self.reference_backward(*arrays, *diffs)
 
