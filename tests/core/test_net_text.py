@@ -66,8 +66,18 @@ def test_strings_with_escapes_quotes_and_unicode_read_as_protobuf_reads_them(one
 
 
 @pytest.mark.parametrize("text", [
-    'layer: { name: "a" }',  # another way to write a layer
-    'layer < name: "a" >',
+    'layer: { name: "a" } layer { name: "b" }',  # other ways to write a layer
+    'layer < name: "a" > layer{name:"b"}',
+    '# a layer { name: "x" }\nname: "n" layer { name: "a" bottom: "#" }\n# layer\n',
+    'layer { name: "a" top: "layer" } layer { name: "b" }',
+])
+def test_other_ways_to_write_the_layers_read_as_protobuf_reads_them(text):
+    net = NetParameter()
+    assert unroll.core.net_text.parse_net_text(text, net)
+    assert net.SerializeToString() == _protobuf(text).SerializeToString()
+
+
+@pytest.mark.parametrize("text", [
     'layer { name: "a" "b" }',  # adjacent strings make one value
     'layer { name: "a" } layer { name: "b" "c" }',
     'layer { name: "a" }}',
@@ -75,6 +85,7 @@ def test_strings_with_escapes_quotes_and_unicode_read_as_protobuf_reads_them(one
     'name: "a"layer { name: "b" } "c"',  # text after the layers: it would join the name
     'layer { name: "a" } force_backward: true',
     'state < layer { name: "a" } >',
+    'layer { name: "a" include { layer: 1 } }',  # a word layer inside a layer
 ])
 def test_a_text_it_does_not_read_is_left_to_protobuf(text):
     net = NetParameter()
@@ -95,3 +106,20 @@ def test_a_mistake_is_protobufs_error_naming_its_line():
     with pytest.raises(PrototxtError, match=r'^net\.prototxt:3: cannot parse NetParameter: .*'
                                             r'"tpye"'):
         parse_text(text, NetParameter(), "net.prototxt")
+
+
+_GAPS = st.sampled_from(["", " ", "\n", "# layer { name: \"x\n", "#'layer\n", "\n# }\n"])
+_NAMES = st.one_of(_STRINGS, st.sampled_from(["layer", "layer {", "# layer", "'\"", "x}layer"]))
+
+
+@given(st.lists(st.tuples(_GAPS, _GAPS, _NAMES, _NAMES), min_size=1, max_size=4), _GAPS)
+def test_layers_between_comments_and_with_layer_in_their_strings_read_as_protobuf_reads_them(
+        blocks, after):
+    # docs/design.md, 3: the cut at each word layer outside strings and comments
+    text = 'name: "n"' + "".join(
+        f'{gap}layer{inner}{{ name: "{text_encoding.CEscape(name, as_utf8=False)}" '
+        f"top: '{text_encoding.CEscape(top, as_utf8=False)}' }}"
+        for gap, inner, name, top in blocks) + after
+    read = NetParameter()
+    assert unroll.core.net_text.parse_net_text(text, read)
+    assert read.SerializeToString() == _protobuf(text).SerializeToString()

@@ -293,6 +293,22 @@ def test_console_script(tmp_path):
     assert "Traceback" not in done.stderr and "'nope'" in done.stderr
 
 
+def test_unroll_memory_budget_computes_the_report_once(tmp_path, monkeypatch, capsys):
+    # docs/design.md, 6: the budget's line comes from the plan, not from a second report
+    path = tmp_path / "lstm.prototxt"
+    assert cli.main([*LSTM5, "-o", str(path)]) == 0
+    capsys.readouterr()
+    reports = []
+    report = Net.memory_report
+    monkeypatch.setattr(Net, "memory_report",
+                        lambda self, *a, **k: reports.append(1) or report(self, *a, **k))
+    assert cli.main(["memory", str(path), "--budget", "1MB"]) == 0
+    out = capsys.readouterr().out
+    assert len(reports) == 1
+    assert out.splitlines()[-1].startswith("recomputed in backward: ")
+    assert out.splitlines()[-1].endswith(" of a budget of 976.6 KiB")  # 1MB: 10**6 bytes
+
+
 def test_unroll_memory_plans_an_lstm_without_importing_numba_or_jsonschema(tmp_path):
     # docs/design.md, 6: a net built to be planned never runs a kernel nor reads a JSON file,
     # and their imports were a fifth of the command's time

@@ -8,11 +8,12 @@ first block of a shape is parsed with a marker in place of each string, which
 says which field each string lands in, and every block of that shape is that
 message with its own strings put there, unescaped as the text parser does.
 The text before the first block (a net's other fields, which protobuf prints
-first) is parsed as it is. Anything unusual (adjacent strings making one value,
-a block that does not parse, ``layer`` written another way, more than comments
-between or after the blocks) and :func:`parse_net_text` declines, and the caller parses the
-whole text with protobuf: the result is the same message in every case, and
-errors are protobuf's own.
+first) is parsed as it is. The text is cut into blocks by regular expressions and
+string searches, not a token at a time in Python (a 1.5 MB net took 0.14 s of CPU
+so, 0.05 s now), and a cut is checked by parsing: anything unusual (adjacent strings
+making one value, a block that does not parse as one layer message, fields after the
+blocks) and :func:`parse_net_text` declines, and the caller parses the whole text with
+protobuf: the result is the same message in every case, and errors are protobuf's own.
 
 >>> from unroll.core.proto import NetParameter
 >>> net = NetParameter()
@@ -32,11 +33,11 @@ from google.protobuf.descriptor import FieldDescriptor
 
 __all__ = ["parse_net_text"]
 
-#: a quoted string (as protobuf's tokenizer reads one, terminated), a comment, a brace, or
-#: the word ``layer`` (not inside an identifier, which may hold ``+ - .``): leftmost first,
-#: so quotes in comments and ``#`` in strings are inert
-_TOKEN = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|#[^\n]*|[{}]|(?<![\w+.-])layer\b')
-_COMMENT = re.compile(r"#[^\n]*")
+#: a quoted string (as protobuf's tokenizer reads one, terminated) or a comment: leftmost
+#: first, so quotes in comments and ``#`` in strings are inert
+_LEXEME = re.compile(r'("[^"\\\n]*(?:\\.[^"\\\n]*)*"|\'[^\'\\\n]*(?:\\.[^\'\\\n]*)*\'|#[^\n]*)')
+#: what an identifier holds (a ``layer`` beside one is part of it)
+_IDENTIFIER = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_+.-")
 _TEXT_TYPES = (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES)
 
 
@@ -44,57 +45,47 @@ def _marker(i: int) -> str:
     return f"\x01{i}\x01"
 
 
-def _blank(text: str) -> bool:
-    """Whether ``text`` (between tokens) holds only whitespace and comments."""
-    return not _COMMENT.sub("", text).strip()
+def _layer_split(skeleton: str) -> list[str]:
+    """``skeleton`` cut at each word ``layer`` (not inside an identifier, which may hold
+    ``+ - .``), the words left out: a plain search, about four times the speed of a regular
+    expression's lookbehind at every character."""
+    chunks = skeleton.split("layer")
+    cut = [chunks[0]]
+    for chunk in chunks[1:]:
+        if cut[-1][-1:] in _IDENTIFIER or chunk[:1] in _IDENTIFIER:
+            cut[-1] += "layer" + chunk
+        else:
+            cut.append(chunk)
+    return cut
 
 
 def _blocks(text: str):
-    """(the text before the layer blocks, [(shape key, [quoted tokens]) per block]), or
-    None where a ``layer`` is not a plain ``layer { ... }`` at the top level, or the blocks
-    have more than comments between and after them (as a net's text has: its other fields
-    come first), which would read differently without the blocks in between."""
-    head, blocks = None, []
-    depth, done = 0, 0  # done: where the text not yet assigned starts
-    start = pieces = strings = None
-    at = 0  # where the current block's next piece starts
-    after_layer = None  # the end of a top-level ``layer`` word, awaiting its brace
-    for m in _TOKEN.finditer(text):
-        token = m.group()
-        first = token[0]
-        if first == "#":
-            continue
-        if after_layer is not None:
-            if token != "{" or text[after_layer:m.start()].strip():
-                return None
-            after_layer = None
-        if first in "\"'":
-            if start is not None:
-                pieces.append(text[at:m.start()])
-                strings.append(token)
-                at = m.end()
-        elif token == "{":
-            depth += 1
-        elif token == "}":
-            depth -= 1
-            if depth < 0:
-                return None
-            if depth == 0 and start is not None:
-                pieces.append(text[at:m.end()])
-                blocks.append(("\x00".join(pieces), strings))
-                done, start = m.end(), None
-        elif depth == 0:  # the word layer, at the top level
-            if head is None:
-                head = text[:m.start()]
-            elif not _blank(text[done:m.start()]):
-                return None
-            start, pieces, strings, at = m.start(), [], [], m.start()
-            after_layer = m.end()
-    if depth or start is not None or after_layer is not None:
+    """(the text before the first ``layer``, [(shape key, [quoted tokens]) per block]), or
+    None where ``text`` holds a NUL (the character that stands for a string in a key).
+
+    The text is cut at every ``layer`` outside strings and comments, into the blocks'
+    skeletons: the text with each string a NUL and the comments gone (the tokenizer skips
+    them). The cutting is by regular expressions, not token by token, so it checks nothing;
+    a block that is not one whole ``layer`` message (a ``layer`` inside a message, fields
+    after the last block) does not parse as one, and :class:`_Shape` declines it."""
+    if "\x00" in text:
         return None
-    if not _blank(text[done:]):
-        return None
-    return text if head is None else head, blocks
+    parts = _LEXEME.split(text)  # between, lexeme, between, ..., between
+    lexemes = parts[1::2]
+    strings = [t for t in lexemes if t[0] != "#"]
+    parts[1::2] = ["" if t[0] == "#" else "\x00" for t in lexemes]
+    head, *bodies = _layer_split("".join(parts))
+    if not bodies:
+        return text, []
+    pieces = head.split("\x00")
+    at = len(pieces) - 1
+    head = pieces[0] + "".join(s + p for s, p in zip(strings, pieces[1:]))
+    blocks = []
+    for body in bodies:
+        n = body.count("\x00")
+        blocks.append(("layer" + body.rstrip(), strings[at:at + n]))
+        at += n
+    return head, blocks
 
 
 def _locations(message, path=()):
@@ -118,6 +109,8 @@ class _Shape:
         marked = pieces[0] + "".join(f'"{_marker(i)}"{p}' for i, p in enumerate(pieces[1:]))
         holder = layer_type()
         text_format.Parse(marked, holder)  # a ParseError: the caller parses it all
+        if len(holder.ListFields()) != 1 or len(holder.layer) != 1:
+            raise ValueError("a block that is not one layer message")
         (layer,) = holder.layer
         self.places = []  # (the string's index, its field's path, bytes?)
         markers = {_marker(i): i for i in range(count)}

@@ -86,16 +86,9 @@ class Inspection:
         lines.append(f"param gradients in one GEMM: {len(batched)}"
                      + (": " + ", ".join(f"{name} over {n} layers" for name, n in batched[:8])
                         + (", ..." if len(batched) > 8 else "") if batched else ""))
-        rc = self.recompute
-        if rc is not None and (rc["budget"] is not None or rc["recomputed_steps"]):
-            shown = ", ".join(rc["checkpoints"][:6]) + (", ..." if len(rc["checkpoints"]) > 6
-                                                          else "")
-            budget = f" of a budget of {rc['budget'] / kib:.1f} KiB" if rc["budget"] else ""
-            lines.append(f"recomputed in backward: {rc['recomputed_steps']} steps (forward x "
-                         f"{rc['factor']:.2f}), {rc['policy']}, "
-                         f"{len(rc['checkpoints']) + 1} segments"
-                         + (f" starting at {shown}" if shown else "")
-                         + f"; planned {rc['planned_bytes'] / kib:.1f} KiB{budget}")
+        recomputed = recompute_line(self.recompute)
+        if recomputed is not None:
+            lines.append(recomputed)
         m = self.memory
         lines.append(f"memory: params {m.params / kib:.1f} KiB; activations, diffs and scratch "
                      f"{m.unplanned / kib:.1f} KiB unplanned, {m.planned / kib:.1f} KiB planned "
@@ -125,10 +118,41 @@ def inspect_net(net) -> Inspection:
         in_place += [(layer.name, net.graph.names[t])
                      for t, b in zip(step.tops, step.bottoms) if t == b]
     return Inspection(net.name, params, in_place, list(net.in_place_fallbacks), splits,
-                      net.memory_report(), net.batched_param_gradients, _recompute(net))
+                      net.memory_report(), net.batched_param_gradients, recomputation(net))
 
 
-def _recompute(net) -> dict | None:
+def recompute_line(rc: dict | None) -> str | None:
+    """The table's line on a plan's recomputation ``rc`` (:func:`recomputation`'s), or None
+    where there is nothing to say: no plan, or one with neither a budget nor recomputation.
+
+    >>> line = recompute_line({"checkpoints": ["h_t2"], "recomputed_steps": 3, "factor": 1.5,
+    ...                        "policy": "one level", "planned_bytes": 2048, "budget": 4096})
+    >>> for part in line.split("; "):
+    ...     print(part)
+    recomputed in backward: 3 steps (forward x 1.50), one level, 2 segments starting at h_t2
+    planned 2.0 KiB of a budget of 4.0 KiB
+    """
+    if rc is None or (rc["budget"] is None and not rc["recomputed_steps"]):
+        return None
+    kib = 1024.0
+    shown = ", ".join(rc["checkpoints"][:6]) + (", ..." if len(rc["checkpoints"]) > 6 else "")
+    budget = f" of a budget of {rc['budget'] / kib:.1f} KiB" if rc["budget"] else ""
+    return (f"recomputed in backward: {rc['recomputed_steps']} steps (forward x "
+            f"{rc['factor']:.2f}), {rc['policy']}, {len(rc['checkpoints']) + 1} segments"
+            + (f" starting at {shown}" if shown else "")
+            + f"; planned {rc['planned_bytes'] / kib:.1f} KiB{budget}")
+
+
+def recomputation(net) -> dict | None:
+    """What ``net``'s memory plan recomputes in backward (:attr:`Inspection.recompute`), or
+    None where nothing is planned; the memory command's budget line without the rest of
+    :func:`inspect_net`.
+
+    >>> import unroll
+    >>> net = unroll.Net(unroll.expand("rnn", steps=3, batch=2, input_dim=4, hidden=5))
+    >>> recomputation(net)["recomputed_steps"]
+    0
+    """
     from unroll.engine.memory import input_roots, planned_bytes
 
     plan, layout = net.memory.liveness, net.memory.layout

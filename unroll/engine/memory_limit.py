@@ -16,6 +16,7 @@ True
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -207,15 +208,15 @@ def memory_report(plan, layout, blobs, layers, params: int, history: int,
                   largest: int) -> MemoryReport:
     """The :class:`MemoryReport` of a net's liveness ``plan`` and ``layout`` (None: nothing
     planned), its ``blobs`` by number and its run order's ``layers``."""
-    roots = sorted(set(plan.data_root))
-    activations = sum(blobs[r].nbytes for r in roots)
-    diffs = sum(blobs[r].nbytes for r in set(plan.diff_root)
-                if r in plan.diff_life or (r in plan.private and blobs[r]._diff is not None))
-    scratch = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    data_roots, diff_roots, private = set(plan.data_root), set(plan.diff_root), plan.private
+    size = {r: blobs[r].nbytes for r in data_roots | diff_roots}  # a root's bytes, once
+    diffs_kept = {r for r in diff_roots if r in private and blobs[r]._diff is not None}
+    activations = sum(size[r] for r in data_roots)
+    diffs = sum(size[r] for r in diff_roots if r in plan.diff_life or r in diffs_kept)
+    scratch = sum(math.prod(shape) * np.dtype(dtype).itemsize
                   for layer in layers for shape, dtype, _ in layer.scratch_specs.values())
-    kept = sum(blobs[r].nbytes for r in roots if r in plan.private)
-    kept += sum(blobs[r].nbytes for r in set(plan.diff_root)
-                if r in plan.private and blobs[r]._diff is not None)
+    kept = (sum(size[r] for r in data_roots if r in private)
+            + sum(size[r] for r in diffs_kept))
     if layout is None:
         kept, workspace = activations + diffs + scratch, 0
     else:
@@ -227,7 +228,7 @@ def memory_report(plan, layout, blobs, layers, params: int, history: int,
             return "kept"
         return "inside another blob" if inside is not None and inside[r] >= 0 else "workspace"
 
-    big = sorted(roots, key=lambda r: -blobs[r].nbytes)[:largest]
+    big = heapq.nsmallest(largest, sorted(data_roots), key=lambda r: -size[r])
     return MemoryReport(params, history, activations, diffs, scratch, kept, workspace,
                         [(blobs[r].name, blobs[r].shape, blobs[r].nbytes, where(r))
                          for r in big])

@@ -31,15 +31,17 @@ def add_parser(sub):
 
 
 def run(args) -> int:
+    from unroll.engine.inspection import recomputation, recompute_line
     from unroll.engine.net import Net
-    from unroll.train.solver import Solver, usual_fields
 
     net_param = parse_text(read_prototxt(args.net), NetParameter(), args.net)
     net = Net(net_param, phase=args.phase, dtype=args.dtype, memory_budget=args.budget)
-    solver = (Solver(net, type=args.solver, base_lr=0.01, **usual_fields(args.solver))
-              if args.solver else None)
+    solver = None
+    if args.solver:  # the solver's modules only where its history is counted
+        from unroll.train.solver import Solver, usual_fields
+
+        solver = Solver(net, type=args.solver, base_lr=0.01, **usual_fields(args.solver))
     write_output(f"{net.memory_report(solver=solver, largest=args.largest)}\n")
     if args.budget is not None:  # the recomputation the budget asks for
-        write_output(next(line for line in str(net.inspect()).splitlines()
-                          if line.startswith("recomputed in backward")) + "\n")
+        write_output(f"{recompute_line(recomputation(net))}\n")
     return 0
