@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from unroll.engine.memory.lifetimes import Liveness
     from unroll.graph import Step
 
-__all__ = ["Aliases", "aliases_of", "resolve"]
+__all__ = ["Aliases", "aliases_of", "relived_aliases", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,26 @@ def aliases_of(steps: list[Step], layers, plan: Liveness, shapes, rewritten, bot
     writes = _diff_writes(steps, layers, plan, bottom_need, shapes, diff_host, parts, passed)
     return Aliases(MappingProxyType(data_host), MappingProxyType(diff_host),
                    MappingProxyType(parts), MappingProxyType(passed), tuple(relived), writes)
+
+
+def relived_aliases(full: Aliases, steps: list[Step], layers, plan: Liveness, shapes,
+                    rewritten, again: bytes) -> Aliases:
+    """The :class:`Aliases` :func:`aliases_of` finds with ``again``, from ``full``, the
+    net's without it (the same roots and shapes): only the data of parts and wholes run
+    again differs; the diffs, their pass-through and backward's writes never do, and are
+    ``full``'s (a budget's attempts all read this one, found once per net).
+
+    Without ``again`` it is ``full`` itself:
+
+    >>> found = Aliases({1: (3, 6)}, {1: (3, 6)}, {4: ((True,), (True,))}, {}, (), ())
+    >>> relived_aliases(found, [], [], None, [], (), b"") is found
+    True
+    """
+    if not any(again):
+        return full
+    data_host, _, parts, relived = _parts(steps, layers, plan, shapes, rewritten, again)
+    return Aliases(MappingProxyType(data_host), full.diff, MappingProxyType(parts),
+                   full.passed, tuple(relived), full.writes)
 
 
 def _diff_writes(steps: list[Step], layers, plan: Liveness, bottom_need, shapes, diff_host,

@@ -13,7 +13,7 @@ import math
 from collections import Counter
 
 from unroll.core.errors import MemoryBudgetError
-from unroll.engine.memory.aliases import aliases_of
+from unroll.engine.memory.aliases import aliases_of, relived_aliases
 from unroll.engine.memory.costs import plan_costs
 from unroll.engine.memory.hsm import hsm_units
 from unroll.engine.memory.layout import Layout, input_roots, planned_bytes
@@ -36,8 +36,8 @@ class Plans:
     the plan is not one level) and :meth:`least` a lower bound on its bytes, from the
     net's :class:`~unroll.engine.memory.costs.PlanCosts` (``costs(kept=)``, made once, on
     the first use). ``aliases(relived)`` gives what lives inside what where the runs may
-    write the roots ``relived`` again (:func:`~unroll.engine.memory.aliases.aliases_of`),
-    found once, on the first plan made."""
+    write the roots ``relived`` again (:func:`~unroll.engine.memory.aliases.relived_aliases`
+    of the full plan's), found once, on the first plan made."""
 
     def __init__(self, make, lay_out, runs_of, chain: Chain, again, bytes_of, base,
                  full_layout, policy, aliases, costs):
@@ -148,7 +148,9 @@ def within_budget(base: Liveness, make, lay_out, steps, layers, bottom_need, sha
     place). A budget the chosen plan does not fit is a
     :class:`~unroll.core.errors.MemoryBudgetError` giving the smallest plan made.
     """
-    full = lay_out(base)
+    # what lives inside what does not depend on the cuts: found once per net and shapes
+    aliases = aliases_of(steps, layers, base, shapes, rewritten, bottom_need)
+    full = lay_out(base, aliases=aliases)
     if budget is None and policy is None:
         return base, full
     inputs = input_roots(steps, layers, base.data_root)
@@ -160,8 +162,8 @@ def within_budget(base: Liveness, make, lay_out, steps, layers, bottom_need, sha
     plans = Plans(functools.partial(make, base=base), lay_out, runs_of, chain, again,
                   lambda plan, layout_: planned_bytes(plan, layout_, shapes, itemsize, inputs),
                   base, full, policy,
-                  functools.partial(aliases_of, steps, layers, shapes=shapes,
-                                    rewritten=rewritten, bottom_need=bottom_need),
+                  functools.partial(relived_aliases, aliases, steps, layers, shapes=shapes,
+                                    rewritten=rewritten),
                   functools.partial(plan_costs, steps, layers, base.data_root, base.private,
                                     base.layer_need, again, shapes, itemsize))
     got = policy.choose(chain, plans, budget) or plans.full
