@@ -9,8 +9,11 @@ layout, each made once), and holds the one chosen to the budget.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections import Counter
+
+import numpy as np
 
 from unroll.core.errors import MemoryBudgetError
 from unroll.engine.memory.aliases import aliases_of, relived_aliases
@@ -124,13 +127,20 @@ def chain_of(steps, layers, shapes, itemsize: int, base: Liveness) -> tuple[Chai
     count = Counter(keys)
     between = [c for c, key in zip(chunks, keys) if count[key] > 1]
     allowed = allowed_cuts(steps, layers, base.data_root, between)
-    sizes = [sum(math.prod(shapes[b]) * itemsize for b in step.tops
-                 if base.data_root[b] == b and b not in base.private) for step in steps]
-    crossing = (crossing_bytes(steps, base.data_root, base.private,
-                               [math.prod(shape) * itemsize for shape in shapes])
+    nbytes = np.array([math.prod(shape) for shape in shapes], np.int64) * itemsize
+    # per step, its planned tops' bytes: summed over arrays (a chain has T steps)
+    counts = [len(step.tops) for step in steps]
+    tops = np.fromiter(itertools.chain.from_iterable(step.tops for step in steps), np.int64,
+                       sum(counts))
+    planned = np.asarray(base.data_root, np.int64) == np.arange(len(shapes))
+    planned[np.fromiter(base.private, np.int64, len(base.private))] = False
+    sizes = np.zeros(len(steps), np.int64)
+    np.add.at(sizes, np.repeat(np.arange(len(steps)), counts), np.where(planned[tops],
+                                                                        nbytes[tops], 0))
+    crossing = (crossing_bytes(steps, base.data_root, base.private, nbytes)
                 if between else None)
     units = hsm_units(between, allowed, crossing) if between else ()
-    return Chain(len(steps), tuple(allowed), units, tuple(sizes),
+    return Chain(len(steps), tuple(allowed), units, tuple(sizes.tolist()),
                  tuple(crossing) if crossing is not None else None), chunks
 
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -193,23 +194,23 @@ def greedy_cuts(sizes, allowed, segment_bytes: float, crossing=None) -> list[int
 def crossing_bytes(steps, data_root, private, sizes_of) -> list[int]:
     """Per step p, the bytes of the values a cut at p leaves to checkpoints: planned data
     written before p and read in forward at p or later (``sizes_of[root]``: its bytes)."""
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for s, step in enumerate(steps):
-        for b in step.tops:
-            first.setdefault(data_root[b], s)
-        for b in step.bottoms:
-            last[data_root[b]] = s
-    delta = [0] * (len(steps) + 2)
-    for r, w in first.items():
-        if r not in private and last.get(r, w) > w:
-            delta[w + 1] += sizes_of[r]
-            delta[last[r] + 1] -= sizes_of[r]
-    out, run = [], 0
-    for p in range(len(steps)):
-        run += delta[p]
-        out.append(run)
-    return out
+    n, S = len(data_root), len(steps)
+    roots = np.asarray(data_root, np.int64)
+    # a root's first writer and last forward reader, over arrays (a chain has T steps)
+    first, last = np.full(n, S, np.int64), np.full(n, -1, np.int64)
+    for ends, side, reduce in ((first, "tops", np.minimum), (last, "bottoms", np.maximum)):
+        counts = [len(getattr(step, side)) for step in steps]
+        blobs = np.fromiter(itertools.chain.from_iterable(getattr(step, side) for step in steps),
+                            np.int64, sum(counts))
+        reduce.at(ends, roots[blobs], np.repeat(np.arange(S, dtype=np.int64), counts))
+    crossing = (first < S) & (last > first)
+    crossing[np.fromiter(private, np.int64, len(private))] = False
+    at = np.flatnonzero(crossing)
+    size = np.asarray(sizes_of, np.int64)[at]
+    delta = np.zeros(S + 2, np.int64)
+    np.add.at(delta, first[at] + 1, size)
+    np.add.at(delta, last[at] + 1, -size)
+    return np.cumsum(delta[:S]).tolist()
 
 
 def _relived_roots(steps, layers, data_root, private, kept, chunks) -> bytes:
