@@ -59,12 +59,21 @@ class Aliases:
         ({1: (3, 6)}, False, {4: ((True,), (True,))})
         """
         data_host, parts = dict(self.data), dict(self.parts)
+        if not self.again or plan.first_buffer is None:
+            return data_host, dict(self.diff), parts
+        # a part and its whole are paired buffer by buffer where the same runs write both;
+        # lists, not the plan's arrays, in this loop: a T-step chain has a part a step
+        n, first, written_by = len(plan.data_root), plan.first_buffer.tolist(), plan.written_by
         for s, k, r, w, offset in self.again:
-            pairs = _same_lives(plan, r, w)
-            if pairs is None or any(j in data_host for j, _ in pairs):
+            a, b = first[r], first[w]
+            count = first[r + 1] - a
+            if (count <= 0 or first[w + 1] - b != count
+                    or written_by[a : a + count] != written_by[b : b + count]):
                 continue
-            for j, i in pairs:
-                data_host[j] = (i, offset)
+            if any(n + a + i in data_host for i in range(count)):
+                continue
+            for i in range(count):
+                data_host[n + a + i] = (n + b + i, offset)
             data_flags, diff_flags = parts[s]
             parts[s] = (data_flags[:k] + (True,) + data_flags[k + 1:], diff_flags)
         return data_host, dict(self.diff), parts
@@ -216,18 +225,6 @@ def _parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten, again) 
                 fl[k] = True
             offset += math.prod(shapes[part])
     return data_host, diff_host, {s: (tuple(a), tuple(b)) for s, (a, b) in flags.items()}, relived
-
-
-def _same_lives(plan, r: int, w: int) -> list[tuple[int, int]] | None:
-    """The data buffers of relived roots ``r`` and ``w`` paired, where the same runs write
-    both (None where not)."""
-    if not (plan.relived(r) and plan.relived(w)):
-        return None
-    a, b, n = plan.data_buffers(r), plan.data_buffers(w), len(plan.data_root)
-    written_by = plan.written_by
-    if len(a) != len(b) or any(written_by[j - n] != written_by[i - n] for j, i in zip(a, b)):
-        return None
-    return list(zip(a, b))
 
 
 def resolve(host, r: int) -> tuple[int, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
@@ -167,26 +168,28 @@ def greedy_cuts(sizes, allowed, segment_bytes: float, crossing=None) -> list[int
     if math.isnan(segment_bytes) or segment_bytes == math.inf:
         return []
     need = math.ceil(segment_bytes)  # the sums are whole: at least the next whole number
-    # the bytes before each step, so that a segment's end is a search, not a walk
-    before = np.zeros(n + 1, np.int64)
-    np.cumsum(np.asarray(sizes, np.int64), out=before[1:])
+    # the bytes before each step, so that a segment's end is a search, not a walk; lists,
+    # for the walk takes a cut at a time (a NumPy scalar a search costs more)
+    before = list(itertools.accumulate(sizes, initial=0))
     cut_at = np.unique(np.array([p for p in allowed if 0 <= p < n], np.int64))
     if crossing is not None:
-        crossing = np.asarray(crossing)
+        crossing = list(crossing)
         # per allowed cut, the last of the allowed cuts in a row from it
         last = np.append(np.flatnonzero(np.diff(cut_at) != 1), len(cut_at) - 1)
-        run_end = cut_at[last[np.searchsorted(last, np.arange(len(cut_at)))]]
+        run_end = cut_at[last[np.searchsorted(last, np.arange(len(cut_at)))]].tolist()
+    cut_at = cut_at.tolist()
     cuts: list[int] = []
     start, s, hold = 0, 0, -1  # the current segment's first step; the next step to try
     while True:
-        first = max(s, hold + 1, int(np.searchsorted(before, before[start] + need)))
-        k = int(np.searchsorted(cut_at, first))
+        first = max(s, hold + 1, bisect_left(before, before[start] + need))
+        k = bisect_left(cut_at, first)
         if k == len(cut_at):
             return cuts
-        s = int(cut_at[k])
+        s = cut_at[k]
         if crossing is not None:
-            hold = min(int(run_end[k]), s + CUT_WINDOW - 1)
-            s += int(np.argmin(crossing[s : hold + 1]))
+            hold = min(run_end[k], s + CUT_WINDOW - 1)
+            window = crossing[s : hold + 1]
+            s += window.index(min(window))  # the first of the fewest, as argmin
         cuts.append(s)
         start, s = s, s + 1
 
