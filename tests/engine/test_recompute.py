@@ -318,10 +318,13 @@ def test_an_attempt_is_one_liveness_walk_and_one_layout(monkeypatch):
         "layout", memory.layout, lambda a, kw: a[0].recompute is not None))
     monkeypatch.setattr(mechanism, "recomputable", counted(
         "recomputable", mechanism.recomputable, lambda a, kw: True))
-    # what lives inside what: once for the full plan, once for every attempt
-    for module, attempt in ((layout_module, False), (mechanism, True)):
-        monkeypatch.setattr(module, "aliases_of", counted(
-            "aliases", module.aliases_of, lambda a, kw, attempt=attempt: attempt))
+    # what lives inside what: found once per net and shapes, and the data run again
+    # taken out of it once for every attempt
+    for module, name, attempt in ((layout_module, "aliases_of", False),
+                                  (mechanism, "aliases_of", False),
+                                  (mechanism, "relived_aliases", True)):
+        monkeypatch.setattr(module, name, counted(
+            "aliases", getattr(module, name), lambda a, kw, attempt=attempt: attempt))
     # the prototxt is parsed once per net, not once per attempt
     monkeypatch.setattr(proto, "parse_text", counted(
         "parse", proto.parse_text, lambda a, kw: False))
@@ -342,6 +345,7 @@ def test_an_attempt_is_one_liveness_walk_and_one_layout(monkeypatch):
     feed["cont"] = cont_from_lengths([T], T)
     net.forward(**feed)  # a new layout, and plan
     assert counts["liveness full"] == 1 and counts["layout full"] == 2
+    assert counts["aliases full"] == 2  # once per net and shapes
     assert counts["recomputable attempt"] == 2 and counts["aliases attempt"] == 2
     assert counts["liveness attempt"] == counts["layout attempt"]
 

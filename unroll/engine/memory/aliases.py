@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from unroll.engine.memory.lifetimes import Liveness
     from unroll.graph import Step
 
-__all__ = ["Aliases", "aliases_of", "resolve"]
+__all__ = ["Aliases", "aliases_of", "relived_aliases", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -59,12 +59,21 @@ class Aliases:
         ({1: (3, 6)}, False, {4: ((True,), (True,))})
         """
         data_host, parts = dict(self.data), dict(self.parts)
+        if not self.again or plan.first_buffer is None:
+            return data_host, dict(self.diff), parts
+        # a part and its whole are paired buffer by buffer where the same runs write both;
+        # lists, not the plan's arrays, in this loop: a T-step chain has a part a step
+        n, first, written_by = len(plan.data_root), plan.first_buffer.tolist(), plan.written_by
         for s, k, r, w, offset in self.again:
-            pairs = _same_lives(plan, r, w)
-            if pairs is None or any(j in data_host for j, _ in pairs):
+            a, b = first[r], first[w]
+            count = first[r + 1] - a
+            if (count <= 0 or first[w + 1] - b != count
+                    or written_by[a : a + count] != written_by[b : b + count]):
                 continue
-            for j, i in pairs:
-                data_host[j] = (i, offset)
+            if any(n + a + i in data_host for i in range(count)):
+                continue
+            for i in range(count):
+                data_host[n + a + i] = (n + b + i, offset)
             data_flags, diff_flags = parts[s]
             parts[s] = (data_flags[:k] + (True,) + data_flags[k + 1:], diff_flags)
         return data_host, dict(self.diff), parts
@@ -97,6 +106,26 @@ def aliases_of(steps: list[Step], layers, plan: Liveness, shapes, rewritten, bot
     writes = _diff_writes(steps, layers, plan, bottom_need, shapes, diff_host, parts, passed)
     return Aliases(MappingProxyType(data_host), MappingProxyType(diff_host),
                    MappingProxyType(parts), MappingProxyType(passed), tuple(relived), writes)
+
+
+def relived_aliases(full: Aliases, steps: list[Step], layers, plan: Liveness, shapes,
+                    rewritten, again: bytes) -> Aliases:
+    """The :class:`Aliases` :func:`aliases_of` finds with ``again``, from ``full``, the
+    net's without it (the same roots and shapes): only the data of parts and wholes run
+    again differs; the diffs, their pass-through and backward's writes never do, and are
+    ``full``'s (a budget's attempts all read this one, found once per net).
+
+    Without ``again`` it is ``full`` itself:
+
+    >>> found = Aliases({1: (3, 6)}, {1: (3, 6)}, {4: ((True,), (True,))}, {}, (), ())
+    >>> relived_aliases(found, [], [], None, [], (), b"") is found
+    True
+    """
+    if not any(again):
+        return full
+    data_host, _, parts, relived = _parts(steps, layers, plan, shapes, rewritten, again)
+    return Aliases(MappingProxyType(data_host), full.diff, MappingProxyType(parts),
+                   full.passed, tuple(relived), full.writes)
 
 
 def _diff_writes(steps: list[Step], layers, plan: Liveness, bottom_need, shapes, diff_host,
@@ -196,18 +225,6 @@ def _parts(steps: list[Step], layers, plan: Liveness, shapes, rewritten, again) 
                 fl[k] = True
             offset += math.prod(shapes[part])
     return data_host, diff_host, {s: (tuple(a), tuple(b)) for s, (a, b) in flags.items()}, relived
-
-
-def _same_lives(plan, r: int, w: int) -> list[tuple[int, int]] | None:
-    """The data buffers of relived roots ``r`` and ``w`` paired, where the same runs write
-    both (None where not)."""
-    if not (plan.relived(r) and plan.relived(w)):
-        return None
-    a, b, n = plan.data_buffers(r), plan.data_buffers(w), len(plan.data_root)
-    written_by = plan.written_by
-    if len(a) != len(b) or any(written_by[j - n] != written_by[i - n] for j, i in zip(a, b)):
-        return None
-    return list(zip(a, b))
 
 
 def resolve(host, r: int) -> tuple[int, int]:

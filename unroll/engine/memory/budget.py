@@ -9,11 +9,14 @@ layout, each made once), and holds the one chosen to the budget.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections import Counter
 
+import numpy as np
+
 from unroll.core.errors import MemoryBudgetError
-from unroll.engine.memory.aliases import aliases_of
+from unroll.engine.memory.aliases import aliases_of, relived_aliases
 from unroll.engine.memory.costs import plan_costs
 from unroll.engine.memory.hsm import hsm_units
 from unroll.engine.memory.layout import Layout, input_roots, planned_bytes
@@ -36,8 +39,8 @@ class Plans:
     the plan is not one level) and :meth:`least` a lower bound on its bytes, from the
     net's :class:`~unroll.engine.memory.costs.PlanCosts` (``costs(kept=)``, made once, on
     the first use). ``aliases(relived)`` gives what lives inside what where the runs may
-    write the roots ``relived`` again (:func:`~unroll.engine.memory.aliases.aliases_of`),
-    found once, on the first plan made."""
+    write the roots ``relived`` again (:func:`~unroll.engine.memory.aliases.relived_aliases`
+    of the full plan's), found once, on the first plan made."""
 
     def __init__(self, make, lay_out, runs_of, chain: Chain, again, bytes_of, base,
                  full_layout, policy, aliases, costs):
@@ -124,13 +127,20 @@ def chain_of(steps, layers, shapes, itemsize: int, base: Liveness) -> tuple[Chai
     count = Counter(keys)
     between = [c for c, key in zip(chunks, keys) if count[key] > 1]
     allowed = allowed_cuts(steps, layers, base.data_root, between)
-    sizes = [sum(math.prod(shapes[b]) * itemsize for b in step.tops
-                 if base.data_root[b] == b and b not in base.private) for step in steps]
-    crossing = (crossing_bytes(steps, base.data_root, base.private,
-                               [math.prod(shape) * itemsize for shape in shapes])
+    nbytes = np.array([math.prod(shape) for shape in shapes], np.int64) * itemsize
+    # per step, its planned tops' bytes: summed over arrays (a chain has T steps)
+    counts = [len(step.tops) for step in steps]
+    tops = np.fromiter(itertools.chain.from_iterable(step.tops for step in steps), np.int64,
+                       sum(counts))
+    planned = np.asarray(base.data_root, np.int64) == np.arange(len(shapes))
+    planned[np.fromiter(base.private, np.int64, len(base.private))] = False
+    sizes = np.zeros(len(steps), np.int64)
+    np.add.at(sizes, np.repeat(np.arange(len(steps)), counts), np.where(planned[tops],
+                                                                        nbytes[tops], 0))
+    crossing = (crossing_bytes(steps, base.data_root, base.private, nbytes)
                 if between else None)
     units = hsm_units(between, allowed, crossing) if between else ()
-    return Chain(len(steps), tuple(allowed), units, tuple(sizes),
+    return Chain(len(steps), tuple(allowed), units, tuple(sizes.tolist()),
                  tuple(crossing) if crossing is not None else None), chunks
 
 
@@ -148,7 +158,9 @@ def within_budget(base: Liveness, make, lay_out, steps, layers, bottom_need, sha
     place). A budget the chosen plan does not fit is a
     :class:`~unroll.core.errors.MemoryBudgetError` giving the smallest plan made.
     """
-    full = lay_out(base)
+    # what lives inside what does not depend on the cuts: found once per net and shapes
+    aliases = aliases_of(steps, layers, base, shapes, rewritten, bottom_need)
+    full = lay_out(base, aliases=aliases)
     if budget is None and policy is None:
         return base, full
     inputs = input_roots(steps, layers, base.data_root)
@@ -160,8 +172,8 @@ def within_budget(base: Liveness, make, lay_out, steps, layers, bottom_need, sha
     plans = Plans(functools.partial(make, base=base), lay_out, runs_of, chain, again,
                   lambda plan, layout_: planned_bytes(plan, layout_, shapes, itemsize, inputs),
                   base, full, policy,
-                  functools.partial(aliases_of, steps, layers, shapes=shapes,
-                                    rewritten=rewritten, bottom_need=bottom_need),
+                  functools.partial(relived_aliases, aliases, steps, layers, shapes=shapes,
+                                    rewritten=rewritten),
                   functools.partial(plan_costs, steps, layers, base.data_root, base.private,
                                     base.layer_need, again, shapes, itemsize))
     got = policy.choose(chain, plans, budget) or plans.full

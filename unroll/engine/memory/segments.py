@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,26 +168,28 @@ def greedy_cuts(sizes, allowed, segment_bytes: float, crossing=None) -> list[int
     if math.isnan(segment_bytes) or segment_bytes == math.inf:
         return []
     need = math.ceil(segment_bytes)  # the sums are whole: at least the next whole number
-    # the bytes before each step, so that a segment's end is a search, not a walk
-    before = np.zeros(n + 1, np.int64)
-    np.cumsum(np.asarray(sizes, np.int64), out=before[1:])
+    # the bytes before each step, so that a segment's end is a search, not a walk; lists,
+    # for the walk takes a cut at a time (a NumPy scalar a search costs more)
+    before = list(itertools.accumulate(sizes, initial=0))
     cut_at = np.unique(np.array([p for p in allowed if 0 <= p < n], np.int64))
     if crossing is not None:
-        crossing = np.asarray(crossing)
+        crossing = list(crossing)
         # per allowed cut, the last of the allowed cuts in a row from it
         last = np.append(np.flatnonzero(np.diff(cut_at) != 1), len(cut_at) - 1)
-        run_end = cut_at[last[np.searchsorted(last, np.arange(len(cut_at)))]]
+        run_end = cut_at[last[np.searchsorted(last, np.arange(len(cut_at)))]].tolist()
+    cut_at = cut_at.tolist()
     cuts: list[int] = []
     start, s, hold = 0, 0, -1  # the current segment's first step; the next step to try
     while True:
-        first = max(s, hold + 1, int(np.searchsorted(before, before[start] + need)))
-        k = int(np.searchsorted(cut_at, first))
+        first = max(s, hold + 1, bisect_left(before, before[start] + need))
+        k = bisect_left(cut_at, first)
         if k == len(cut_at):
             return cuts
-        s = int(cut_at[k])
+        s = cut_at[k]
         if crossing is not None:
-            hold = min(int(run_end[k]), s + CUT_WINDOW - 1)
-            s += int(np.argmin(crossing[s : hold + 1]))
+            hold = min(run_end[k], s + CUT_WINDOW - 1)
+            window = crossing[s : hold + 1]
+            s += window.index(min(window))  # the first of the fewest, as argmin
         cuts.append(s)
         start, s = s, s + 1
 
@@ -193,23 +197,23 @@ def greedy_cuts(sizes, allowed, segment_bytes: float, crossing=None) -> list[int
 def crossing_bytes(steps, data_root, private, sizes_of) -> list[int]:
     """Per step p, the bytes of the values a cut at p leaves to checkpoints: planned data
     written before p and read in forward at p or later (``sizes_of[root]``: its bytes)."""
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for s, step in enumerate(steps):
-        for b in step.tops:
-            first.setdefault(data_root[b], s)
-        for b in step.bottoms:
-            last[data_root[b]] = s
-    delta = [0] * (len(steps) + 2)
-    for r, w in first.items():
-        if r not in private and last.get(r, w) > w:
-            delta[w + 1] += sizes_of[r]
-            delta[last[r] + 1] -= sizes_of[r]
-    out, run = [], 0
-    for p in range(len(steps)):
-        run += delta[p]
-        out.append(run)
-    return out
+    n, S = len(data_root), len(steps)
+    roots = np.asarray(data_root, np.int64)
+    # a root's first writer and last forward reader, over arrays (a chain has T steps)
+    first, last = np.full(n, S, np.int64), np.full(n, -1, np.int64)
+    for ends, side, reduce in ((first, "tops", np.minimum), (last, "bottoms", np.maximum)):
+        counts = [len(getattr(step, side)) for step in steps]
+        blobs = np.fromiter(itertools.chain.from_iterable(getattr(step, side) for step in steps),
+                            np.int64, sum(counts))
+        reduce.at(ends, roots[blobs], np.repeat(np.arange(S, dtype=np.int64), counts))
+    crossing = (first < S) & (last > first)
+    crossing[np.fromiter(private, np.int64, len(private))] = False
+    at = np.flatnonzero(crossing)
+    size = np.asarray(sizes_of, np.int64)[at]
+    delta = np.zeros(S + 2, np.int64)
+    np.add.at(delta, first[at] + 1, size)
+    np.add.at(delta, last[at] + 1, -size)
+    return np.cumsum(delta[:S]).tolist()
 
 
 def _relived_roots(steps, layers, data_root, private, kept, chunks) -> bytes:
