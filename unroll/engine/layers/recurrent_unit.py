@@ -12,7 +12,6 @@ and reading them back, and keeps no per-step memory.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cached_property
 from typing import NamedTuple
 
 from unroll.engine.kernels import default_engine, fused_kernels
@@ -51,8 +50,9 @@ class RecurrentUnit(Layer):
         except ValueError as e:
             raise self.error(str(e)) from None
         self.working = {}
+        self.found_kernels = None
 
-    @cached_property
+    @property
     def kernels(self) -> Kernels:
         """The unit's fused forward and backward for its device, looked up on its first run:
         numba's import takes a third of a second, which a net built only to be planned
@@ -66,12 +66,15 @@ class RecurrentUnit(Layer):
         >>> lstm.kernels.forward.__name__, lstm.kernels.backward.__name__
         ('lstm_unit_forward', 'lstm_unit_backward')
         """
-        module = fused_kernels(self.xp)
-        if module is None:
-            self.engine = "reference"
-            return Kernels(self.reference_forward, self.reference_backward)
-        return Kernels(getattr(module, f"{self.kernel}_forward"),
-                       getattr(module, f"{self.kernel}_backward"))
+        if self.found_kernels is None:  # stored by name, so the class keys stay shared
+            module = fused_kernels(self.xp)
+            if module is None:
+                self.engine = "reference"
+                self.found_kernels = Kernels(self.reference_forward, self.reference_backward)
+            else:
+                self.found_kernels = Kernels(getattr(module, f"{self.kernel}_forward"),
+                                             getattr(module, f"{self.kernel}_backward"))
+        return self.found_kernels
 
     def reshape(self, bottoms, tops):
         state, *projections, cont = bottoms
