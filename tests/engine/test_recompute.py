@@ -473,6 +473,39 @@ def test_a_budget_one_level_cannot_reach_is_planned_by_bptt_hsm():
     assert segments + sum(a >= 0 for a in rc.order) == bptt_hsm(segments, rc.slots)
 
 
+def test_a_budget_lays_out_few_bptt_hsm_slot_counts(monkeypatch):
+    # a loss over the whole output leaves no one-level plan in a tight budget: of the slot
+    # counts, the most that fit, found laying out a few (docs/design.md, 6. Memory)
+    budget_module = importlib.import_module("unroll.engine.memory.budget")
+    laid: dict[int, int] = {}
+    of = budget_module.Plans.of
+
+    def counted(plans, cuts, order=(), slots=None):
+        plan = of(plans, cuts, order, slots)
+        if slots is not None:
+            assert slots not in laid or laid[slots] == plan.bytes
+            laid[slots] = plan.bytes
+        return plan
+
+    monkeypatch.setattr(budget_module.Plans, "of", counted)
+    T, N, H = 40 * GRADIENT_CHUNK, 4, 16
+    # the target first: under a budget the loss runs by chunks of time
+    text = f"""force_backward: true
+layer {{ name: "target" type: "Input" top: "target"
+        input_param {{ shape {{ dim: {T} dim: {N} dim: {H} }} }} }}
+""" + to_prototxt(expand("lstm", steps=T, batch=N, input_dim=H, hidden=H)) + """
+layer { name: "loss" type: "EuclideanLoss" bottom: "h" bottom: "target" top: "loss" }
+"""
+    budget = Net(text).inspect().recompute["planned_bytes"] * 2 // 25
+    laid.clear()
+    net = Net(text, memory_budget=budget)
+    slots = net.memory.liveness.recompute.slots
+    assert net.inspect().recompute["policy"].startswith("BPTT-HSM")
+    # the most slots that fit: the next count laid out, and over the budget
+    assert laid[slots] <= budget < laid[slots + 1]
+    assert len(laid) <= 4
+
+
 def test_on_a_gpu_recomputation_adds_launches_and_no_sync():
     from unroll.engine import trace
 

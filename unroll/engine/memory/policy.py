@@ -221,18 +221,26 @@ def hsm_within(chain: Chain, plans: Plans, budget: int | None) -> Plan | None:
     def fit(m):
         return plans.of(units, hsm_order(n, m), m)
 
-    def fits(m) -> bool:  # laid out only where its bound may fit
-        order = hsm_order(n, m)
-        return plans.least(units, order, m) <= budget and fit(m).bytes <= budget
-
     if budget is None:
         return fit(fewest)
-    if not fits(fewest):
+    # every slot count has the same bound: laid out only where it may fit
+    if plans.least(units, hsm_order(n, fewest), fewest) > budget or fit(fewest).bytes > budget:
         return None
-    lo, hi = fewest, n + 1  # the planned bytes grow with the slots: the most that fit
+    # the planned bytes grow with the slots, nearly in a line: the most that fit, between
+    # the slot counts laid out (``lo`` fits, ``hi`` does not), at the count where their
+    # line meets the budget; halving where ``hi`` is not laid out, or where one side moved
+    # twice running (as the Illinois method keeps regula falsi from creeping)
+    laid = {fewest: fit(fewest).bytes}
+    lo, hi, moved = fewest, n + 1, []
     while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        if hi not in laid or moved[-2:] in ([True, True], [False, False]):
+            guess = (lo + hi) // 2
+        else:
+            slot = (laid[hi] - laid[lo]) / (hi - lo)
+            guess = min(max(lo + int((budget - laid[lo]) // slot), lo + 1), hi - 1)
+        laid[guess] = fit(guess).bytes
+        moved.append(laid[guess] <= budget)
+        lo, hi = (guess, hi) if moved[-1] else (lo, guess)
     return fit(lo)
 
 
