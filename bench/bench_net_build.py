@@ -9,8 +9,8 @@ process, the parts nested in another counted in both: the layers' set-up
 :func:`~unroll.graph.rules.backward_needs`, :func:`~unroll.graph.rules.filter_layers`), the
 memory plan (:meth:`unroll.engine.executor.NetMemory.plan`, the budget's search,
 :func:`unroll.engine.memory.within_budget`, and the livenesses and schedules they make),
-and the unroller (``expand``) before it, apart. ``--charlm``: the CPU seconds of
-``unroll memory --budget`` (half the full plan) for the character LM, as bench_recompute's.
+and the unroller (``expand``) before it, apart. (The character LM's ``unroll memory
+--budget`` is timed by ``python -m bench.bench_recompute --charlm``.)
 
     python -m bench.bench_net_build --steps 20000 --budget 0.02
 """

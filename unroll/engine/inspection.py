@@ -15,6 +15,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass
 
+#: the tables print bytes in KiB
+KIB = 1024.0
+
 
 @dataclass
 class ParamInfo:
@@ -65,7 +68,6 @@ class Inspection:
         }
 
     def __str__(self) -> str:
-        kib = 1024.0
         lines = [f"net '{self.net}': {len(self.params)} learnable params, "
                  f"{sum(p.count for p in self.params):,} values"]
         lines.append(f"  {'param':<20} {'owner':<24} {'held by':>7}  {'shape':<14} "
@@ -73,7 +75,7 @@ class Inspection:
         for p in self.params:
             frozen = "  frozen" if p.frozen else ""
             lines.append(f"  {p.name:<20} {p.owner:<24} {p.holders:>7}  {str(p.shape):<14} "
-                         f"{p.lr_mult:>5g} {p.decay_mult:>5g}  {p.bytes / kib:>9.1f}{frozen}")
+                         f"{p.lr_mult:>5g} {p.decay_mult:>5g}  {p.bytes / KIB:>9.1f}{frozen}")
         lines.append(f"in place: {len(self.in_place)} layer(s)"
                      + (": " + ", ".join(f"{layer} ({blob})" for layer, blob in self.in_place[:8])
                         + (", ..." if len(self.in_place) > 8 else "") if self.in_place else ""))
@@ -90,9 +92,9 @@ class Inspection:
         if recomputed is not None:
             lines.append(recomputed)
         m = self.memory
-        lines.append(f"memory: params {m.params / kib:.1f} KiB; activations, diffs and scratch "
-                     f"{m.unplanned / kib:.1f} KiB unplanned, {m.planned / kib:.1f} KiB planned "
-                     f"(kept {m.kept / kib:.1f} + workspace {m.workspace / kib:.1f})")
+        lines.append(f"memory: params {m.params / KIB:.1f} KiB; activations, diffs and scratch "
+                     f"{m.unplanned / KIB:.1f} KiB unplanned, {m.planned / KIB:.1f} KiB planned "
+                     f"(kept {m.kept / KIB:.1f} + workspace {m.workspace / KIB:.1f})")
         return "\n".join(lines)
 
 
@@ -134,13 +136,12 @@ def recompute_line(rc: dict | None) -> str | None:
     """
     if rc is None or (rc["budget"] is None and not rc["recomputed_steps"]):
         return None
-    kib = 1024.0
     shown = ", ".join(rc["checkpoints"][:6]) + (", ..." if len(rc["checkpoints"]) > 6 else "")
-    budget = f" of a budget of {rc['budget'] / kib:.1f} KiB" if rc["budget"] else ""
+    budget = f" of a budget of {rc['budget'] / KIB:.1f} KiB" if rc["budget"] else ""
     return (f"recomputed in backward: {rc['recomputed_steps']} steps (forward x "
             f"{rc['factor']:.2f}), {rc['policy']}, {len(rc['checkpoints']) + 1} segments"
             + (f" starting at {shown}" if shown else "")
-            + f"; planned {rc['planned_bytes'] / kib:.1f} KiB{budget}")
+            + f"; planned {rc['planned_bytes'] / KIB:.1f} KiB{budget}")
 
 
 def recomputation(net) -> dict | None:
