@@ -36,13 +36,9 @@ def _train(args) -> int:
     from examples.deprel.train import DeprelTraining, TrainOptions, train
     from unroll.tools.ewt import fetched_data_dir
 
-    result = train(TrainOptions(
-        data=fetched_data_dir(args.data, args.quiet), model_dir=args.model_dir,
-        epochs=args.epochs, max_minutes=args.max_minutes, lr=args.lr, seed=args.seed,
-        limit=args.limit, resume=args.resume, overwrite=args.overwrite,
-        skip_bad_batches=args.skip_bad_batches, device=args.device, quiet=args.quiet,
-        sizes={k: getattr(args, k) for k in SIZE_OPTIONS if getattr(args, k) is not None},
-    ))
+    result = train(TrainOptions.from_args(
+        args, data=fetched_data_dir(args.data, args.quiet),
+        sizes={k: getattr(args, k) for k in SIZE_OPTIONS if getattr(args, k) is not None}))
     app_cli.report_training(args, result, DeprelTraining.metric)
     return 0
 

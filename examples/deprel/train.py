@@ -11,7 +11,7 @@ before the Trainer.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,8 @@ from examples.pos_tagging.features import Featurizer, word_dropout
 from unroll.core.errors import FileFormatError
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
 from unroll.train import model_folder as folder
-from unroll.train.trainer import Metric, Trainer
+from unroll.train.run_options import RunOptions
+from unroll.train.trainer import Metric
 
 __all__ = ["DeprelTraining", "TrainOptions", "accuracy", "majority_accuracy", "read_trees",
            "train"]
@@ -33,28 +34,14 @@ LR = 2e-3
 
 
 @dataclass
-class TrainOptions:
-    """What to train on, where, and how (the Trainer's options, then the labeller's).
+class TrainOptions(RunOptions):
+    """What to train on, where, and how (:class:`~unroll.train.run_options.RunOptions`;
+    ``lr`` None: :data:`LR`).
 
     ``sizes`` are :class:`~examples.deprel.labeller.DeprelConfig` fields to set (``model``,
     ``hidden``): a fresh run's config is ``DeprelConfig(**sizes)`` with the training
-    data's labels; a resumed run keeps the folder's, and a size given here that differs
-    from it is an error naming both.
+    data's labels.
     """
-
-    data: Path
-    model_dir: Path
-    epochs: int = 20
-    max_minutes: float | None = None
-    lr: float | None = None  # None: LR, or on --resume the folder's
-    seed: int | None = None  # None: 0, or on --resume the folder's
-    limit: int | None = None  # None: every sentence
-    resume: bool = False
-    overwrite: bool = False
-    skip_bad_batches: int = 0
-    device: str = "cpu"
-    quiet: bool = False
-    sizes: dict = field(default_factory=dict)
 
 
 def accuracy(gold, predicted) -> float:
@@ -170,7 +157,4 @@ class DeprelTraining:
 def train(opts: TrainOptions) -> dict:
     """Train (or resume) and return the log of the last epoch (see
     :meth:`unroll.train.trainer.Trainer.fit`)."""
-    return Trainer(DeprelTraining(opts), opts.model_dir, epochs=opts.epochs, seed=opts.seed,
-                   resume=opts.resume, overwrite=opts.overwrite, max_minutes=opts.max_minutes,
-                   skip_bad_batches=opts.skip_bad_batches, quiet=opts.quiet,
-                   device=opts.device, average=None, given={"--lr": opts.lr}).fit()
+    return opts.trainer(DeprelTraining(opts), average=None).fit()

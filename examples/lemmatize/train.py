@@ -13,7 +13,7 @@ scores. The params themselves are evaluated and saved (no average), and
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,8 @@ from unroll.core import json_files
 from unroll.core.errors import FileFormatError
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE
 from unroll.train import model_folder as folder
-from unroll.train.trainer import Metric, Trainer
+from unroll.train.run_options import RunOptions
+from unroll.train.trainer import Metric
 
 __all__ = ["LemmatizerTraining", "TrainOptions", "WordBatches", "dictionary_baseline",
            "read_words", "scores", "train", "words_of"]
@@ -41,26 +42,15 @@ LR = 3e-3
 
 
 @dataclass
-class TrainOptions:
-    """What to train on, where, and how (the Trainer's options, then the lemmatizer's).
+class TrainOptions(RunOptions):
+    """What to train on, where, and how (:class:`~unroll.train.run_options.RunOptions`;
+    ``lr`` None: :data:`LR`; the lemmatizer runs on the CPU only).
 
     ``sizes`` are :class:`LemmatizerConfig` fields to set: a fresh run's config is
-    ``LemmatizerConfig(**sizes)``; a resumed run keeps the folder's, and a size given
-    here that differs from it is an error naming both (so is ``seed``).
+    ``LemmatizerConfig(**sizes)``.
     """
 
-    data: Path
-    model_dir: Path
     epochs: int = 40
-    max_minutes: float | None = None  # None: no time limit
-    seed: int | None = None  # None: 0, or on --resume the folder's
-    limit: int | None = None  # None: every sentence
-    resume: bool = False
-    overwrite: bool = False
-    skip_bad_batches: int = 0
-    quiet: bool = False
-    lr: float | None = None  # None: LR, or on --resume the folder's
-    sizes: dict = field(default_factory=dict)
 
 
 def words_of(sentences) -> list[tuple[str, str, str]]:
@@ -201,7 +191,4 @@ class LemmatizerTraining:
 def train(opts: TrainOptions) -> dict:
     """Train (or resume) and return the log of the last epoch (see
     :meth:`unroll.train.trainer.Trainer.fit`)."""
-    return Trainer(LemmatizerTraining(opts), opts.model_dir, epochs=opts.epochs,
-                   seed=opts.seed, resume=opts.resume, overwrite=opts.overwrite,
-                   max_minutes=opts.max_minutes, skip_bad_batches=opts.skip_bad_batches,
-                   quiet=opts.quiet, average=None, given={"--lr": opts.lr}).fit()
+    return opts.trainer(LemmatizerTraining(opts), average=None).fit()

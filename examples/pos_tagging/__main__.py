@@ -51,14 +51,9 @@ def _train(args) -> int:
     from examples.pos_tagging.train import TaggerTraining, TrainOptions, train
     from unroll.tools.ewt import fetched_data_dir
 
-    data = fetched_data_dir(args.data, args.quiet)
-    result = train(TrainOptions(
-        data=data, model_dir=args.model_dir, epochs=args.epochs,
-        max_minutes=args.max_minutes, lr=args.lr, lr_gamma=args.lr_decay, seed=args.seed,
-        limit=args.limit, resume=args.resume, overwrite=args.overwrite,
-        skip_bad_batches=args.skip_bad_batches, device=args.device, quiet=args.quiet,
-        sizes=_sizes(args), pack=args.pack, memory_budget=args.memory_budget,
-    ))
+    result = train(TrainOptions.from_args(
+        args, data=fetched_data_dir(args.data, args.quiet), lr_gamma=args.lr_decay,
+        sizes=_sizes(args)))
     app_cli.report_training(args, result, TaggerTraining.metric)
     return 0
 

@@ -11,7 +11,7 @@ files; ``best.caffemodel`` and ``last.caffemodel`` hold averaged params.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from examples.pos_tagging.evaluate import score
@@ -30,8 +30,9 @@ from unroll.core.atomic import write_atomic
 from unroll.core.errors import FileFormatError
 from unroll.tools.ewt import DEV_FILE, TRAIN_FILE, read_split
 from unroll.train import model_folder as folder
+from unroll.train.run_options import RunOptions
 from unroll.train.solver import Solver
-from unroll.train.trainer import Metric, Trainer, make_solver
+from unroll.train.trainer import Metric, make_solver
 
 __all__ = ["BUCKETED_LR", "DEV_FILE", "LR_GAMMA", "PACKED_LR", "TRAIN_FILE", "TaggerTraining",
            "TrainOptions", "train", "training_solver"]
@@ -44,32 +45,20 @@ LR_GAMMA = 0.85
 
 
 @dataclass
-class TrainOptions:
-    """What to train on, where, and how (the Trainer's options, then the tagger's).
+class TrainOptions(RunOptions):
+    """What to train on, where, and how (:class:`~unroll.train.run_options.RunOptions`;
+    ``lr`` None: :data:`PACKED_LR`, or :data:`BUCKETED_LR` with ``pack=False``), then the
+    tagger's own.
 
     ``sizes`` are :class:`TaggerConfig` fields to set: a fresh run's config is
-    ``TaggerConfig(**sizes)``; a resumed run keeps the folder's config, and a
-    size given here that differs from it is an error naming both. The same
-    holds for ``seed``, which a resumed run takes from the folder's log.
+    ``TaggerConfig(**sizes)``.
     """
 
-    data: Path
-    model_dir: Path
     epochs: int = 14
-    max_minutes: float | None = None  # None: no time limit; else stop before the next epoch
-    lr: float | None = None  # None: PACKED_LR, or BUCKETED_LR with pack=False
     lr_gamma: float | None = None  # None: LR_GAMMA, or on --resume the folder's
     clip: float = 5.0
-    seed: int | None = None  # None: 0, or on --resume the folder's
-    limit: int | None = None  # None: every sentence
-    resume: bool = False
-    overwrite: bool = False
-    skip_bad_batches: int = 0
-    device: str = "cpu"
-    quiet: bool = False
     pack: bool = True  # rows of whole sentences back to back (packing.py); --no-pack
     memory_budget: int | None = None  # bytes a training net may plan (Net's memory_budget)
-    sizes: dict = field(default_factory=dict)
 
     @property
     def learning_rate(self) -> float:
@@ -176,7 +165,4 @@ class TaggerTraining:
 def train(opts: TrainOptions) -> dict:
     """Train (or resume) and return the log of the last epoch (see
     :meth:`unroll.train.trainer.Trainer.fit`)."""
-    return Trainer(TaggerTraining(opts), opts.model_dir, epochs=opts.epochs, seed=opts.seed,
-                   resume=opts.resume, overwrite=opts.overwrite, max_minutes=opts.max_minutes,
-                   skip_bad_batches=opts.skip_bad_batches, quiet=opts.quiet,
-                   device=opts.device, given={"--lr": opts.lr, "--lr-decay": opts.lr_gamma}).fit()
+    return opts.trainer(TaggerTraining(opts), given={"--lr-decay": opts.lr_gamma}).fit()

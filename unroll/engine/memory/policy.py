@@ -183,6 +183,7 @@ class Checkpoints(Policy):
     Keeping every second chunk of a chain of four (128 steps):
 
     >>> from unroll import Net, expand, to_prototxt
+    >>> from unroll.engine.memory import Checkpoints
     >>> text = "force_backward: true\\n" + to_prototxt(expand(
     ...     "rnn", steps=128, batch=1, input_dim=2, hidden=2))
     >>> net = Net(text, recompute=Checkpoints(lambda k, n: k % 2 == 0))
