@@ -131,8 +131,7 @@ def unroll_side(args) -> dict:
     if options is None:
         options = {"memory_budget": int(args.full_bytes * float(args.config))}
 
-    def make(T, options, net_param=None):
-        net = Net(net_param or lstm_net(T, N, H, per_step=args.loss == "per-step"), **options)
+    def fed(net, T):
         x, y = data(T, N, H)
         cont = np.ones((T, N), np.float32)
         cont[0] = 0
@@ -146,24 +145,24 @@ def unroll_side(args) -> dict:
         for name, value in feed.items():  # the inputs and their diffs: there before a step
             net.blobs[name].data[...] = value
             net.blobs[name].diff[...] = 0
-        return net, step
+        return step
 
-    make(WARM_UP, {"recompute": "sqrt"})[1]()  # compiled kernels, imports: not the plan's
+    # compiled kernels, imports: not the plan's
+    fed(Net(lstm_net(WARM_UP, N, H, per_step=args.loss == "per-step"), recompute="sqrt"),
+        WARM_UP)()
     laid_out = count_attempts()
     start_cpu = time.process_time()  # the unroller, timed apart from the net's planning
     net_param = lstm_net(args.T, N, H, per_step=args.loss == "per-step")
     expand_cpu = time.process_time() - start_cpu
     start, start_cpu = time.perf_counter(), time.process_time()
     try:
-        if args.plan_only:  # the net is built and planned; its inputs are never filled
-            net = Net(net_param, **options)
-        else:
-            net, step = make(args.T, options, net_param)
+        net = Net(net_param, **options)
     except MemoryBudgetError as e:
         return {"refused": e.smallest}
     # CPU seconds beside wall seconds: on a shared machine the wall clock waits for others
     planning, planning_cpu = time.perf_counter() - start, time.process_time() - start_cpu
-    seconds, rss = timed_steps(step, args.iters) if not args.plan_only else (1.0, 1)
+    # --plan-only: the net is built and planned; its inputs are never filled
+    seconds, rss = (1.0, 1) if args.plan_only else timed_steps(fed(net, args.T), args.iters)
     plan, rc = net.inspect().recompute, net.memory.liveness.recompute
     return {"seconds": seconds, "rss": rss, "planned": plan["planned_bytes"],
             "workspace": net.workspace.nbytes, "recomputed": plan["recomputed_steps"],
