@@ -92,6 +92,12 @@ class Plans:
         self._bounded.setdefault((cuts, order), (cuts, order, slots))
         return self.costs.least_bytes(cuts, one_level=not order)
 
+    def checkpoint_bytes(self, cuts) -> float:
+        """About the bytes a checkpoint at each of ``cuts`` holds
+        (:meth:`~unroll.engine.memory.costs.PlanCosts.checkpoint_bytes`): what a slot of
+        BPTT-HSM over those segments adds to a plan's bytes."""
+        return self.costs.checkpoint_bytes(self._checked(cuts))
+
     def _checked(self, cuts) -> tuple:
         cuts = tuple(cuts)
         bad = [p for p in cuts if p not in self._allowed]

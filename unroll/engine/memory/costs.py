@@ -93,21 +93,12 @@ class PlanCosts:
         segment = np.searchsorted(bounds, self.read_step, side="right") - 1
         read = block[self.read_root]
         # per whole: the first segment from which on it is held for an earlier segment
-        held = np.full(len(block) + 1, n, np.int64)  # the last entry: the uncounted
+        held = self._held(bounds, ran, block) if one_level else np.full(len(block) + 1, n)
+        before = 0
         if one_level:
-            # the values an earlier segment's backward or run reads from before its start
-            # (later segments start later: from the first such segment on)
-            early = self.last_write[self.read_root] < bounds[segment]
-            np.minimum.at(held, read[early], segment[early])
-            at = np.searchsorted(bounds, self.bottom_step, side="right") - 1
-            early = ran[self.bottom_step] & (self.last_write[self.bottom_root] < bounds[at])
-            np.minimum.at(held, block[self.bottom_root[early]], at[early])
-            held[-1] = n
             wholes = np.flatnonzero(held[:-1] < n)
             before = np.zeros(n, np.int64)  # per segment: the earlier segments' values
             before[1:] = np.cumsum(np.bincount(held[wholes], self.root_bytes[wholes], n))[:-1]
-        else:
-            before = 0
         # a whole read in one segment counts once, and not where it is held already
         pairs = np.unique(read * n + segment)
         whole, segment = pairs // n, pairs % n
@@ -116,6 +107,31 @@ class PlanCosts:
         scratch = np.bincount(np.searchsorted(bounds, np.arange(len(self.scratch)),
                                               side="right") - 1, self.scratch, n)
         return self.kept + int((before + own + scratch).max())
+
+    def checkpoint_bytes(self, cuts) -> float:
+        """The bytes a checkpoint at each of ``cuts`` holds, on average: the wholes that the
+        runs of a one-level plan of those segments read from before their start, or their
+        backwards (as :meth:`least_bytes` counts them), by cut (0 without cuts)."""
+        bounds = np.asarray([0, *cuts], np.int64)
+        ran = self.runs_again(cuts)
+        held = self._held(bounds, ran, self._blocks(bounds, ran))[:-1]
+        return float(self.root_bytes[held < len(bounds)].sum()) / max(len(cuts), 1)
+
+    def _held(self, bounds, ran, block) -> np.ndarray:
+        """Per whole (``block``'s, then one for the uncounted), the first segment of a
+        one-level plan from which on it is held for an earlier one (``len(bounds)``:
+        never): what an earlier segment's backward or run (``ran``) reads from before its
+        start (later segments start later: from the first such segment on)."""
+        n = len(bounds)
+        held = np.full(len(block) + 1, n, np.int64)
+        segment = np.searchsorted(bounds, self.read_step, side="right") - 1
+        early = self.last_write[self.read_root] < bounds[segment]
+        np.minimum.at(held, block[self.read_root[early]], segment[early])
+        at = np.searchsorted(bounds, self.bottom_step, side="right") - 1
+        early = ran[self.bottom_step] & (self.last_write[self.bottom_root] < bounds[at])
+        np.minimum.at(held, block[self.bottom_root[early]], at[early])
+        held[-1] = n
+        return held
 
     def _blocks(self, bounds, ran) -> np.ndarray:
         """Per data root, the outermost whole whose memory holds it in the plan (itself
