@@ -514,7 +514,7 @@ def test_a_budget_lays_out_few_bptt_hsm_slot_counts(monkeypatch):
     assert one_level == []  # laying out every one weighed: 5 of them
     # the most slots that fit: the next count laid out, and over the budget
     assert laid[slots] <= budget < laid[slots + 1]
-    assert len(laid) <= 4
+    assert len(laid) <= 3  # the first where the bound rising by a checkpoint a slot fits
 
 
 def test_on_a_gpu_recomputation_adds_launches_and_no_sync():
