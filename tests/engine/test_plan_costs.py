@@ -12,6 +12,7 @@ from tests.engine.test_recompute import (
     GRADIENT_CHUNK,
     per_step_loss_net,
     recurrent_net,
+    whole_output_loss_net,
 )
 from unroll import testing
 from unroll.core.errors import MemoryBudgetError
@@ -44,6 +45,10 @@ NETS = st.one_of(
     st.builds(lambda cell, T: (per_step_loss_net(cell, T, 2, 3, 4), ()),
               st.sampled_from(["lstm", "gru"]),
               st.integers(2 * GRADIENT_CHUNK + 1, 3 * GRADIENT_CHUNK + 4)),
+    # pieces of the loss by chunk, and the parts run again inside their wholes
+    st.builds(lambda cell, T: (whole_output_loss_net(cell, T, 2, 3, 4), ()),
+              st.sampled_from(["lstm", "gru", "rnn"]),
+              st.integers(2 * GRADIENT_CHUNK + 1, 4 * GRADIENT_CHUNK + 4)),
     testing.random_nets(8, 16, max_layers=30))
 
 
@@ -57,6 +62,8 @@ def test_a_plans_counted_runs_are_its_walks_and_its_bound_is_below_its_bytes(net
                       if chain.allowed else ())
         plan = plans.of(cuts)
         assert plans.recomputed(cuts) == plan.recomputed
+        ran = {s for run in plan.liveness.recompute.runs if run is not None for s in run}
+        assert np.flatnonzero(plans.costs.runs_again(cuts)).tolist() == sorted(ran)
         assert plans.least(cuts) <= plan.bytes
     if len(chain.units) >= 2:  # BPTT-HSM's plans, in any number of slots
         n = len(chain.units) + 1
@@ -101,7 +108,8 @@ def test_a_budget_chooses_the_plan_of_laying_out_every_candidate(net, where, pol
     chain, plans = weighed(text, keep)
     fits = [plan for plan in map(plans.of, FewestRecomputed.candidates(chain))
             if plan.bytes <= limit]
-    if policy is None and fits and full["planned_bytes"] > limit:
+    # (the full plan of the net a budget plans: a loss over a whole output runs by chunks)
+    if policy is None and fits and plans.full.bytes > limit:
         want = min(fits, key=lambda plan: (plan.recomputed, plan.bytes))
         assert got[1][0][0] == want.liveness.recompute.cuts and got[1][0][2] is None
         assert (got[1][0][3], got[1][1]) == (want.recomputed, want.layout.total)

@@ -37,10 +37,10 @@ class Plans:
     and one layout. Without either, :meth:`recomputed` gives a plan's cost in forward steps
     (``runs_of``: :func:`~unroll.engine.memory.liveness.forward_runs` of the net, where
     the plan is not one level) and :meth:`least` a lower bound on its bytes, from the
-    net's :class:`~unroll.engine.memory.costs.PlanCosts` (``costs(kept=)``, made once, on
-    the first use). ``aliases(relived)`` gives what lives inside what where the runs may
-    write the roots ``relived`` again (:func:`~unroll.engine.memory.aliases.relived_aliases`
-    of the full plan's), found once, on the first plan made."""
+    net's :class:`~unroll.engine.memory.costs.PlanCosts` (``costs(kept=, aliases=)``, made
+    once, on the first use). ``aliases(relived)`` gives what lives inside what where the
+    runs may write the roots ``relived`` again (:func:`~unroll.engine.memory.aliases.
+    relived_aliases` of the full plan's), found once, on the first plan made or bounded."""
 
     def __init__(self, make, lay_out, runs_of, chain: Chain, again, bytes_of, base,
                  full_layout, policy, aliases, costs):
@@ -66,8 +66,16 @@ class Plans:
     def costs(self):
         """The net's :class:`~unroll.engine.memory.costs.PlanCosts`, made on the first use."""
         if self._costs is None:
-            self._costs = self._costs_of(kept=self._kept)
+            self._costs = self._costs_of(kept=self._kept, aliases=self.aliases)
         return self._costs
+
+    @property
+    def aliases(self):
+        """What lives inside what in every plan made (``aliases(relived)``), found on the
+        first use: it reads the roots and the kept blobs, the same in every liveness."""
+        if self._aliases is None:
+            self._aliases = self._aliases_of(self.full.liveness, again=self._again.relived)
+        return self._aliases
 
     def recomputed(self, cuts, order=(), slots=None) -> int:
         """The forward steps backward runs again in the plan :meth:`of` would make."""
@@ -83,6 +91,12 @@ class Plans:
         cuts, order = self._checked(cuts), tuple(order)
         self._bounded.setdefault((cuts, order), (cuts, order, slots))
         return self.costs.least_bytes(cuts, one_level=not order)
+
+    def checkpoint_bytes(self, cuts) -> float:
+        """About the bytes a checkpoint at each of ``cuts`` holds
+        (:meth:`~unroll.engine.memory.costs.PlanCosts.checkpoint_bytes`): what a slot of
+        BPTT-HSM over those segments adds to a plan's bytes."""
+        return self.costs.checkpoint_bytes(self._checked(cuts))
 
     def _checked(self, cuts) -> tuple:
         cuts = tuple(cuts)
@@ -109,9 +123,7 @@ class Plans:
         key = (cuts, order)
         if key not in self._made:
             liveness = self._make(self._recompute(cuts, order, slots))
-            if self._aliases is None:
-                self._aliases = self._aliases_of(liveness, again=self._again.relived)
-            layout = self._lay_out(liveness, aliases=self._aliases)
+            layout = self._lay_out(liveness, aliases=self.aliases)
             self._made[key] = Plan(self._bytes_of(liveness, layout),
                                    liveness.recompute.recomputed, liveness, layout)
         return self._made[key]

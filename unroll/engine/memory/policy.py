@@ -14,6 +14,7 @@ predicate, or a subclass of :class:`Policy`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -79,8 +80,9 @@ class Policy:
 
     A subclass defines :meth:`choose`. ``plans.of(cuts)`` plans segments starting at
     ``cuts`` (ascending, of ``chain.allowed``), each run forward again once right before
-    its backward; ``plans.recomputed(cuts)`` gives only its forward steps run again and
-    ``plans.least(cuts)`` a lower bound on its bytes, each at a fraction of the cost;
+    its backward; ``plans.recomputed(cuts)`` gives only its forward steps run again,
+    ``plans.least(cuts)`` a lower bound on its bytes and ``plans.checkpoint_bytes(cuts)``
+    about what a checkpoint at each cut holds, each at a fraction of the cost;
     ``plans.full`` is the plan without recomputation. Every plan
     gives the results of the full plan bit for bit: a policy decides memory and time only.
     """
@@ -225,23 +227,37 @@ def hsm_within(chain: Chain, plans: Plans, budget: int | None) -> Plan | None:
     if budget is None:
         return fit(fewest)
     # every slot count has the same bound: laid out only where it may fit
-    if plans.least(units, hsm_order(n, fewest), fewest) > budget or fit(fewest).bytes > budget:
+    least = plans.least(units, hsm_order(n, fewest), fewest)
+    if least > budget:
         return None
-    # the planned bytes grow with the slots, nearly in a line: the most that fit, between
-    # the slot counts laid out (``lo`` fits, ``hi`` does not), at the count where their
-    # line meets the budget; halving where ``hi`` is not laid out, or where one side moved
-    # twice running (as the Illinois method keeps regula falsi from creeping)
-    laid = {fewest: fit(fewest).bytes}
+    # the planned bytes grow with the slots, nearly in a line, a checkpoint a slot: the
+    # most that fit, between the slot counts laid out (``lo`` fits, ``hi`` does not; the
+    # fewest fits where any does), at the count where their line meets the budget. The
+    # first is where the bound rising by a checkpoint a slot meets it (the bound is low:
+    # over the count that fits, most often by a few slots), and from one count laid out
+    # the line rises by a checkpoint a slot; halving where one side moved twice running
+    # (as the Illinois method keeps regula falsi from creeping)
+    slot = max(plans.checkpoint_bytes(units), 1.0)
+    laid: dict[int, int] = {}
     lo, hi, moved = fewest, n + 1, []
     while hi - lo > 1:
-        if hi not in laid or moved[-2:] in ([True, True], [False, False]):
+        if moved[-2:] in ([True, True], [False, False]):
             guess = (lo + hi) // 2
-        else:
+        elif lo in laid and hi in laid:
             slot = (laid[hi] - laid[lo]) / (hi - lo)
-            guess = min(max(lo + int((budget - laid[lo]) // slot), lo + 1), hi - 1)
+            guess = lo + int((budget - laid[lo]) // slot)
+        elif hi in laid:
+            guess = hi - math.ceil((laid[hi] - budget) / slot)
+        elif lo in laid:
+            guess = lo + int((budget - laid[lo]) // slot)
+        else:
+            guess = fewest + int((budget - least) // slot)
+        guess = min(max(guess, lo + 1), hi - 1)
         laid[guess] = fit(guess).bytes
         moved.append(laid[guess] <= budget)
         lo, hi = (guess, hi) if moved[-1] else (lo, guess)
+    if lo not in laid and fit(lo).bytes > budget:
+        return None
     return fit(lo)
 
 
