@@ -39,6 +39,17 @@ class Lifetimes(Mapping):
             firsts, lasts = zip(*spans.values())
             self._first[roots], self._last[roots] = firsts, lasts
 
+    @classmethod
+    def of(cls, first: np.ndarray, last: np.ndarray) -> Lifetimes:
+        """The lifetimes of arrays of first and last times by root (-1: none).
+
+        >>> dict(Lifetimes.of(np.array([-1, 3]), np.array([-1, 5])))
+        {1: (3, 5)}
+        """
+        out = cls({}, 0)
+        out._first, out._last = first.astype(np.int32), last.astype(np.int32)
+        return out
+
     def moved(self, times: np.ndarray) -> Lifetimes:
         """These lifetimes with every time t moved to ``times[t]`` (``times[-1]`` is -1).
 
