@@ -170,7 +170,7 @@ def within_budget(base: Liveness, make, lay_out, steps, layers, bottom_need, sha
     runs_of = functools.partial(forward_runs, steps, layers, base.data_root, base.layer_need,
                                 bottom_need)
     again = recomputable(steps, layers, base.data_root, base.private, chunks, base.reads,
-                         step_roots(steps, layers, base.data_root, base.reads))
+                         step_roots(steps, layers, base.data_root, base.reads, base.layer_need))
     plans = Plans(functools.partial(make, base=base), lay_out, runs_of, chain, again,
                   lambda plan, layout_: planned_bytes(plan, layout_, shapes, itemsize, inputs),
                   base, full, policy,

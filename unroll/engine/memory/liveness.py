@@ -16,7 +16,7 @@ import numpy as np
 
 from unroll.engine.memory.lifetimes import Lifetimes, Liveness
 from unroll.engine.memory.segments import one_level_order
-from unroll.engine.memory.walk import data_walk, step_roots
+from unroll.engine.memory.walk import data_walk, saves_scratch, step_roots
 
 if TYPE_CHECKING:
     from unroll.engine.memory.segments import Recompute
@@ -99,7 +99,7 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     # one walk over the actions in time order, over arrays: the forward pass, the loss at
     # S, then backward's; a value run again gets a buffer per run that writes it
     walk = data_walk(recompute.roots if recompute is not None and recompute.roots else
-                     step_roots(steps, layers, data_root, reads),
+                     step_roots(steps, layers, data_root, reads, layer_need),
                      n_blobs, bounds, order, runs, again, layer_need)
     windows = [w for r in regions
                for w in ((r.start, r.stop - 1), (2 * S - r.stop + 1, 2 * S - r.start))]
@@ -125,7 +125,7 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
         S, data_root, diff_root, private,
         _planned(Lifetimes.of(walk.first, walk.last), kept, windows), diff_life, zero_before,
         list(layer_need), tuple(back), windows,
-        MappingProxyType({s: tuple(v) for s, v in walk.again_at.items()}),
+        MappingProxyType(walk.again_at),
         array("i", life_root.astype(np.intc).tobytes()),
         array("i", walk.life_action.astype(np.intc).tobytes()),
         np.searchsorted(life_root, np.arange(n_blobs + 1)) if len(life_root) else None,
@@ -196,25 +196,25 @@ def forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute: R
     # something reads before the next write runs, and so do the steps it reads from
     pending = bytearray(len(data_root))
     reads = recompute.reads or backward_reads(steps, layers, data_root, layer_need, bottom_need)
+    at = recompute.roots or step_roots(steps, layers, data_root, reads, layer_need)
+    tops, bottoms, view, saves = at.tops_of, at.bottoms_of, at.view, at.saves
+    read = np.frombuffer(pending, np.uint8)  # the same bytes: a segment's reads at once
     runs: list = [None] * len(order)
     for i in reversed(range(len(order))):
         a = order[i]
         if a < 0:
-            for s in range(bounds[~a], bounds[~a + 1]):
-                for r in reads[s]:
-                    pending[r] = 1
+            read[at.reads[at.read_start[bounds[~a]] : at.read_start[bounds[~a + 1]]]] = 1
             continue
         ran = []
+        last = final.get(a) == i
         for s in reversed(recompute.steps[a]):
-            step, layer = steps[s], layers[s]
-            if "data" in layer.memory.shares_bottom:
+            if view[s]:
                 continue  # a view writes nothing
-            if any(pending[data_root[b]] and again[data_root[b]] for b in step.tops) or (
-                    final.get(a) == i and saves_scratch(layer, layer_need[s])):
-                for b in step.tops:
-                    pending[data_root[b]] = 0
-                for b in step.bottoms:
-                    pending[data_root[b]] = 1
+            if any(pending[r] and again[r] for r in tops[s]) or (last and saves[s]):
+                for r in tops[s]:
+                    pending[r] = 0
+                for r in bottoms[s]:
+                    pending[r] = 1
                 ran.append(s)
         runs[i] = array("i", reversed(ran))
     return dataclasses.replace(recompute, order=tuple(order), runs=tuple(runs))
@@ -235,8 +235,3 @@ def backward_reads(steps, layers, data_root, layer_need, bottom_need) -> tuple:
         out.append(tuple(reads))
     return tuple(out)
 
-
-def saves_scratch(layer, runs_backward) -> bool:
-    """Whether a layer keeps scratch from its forward to its backward."""
-    return bool(runs_backward and layer.scratch_specs
-                and any(lives == "both" for _, _, lives in layer.scratch_specs.values()))

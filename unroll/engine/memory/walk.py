@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["DataWalk", "StepRoots", "data_walk", "step_roots"]
+__all__ = ["DataWalk", "StepRoots", "data_walk", "saves_scratch", "step_roots"]
 
 
 @dataclass(frozen=True, eq=False)  # compared and hashed by identity: it holds arrays
@@ -19,7 +19,11 @@ class StepRoots:
     """Per step, the data roots a walk touches, as compressed rows: ``roots[start[s] :
     start[s + 1]]`` are its tops' roots (the first ``tops[s]``), then its bottoms';
     ``reads[read_start[s] : read_start[s + 1]]`` the roots its backward reads; ``scratch``
-    whether its layer keeps scratch."""
+    whether its layer keeps scratch. For the step by step walk of
+    :func:`~unroll.engine.memory.liveness.forward_runs`, the same as Python values:
+    ``tops_of[s]`` and ``bottoms_of[s]`` its tops' and bottoms' roots, ``view[s]``
+    whether it writes no data of its own, ``saves[s]`` whether it saves scratch for its
+    backward (:func:`saves_scratch`)."""
 
     start: np.ndarray
     roots: np.ndarray
@@ -27,9 +31,13 @@ class StepRoots:
     read_start: np.ndarray
     reads: np.ndarray
     scratch: np.ndarray
+    tops_of: tuple
+    bottoms_of: tuple
+    view: bytes
+    saves: bytes
 
 
-def step_roots(steps, layers, data_root, reads) -> StepRoots:
+def step_roots(steps, layers, data_root, reads, layer_need) -> StepRoots:
     """The :class:`StepRoots` of a net's run order (``reads``: per step, the data roots its
     backward reads, :func:`~unroll.engine.memory.liveness.backward_reads`)."""
     root = np.asarray(data_root, np.int64)
@@ -40,7 +48,17 @@ def step_roots(steps, layers, data_root, reads) -> StepRoots:
                      np.array([len(step.tops) for step in steps], np.int64),
                      _starts(read_counts),
                      np.array([r for rs in reads for r in rs], np.int64),
-                     np.array([bool(layer.scratch_specs) for layer in layers], bool))
+                     np.array([bool(layer.scratch_specs) for layer in layers], bool),
+                     tuple(tuple(data_root[b] for b in step.tops) for step in steps),
+                     tuple(tuple(data_root[b] for b in step.bottoms) for step in steps),
+                     bytes("data" in layer.memory.shares_bottom for layer in layers),
+                     bytes(saves_scratch(layer, need) for layer, need in zip(layers, layer_need)))
+
+
+def saves_scratch(layer, runs_backward) -> bool:
+    """Whether a layer keeps scratch from its forward to its backward."""
+    return bool(runs_backward and layer.scratch_specs
+                and any(lives == "both" for _, _, lives in layer.scratch_specs.values()))
 
 
 def _starts(counts) -> np.ndarray:
@@ -63,8 +81,8 @@ class DataWalk(NamedTuple):
     """What :func:`data_walk` finds: per data buffer (the roots, then one per root's run
     again, by root and time) its ``first`` and ``last`` time (-1: never touched);
     ``life_root`` and ``life_action`` the root and writing action of each buffer after the
-    roots; ``back`` each step's backward time; ``again_at`` the times each step keeping
-    scratch runs in backward's forward runs, the steps in the order first run."""
+    roots; ``back`` each step's backward time; ``again_at`` the times (a tuple) each step
+    keeping scratch runs in backward's forward runs, the steps in the order first run."""
 
     first: np.ndarray
     last: np.ndarray
@@ -130,8 +148,17 @@ def data_walk(at: StepRoots, n_blobs: int, bounds, order, runs, again, layer_nee
     first[n_blobs:], last[n_blobs:] = life_time, life_time
     np.maximum.at(last, n_blobs + j[~own], when[~own])
     first[last < 0] = -1
-    scratch = at.scratch[steps] & (actions >= 0)
-    again_at: dict[int, list[int]] = {}
-    for s, time in zip(steps[scratch].tolist(), times[scratch].tolist()):
-        again_at.setdefault(s, []).append(time)
-    return DataWalk(first, last, life_root, life_action, back, again_at)
+    kept = at.scratch[steps] & (actions >= 0)  # scratch of a run in backward
+    return DataWalk(first, last, life_root, life_action, back,
+                    _again_at(steps[kept], times[kept]))
+
+
+def _again_at(steps: np.ndarray, times: np.ndarray) -> dict[int, tuple]:
+    """Step -> its ``times`` (ascending, as given), the steps in the order first given."""
+    by_step = np.argsort(steps, kind="stable")
+    steps, times = steps[by_step], times[by_step].tolist()
+    starts = np.flatnonzero(np.diff(steps, prepend=-1))
+    ends = np.append(starts[1:], len(steps)).tolist()
+    first = np.argsort(by_step[starts], kind="stable").tolist()
+    ids, starts = steps[starts].tolist(), starts.tolist()
+    return {ids[k]: tuple(times[starts[k] : ends[k]]) for k in first}
