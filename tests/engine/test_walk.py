@@ -4,7 +4,6 @@ recomputation plans it finds what a walk action by action, touch by touch, finds
 from array import array
 from types import SimpleNamespace
 
-import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
