@@ -5,6 +5,7 @@ workspace, what lives inside what, and the :class:`LayerFlags` each layer is tol
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -101,7 +102,9 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
         whole[kind], within[kind] = np.full(n, -1, np.int32), np.zeros(n, np.int64)
         if host:
             roots = np.fromiter(host, np.int64, len(host))
-            whole[kind][roots], within[kind][roots] = zip(*host.values())
+            placed = np.fromiter(itertools.chain.from_iterable(host.values()), np.int64,
+                                 2 * len(host)).reshape(-1, 2)  # (whole, offset) a buffer
+            whole[kind][roots], within[kind][roots] = placed[:, 0], placed[:, 1]
     private = np.zeros(n, bool)
     private[list(plan.private)] = True
     nbytes = {"data": np.zeros(n, np.int64), "diff": np.zeros(n, np.int64)}

@@ -197,7 +197,9 @@ def forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute: R
     pending = bytearray(len(data_root))
     reads = recompute.reads or backward_reads(steps, layers, data_root, layer_need, bottom_need)
     at = recompute.roots or step_roots(steps, layers, data_root, reads, layer_need)
-    tops, bottoms, view, saves = at.tops_of, at.bottoms_of, at.view, at.saves
+    # lists, not arrays, for the step by step walk: a step's tops' roots, then its bottoms'
+    roots, start, ends = at.roots.tolist(), at.start.tolist(), (at.start[:-1] + at.tops).tolist()
+    view, saves = at.view, at.saves
     read = np.frombuffer(pending, np.uint8)  # the same bytes: a segment's reads at once
     runs: list = [None] * len(order)
     for i in reversed(range(len(order))):
@@ -210,10 +212,11 @@ def forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute: R
         for s in reversed(recompute.steps[a]):
             if view[s]:
                 continue  # a view writes nothing
-            if any(pending[r] and again[r] for r in tops[s]) or (last and saves[s]):
-                for r in tops[s]:
+            tops = roots[start[s] : ends[s]]
+            if any(pending[r] and again[r] for r in tops) or (last and saves[s]):
+                for r in tops:
                     pending[r] = 0
-                for r in bottoms[s]:
+                for r in roots[ends[s] : start[s + 1]]:
                     pending[r] = 1
                 ran.append(s)
         runs[i] = array("i", reversed(ran))

@@ -19,11 +19,8 @@ class StepRoots:
     """Per step, the data roots a walk touches, as compressed rows: ``roots[start[s] :
     start[s + 1]]`` are its tops' roots (the first ``tops[s]``), then its bottoms';
     ``reads[read_start[s] : read_start[s + 1]]`` the roots its backward reads; ``scratch``
-    whether its layer keeps scratch. For the step by step walk of
-    :func:`~unroll.engine.memory.liveness.forward_runs`, the same as Python values:
-    ``tops_of[s]`` and ``bottoms_of[s]`` its tops' and bottoms' roots, ``view[s]``
-    whether it writes no data of its own, ``saves[s]`` whether it saves scratch for its
-    backward (:func:`saves_scratch`)."""
+    whether its layer keeps scratch, ``view`` whether it writes no data of its own and
+    ``saves`` whether it saves scratch for its backward (:func:`saves_scratch`)."""
 
     start: np.ndarray
     roots: np.ndarray
@@ -31,8 +28,6 @@ class StepRoots:
     read_start: np.ndarray
     reads: np.ndarray
     scratch: np.ndarray
-    tops_of: tuple
-    bottoms_of: tuple
     view: bytes
     saves: bytes
 
@@ -49,8 +44,6 @@ def step_roots(steps, layers, data_root, reads, layer_need) -> StepRoots:
                      _starts(read_counts),
                      np.array([r for rs in reads for r in rs], np.int64),
                      np.array([bool(layer.scratch_specs) for layer in layers], bool),
-                     tuple(tuple(data_root[b] for b in step.tops) for step in steps),
-                     tuple(tuple(data_root[b] for b in step.bottoms) for step in steps),
                      bytes("data" in layer.memory.shares_bottom for layer in layers),
                      bytes(saves_scratch(layer, need) for layer, need in zip(layers, layer_need)))
 
