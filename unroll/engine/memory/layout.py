@@ -72,22 +72,16 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
     ``aliases`` are the net's (:func:`~unroll.engine.memory.aliases.aliases_of`, found
     once for every plan a budget weighs; None: found here).
     """
-    told = {s: {} for s, m in enumerate(layer.memory for layer in layers)
-            if m.parts_of_whole or m.passes_diff or m.batched_param_gradient}
+    told = [s for s, m in enumerate(layer.memory for layer in layers)
+            if m.parts_of_whole or m.passes_diff or m.batched_param_gradient]
     if aliases is None:
         again = plan.recompute.relived if plan.recompute is not None else b""
         aliases = aliases_of(steps, layers, plan, shapes, rewritten, bottom_need, again)
     data_host, diff_host, parts = aliases.resolved(plan)
-    for s, flags in parts.items():
-        told[s]["parts_in_whole"] = flags
-    for s, flags in aliases.passed.items():
-        told[s]["diff_aliased"] = flags
     n_blobs, n_buffers = len(shapes), plan.buffers
     groups, counts = plan_weight_gradients(steps, layers, plan, bottom_need, shapes, data_host,
                                            diff_host, rewritten, aliases.writes, n_buffers)
-    for group in groups:
-        for s in group.steps:
-            told[s]["param_diffs_batched"] = True
+    batched = {s for group in groups for s in group.steps}
     sizes = {key: n * itemsize for key, n in counts.items()}
     elems = np.array([math.prod(shape) for shape in shapes], np.int64)
     # with recomputation, a whole's data may die part by part before its diff is written
@@ -166,7 +160,8 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
             a.flags.writeable = False
     return Layout(MappingProxyType(offset), MappingProxyType(whole), MappingProxyType(within),
                   MappingProxyType(scratch), total, tuple(groups), MappingProxyType(sizes),
-                  tuple((s, LayerFlags(**flags)) for s, flags in told.items()))
+                  tuple((s, LayerFlags(parts.get(s), aliases.passed.get(s, ()), s in batched))
+                        for s in told))
 
 
 def _spans_of(life) -> tuple:
