@@ -13,7 +13,8 @@ workspace, :class:`unroll.engine.net.Net` hands each layer its flags through
 One module a job:
 
 - :mod:`~unroll.engine.memory.liveness` and :mod:`~unroll.engine.memory.lifetimes`:
-  every buffer's lifetime, from the graph alone;
+  every buffer's lifetime, from the graph alone; :mod:`~unroll.engine.memory.walk`: its
+  data touches over arrays, from what each step touches (found once per net);
 - :mod:`~unroll.engine.memory.aliases`: the parts of a Concat or Slice inside their
   whole, a diff passed through unchanged (Eltwise SUM) as its bottoms' diff too, resolved
   once per net and shapes into one immutable :class:`Aliases`;

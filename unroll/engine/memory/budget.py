@@ -24,6 +24,7 @@ from unroll.engine.memory.lifetimes import Liveness
 from unroll.engine.memory.liveness import forward_runs
 from unroll.engine.memory.policy import Chain, FewestRecomputed, Plan, Policy
 from unroll.engine.memory.segments import allowed_cuts, crossing_bytes, recomputable
+from unroll.engine.memory.walk import step_roots
 from unroll.engine.memory.weight_gradients import gradient_chunks
 
 __all__ = ["Plans", "within_budget"]
@@ -180,7 +181,8 @@ def within_budget(base: Liveness, make, lay_out, steps, layers, bottom_need, sha
     policy = FewestRecomputed() if policy is None else policy
     runs_of = functools.partial(forward_runs, steps, layers, base.data_root, base.layer_need,
                                 bottom_need)
-    again = recomputable(steps, layers, base.data_root, base.private, chunks, base.reads)
+    again = recomputable(steps, layers, base.data_root, base.private, chunks, base.reads,
+                         step_roots(steps, layers, base.data_root, base.reads, base.layer_need))
     plans = Plans(functools.partial(make, base=base), lay_out, runs_of, chain, again,
                   lambda plan, layout_: planned_bytes(plan, layout_, shapes, itemsize, inputs),
                   base, full, policy,

@@ -5,6 +5,7 @@ workspace, what lives inside what, and the :class:`LayerFlags` each layer is tol
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -71,22 +72,16 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
     ``aliases`` are the net's (:func:`~unroll.engine.memory.aliases.aliases_of`, found
     once for every plan a budget weighs; None: found here).
     """
-    told = {s: {} for s, m in enumerate(layer.memory for layer in layers)
-            if m.parts_of_whole or m.passes_diff or m.batched_param_gradient}
+    told = [s for s, m in enumerate(layer.memory for layer in layers)
+            if m.parts_of_whole or m.passes_diff or m.batched_param_gradient]
     if aliases is None:
         again = plan.recompute.relived if plan.recompute is not None else b""
         aliases = aliases_of(steps, layers, plan, shapes, rewritten, bottom_need, again)
     data_host, diff_host, parts = aliases.resolved(plan)
-    for s, flags in parts.items():
-        told[s]["parts_in_whole"] = flags
-    for s, flags in aliases.passed.items():
-        told[s]["diff_aliased"] = flags
     n_blobs, n_buffers = len(shapes), plan.buffers
     groups, counts = plan_weight_gradients(steps, layers, plan, bottom_need, shapes, data_host,
                                            diff_host, rewritten, aliases.writes, n_buffers)
-    for group in groups:
-        for s in group.steps:
-            told[s]["param_diffs_batched"] = True
+    batched = {s for group in groups for s in group.steps}
     sizes = {key: n * itemsize for key, n in counts.items()}
     elems = np.array([math.prod(shape) for shape in shapes], np.int64)
     # with recomputation, a whole's data may die part by part before its diff is written
@@ -101,7 +96,9 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
         whole[kind], within[kind] = np.full(n, -1, np.int32), np.zeros(n, np.int64)
         if host:
             roots = np.fromiter(host, np.int64, len(host))
-            whole[kind][roots], within[kind][roots] = zip(*host.values())
+            placed = np.fromiter(itertools.chain.from_iterable(host.values()), np.int64,
+                                 2 * len(host)).reshape(-1, 2)  # (whole, offset) a buffer
+            whole[kind][roots], within[kind][roots] = placed[:, 0], placed[:, 1]
     private = np.zeros(n, bool)
     private[list(plan.private)] = True
     nbytes = {"data": np.zeros(n, np.int64), "diff": np.zeros(n, np.int64)}
@@ -163,7 +160,8 @@ def layout(plan: Liveness, steps, layers, bottom_need, shapes, rewritten,
             a.flags.writeable = False
     return Layout(MappingProxyType(offset), MappingProxyType(whole), MappingProxyType(within),
                   MappingProxyType(scratch), total, tuple(groups), MappingProxyType(sizes),
-                  tuple((s, LayerFlags(**flags)) for s, flags in told.items()))
+                  tuple((s, LayerFlags(parts.get(s), aliases.passed.get(s, ()), s in batched))
+                        for s in told))
 
 
 def _spans_of(life) -> tuple:

@@ -10,7 +10,6 @@ with one, its actions' steps one after another).
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -38,6 +37,17 @@ class Lifetimes(Mapping):
             roots = np.fromiter(spans, np.int64, len(spans))
             firsts, lasts = zip(*spans.values())
             self._first[roots], self._last[roots] = firsts, lasts
+
+    @classmethod
+    def of(cls, first: np.ndarray, last: np.ndarray) -> Lifetimes:
+        """The lifetimes of arrays of first and last times by root (-1: none).
+
+        >>> dict(Lifetimes.of(np.array([-1, 3]), np.array([-1, 5])))
+        {1: (3, 5)}
+        """
+        out = cls({}, 0)
+        out._first, out._last = first.astype(np.int32), last.astype(np.int32)
+        return out
 
     def moved(self, times: np.ndarray) -> Lifetimes:
         """These lifetimes with every time t moved to ``times[t]`` (``times[-1]`` is -1).
@@ -127,12 +137,20 @@ class Liveness:
         n = len(self.data_root)
         return range(n + int(self.first_buffer[root]), n + int(self.first_buffer[root + 1]))
 
-    def buffer_at(self, root: int, time: int) -> int:
-        """The data buffer that holds ``root``'s value at ``time``."""
-        ids = self.data_buffers(root)
-        if len(ids) == 1:
-            return ids[0]
-        return bisect_right(self.data_life._first, time, ids.start + 1, ids.stop) - 1
+    def buffers_at(self, roots: np.ndarray, times: np.ndarray) -> np.ndarray:
+        """The data buffers that hold ``roots``' values at ``times`` (arrays, one entry a
+        root): a root's own, or of its buffers the one written last by then (its first
+        where none is yet)."""
+        if self.first_buffer is None:
+            return roots.copy()
+        n = len(self.data_root)
+        start, stop = self.first_buffer[roots], self.first_buffer[roots + 1]
+        # the buffers after the blobs, by root, then time: one sorted key a buffer
+        lives = np.asarray(self.root_of, np.int64)
+        born = self.data_life._first[n:].astype(np.int64)
+        span = int(max(born.max(initial=0), times.max(initial=0))) + 1
+        last = np.searchsorted(lives * span + born, roots * span + times, "right") - 1
+        return np.where(stop > start, n + np.maximum(last, start), roots)
 
     def root_of_buffer(self, buffer: int) -> int:
         """The root whose data ``buffer`` holds: the buffer itself, or for one numbered after

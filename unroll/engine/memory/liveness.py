@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from unroll.engine.memory.lifetimes import Lifetimes, Liveness
-from unroll.engine.memory.regions import widened
 from unroll.engine.memory.segments import one_level_order
+from unroll.engine.memory.walk import data_walk, saves_scratch, step_roots
 
 if TYPE_CHECKING:
     from unroll.engine.memory.segments import Recompute
@@ -80,10 +80,10 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
     no more).
     """
     if base is not None:  # the same steps: the same views
-        data_root, diff_root = base.data_root.tolist(), base.diff_root.tolist()
+        data_root, diff_root = base.data_root, base.diff_root
     else:
-        data_root = _roots(steps, layers, n_blobs, "data")
-        diff_root = _roots(steps, layers, n_blobs, "diff")
+        data_root = array("i", _roots(steps, layers, n_blobs, "data"))
+        diff_root = array("i", _roots(steps, layers, n_blobs, "diff"))
     private = {data_root[b] for b in private_blobs} | {diff_root[b] for b in private_blobs}
     S = len(steps)
     if recompute is None:  # backward in one segment, run forward again never
@@ -96,66 +96,16 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
         order, runs, again = recompute.order, recompute.runs, recompute.relived
     reads = (recompute.reads if recompute is not None and recompute.reads else
              backward_reads(steps, layers, data_root, layer_need, bottom_need))
-    # one walk over the actions in time order: the forward pass, the loss at S, then
-    # backward's; a value run again gets a buffer per run that writes it
-    data_life: dict[int, list[int]] = {}
-    lives: list[list[int]] = []  # [root, first, last, action]
-    current = [-1] * n_blobs  # root -> its life now
-    born = [-2] * n_blobs  # root -> the action whose run wrote its current life
-    again_at: dict[int, list[int]] = {}
-
-    def touch(roots, t) -> None:
-        # the buffers of ``roots`` used at time t; the walk runs in time order, so a use
-        # moves only a lifetime's end
-        for r in roots:
-            if current[r] >= 0:
-                lives[current[r]][2] = t
-            elif r in data_life:
-                data_life[r][1] = t
-            else:
-                data_life[r] = [t, t]
-
-    def run(run_steps, action: int, t: int) -> int:
-        # a forward run (action -1: the forward pass) from time t; the time after it
-        for s in run_steps:
-            step = steps[s]
-            for b in step.tops:
-                r = data_root[b]
-                if again[r] and born[r] != action:
-                    born[r], current[r] = action, len(lives)
-                    lives.append([r, t, t, action])
-            touch([data_root[b] for b in step.tops + step.bottoms], t)
-            if action >= 0 and layers[s].scratch_specs:
-                again_at.setdefault(s, []).append(t)
-            t += 1
-        return t
-
-    run(range(S), -1, 0)
-    back = [0] * S
-    t = S + 1
-    for i, a in enumerate(order):
-        if a >= 0:
-            t = run(runs[i], i, t)
-            continue
-        for s in reversed(range(bounds[~a], bounds[~a + 1])):
-            back[s] = t
-            if layer_need[s]:
-                touch(reads[s], t)
-            t += 1
-    # the buffers of roots run again, numbered after the blobs by root, then time: a
-    # root's buffers are consecutive
-    lives.sort(key=lambda life: (life[0], life[1]))
-    roots = np.fromiter((life[0] for life in lives), np.int64, len(lives))
-    data_life.update((n_blobs + j, life[1:3]) for j, life in enumerate(lives))
+    # one walk over the actions in time order, over arrays: the forward pass, the loss at
+    # S, then backward's; a value run again gets a buffer per run that writes it
+    walk = data_walk(recompute.roots if recompute is not None and recompute.roots else
+                     step_roots(steps, layers, data_root, reads, layer_need),
+                     n_blobs, bounds, order, runs, again, layer_need)
     windows = [w for r in regions
                for w in ((r.start, r.stop - 1), (2 * S - r.stop + 1, 2 * S - r.start))]
-
-    def spans(life) -> dict:  # the planned buffers', over every concurrent region they meet
-        if windows:
-            return {r: widened(v, windows) for r, v in life.items() if r not in private}
-        return {r: v for r, v in life.items() if r not in private}
-
-    backs = np.array(back, np.int32)
+    kept = np.fromiter(private, np.int64, len(private))
+    back = walk.back.tolist()
+    backs = walk.back.astype(np.int32)
     if base is not None and not windows and (np.diff(backs) < 0).all():
         # base's step s ran backward at 2S - s; the moved times keep their order, so every
         # first and last touch, and which backward reads a diff before one writes it, stay
@@ -164,19 +114,33 @@ def liveness(steps: list[Step], layers, n_blobs: int, private_blobs, layer_need,
         diff_life, zero_before = base.diff_life.moved(moved), base.zero_before
     else:
         diffs = _Diffs(diff_root)
-        for s in sorted(range(S), key=back.__getitem__):  # backward's steps in time order
+        for s in np.argsort(walk.back).tolist():  # backward's steps in time order
             if layer_need[s]:
                 diffs.backward(steps[s], layers[s], back[s], bottom_need[s])
         step_at = dict(zip(back, range(S)))
-        diff_life = Lifetimes(spans(diffs.life), n_blobs)
+        diff_life = _planned(Lifetimes(diffs.life, n_blobs), kept, windows)
         zero_before = diffs.zero_before(loss_blobs, private, S, step_at.__getitem__)
+    life_root = walk.life_root
     return Liveness(
-        S, array("i", data_root), array("i", diff_root), private,
-        Lifetimes(spans(data_life), n_blobs + len(lives)), diff_life, zero_before,
-        list(layer_need),
-        tuple(back), windows, MappingProxyType({s: tuple(v) for s, v in again_at.items()}),
-        array("i", roots.tolist()), array("i", (life[3] for life in lives)),
-        np.searchsorted(roots, np.arange(n_blobs + 1)) if lives else None, recompute, reads)
+        S, data_root, diff_root, private,
+        _planned(Lifetimes.of(walk.first, walk.last), kept, windows), diff_life, zero_before,
+        list(layer_need), tuple(back), windows,
+        MappingProxyType(walk.again_at),
+        array("i", life_root.astype(np.intc).tobytes()),
+        array("i", walk.life_action.astype(np.intc).tobytes()),
+        np.searchsorted(life_root, np.arange(n_blobs + 1)) if len(life_root) else None,
+        recompute, reads)
+
+
+def _planned(life: Lifetimes, private: np.ndarray, windows) -> Lifetimes:
+    """``life`` without the ``private`` roots (they keep memory of their own), each span
+    stretched over every window of a concurrent region it meets."""
+    first, last = life._first, life._last
+    first[private], last[private] = -1, -1
+    for a, b in windows:  # in order, as :func:`~unroll.engine.memory.regions.widened`
+        meets = (first >= 0) & (first <= b) & (last >= a)
+        first[meets], last[meets] = np.minimum(first[meets], a), np.maximum(last[meets], b)
+    return life
 
 
 class _Diffs:
@@ -232,25 +196,28 @@ def forward_runs(steps, layers, data_root, layer_need, bottom_need, recompute: R
     # something reads before the next write runs, and so do the steps it reads from
     pending = bytearray(len(data_root))
     reads = recompute.reads or backward_reads(steps, layers, data_root, layer_need, bottom_need)
+    at = recompute.roots or step_roots(steps, layers, data_root, reads, layer_need)
+    # lists, not arrays, for the step by step walk: a step's tops' roots, then its bottoms'
+    roots, start, ends = at.roots.tolist(), at.start.tolist(), (at.start[:-1] + at.tops).tolist()
+    view, saves = at.view, at.saves
+    read = np.frombuffer(pending, np.uint8)  # the same bytes: a segment's reads at once
     runs: list = [None] * len(order)
     for i in reversed(range(len(order))):
         a = order[i]
         if a < 0:
-            for s in range(bounds[~a], bounds[~a + 1]):
-                for r in reads[s]:
-                    pending[r] = 1
+            read[at.reads[at.read_start[bounds[~a]] : at.read_start[bounds[~a + 1]]]] = 1
             continue
         ran = []
+        last = final.get(a) == i
         for s in reversed(recompute.steps[a]):
-            step, layer = steps[s], layers[s]
-            if "data" in layer.memory.shares_bottom:
+            if view[s]:
                 continue  # a view writes nothing
-            if any(pending[data_root[b]] and again[data_root[b]] for b in step.tops) or (
-                    final.get(a) == i and saves_scratch(layer, layer_need[s])):
-                for b in step.tops:
-                    pending[data_root[b]] = 0
-                for b in step.bottoms:
-                    pending[data_root[b]] = 1
+            tops = roots[start[s] : ends[s]]
+            if any(pending[r] and again[r] for r in tops) or (last and saves[s]):
+                for r in tops:
+                    pending[r] = 0
+                for r in roots[ends[s] : start[s + 1]]:
+                    pending[r] = 1
                 ran.append(s)
         runs[i] = array("i", reversed(ran))
     return dataclasses.replace(recompute, order=tuple(order), runs=tuple(runs))
@@ -271,8 +238,3 @@ def backward_reads(steps, layers, data_root, layer_need, bottom_need) -> tuple:
         out.append(tuple(reads))
     return tuple(out)
 
-
-def saves_scratch(layer, runs_backward) -> bool:
-    """Whether a layer keeps scratch from its forward to its backward."""
-    return bool(runs_backward and layer.scratch_specs
-                and any(lives == "both" for _, _, lives in layer.scratch_specs.values()))

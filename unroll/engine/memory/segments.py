@@ -8,8 +8,12 @@ import itertools
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from unroll.engine.memory.walk import StepRoots
 
 __all__ = ["CUT_WINDOW", "Recomputable", "Recompute", "allowed_cuts", "crossing_bytes",
            "greedy_cuts", "one_level_order", "recomputable"]
@@ -45,6 +49,9 @@ class Recompute:
     #: per step, the data roots its backward reads (:func:`~unroll.engine.memory.liveness.
     #: backward_reads`; empty: found by the walk)
     reads: tuple = ()
+    #: what each step touches (:func:`~unroll.engine.memory.walk.step_roots`; None: found
+    #: by the walk)
+    roots: StepRoots | None = None
 
     @property
     def recomputed(self) -> int:
@@ -78,12 +85,14 @@ class Recomputable:
     steps that never run again; ``relived``: per data root, whether the runs may write it
     again; ``chunks``: the weight-gradient chunks
     (:func:`~unroll.engine.memory.weight_gradients.gradient_chunks`); ``reads``: per step,
-    the data roots its backward reads."""
+    the data roots its backward reads; ``roots``: what each step touches
+    (:func:`~unroll.engine.memory.walk.step_roots`)."""
 
     kept: frozenset
     relived: bytes
     chunks: tuple
     reads: tuple = ()
+    roots: StepRoots | None = None
 
     def plan(self, n_steps: int, cuts, order=(), slots=None) -> Recompute:
         """The :class:`Recompute` plan of segments starting at ``cuts`` of a run order of
@@ -93,19 +102,20 @@ class Recomputable:
         segments = tuple(tuple(s for s in range(a, b) if s not in self.kept)
                          for a, b in zip(bounds[:-1], bounds[1:]))
         return Recompute(tuple(cuts), segments, self.chunks, tuple(order), slots=slots,
-                         relived=self.relived, reads=self.reads)
+                         relived=self.relived, reads=self.reads, roots=self.roots)
 
 
-def recomputable(steps, layers, data_root, private, chunks=(), reads=()) -> Recomputable:
+def recomputable(steps, layers, data_root, private, chunks=(), reads=(), roots=None
+                 ) -> Recomputable:
     """What may run again in backward, from the layers' declarations (``recomputable``,
     ``draws_random``): ``private`` are the roots that keep memory of their own, ``chunks``
     the weight-gradient chunks, none of which a cut may split; ``reads`` per step the data
-    roots its backward reads, carried to every plan."""
+    roots its backward reads and ``roots`` what each step touches, carried to every plan."""
     chunks = tuple(map(tuple, chunks))
     kept = _kept_steps(steps, layers, data_root)
     return Recomputable(frozenset(kept),
                         _relived_roots(steps, layers, data_root, private, kept, chunks), chunks,
-                        tuple(reads))
+                        tuple(reads), roots)
 
 
 def _kept_steps(steps, layers, data_root) -> set[int]:

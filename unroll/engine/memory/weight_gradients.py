@@ -5,6 +5,7 @@ placed back to back (:func:`plan_weight_gradients`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -180,19 +181,26 @@ def plan_weight_gradients(steps: list[Step], layers, plan: Liveness, bottom_need
                 k += 1
         return True
 
+    # the buffer of every member's x rows at its group's GEMM, for all groups at once: a
+    # root run again has its buffers numbered after the blobs
+    x_of = [[plan.data_root[steps[s].bottoms[0]] for s in members] for members in groups]
+    sizes_of = [len(members) for members in groups]
+    at_gemm = plan.buffers_at(
+        np.fromiter(itertools.chain.from_iterable(x_of), np.int64, sum(sizes_of)),
+        np.repeat(np.array([at(members[0]) for members in groups], np.int64), sizes_of))
+    x_at_gemm = np.split(at_gemm, np.cumsum(sizes_of)[:-1])
     out, sizes = [], {}
-    for members in groups:
+    for members, x_roots, x_buffers in zip(groups, x_of, x_at_gemm):
         layer = layers[members[0]]
-        x_roots = [plan.data_root[steps[s].bottoms[0]] for s in members]
         gy_roots = [plan.diff_root[steps[s].tops[0]] for s in members]
         x_counts = [math.prod(shapes[steps[s].bottoms[0]]) for s in members]
         gy_counts = [math.prod(shapes[steps[s].tops[0]]) for s in members]
-        again = [plan.relived(r) for r in x_roots]
+        again = (x_buffers >= len(plan.data_root)).tolist()
         if any(r in plan.private or r in written for r in x_roots + gy_roots) or (
                 any(again) and not all(again)):
             continue
         if all(again):  # the GEMM reads each row's buffer of the run right before it
-            x_roots = [plan.buffer_at(r, at(members[0])) for r in x_roots]
+            x_roots = x_buffers.tolist()
         if len(set(x_roots)) < len(members) or len(set(gy_roots)) < len(members):
             continue
         x_tiles = _tiling(x_roots, data_host, x_counts)
