@@ -267,7 +267,9 @@ def test_the_users_policies_are_bit_identical_and_held_to_the_budget(
         assert rc.recomputed > 0 and (cuts is None or rc.cuts == cuts)
         assert_identical(train_step(alone, feed_for(alone, T, lengths)), want)
         planned = alone.inspect().recompute["planned_bytes"]
-        budget = int(planned + where * (need - planned))
+        # a policy keeps its checkpoints: on a short chain its plan may need more than the
+        # full plan does, and no budget below its plan is one it can keep
+        budget = int(planned + where * max(need - planned, 0))
         net = Net(text, dtype=dtype, seed=3, recompute=policy, memory_budget=budget)
         assert_identical(train_step(net, feed_for(net, T, lengths)), want)
         assert net.workspace.nbytes <= budget  # the high-water mark after a real step
@@ -455,9 +457,10 @@ def test_bptt_hsm_is_bit_identical_to_the_full_plan(cell, layers, T, lengths, di
     text, want, need = full_plan_step(cell, layers, T, lengths, direction, dropout, dtype)
     fewest = Net(text, dtype=dtype, seed=3, recompute="hsm")  # the least memory
     plan = fewest.inspect().recompute
-    # a loss over the whole output keeps it: small nets may need less without recomputing
-    assert plan["policy"] is not None and plan["planned_bytes"] < need or (
-        plan["policy"] is None and plan["planned_bytes"] == need)
+    # a loss over the whole output keeps it: small nets may need less without recomputing,
+    # and by chunks of time (what a budget plans) less than as written
+    assert plan["planned_bytes"] < need if plan["policy"] is not None else (
+        plan["planned_bytes"] <= need)
     budget = int(plan["planned_bytes"] + where * (need - plan["planned_bytes"]))
     for net in (fewest, Net(text, dtype=dtype, seed=3, recompute="hsm", memory_budget=budget)):
         assert_identical(train_step(net, feed_for(net, T, lengths)), want)

@@ -119,7 +119,8 @@ def test_any_budget_gives_the_full_plans_bits(T, N, kind, dtype, chain, where):
     need = full.inspect().recompute["planned_bytes"]
     with pytest.raises(MemoryBudgetError) as error:
         Net(text, dtype=dtype, memory_budget=1)
-    budget = int(error.value.smallest + where * (need - error.value.smallest))
+    # a short net's pieces by chunks may need a little more than the net as written
+    budget = int(error.value.smallest + where * max(need - error.value.smallest, 0))
     for options in ({"memory_budget": budget}, {"recompute": "hsm"}):
         net = Net(text, dtype=dtype, seed=3, **options)
         assert any(name.endswith("/1") for name in net.layer_names)  # run by chunks
