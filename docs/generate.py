@@ -226,7 +226,7 @@ def api_page() -> str:
 
 #: modules documented whole on the API page (besides the names ``import unroll`` offers)
 API_MODULES = ("unroll.testing", "unroll.train.bucketing", "unroll.train.trainer",
-               "unroll.train.model_folder", "unroll.train.bptt_windows",
+               "unroll.train.run_options", "unroll.train.model_folder", "unroll.train.bptt_windows",
                "unroll.train.decoding", "unroll.engine.memory", "unroll.engine.memory_traits",
                "unroll.train.distributed", "unroll.frontend.tree_unroller",
                "unroll.frontend.template")
