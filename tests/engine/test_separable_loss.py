@@ -20,10 +20,11 @@ IGNORE = -1
 
 
 def whole_output_net(T, N, D, H, loss, V=5, ignore=False, normalization="VALID", chain=(),
-                     force_backward=True):
+                     force_backward=True, truth_first=True):
     """An LSTM layer, then ``chain`` (prototxt templates from "{b}" to "{t}") and one loss over
     its whole output: ``"softmax"`` (an InnerProduct at axis 2 to V scores, SoftmaxWithLoss
-    of ``labels``, ``ignore``-ing IGNORE) or ``"euclidean"`` (of ``target``)."""
+    of ``labels``, ``ignore``-ing IGNORE) or ``"euclidean"`` (of ``target``). The truth's
+    Input comes first, or with ``truth_first=False`` after the last step."""
     net_param = expand("lstm", steps=T, batch=N, input_dim=D, hidden=H)
     net_param.force_backward = force_backward  # the diff of x too, to compare
     truth = LayerParameter(name="truth", type="Input",
@@ -31,7 +32,8 @@ def whole_output_net(T, N, D, H, loss, V=5, ignore=False, normalization="VALID",
     truth.input_param.shape.add(dim=[T, N] if loss == "softmax" else [T, N, H])
     layers = list(net_param.layer)
     del net_param.layer[:]
-    net_param.layer.extend([truth, *layers])  # the truth first: each chunk's loss runs early
+    # the truth first: each chunk's loss runs early
+    net_param.layer.extend([truth, *layers] if truth_first else [*layers, truth])
     text, blob = to_prototxt(net_param), "h"
     for k, template in enumerate(chain):
         text += template.format(b=blob, t=f"c{k}", k=k)
@@ -173,6 +175,17 @@ def test_a_kept_output_a_test_net_and_a_net_without_recomputation_are_left_whole
     assert "loss/1" not in Net(text).layer_names  # without recomputation: as written
     assert "loss/1" not in Net(text, recompute="none", memory_budget=10**9).layer_names
     assert "loss/1" not in Net(text, phase="test", recompute="hsm").layer_names
+
+
+def test_labels_after_the_last_step_leave_the_net_as_written():
+    # every chunk's piece would run after the last step, as the whole loss does: the pieces
+    # would only add their blobs, and a plan without recomputation would need more
+    T, N, D, H = GRADIENT_CHUNK + 3, 2, 2, 3
+    text = whole_output_net(T, N, D, H, loss="softmax", truth_first=False)
+    fewest = Net(text, recompute="hsm")
+    assert "loss/1" not in fewest.layer_names
+    assert (fewest.inspect().recompute["planned_bytes"]
+            <= Net(text).inspect().recompute["planned_bytes"])
 
 
 def test_the_off_switch_leaves_every_net_as_written(monkeypatch):

@@ -18,7 +18,9 @@ weight gradient, EuclideanLoss's loss), so the rewritten net gives their results
 What is rewritten: the loss's labels (targets) are an input whose axis 0 is T, as many
 steps as the Concat has bottoms; nothing else reads the chain's blobs, and none of them
 is kept (``keep=``): a net whose user keeps the concatenated output, or an intermediate,
-is left as it is. :data:`SEPARATE` is the off switch.
+is left as it is. So is a net whose labels come after its last step: every piece would run
+there, as the whole does, and the pieces would only add their blobs to the plan.
+:data:`SEPARATE` is the off switch.
 
 >>> from unroll.core.proto import NetParameter, read_message
 >>> steps = "".join(f'layer {{ name: "s{t}" type: "Input" top: "h{t}" '
@@ -149,7 +151,7 @@ def _param_names(lp: LayerParameter) -> list[str]:
             for i in range(count)]
 
 
-def _rewrite(layer_params, chain: _Chain) -> list[LayerParameter]:
+def _rewrite(layer_params, chain: _Chain) -> list[LayerParameter] | None:
     concat, loss = layer_params[chain.concat], layer_params[chain.loss]
     steps = list(concat.bottom)
     chunks = [steps[s:s + GRADIENT_CHUNK] for s in range(0, len(steps), GRADIENT_CHUNK)]
@@ -178,6 +180,8 @@ def _rewrite(layer_params, chain: _Chain) -> list[LayerParameter]:
             if share.propagate_down:
                 share.propagate_down.append(False)
         pieces.setdefault(after, []).extend(layers + [share])
+    if len(pieces) == 1:  # the labels come after the last step: every piece would run there
+        return None
     slicer = LayerParameter(name=f"{loss.name}/{chain.labels}", type="Slice",
                             bottom=[chain.labels], top=[f"{chain.labels}/{k}"
                                                         for k in range(len(chunks))])
@@ -213,8 +217,8 @@ def separate_losses(layer_params: list[LayerParameter], keep) -> list[LayerParam
                 and len(lp.bottom) > GRADIENT_CHUNK and not lp.concat_param.HasField(
                     "concat_dim")):
             chain = _chain_from(layer_params, c, keep)
-            if chain is not None:
-                rewritten = _rewrite(layer_params, chain)
+            rewritten = None if chain is None else _rewrite(layer_params, chain)
+            if rewritten is not None:
                 taken = {n for p in layer_params for n in (p.name, *p.top)}
                 kept = {id(p) for p in layer_params}
                 added = [n for p in rewritten if id(p) not in kept
