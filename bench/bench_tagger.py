@@ -30,8 +30,6 @@ from pathlib import Path
 
 import numpy as np
 
-from unroll.tools.ewt import data_dir
-
 
 def batches_for(mode: str, lengths, batch_size: int, seed: int):
     """Index batches and their padded length: bucketed by unroll's sampler, or random."""
@@ -192,7 +190,8 @@ def in_process(target, mode, args) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=data_dir())
+    parser.add_argument("--data", type=Path, default=None,
+                        help="the EWT folder (default: the one unroll.tools.ewt finds)")
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -207,6 +206,9 @@ def main(argv=None) -> int:
     if args.torch_worker:
         print(json.dumps(torch_worker(args.torch_worker, args.warmup, args.seed)))
         return 0
+    if args.data is None:
+        from unroll.tools.ewt import data_dir  # not in the PyTorch worker: its interpreter
+        args.data = data_dir()                 # may have no CoNLL-U reader
     have_torch = not args.no_torch and subprocess.run(
         [args.torch_python, "-c", "import torch"], capture_output=True, check=False
     ).returncode == 0
