@@ -354,3 +354,37 @@ def test_the_average_moves_each_param_by_its_rate_bit_for_bit():
         expected = [e + rate * (p.blob.data - e) for e, p in zip(expected, average.params)]
         assert all(np.array_equal(v, e) for v, e in zip(average.values, expected))
     assert [v.shape for v in average.values] == [(2, 3), (2,)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(dtype=st.sampled_from([np.float32, np.float64]), shapes=st.lists(
+    st.tuples(st.integers(1, 70), st.integers(1, 40)), min_size=1, max_size=3),
+    decay=st.floats(0.5, 0.9999), seed=st.integers(0, 2**32 - 1))
+def test_the_compiled_average_has_the_bits_of_the_array_form(monkeypatch, dtype, shapes, decay,
+                                                             seed):
+    """The host's one-pass average (the fused engine) and the three array passes (the
+    reference engine, a GPU's form) give the same values bit for bit, update after update."""
+    from unroll.engine.kernels import ENGINE_VARIABLE
+
+    class Param:  # what ParamAverage reads of a learnable param
+        def __init__(self, data):
+            self.lr_mult, self.blob = 1.0, type("Blob", (), {"data": data})()
+
+    rng = np.random.default_rng(seed)
+    start = [rng.normal(size=shape).astype(dtype) for shape in shapes]
+    averages = {}
+    for engine in ("fused", "reference"):
+        monkeypatch.setenv(ENGINE_VARIABLE, engine)
+        params = [Param(value.copy()) for value in start]
+        averages[engine] = ParamAverage(params, decay=decay)
+        assert (averages[engine]._kernel is None) == (engine == "reference")
+    draws = np.random.default_rng(seed + 1)
+    for _ in range(4):
+        values = [draws.normal(size=shape).astype(dtype) for shape in shapes]
+        for average in averages.values():
+            for p, value in zip(average.params, values):
+                p.blob.data[...] = value
+            average.update()
+    for fused, reference in zip(averages["fused"].values, averages["reference"].values):
+        assert fused.dtype == reference.dtype == dtype
+        assert np.array_equal(fused, reference)

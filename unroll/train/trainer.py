@@ -95,6 +95,7 @@ from unroll.core.errors import FileFormatError, NetError
 from unroll.core.proto import NetParameter, array_from_blob_proto, blob_proto_from_array
 from unroll.engine.backend import get_array_module, module_of, to_numpy
 from unroll.engine.cuda_graph import graphs_for
+from unroll.engine.kernels import default_engine, fused_kernels
 from unroll.train import distributed
 from unroll.train import model_folder as folder
 from unroll.train.solver import NonFiniteError, Solver
@@ -288,15 +289,24 @@ class ParamAverage:
         self.decay = decay
         self.updates = 0
         self.values = [p.blob.data.copy() for p in self.params]
-        # one work array as large as the largest param: a temporary the size of the word
+        # on the host, one compiled pass (the same bits, 2.2x faster in the tagger, where
+        # it is a memory-bound walk over 4.5M params); elsewhere, the array form through one
+        # work array as large as the largest param: a temporary the size of the word
         # embedding cost its allocation (page faults) at every update, 2.4x the update's time
+        on_host = bool(self.values) and module_of(self.values[0]) is np
+        self._kernel = (fused_kernels(np).average_update
+                        if on_host and default_engine() == "fused" else None)
         largest = max(self.values, key=lambda v: v.size, default=None)
-        self._work = None if largest is None else module_of(largest).empty_like(largest).ravel()
+        self._work = (None if largest is None or self._kernel is not None
+                      else module_of(largest).empty_like(largest).ravel())
 
     def update(self) -> None:
         self.updates += 1
         rate = 1 - min(self.decay, (1 + self.updates) / (10 + self.updates))
         for avg, p in zip(self.values, self.params):
+            if self._kernel is not None:
+                self._kernel(avg, p.blob.data, rate)
+                continue
             step = self._work[: avg.size].reshape(avg.shape)
             module_of(avg).subtract(p.blob.data, avg, out=step)
             step *= rate

@@ -1,4 +1,5 @@
-"""The recurrent units as single compiled passes on the CPU (numba).
+"""The recurrent units as single compiled passes on the CPU (numba), with the solver's
+Adam rule and, on the host only, the parameter average (:func:`average_update`).
 
 Every kernel takes the layer's arrays as they are (C-contiguous, any leading
 axes), sees them as ``(rows, width)``, walks them once and computes in their
@@ -38,6 +39,9 @@ TANH_SATURATES = 20.0
 
 FAST = dict(error_model="numpy", fastmath={"contract"})
 KERNEL = dict(cache=True, nogil=True, **FAST)
+#: no "contract": a fused multiply-add rounds once where the array form it replaces rounds
+#: twice, and that kernel promises the array form's bits
+EXACT = dict(cache=True, nogil=True, error_model="numpy")
 
 
 @intrinsic
@@ -240,3 +244,22 @@ def _adam(g, m, v, b1, b2, eps, rates, per_entry):
         m[k], v[k] = mk, vk
         # loop-invariant: LLVM takes the test out of the loop, which still vectorizes
         g[k] = (rates[k] if per_entry else rates[0]) * mk / (np.sqrt(vk) + eps)
+
+
+def average_update(avg, value, rate):
+    """Polyak averaging's ``avg += rate * (value - avg)`` in one pass over C-contiguous
+    arrays of one shape, rounded as the three array passes it replaces (a difference, a
+    product, a sum, each in the arrays' dtype), so bit for bit the same average.
+
+    >>> avg, value = np.zeros(3, np.float32), np.ones(3, np.float32)
+    >>> average_update(avg, value, 0.25)
+    >>> avg
+    array([0.25, 0.25, 0.25], dtype=float32)
+    """
+    _average(avg.reshape(-1), value.reshape(-1), avg.dtype.type(rate))
+
+
+@njit(**EXACT)
+def _average(avg, value, rate):
+    for k in range(avg.size):
+        avg[k] = avg[k] + (value[k] - avg[k]) * rate
