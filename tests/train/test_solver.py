@@ -280,6 +280,23 @@ def test_clip_gradients_scales_the_global_norm_to_the_threshold(fraction):
     assert step_norm == pytest.approx(min(clip, norm), rel=1e-12)
 
 
+@pytest.mark.parametrize("fraction", [0.1, 2.0])
+@pytest.mark.parametrize("nonfinite", ["stop", "skip"])
+def test_clipping_after_the_nonfinite_check_gives_the_bits_of_clipping_alone(fraction,
+                                                                              nonfinite):
+    """The clipping reads the sum of squares the non-finite check took (Solver, docs/
+    design.md): the same norm, so the same weights bit for bit as without the check."""
+    norm = math.sqrt(sum(float((d**2).sum()) for d in gradients(make_net(), batch(0)).values()))
+    policy = dict(nonfinite=nonfinite, max_skipped=1 if nonfinite == "skip" else None)
+    alone, checked = make_net(), make_net()
+    solvers = [Solver(alone, base_lr=0.5, clip_gradients=fraction * norm),
+               Solver(checked, base_lr=0.5, clip_gradients=fraction * norm, **policy)]
+    for solver in solvers:
+        solver.step(3, feed=batch)
+    for name, w in weights(alone).items():
+        np.testing.assert_array_equal(weights(checked)[name], w)
+
+
 @given(k=st.integers(1, 4), momentum=st.sampled_from([0.0, 0.9]))
 def test_iter_size_with_identical_batches_equals_one_batch(k, momentum):
     one, many = make_net(), make_net()
