@@ -82,8 +82,11 @@ def worker(args) -> None:
 def launch(ranks: int, threads: int, args) -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    # UNROLL_NUM_THREADS: each net run sets the BLAS pool to the engine's count, which
+    # would otherwise be the free cores, not ``threads``
     env.update(OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT))
+               MKL_NUM_THREADS=str(threads), UNROLL_NUM_THREADS=str(threads),
+               PYTHONPATH=str(ROOT))
     command = [sys.executable, "-m", "bench.bench_distributed", "--worker",
                "--data", str(args.data), "--batches", str(args.batches),
                "--batch-size", str(args.batch_size), "--reduces", str(args.reduces)]

@@ -282,8 +282,11 @@ def main(argv=None) -> int:
     dev = [(index[k:k + 256], np.array([lemmatizer.source(*pairs[i]) for i in index[k:k + 256]],
                                         np.int64).T)
            for _, index in sorted(by_length.items()) for k in range(0, len(index), 256)]
+    # UNROLL_NUM_THREADS too: a net run sets the BLAS pool to the engine's count, whatever
+    # OPENBLAS_NUM_THREADS started it at, so without it "one thread" ran its nets on two
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(args.threads),
-               OMP_NUM_THREADS=str(args.threads), NUMBA_NUM_THREADS=str(args.threads))
+               OMP_NUM_THREADS=str(args.threads), NUMBA_NUM_THREADS=str(args.threads),
+               UNROLL_NUM_THREADS=str(args.threads))
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         job = {"chars": len(lemmatizer.chars), "embed": config.embed, "hidden": config.hidden,
