@@ -170,12 +170,12 @@ def report(counts, results, assembly: float) -> None:
     print(f"  {'tokens/s (bare, wall)':24s}{rates}")
     print(f"  batch assembly (untimed in training): {1e3 * assembly:.2f} ms per batch, "
           f"{tokens:.0f} real tokens per batch")
-    print("\nby part and layer type, CPU ms per batch")
+    print("\nby part and layer type, ms per batch, wall | CPU")
     keys = sorted({k for _, c, _ in results for k in c if isinstance(k, tuple)},
                   key=lambda k: (PARTS.index(k[0]), -results[0][1][k]))
     for key in keys:
-        cells = "".join(f"{c.get(key, 0.0):12.2f}" for _, c, _ in results)
-        print(f"  {key[0] + ': ' + key[1]:36s}{cells}")
+        cells = "".join(f"{w.get(key, 0.0):10.2f} |{c.get(key, 0.0):8.2f}" for w, c, _ in results)
+        print(f"  {key[0] + ': ' + key[1]:48s}{cells}")
 
 
 def main(argv=None) -> None:

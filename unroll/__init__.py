@@ -8,7 +8,8 @@
 
 import importlib
 
-from unroll import _moved
+# blas_spin before anything here loads NumPy: OpenBLAS reads its spin timeout only then
+from unroll import _moved, blas_spin  # noqa: F401
 
 _moved.install()  # the module paths of the flat layout still import, with a warning
 
