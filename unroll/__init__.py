@@ -9,7 +9,8 @@
 import importlib
 
 # blas_spin before anything here loads NumPy: OpenBLAS reads its spin timeout only then
-from unroll import _moved, blas_spin  # noqa: F401
+from unroll import _moved
+from unroll.core import blas_spin  # noqa: F401
 
 _moved.install()  # the module paths of the flat layout still import, with a warning
 

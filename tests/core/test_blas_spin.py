@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from unroll import Net, expand
-from unroll.blas_spin import ENV, TIMEOUT
+from unroll.core.blas_spin import ENV, TIMEOUT
 
 REPORT = ("import json, os, sys; {first}; import unroll; "
-          "print(json.dumps([unroll.blas_spin.applied, os.environ.get('{env}'), "
+          "print(json.dumps([unroll.core.blas_spin.applied, os.environ.get('{env}'), "
           "'numpy' in sys.modules]))")
 
 
