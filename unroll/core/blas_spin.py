@@ -15,7 +15,6 @@ worker is awake for them, and sleeps through longer stretches of other work
 it; a value of the user's own always wins. It changes timing only: OpenBLAS's results do
 not depend on how its threads wait.
 
->>> import os
 >>> env = {"OPENBLAS_THREAD_TIMEOUT": "28"}
 >>> default_timeout(env, numpy_loaded=False), env["OPENBLAS_THREAD_TIMEOUT"]
 (False, '28')
