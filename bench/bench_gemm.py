@@ -89,6 +89,12 @@ a step, 2%, less a copy of U per run), and takes 0.99-1.22x elsewhere. MKL 2024.
 sgemm gives other bits than OpenBLAS on most of these products (h@U^T at H=512 and every
 backward one), so an MKL product would change the engine's results. The engine keeps its
 products.
+The column ``onednn`` (the torch side) is the product by oneDNN's packed weight, torch's
+``to_mkldnn`` Linear, as an engine holding NumPy arrays would have to run it: the weight
+reordered once, the rows converted to oneDNN's layout and the result back on every call.
+Idle, 2026-12-03, same machine, three turns, T=25: 1.98x / 2.23x NumPy's time on h@U^T at
+H=128 (one / two threads), 1.11x / 1.28x at H=512; on g@U 2.49x / 2.30x and 1.07x / 1.06x;
+the same bits at both thread counts. So oneDNN's packed products do not pay either.
 Two-thread times on that machine measured its load (a pool of two waiting on a
 descheduled partner: 0.08-13x between runs), not the libraries: they are for an idle
 machine to tell.
@@ -125,7 +131,7 @@ WORK = 1e8
 
 
 #: the columns of the table of each side that is not an MKL side (which has sgemm, packed)
-IMPLS = {"numpy": ("plain", "relaid"), "torch": ("torch",)}
+IMPLS = {"numpy": ("plain", "relaid"), "torch": ("torch", "onednn")}
 
 #: the steps of one input projection (``unroll.expand``'s default chunk)
 CHUNK = 32
@@ -185,6 +191,7 @@ class Product:
         self.cT = np.zeros((self.N, self.M), np.float32)
         self.packed = None
         self.tensors = None
+        self.dnnl = None
         self.other = None  # the weight stored the other way round (relaid)
 
     def numpy(self):
@@ -255,6 +262,22 @@ class Product:
             c.addmm_(a, b)
         else:
             mm(a, b, out=c)
+
+    def onednn(self):
+        """The product by oneDNN's packed weight: torch's ``to_mkldnn`` Linear, the weight
+        reordered once (as a pack per weight update would), the rows converted to oneDNN's
+        layout and the result back to NumPy's on every call, as the engine would need."""
+        if self.dnnl is None:
+            import torch
+            from torch.utils import mkldnn
+
+            linear = torch.nn.Linear(self.K, self.N, bias=False)
+            linear.weight.data = torch.from_numpy(np.ascontiguousarray(self.b.T))
+            self.dnnl = (torch, mkldnn.to_mkldnn(linear), *map(torch.from_numpy,
+                                                                (self.a, self.c)))
+        torch, linear, a, c = self.dnnl
+        with torch.no_grad():
+            c.copy_(linear(a.to_mkldnn()).to_dense())
 
     def result(self, run) -> bytes:
         self.c[...] = 0.0
@@ -350,6 +373,8 @@ def side(args) -> dict:
                 row = f"{H} {T} {p.name}"
                 runs = ({"torch": p.torch} if args.side == "torch"
                         else {"numpy": p.numpy} if mkl is None else {"sgemm": p.sgemm})
+                if args.side == "torch" and not p.add:
+                    runs["onednn"] = p.onednn
                 if args.side == "numpy" and p.few_rows:
                     runs["plain"] = p.plain
                 if args.side == "numpy" and p.M <= CHUNK and not p.add:  # once a step
@@ -401,13 +426,15 @@ def report(args, results: dict) -> None:
           "plain: NumPy's product of a few rows as written, x W^T, not as the engine "
           "computes it (W x^T); relaid: a step's product by a row-major copy of the weight "
           "the other way round (x W^T for W x^T, (U^T g^T)^T for g U), relaid=numpy: the same "
-          "bits as numpy; torch.mm: torch's product on the same arrays; same: the result "
+          "bits as numpy; torch.mm: torch's product on the same arrays; onednn: by oneDNN's "
+          "packed weight (torch's to_mkldnn Linear, the rows converted each call); same: "
+          "the result "
           "equal bit for bit at 1 and 2 threads; "
           "split: MKL's sgemm over two column blocks equal bit for bit to one call")
     head = (f"{'H':>4} {'T':>4} {'product':9} {'thr':>3} {'numpy':>9} {'numpy plain':>17} "
             f"{'numpy relaid':>17}")
     for name in sides:
-        head += (f" | {'torch.mm':>17}" if name == "torch" else
+        head += (f" | {'torch.mm':>17} {'onednn':>17}" if name == "torch" else
                  f" | {name + ' sgemm':>17} {name + ' packed':>17} {'pack':>7}")
     print(head + " | same")
     rows = results["numpy", 1][0]["times"]

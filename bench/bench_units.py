@@ -19,18 +19,37 @@ of the rounds taken in turns, by wall and by process CPU time (a thread that
 spins, OpenBLAS's worker or numba's, shows as CPU time above the wall time). It
 first prints how long OpenBLAS's workers spin after a GEMM: the process's CPU time
 while its one Python thread sleeps (``OPENBLAS_THREAD_TIMEOUT``, read when NumPy
-loads OpenBLAS, bounds it: 2^n cycles, n from 4 to 30, 28 by default).
+loads OpenBLAS, bounds it: 2^n cycles, n from 4 to 30, 28 by default). With the
+``mkl`` wheel here (or ``--mkl PATH``, its libmkl_rt), two more variants take the GEMM
+from MKL on its GNU threading layer: MKL's workers are then libgomp's, the pool numba's
+omp layer runs ``prange`` on, so the product and the split unit share one pool instead
+of two spinning for the cores.
+
+The GEMM is the product as InnerProduct computes a timestep's few rows (W h^T, copied
+back).
+
+Measured idle, 2026-12-03 (2-core AMD Zen 4, AVX-512, N=32, two BLAS threads,
+``OPENBLAS_THREAD_TIMEOUT=20`` as ``import unroll`` sets it, MKL 2026.2; µs a step by wall
+time at H = 128 / 256 / 512): the whole unit 64 / 201 / 571; half on a thread 106 / 234
+/ 649; over prange (omp) 949 / 1,266 / 2,190; MKL's GEMM and the whole unit 80 / 245 /
+696; MKL's GEMM and prange on the one pool 70 / 240 / 653. Under
+``NUMBA_THREADING_LAYER=workqueue``: whole 67 / 185 / 559, half on a thread 123 / 237 /
+606, prange 174 / 282 / 639. One pool takes the collapse away, but MKL's product of 32
+rows at two threads is slower than OpenBLAS's; no split beat the whole unit.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
+from bench.bench_gemm import NO_TRANS, ROW_MAJOR, TRANS, mkl_path
 from bench.timing import least_us_per_call, median_seconds
 from unroll.core.proto import LayerParameter, parse_text
 from unroll.engine.blob import Blob
@@ -100,8 +119,32 @@ def prange_forward():
     return forward
 
 
-def split_steps(N: int, H: int, dtype) -> dict:
-    """{variant: a step}: the recurrent GEMM, then the unit whole, split or not at all."""
+def mkl_gemm(path):
+    """``gemm(h, W, out)``: out = h W^T by MKL's cblas_sgemm/dgemm (row-major), MKL's
+    GNU threading layer (libgomp's workers), its thread count by :func:`mkl_threads`."""
+    os.environ.setdefault("MKL_THREADING_LAYER", "GNU")  # read when libmkl_rt loads
+    mkl = ctypes.CDLL(str(path))
+    mkl.MKL_Set_Num_Threads_Local.argtypes = [ctypes.c_int]
+    p, i = ctypes.c_void_p, ctypes.c_int
+    routines = {}
+    for dtype, name, scalar in ((np.float32, "cblas_sgemm", ctypes.c_float),
+                                (np.float64, "cblas_dgemm", ctypes.c_double)):
+        routine = getattr(mkl, name)
+        routine.argtypes = [i] * 6 + [scalar, p, i, p, i, scalar, p, i]
+        routines[np.dtype(dtype)] = routine
+
+    def gemm(h, W, out):
+        (rows, K), n = h.shape, W.shape[0]
+        routines[h.dtype](ROW_MAJOR, NO_TRANS, TRANS, rows, n, K, 1.0, h.ctypes.data, K,
+                          W.ctypes.data, K, 0.0, out.ctypes.data, n)
+
+    gemm.threads = mkl.MKL_Set_Num_Threads_Local
+    return gemm
+
+
+def split_steps(N: int, H: int, dtype, mkl=None) -> dict:
+    """{variant: a step}: the recurrent GEMM, then the unit whole, split or not at all;
+    with ``mkl`` (:func:`mkl_gemm`), the GEMM by MKL too."""
     import numba
 
     from unroll.engine.kernels import cpu
@@ -117,8 +160,11 @@ def split_steps(N: int, H: int, dtype) -> dict:
     on_thread, forward = HalfOnAThread(), prange_forward()
     unit = cpu.lstm_unit_forward
 
-    def gemm():
-        np.matmul(h, W.T, out=x[0])
+    scratch = np.empty((4 * H, N), dtype)
+
+    def gemm():  # as InnerProduct computes a few rows: W h^T, copied back
+        np.matmul(W, h.T, out=scratch)
+        np.copyto(x[0], scratch.T)
 
     def whole():
         gemm()
@@ -140,8 +186,20 @@ def split_steps(N: int, H: int, dtype) -> dict:
         if not (np.array_equal(c, expected[0]) and np.array_equal(c_h, expected[1])):
             raise SystemExit(f"{variant.__name__}: results differ from the whole unit's")
     layer = numba.threading_layer()
-    return {"GEMM alone": gemm, "GEMM + unit": whole, "+ unit, half on a thread": threaded,
-            f"+ unit over prange ({layer})": over_prange}
+    steps = {"GEMM alone": gemm, "GEMM + unit": whole, "+ unit, half on a thread": threaded,
+             f"+ unit over prange ({layer})": over_prange}
+    if mkl is not None:
+        def mkl_whole():
+            mkl(h, W, x[0])
+            unit(c_prev, x, cont, c, c_h)
+
+        def mkl_prange():
+            mkl(h, W, x[0])
+            forward(c_prev, x, cont, c, c_h)
+
+        steps |= {"MKL GEMM + unit": mkl_whole, f"MKL GEMM + unit over prange ({layer})":
+                  mkl_prange}
+    return steps
 
 
 def spin_after_gemm(H: int, dtype, asleep: float = 0.2) -> float:
@@ -157,6 +215,8 @@ def spin_after_gemm(H: int, dtype, asleep: float = 0.2) -> float:
 def split(args, dtype) -> None:
     from unroll.engine.threads import run_threads
 
+    mkl = mkl_gemm(args.mkl) if args.mkl else None
+
     for count in args.threads:
         with run_threads(count):
             spun = spin_after_gemm(max(args.hidden), dtype)
@@ -165,8 +225,10 @@ def split(args, dtype) -> None:
     print(f"the recurrent GEMM then LSTMUnit forward, N={args.batch}, {args.dtype}: µs a "
           f"step, wall | CPU, least of {args.rounds} rounds of {args.calls} calls in turns")
     for H in args.hidden:
-        steps = split_steps(args.batch, H, dtype)
+        steps = split_steps(args.batch, H, dtype, mkl)
         for count in args.threads:
+            if mkl is not None:
+                mkl.threads(count)
             with run_threads(count):
                 wall = least_us_per_call(steps, time.perf_counter, args.calls, args.rounds)
                 cpu = least_us_per_call(steps, time.process_time, args.calls, args.rounds)
@@ -186,6 +248,9 @@ def main(argv=None) -> None:
                         help="only the unit after a GEMM, whole and split over two cores")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
                         help="BLAS thread counts for --split (default 1 2)")
+    parser.add_argument("--mkl", type=Path, default=mkl_path(),
+                        help="libmkl_rt for --split's MKL variants (default: the mkl wheel's, "
+                             "if installed)")
     args = parser.parse_args(argv)
     dtype = np.dtype(args.dtype)
     if args.split:
