@@ -146,9 +146,10 @@ def mkl_path() -> Path | None:
     return None
 
 
-def load_mkl() -> ctypes.CDLL:
-    """MKL's runtime library, with the signatures of the calls timed here."""
-    mkl = ctypes.CDLL(str(mkl_path()))
+def load_mkl(path: Path | None = None) -> ctypes.CDLL:
+    """MKL's runtime library (``path``, default :func:`mkl_path`), with the signatures of
+    the calls timed here."""
+    mkl = ctypes.CDLL(str(path or mkl_path()))
     f32p, i = ctypes.c_void_p, ctypes.c_int
     mkl.cblas_sgemm.argtypes = [i, i, i, i, i, i, ctypes.c_float, f32p, i, f32p, i,
                                 ctypes.c_float, f32p, i]

@@ -20,7 +20,7 @@ spins, OpenBLAS's worker or numba's, shows as CPU time above the wall time). It
 first prints how long OpenBLAS's workers spin after a GEMM: the process's CPU time
 while its one Python thread sleeps (``OPENBLAS_THREAD_TIMEOUT``, read when NumPy
 loads OpenBLAS, bounds it: 2^n cycles, n from 4 to 30, 28 by default). With the
-``mkl`` wheel here (or ``--mkl PATH``, its libmkl_rt), two more variants take the GEMM
+``mkl`` wheel here (or ``--mkl PATH``, its libmkl_rt), in float32, two more variants take the GEMM
 from MKL on its GNU threading layer: MKL's workers are then libgomp's, the pool numba's
 omp layer runs ``prange`` on, so the product and the split unit share one pool instead
 of two spinning for the cores.
@@ -29,7 +29,8 @@ The GEMM is the product as InnerProduct computes a timestep's few rows (W h^T, c
 back).
 
 Measured idle, 2026-12-03 (2-core AMD Zen 4, AVX-512, N=32, two BLAS threads,
-``OPENBLAS_THREAD_TIMEOUT=20`` as ``import unroll`` sets it, MKL 2026.2; µs a step by wall
+``OPENBLAS_THREAD_TIMEOUT=20`` in the environment, the value ``import unroll``
+sets, since this bench loads NumPy first; MKL 2026.2; µs a step by wall
 time at H = 128 / 256 / 512): the whole unit 64 / 201 / 571; half on a thread 106 / 234
 / 649; over prange (omp) 949 / 1,266 / 2,190; MKL's GEMM and the whole unit 80 / 245 /
 696; MKL's GEMM and prange on the one pool 70 / 240 / 653. Under
@@ -41,7 +42,6 @@ rows at two threads is slower than OpenBLAS's; no split beat the whole unit.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import threading
 import time
@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.bench_gemm import NO_TRANS, ROW_MAJOR, TRANS, mkl_path
+from bench.bench_gemm import NO_TRANS, ROW_MAJOR, TRANS, load_mkl, mkl_path
 from bench.timing import least_us_per_call, median_seconds
 from unroll.core.proto import LayerParameter, parse_text
 from unroll.engine.blob import Blob
@@ -119,24 +119,16 @@ def prange_forward():
     return forward
 
 
-def mkl_gemm(path):
-    """``gemm(h, W, out)``: out = h W^T by MKL's cblas_sgemm/dgemm (row-major), MKL's
-    GNU threading layer (libgomp's workers), its thread count by :func:`mkl_threads`."""
+def mkl_gemm(path: Path):
+    """``gemm(h, W, out)``: out = h W^T (float32) by MKL's cblas_sgemm, on MKL's GNU
+    threading layer (libgomp's workers); ``gemm.threads(n)`` sets MKL's thread count."""
     os.environ.setdefault("MKL_THREADING_LAYER", "GNU")  # read when libmkl_rt loads
-    mkl = ctypes.CDLL(str(path))
-    mkl.MKL_Set_Num_Threads_Local.argtypes = [ctypes.c_int]
-    p, i = ctypes.c_void_p, ctypes.c_int
-    routines = {}
-    for dtype, name, scalar in ((np.float32, "cblas_sgemm", ctypes.c_float),
-                                (np.float64, "cblas_dgemm", ctypes.c_double)):
-        routine = getattr(mkl, name)
-        routine.argtypes = [i] * 6 + [scalar, p, i, p, i, scalar, p, i]
-        routines[np.dtype(dtype)] = routine
+    mkl = load_mkl(path)
 
     def gemm(h, W, out):
         (rows, K), n = h.shape, W.shape[0]
-        routines[h.dtype](ROW_MAJOR, NO_TRANS, TRANS, rows, n, K, 1.0, h.ctypes.data, K,
-                          W.ctypes.data, K, 0.0, out.ctypes.data, n)
+        mkl.cblas_sgemm(ROW_MAJOR, NO_TRANS, TRANS, rows, n, K, 1.0, h.ctypes.data, K,
+                        W.ctypes.data, K, 0.0, out.ctypes.data, n)
 
     gemm.threads = mkl.MKL_Set_Num_Threads_Local
     return gemm
@@ -215,7 +207,8 @@ def spin_after_gemm(H: int, dtype, asleep: float = 0.2) -> float:
 def split(args, dtype) -> None:
     from unroll.engine.threads import run_threads
 
-    mkl = mkl_gemm(args.mkl) if args.mkl else None
+    # MKL's variants multiply in float32 (cblas_sgemm), the bench's default dtype
+    mkl = mkl_gemm(args.mkl) if args.mkl and dtype == np.float32 else None
 
     for count in args.threads:
         with run_threads(count):
