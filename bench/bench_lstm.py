@@ -34,6 +34,15 @@ lead is its fused layer (oneDNN's RNN primitive), not its GEMMs: its own product
 one are no faster than NumPy's (``bench/bench_gemm.py --sides numpy torch`` has them
 product by product).
 
+``--onednn-python PY`` adds that fused layer alone: oneDNN's LSTM primitive driven from
+NumPy buffers through its C API (``bench/onednn_lstm.py``, under a Python with the
+``onednn-cpu-gomp`` wheel), the same loss and SGD, its weights kept in the plain layout
+and packed at every step; its forward is checked against float64 NumPy and its
+gradients against central differences before it is timed. It tells what an engine that
+ran the whole unrolled chain as one primitive would take.
+
+    python -m bench.bench_lstm --torch-python PY --onednn-python PY2 --threads 1 --turns 2
+
 PyTorch runs under ``--torch-python`` (default: this interpreter); where it
 cannot import torch, that side is skipped.
 """
@@ -154,6 +163,27 @@ def torch_side(args) -> float:
     return ms_per_step(step, args)
 
 
+def onednn_side(args) -> float:
+    """oneDNN's LSTM primitive alone (``bench/onednn_lstm.py``), its forward and (on a
+    small layer) its weight gradients checked against float64 NumPy first."""
+    from bench.onednn_lstm import OneDnnLstm, gradient_error, reference_h
+
+    if args.cell != "lstm":
+        raise SystemExit("the onednn side is an LSTM only")
+    try:
+        lstm = OneDnnLstm(args.steps, args.batch, args.input_dim, args.hidden)
+    except (OSError, RuntimeError) as error:  # no libdnnl, or oneDNN refused the problem
+        raise SystemExit(f"the onednn side: {error}") from None
+    x, y = data(args)
+    lstm.x[:] = x.ravel()
+    error = float(np.abs(lstm.forward() - reference_h(lstm)).max())
+    if error > 1e-4:
+        raise SystemExit(f"oneDNN's LSTM forward is {error:.2g} from NumPy's")
+    if (error := gradient_error()) > 1e-4:
+        raise SystemExit(f"oneDNN's LSTM gradients are {error:.2g} from central differences")
+    return ms_per_step(lambda: lstm.step(y, lr=0.01), args)
+
+
 def run_side(side: str, python: str, args, engine: str = "fused", root: Path = ROOT
              ) -> float | None:
     """Milliseconds per step of one side, measured in a fresh process from the checkout
@@ -165,7 +195,11 @@ def run_side(side: str, python: str, args, engine: str = "fused", root: Path = R
         env[var] = str(args.threads)
     # this script, with the checkout's unroll (and its bench.timing) on the path
     command = [python, str(Path(__file__).resolve()), "--side", side, *sys.argv[1:]]
-    done = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True)
+    try:
+        done = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True)
+    except OSError as error:
+        print(f"{side}: cannot run {python}: {error.strerror}", file=sys.stderr)
+        return None
     if done.returncode:
         print(f"{side} ({python}) failed:\n{done.stderr.strip()}", file=sys.stderr)
         return None
@@ -184,17 +218,20 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--torch-python", default=sys.executable,
                         help="a Python with torch (default: this one)")
+    parser.add_argument("--onednn-python",
+                        help="a Python with the onednn-cpu-gomp wheel: adds oneDNN's LSTM "
+                             "primitive alone (bench/onednn_lstm.py)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: time by the process's CPU time (one thread on a busy "
                              "machine)")
     parser.add_argument("--turns", type=int, default=1,
                         help="run the sides in turns this many times; ratios turn by turn")
     parser.add_argument("--baseline", help="another checkout whose unroll side joins the turns")
-    parser.add_argument("--side", choices=["unroll", "torch", "gemms", "torch-gemms"],
+    parser.add_argument("--side", choices=["unroll", "torch", "gemms", "torch-gemms", "onednn"],
                         help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.side:
-        ms = {"unroll": unroll_side, "torch": torch_side, "gemms": gemm_side,
+        ms = {"unroll": unroll_side, "torch": torch_side, "gemms": gemm_side, "onednn": onednn_side,
               "torch-gemms": lambda args: gemm_side(args, "torch")}[args.side](args)
         print(json.dumps({"ms": ms}))
         return
@@ -210,6 +247,8 @@ def main(argv=None) -> None:
         "its GEMMs alone, torch": lambda: run_side("torch-gemms", args.torch_python, args),
         f"torch nn.{args.cell.upper()}": lambda: run_side("torch", args.torch_python, args),
     }
+    if args.onednn_python:
+        sides["oneDNN's LSTM primitive"] = lambda: run_side("onednn", args.onednn_python, args)
     if args.baseline:
         sides["baseline unroll, fused"] = lambda: run_side(
             "unroll", sys.executable, args, root=Path(args.baseline).resolve())
@@ -226,6 +265,8 @@ def main(argv=None) -> None:
                               ("NumPy GEMMs alone / torch time", "its GEMMs alone, NumPy", torch),
                               ("torch.matmul GEMMs alone / torch time", "its GEMMs alone, torch",
                                torch),
+                              ("oneDNN's LSTM primitive / torch time",
+                               "oneDNN's LSTM primitive", torch),
                               ("unroll / baseline time", fused, "baseline unroll, fused")]:
         pairs = [a / b for a, b in zip(turns.get(over, ()), turns.get(under, ())) if a and b]
         if pairs:
