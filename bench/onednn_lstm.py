@@ -118,7 +118,7 @@ class OneDnnLstm:
             for pd, use in [(forward, "forward"), (backward, "backward")]:
                 m[use, arg] = self._memory(self._query(pd, arg))
                 self.packs.append((self._reorder(plain[arg], self._query(pd, arg)),
-                                   self.weights[arg].handle, m[use, arg].handle))
+                                   self.weights[arg], m[use, arg]))
         for name in ("bias", "h0", "c0"):
             m[name].array[:] = 0
         self.x, self.h, self.dh = (m[k].array[:n] for k, n in
@@ -170,9 +170,8 @@ class OneDnnLstm:
         return self._out("dnnl_primitive_create", pd)
 
     def _run(self, primitive, args) -> None:
-        packed = (Arg * len(args))(*(Arg(arg, getattr(memory, "handle", memory))
-                                     for arg, memory in args))
-        self._check(self.lib.dnnl_primitive_execute(primitive, self.stream, len(args), packed),
+        pairs = (Arg * len(args))(*(Arg(arg, memory.handle) for arg, memory in args))
+        self._check(self.lib.dnnl_primitive_execute(primitive, self.stream, len(args), pairs),
                     "dnnl_primitive_execute")
         self._check(self.lib.dnnl_stream_wait(self.stream), "dnnl_stream_wait")
 
